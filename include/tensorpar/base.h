@@ -1,0 +1,161 @@
+/* tensorpar/base.h — the ground every other subsystem stands on.
+ *
+ * Offers:
+ *   - status codes and the per-thread error message (tp_error()),
+ *   - logging to stderr,
+ *   - dtypes, bf16/f16 conversion (round to nearest even),
+ *   - tensors of up to 4 dimensions over an owned or borrowed buffer,
+ *   - large aligned allocations that ask the kernel for 2 MiB pages,
+ *   - a thread pool.
+ *
+ * Convention: every fallible function returns tp_status.  On failure it has
+ * written a one-line human message to the calling thread's error buffer, which
+ * tp_error() returns.  The library never calls exit() or abort().
+ */
+#ifndef TENSORPAR_BASE_H
+#define TENSORPAR_BASE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status and errors ------------------------------------------------ */
+
+typedef enum {
+    TP_OK = 0,
+    TP_ERR_INVALID,     /* bad argument or bad user input                    */
+    TP_ERR_IO,          /* open/read/write/mmap failed                       */
+    TP_ERR_FORMAT,      /* a file's content is malformed                     */
+    TP_ERR_NOMEM,       /* allocation failed                                 */
+    TP_ERR_UNSUPPORTED, /* valid, but not something tensorpar does           */
+    TP_ERR_COMM,        /* a peer rank failed or a collective went wrong     */
+    TP_ERR_TIMEOUT,     /* a peer did not answer in time                     */
+    TP_ERR_INTERNAL     /* a bug in tensorpar                                */
+} tp_status;
+
+/* The last error message set on this thread ("" if none). */
+const char *tp_error(void);
+/* Sets the thread's message (printf-style) and returns `code`, so that
+ * `return tp_fail(TP_ERR_IO, "%s: %s", path, strerror(errno));` reads well. */
+tp_status tp_fail(tp_status code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Prepends context to the current message: "<context>: <old message>". */
+tp_status tp_fail_context(tp_status code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void tp_clear_error(void);
+const char *tp_status_name(tp_status s);
+
+/* ---- logging ---------------------------------------------------------- */
+
+typedef enum { TP_LOG_DEBUG, TP_LOG_INFO, TP_LOG_WARN, TP_LOG_ERROR } tp_log_level;
+
+/* Writes "tensorpar[rank]: level: message\n" to stderr.  The threshold comes
+ * from TENSORPAR_LOG (debug|info|warn|error, default info); the rank prefix
+ * from RANK when it is set. */
+void tp_log(tp_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* ---- dtypes ----------------------------------------------------------- */
+
+typedef enum {
+    TP_F32 = 0, TP_BF16, TP_F16, TP_F64,
+    TP_I64, TP_I32, TP_I16, TP_I8, TP_U8, TP_BOOL,
+    TP_DTYPE_COUNT
+} tp_dtype;
+
+size_t tp_dtype_size(tp_dtype t);
+/* Lower-case name used in CLI options and messages: "f32", "bf16", ... */
+const char *tp_dtype_name(tp_dtype t);
+/* Parses "f32"/"float32", "bf16"/"bfloat16", "f16"/"float16". */
+tp_status tp_dtype_parse(const char *s, tp_dtype *out);
+int tp_dtype_is_float(tp_dtype t);
+
+uint16_t tp_bf16_from_f32(float f);  /* round to nearest even, NaN kept */
+float tp_f32_from_bf16(uint16_t h);
+uint16_t tp_f16_from_f32(float f);   /* round to nearest even, NaN kept */
+float tp_f32_from_f16(uint16_t h);
+
+/* Converts n elements of `src` (type st) into `dst` (type dt).  Floating
+ * targets accept every source dtype; integer targets accept integer sources.
+ * Returns TP_ERR_UNSUPPORTED for a float source into an integer target. */
+tp_status tp_convert(void *dst, tp_dtype dt, const void *src, tp_dtype st, size_t n);
+
+/* ---- memory ----------------------------------------------------------- */
+
+/* Allocates `bytes` aligned to 64 bytes; allocations of 2 MiB or more are
+ * aligned to 2 MiB and advised MADV_HUGEPAGE, since weights are streamed at
+ * memory bandwidth and 4 KiB pages cost a third of it.  Free with tp_free. */
+void *tp_alloc(size_t bytes);
+void tp_free(void *p);
+
+/* ---- tensors ---------------------------------------------------------- */
+
+#define TP_MAX_DIMS 4
+
+typedef struct {
+    tp_dtype dtype;
+    int ndim;
+    int64_t shape[TP_MAX_DIMS];
+    void *data;
+    int owns_data;   /* data came from tp_alloc and is freed with the tensor */
+} tp_tensor;
+
+int64_t tp_tensor_numel(const tp_tensor *t);
+size_t tp_tensor_nbytes(const tp_tensor *t);
+/* Allocates an owned, zero-filled tensor. */
+tp_status tp_tensor_init(tp_tensor *t, tp_dtype dtype, int ndim, const int64_t *shape);
+void tp_tensor_release(tp_tensor *t);
+/* Writes "[a, b, c]" into buf. */
+const char *tp_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap);
+
+/* ---- thread pool ------------------------------------------------------ */
+
+typedef struct tp_threadpool tp_threadpool;
+/* fn(ctx, thread_index, thread_count); every index runs exactly once. */
+typedef void (*tp_parallel_fn)(void *ctx, int ti, int nt);
+
+tp_status tp_threadpool_create(tp_threadpool **out, int nthreads);
+void tp_threadpool_destroy(tp_threadpool *pool);
+int tp_threadpool_size(const tp_threadpool *pool);
+/* Runs fn on every thread (the caller is thread 0) and waits for all.
+ * pool may be NULL: fn then runs once on the caller with nt = 1. */
+void tp_parallel_run(tp_threadpool *pool, tp_parallel_fn fn, void *ctx);
+/* The [begin, end) share of n items that thread ti of nt takes. */
+void tp_split_range(int64_t n, int ti, int nt, int64_t *begin, int64_t *end);
+
+/* ---- random numbers --------------------------------------------------- */
+
+/* xoshiro256** seeded through splitmix64: small, fast, and the same stream
+ * on every platform, so a seed names one model and one sample exactly. */
+typedef struct { uint64_t s[4]; } tp_rng;
+
+void tp_rng_seed(tp_rng *r, uint64_t seed);
+uint64_t tp_rng_next(tp_rng *r);
+double tp_rng_uniform(tp_rng *r);           /* [0, 1) */
+double tp_rng_normal(tp_rng *r);            /* N(0, 1) */
+
+/* ---- progress bar ----------------------------------------------------- */
+
+/* A bar on stderr, drawn only when stderr is a terminal. */
+typedef struct {
+    const char *label;
+    uint64_t total, done;
+    int enabled;
+    double last_draw;
+} tp_progress;
+
+void tp_progress_begin(tp_progress *p, const char *label, uint64_t total);
+void tp_progress_advance(tp_progress *p, uint64_t n);
+void tp_progress_end(tp_progress *p);
+
+/* Monotonic seconds. */
+double tp_now(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

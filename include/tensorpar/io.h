@@ -1,0 +1,175 @@
+/* tensorpar/io.h — Hugging Face files: safetensors checkpoints (read on mmap,
+ * read any slice, write), config.json, generation_config.json, and .npy output.
+ *
+ * A checkpoint is a model directory's set of safetensors files: either one
+ * `model.safetensors` or K shards listed by `model.safetensors.index.json`.
+ * Opening it validates every header strictly (sizes, JSON, dtype x shape =
+ * byte count, offsets inside the data area, no overlaps, no duplicates) but
+ * touches no tensor data; reads copy just the requested bytes out of the map.
+ */
+#ifndef TENSORPAR_IO_H
+#define TENSORPAR_IO_H
+
+#include "tensorpar/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- safetensors: reading --------------------------------------------- */
+
+#define TP_ST_MAX_DIMS 8
+/* Headers larger than this are refused before anything is allocated. */
+#define TP_ST_MAX_HEADER_BYTES (100u * 1024u * 1024u)
+
+typedef struct {
+    const char *name;
+    tp_dtype dtype;                 /* as stored in the file                */
+    int ndim;
+    int64_t shape[TP_ST_MAX_DIMS];
+    uint64_t data_begin, data_end;  /* byte offsets within the data area   */
+    int file;                       /* index into the checkpoint's files   */
+} tp_st_info;
+
+typedef struct tp_checkpoint tp_checkpoint;
+
+/* `path` is a model directory (model.safetensors or the sharded index
+ * model.safetensors.index.json inside it), a single .safetensors file, or an
+ * index file (any path ending in ".index.json").  With an index, every shard
+ * it names must exist and agree with it exactly (each listed tensor in its
+ * shard, no unlisted tensor, no tensor in two shards); shard names must be
+ * plain file names in the index's folder.  The index's own "metadata" object
+ * is ignored.  Holes between tensors in a data area are allowed.
+ *
+ * After open the checkpoint is read-only but for the atomic byte counter, so
+ * several threads may read from one checkpoint at once. */
+tp_status tp_checkpoint_open(tp_checkpoint **out, const char *path);
+void tp_checkpoint_close(tp_checkpoint *ck);
+
+size_t tp_checkpoint_count(const tp_checkpoint *ck);
+/* Tensors ordered by file, then by offset (the order that streams the files
+ * front to back); NULL past the end.  Infos and names live until close. */
+const tp_st_info *tp_checkpoint_at(const tp_checkpoint *ck, size_t i);
+/* Binary search by name; NULL if absent (no error set). */
+const tp_st_info *tp_checkpoint_find(const tp_checkpoint *ck, const char *name);
+const char *tp_checkpoint_file_path(const tp_checkpoint *ck, int file);
+/* The __metadata__ object's value for `key`, or NULL.  With shards, the
+ * first shard that has the key wins. */
+const char *tp_checkpoint_metadata(const tp_checkpoint *ck, const char *key);
+
+/* Reads the whole tensor `name`, converted to `want`, into dst (which holds
+ * numel * tp_dtype_size(want) bytes, aligned for `want`).  Conversion goes
+ * straight from the map into dst, with tp_convert's rules (a float tensor
+ * into an integer `want` is TP_ERR_UNSUPPORTED).  Errors name the file and
+ * the tensor; a missing tensor is TP_ERR_INVALID. */
+tp_status tp_checkpoint_read(tp_checkpoint *ck, const char *name, tp_dtype want, void *dst);
+
+/* Reads the sub-range [start, start+len) of dimension `dim` (all of every
+ * other dimension) as a dense tensor of the stored shape with shape[dim] =
+ * len, converted to `want`.  Only the bytes of that range are touched. */
+tp_status tp_checkpoint_read_slice(tp_checkpoint *ck, const char *name, int dim,
+                                   int64_t start, int64_t len, tp_dtype want, void *dst);
+
+/* Checks that `name` exists with exactly this shape; the error names the file,
+ * the tensor, the expected and the found shape. */
+tp_status tp_checkpoint_expect(const tp_checkpoint *ck, const char *name,
+                               int ndim, const int64_t *shape);
+
+/* Bytes of tensor data copied out of the files so far, counted in the stored
+ * dtype (shard-on-read tests). */
+uint64_t tp_checkpoint_bytes_read(const tp_checkpoint *ck);
+
+/* ---- safetensors: writing --------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    tp_dtype dtype;        /* dtype of `data` and of the stored tensor */
+    int ndim;
+    const int64_t *shape;
+    const void *data;
+} tp_st_entry;
+
+/* Writes one .safetensors file (tensors in the given order, 8-byte aligned
+ * header, {"format": "pt"} metadata plus `metadata` pairs if given).
+ * metadata_kv holds n_metadata (key, value) pairs flattened: k0, v0, k1, ...;
+ * a "format" pair replaces the default.  Names must be distinct, non-empty and
+ * not "__metadata__"; data may be NULL only for empty tensors.  Writes to
+ * "<path>.tmp<pid>" and renames, so a failure never leaves a half file. */
+tp_status tp_safetensors_write(const char *path, const tp_st_entry *entries, size_t n,
+                               const char *const *metadata_kv, size_t n_metadata);
+
+/* ---- Hugging Face config.json ----------------------------------------- */
+
+typedef enum { TP_ARCH_LLAMA, TP_ARCH_MISTRAL, TP_ARCH_QWEN2, TP_ARCH_QWEN3 } tp_arch;
+
+typedef enum { TP_ROPE_DEFAULT, TP_ROPE_LLAMA3, TP_ROPE_LINEAR } tp_rope_kind;
+
+typedef struct {
+    tp_rope_kind kind;
+    double factor;                          /* llama3, linear */
+    double low_freq_factor, high_freq_factor;  /* llama3 */
+    int64_t original_max_position_embeddings;  /* llama3 */
+} tp_rope_scaling;
+
+#define TP_MAX_EOS 8
+
+typedef struct {
+    tp_arch arch;
+    char model_type[32];
+    int64_t hidden_size, intermediate_size, num_hidden_layers;
+    int64_t num_attention_heads, num_key_value_heads, head_dim;
+    int64_t vocab_size, max_position_embeddings;
+    double rms_norm_eps, rope_theta;
+    tp_rope_scaling rope_scaling;
+    int tie_word_embeddings;
+    int attention_bias;      /* q/k/v/o biases (llama, mistral: attention_bias) */
+    int qkv_bias;            /* q/k/v biases only (qwen2 always)               */
+    int qk_norm;             /* per-head RMSNorm on q and k (qwen3)             */
+    int64_t sliding_window;  /* 0 = none; mistral/qwen windows (see models.h)   */
+    tp_dtype dtype;          /* "torch_dtype"/"dtype": the stored weight dtype  */
+    int64_t bos_token_id;    /* -1 when absent */
+    int64_t eos_token_ids[TP_MAX_EOS];
+    int n_eos;
+} tp_model_config;
+
+tp_status tp_arch_parse(const char *s, tp_arch *out);
+const char *tp_arch_name(tp_arch a);
+
+/* Reads and validates DIR/config.json. Errors name the file and the key. */
+tp_status tp_config_load(tp_model_config *cfg, const char *model_dir);
+/* Fills derived fields (head_dim) and checks consistency. */
+tp_status tp_config_validate(tp_model_config *cfg, const char *origin);
+/* Applies "key=value" (value is JSON; a bare word is a string) as if the key
+ * stood in config.json, with the same checks. */
+tp_status tp_config_set(tp_model_config *cfg, const char *assignment);
+/* Writes config.json in the layout Transformers writes. */
+tp_status tp_config_save(const tp_model_config *cfg, const char *model_dir);
+
+typedef struct {
+    int64_t bos_token_id;
+    int64_t eos_token_ids[TP_MAX_EOS];
+    int n_eos;
+    int do_sample;
+    double temperature, top_p, min_p, repetition_penalty;
+    int64_t top_k, max_new_tokens;
+} tp_generation_config;
+
+/* Defaults (greedy) overridden by DIR/generation_config.json if present. */
+tp_status tp_generation_config_load(tp_generation_config *g, const char *model_dir,
+                                    const tp_model_config *cfg);
+tp_status tp_generation_config_save(const tp_generation_config *g, const char *model_dir);
+
+/* ---- helpers ---------------------------------------------------------- */
+
+/* Reads a whole file into a NUL-terminated malloc'd buffer. */
+tp_status tp_read_file(const char *path, char **out, size_t *len);
+/* Writes a whole file atomically (temp file + rename). */
+tp_status tp_write_file_atomic(const char *path, const void *data, size_t len);
+
+/* Writes a float32 .npy (version 1.0, C order) atomically. */
+tp_status tp_npy_write_f32(const char *path, const float *data, int ndim, const int64_t *shape);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,107 @@
+/* tensorpar/models.h — decoder-only transformer models in Hugging Face's
+ * layout: Llama (GQA, RoPE with llama3/linear scaling), Mistral (sliding
+ * window), Qwen2 (q/k/v biases), Qwen3 (per-head q/k RMSNorm).
+ *
+ * A model is loaded from a model directory (config.json + safetensors).  The
+ * forward pass takes token ids and a KV cache and returns f32 logits;
+ * weights stay in f32 or bf16, activations are f32. */
+#ifndef TENSORPAR_MODELS_H
+#define TENSORPAR_MODELS_H
+
+#include "tensorpar/base.h"
+#include "tensorpar/io.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    tp_tensor weight;   /* [out, in] */
+    tp_tensor bias;     /* [out] or empty (data == NULL) */
+} tp_linear;
+
+typedef struct {
+    tp_linear q_proj, k_proj, v_proj, o_proj;
+    tp_linear gate_proj, up_proj, down_proj;
+    tp_tensor input_layernorm, post_attention_layernorm;
+    tp_tensor q_norm, k_norm;      /* qwen3 only */
+} tp_layer;
+
+typedef struct tp_model {
+    tp_model_config cfg;
+    tp_dtype weight_dtype;         /* f32 or bf16 */
+    tp_tensor embed_tokens;        /* [vocab, hidden] */
+    tp_layer *layers;
+    tp_tensor norm;                /* [hidden] */
+    tp_tensor lm_head;             /* [vocab, hidden]; borrows embed_tokens when tied */
+    double *inv_freq;              /* [head_dim / 2] */
+    tp_threadpool *pool;
+} tp_model;
+
+typedef struct {
+    /* TP_F32, TP_BF16, or TP_DTYPE_COUNT for "as stored" (f16 becomes f32). */
+    tp_dtype weight_dtype;
+    int threads;                   /* 0 = 1 */
+    int show_progress;             /* progress bar on stderr (terminal only) */
+} tp_model_options;
+
+/* ---- parameters ------------------------------------------------------ */
+
+typedef enum { TP_PARAM_WEIGHT, TP_PARAM_BIAS, TP_PARAM_NORM, TP_PARAM_EMBEDDING } tp_param_kind;
+
+typedef struct {
+    char name[96];           /* Hugging Face name: model.layers.3.mlp.up_proj.weight */
+    tp_param_kind kind;
+    int ndim;
+    int64_t shape[2];        /* global shape */
+    tp_tensor *slot;         /* where the model keeps it (NULL without a model) */
+} tp_param_desc;
+
+/* Every parameter of the model described by cfg, in checkpoint order.  With
+ * m != NULL (its layers allocated) each entry points at its tensor slot.
+ * lm_head.weight is absent when embeddings are tied.  Free *out with free(). */
+tp_status tp_model_params(const tp_model_config *cfg, tp_model *m, tp_param_desc **out, size_t *n);
+
+tp_status tp_model_load(tp_model **out, const char *model_dir, const tp_model_options *opt);
+void tp_model_free(tp_model *m);
+
+/* One layer's keys and values for every position so far, f32. */
+typedef struct {
+    int64_t capacity, length;
+    int64_t n_layers, n_kv, head_dim;
+    float **k, **v;                /* per layer: [capacity, n_kv, head_dim] */
+} tp_kv_cache;
+
+tp_status tp_kv_cache_init(tp_kv_cache *c, const tp_model *m, int64_t capacity);
+void tp_kv_cache_release(tp_kv_cache *c);
+void tp_kv_cache_reset(tp_kv_cache *c);
+
+/* Runs the T tokens at positions cache->length ... and appends their keys
+ * and values.  Writes logits for every new position ([T, vocab]) when
+ * all_logits is set, else only for the last ([vocab]).  Token ids outside
+ * [0, vocab) are an error. */
+tp_status tp_model_forward(tp_model *m, tp_kv_cache *cache, const int64_t *tokens, int64_t T,
+                           float *logits, int all_logits);
+
+/* ---- making models --------------------------------------------------- */
+
+/* A config for `arch` from a preset name: tiny, small, qwen3-0.6b,
+ * llama-3.2-1b, llama-3-8b (the last three copy the real models' configs). */
+tp_status tp_preset_config(tp_model_config *cfg, tp_arch arch, const char *preset);
+
+typedef struct {
+    tp_dtype dtype;          /* stored weight dtype: f32 or bf16 */
+    uint64_t seed;
+    double std;              /* weights ~ N(0, std); default 0.02 */
+    double qk_std;           /* q_proj/k_proj weights ~ N(0, qk_std) */
+    int shards;              /* 1 = model.safetensors; K > 1 = K shards + index */
+    const char *tokenizer;   /* tokenizer.json or a folder with tokenizer files; may be NULL */
+} tp_make_options;
+
+/* Writes a random-weight model directory in Transformers' layout. */
+tp_status tp_make_model(const tp_model_config *cfg, const tp_make_options *opt, const char *out_dir);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

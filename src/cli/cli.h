@@ -1,0 +1,40 @@
+/* The tensorpar command-line tool: one file per command, this shared header,
+ * and a small declarative option parser (args.c). */
+#ifndef TP_CLI_H
+#define TP_CLI_H
+
+#include "tensorpar/base.h"
+
+#define CLI_MAX_REPEAT 64
+
+typedef struct {
+    const char *name;       /* "--model" */
+    const char *metavar;    /* "DIR", or NULL for a flag */
+    const char *help;
+    /* filled by cli_parse */
+    int count;
+    const char *values[CLI_MAX_REPEAT];
+} cli_option;
+
+/* Parses argv[1..] (argv[0] is the command name).  Returns 0 on success, 1
+ * when --help was printed (exit 0), 2 on a usage error (message printed).
+ * Arguments after "--" are left in *rest / *nrest when those are non-NULL. */
+int cli_parse(int argc, char **argv, cli_option *opts, int nopts,
+              const char *usage, const char *summary, char ***rest, int *nrest);
+/* The last value of an option, or NULL. */
+const char *cli_value(const cli_option *opts, int nopts, const char *name);
+int cli_flag(const cli_option *opts, int nopts, const char *name);
+/* Parses an integer option; returns 0 and fills *out (or leaves default). */
+int cli_int(const cli_option *opts, int nopts, const char *name, long long *out);
+int cli_double(const cli_option *opts, int nopts, const char *name, double *out);
+/* Parses "1,2,3" into a malloc'd array. */
+int cli_parse_ids(const char *s, int64_t **ids, int *n);
+/* Prints "tensorpar <cmd>: error: <tp_error()>" and returns 1. */
+int cli_report(const char *cmd);
+
+/* Commands: int cmd_x(int argc, char **argv) with argv[0] = "x". */
+int cmd_make_model(int argc, char **argv);
+int cmd_logits(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+
+#endif

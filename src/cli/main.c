@@ -1,0 +1,39 @@
+/* tensorpar — the command-line front end.  Each command lives in its own
+ * cmd_*.c file and is a thin user of libtensorpar. */
+#include "cli.h"
+
+#include <string.h>
+
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} command;
+
+static const command commands[] = {
+    {"make-model", cmd_make_model, "write a random-weight Hugging Face model directory"},
+    {"logits", cmd_logits, "run a forward pass and write the logits as .npy"},
+    {"generate", cmd_generate, "generate tokens from a prompt"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: tensorpar <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\n'tensorpar <command> --help' describes a command.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) { usage(stderr); return 2; }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "tensorpar: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

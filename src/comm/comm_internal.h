@@ -1,0 +1,76 @@
+/* Internal interface between comm.c (the public group API) and the backends.
+ *
+ * comm.c validates arguments, turns the equal-count collectives into their
+ * "v" forms and guards against a group being used after a failure; each
+ * backend implements only the general forms below. */
+#ifndef TP_COMM_INTERNAL_H
+#define TP_COMM_INTERNAL_H
+
+#include "tensorpar/comm.h"
+
+#include <stdint.h>
+
+typedef struct tp_comm_ops {
+    const char *name;
+    tp_status (*all_reduce)(tp_group *g, const void *send, void *recv, size_t count,
+                            tp_dtype dt, tp_reduce_op op);
+    tp_status (*all_gatherv)(tp_group *g, const void *send, void *recv,
+                             const size_t *counts, tp_dtype dt);
+    tp_status (*reduce_scatterv)(tp_group *g, const void *send, void *recv,
+                                 const size_t *counts, tp_dtype dt, tp_reduce_op op);
+    tp_status (*broadcast)(tp_group *g, void *buf, size_t bytes, int root);
+    tp_status (*barrier)(tp_group *g);
+    tp_status (*all_to_allv)(tp_group *g, const void *send, const size_t *send_counts,
+                             void *recv, const size_t *recv_counts, tp_dtype dt);
+    /* dst < 0: nothing to send; src < 0: nothing to receive.  Byte counts. */
+    tp_status (*sendrecv)(tp_group *g, const void *send, size_t send_bytes, int dst,
+                          void *recv, size_t recv_bytes, int src);
+    /* Fills child->impl for the sub-group whose members (parent ranks) are
+     * given; child's rank, size and global ranks are already set. */
+    tp_status (*new_sub)(tp_group *parent, const int *ranks, int n, tp_group *child);
+    void (*free)(tp_group *g);
+} tp_comm_ops;
+
+struct tp_group {
+    const tp_comm_ops *ops;
+    tp_backend backend;
+    int rank, size;
+    int *global;            /* global rank of each group rank               */
+    int local_rank, local_size;
+    double timeout_s;
+    int failed;             /* a collective failed: the group is unusable    */
+    void *impl;             /* backend state                                 */
+};
+
+/* Job layout as read from the environment (rendezvous.c). */
+typedef struct {
+    tp_backend backend;
+    int rank, world_size, local_rank, local_size;
+    double timeout_s;
+    char rendezvous[200];   /* "" when none is known                        */
+    int shm_fd;             /* segment inherited from the launcher, or -1    */
+} tp_comm_env;
+
+tp_status tp_comm_env_read(tp_comm_env *e, const tp_comm_options *opts);
+/* A 64-bit FNV-1a hash, used to name things every rank must agree on. */
+uint64_t tp_comm_hash(const void *data, size_t n, uint64_t seed);
+
+/* Backend constructors: fill g (ops, impl, local ranks) for the world. */
+tp_status tp_comm_self_init(tp_group *g);
+tp_status tp_comm_shm_init(tp_group *g, const tp_comm_env *e);
+tp_status tp_comm_mpi_init(tp_group *g, const tp_comm_env *e);
+
+/* Ordered reduction (reduce.c): dst[i] = op(srcs[0][i], ..., srcs[n-1][i]),
+ * folded left to right in the accumulation type; dst may alias any src. */
+void tp_comm_reduce_ordered(void *dst, const void *const *srcs, int n, size_t count,
+                            tp_dtype dt, tp_reduce_op op);
+int tp_comm_reducible(tp_dtype dt);
+
+/* The name of the segment for a rendezvous ("/tensorpar-<uid>-<name>"). */
+void tp_shm_segment_name(char *buf, size_t cap, const char *rendezvous);
+/* Creates and initialises the world segment for n ranks under `name`,
+ * returning its descriptor (the launcher unlinks the name at once and hands
+ * the descriptor to its children). */
+tp_status tp_shm_segment_create(const char *rendezvous, int n, int *fd_out);
+
+#endif

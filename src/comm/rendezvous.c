@@ -1,0 +1,152 @@
+/* Where a rank learns who it is: the job layout from explicit options or the
+ * environment (torchrun-style variables, mpirun's, or none), the backend,
+ * the timeout and the rendezvous name that tells concurrent jobs apart
+ * (tp-semantics §5.3). */
+#include "comm_internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+uint64_t tp_comm_hash(const void *data, size_t n, uint64_t seed)
+{
+    const unsigned char *p = data;
+    uint64_t h = 1469598103934665603ull ^ seed;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+/* Parses environment variable `name` as an integer >= lo; *present = 0 if
+ * unset.  The message names the variable and its value. */
+static tp_status env_int(const char *name, long lo, long *out, int *present)
+{
+    const char *s = getenv(name);
+    *present = s != NULL && *s;
+    if (!*present) return TP_OK;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo)
+        return tp_fail(TP_ERR_INVALID, "environment variable %s='%s' is not a valid %s", name, s,
+                       lo > 0 ? "positive integer" : "non-negative integer");
+    *out = v;
+    return TP_OK;
+}
+
+/* RANK/WORLD_SIZE (torchrun-style), else OMPI_COMM_WORLD_* (mpirun), else 1. */
+static tp_status read_layout(tp_comm_env *e, int *under_mpirun)
+{
+    long rank = 0, world = 1, lrank = -1, lsize = -1;
+    int has_world, has_rank, has_lr, has_ls;
+    tp_status st;
+    if ((st = env_int("WORLD_SIZE", 1, &world, &has_world)) ||
+        (st = env_int("RANK", 0, &rank, &has_rank)) ||
+        (st = env_int("LOCAL_RANK", 0, &lrank, &has_lr)) ||
+        (st = env_int("LOCAL_WORLD_SIZE", 1, &lsize, &has_ls)))
+        return st;
+    *under_mpirun = getenv("OMPI_COMM_WORLD_RANK") != NULL || getenv("PMIX_RANK") != NULL;
+    if (!has_world && !has_rank && *under_mpirun) {
+        if ((st = env_int("OMPI_COMM_WORLD_SIZE", 1, &world, &has_world)) ||
+            (st = env_int("OMPI_COMM_WORLD_RANK", 0, &rank, &has_rank)) ||
+            (st = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0, &lrank, &has_lr)) ||
+            (st = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1, &lsize, &has_ls)))
+            return st;
+    }
+    if (has_world && world > 1 && !has_rank)
+        return tp_fail(TP_ERR_INVALID, "WORLD_SIZE is %ld but RANK is not set", world);
+    if (rank >= world)
+        return tp_fail(TP_ERR_INVALID, "RANK=%ld must be smaller than WORLD_SIZE=%ld", rank, world);
+    e->rank = (int)rank;
+    e->world_size = (int)world;
+    e->local_rank = has_lr ? (int)lrank : (int)rank;
+    e->local_size = has_ls ? (int)lsize : (int)world;
+    if (e->local_rank >= e->local_size)
+        return tp_fail(TP_ERR_INVALID, "LOCAL_RANK=%d must be smaller than LOCAL_WORLD_SIZE=%d",
+                       e->local_rank, e->local_size);
+    return TP_OK;
+}
+
+static tp_status read_backend(tp_comm_env *e, const tp_comm_options *o, int under_mpirun)
+{
+    tp_backend b = o ? o->backend : TP_BACKEND_AUTO;
+    const char *s = getenv("TENSORPAR_BACKEND");
+    if (b == TP_BACKEND_AUTO && s && *s) {
+        tp_status st = tp_backend_parse(s, &b);
+        if (st) return tp_fail_context(st, "TENSORPAR_BACKEND");
+    }
+    if (b == TP_BACKEND_AUTO)
+        b = under_mpirun ? TP_BACKEND_MPI : e->world_size > 1 ? TP_BACKEND_SHM : TP_BACKEND_SELF;
+    if (b == TP_BACKEND_SHM && e->world_size == 1) b = TP_BACKEND_SELF;
+    if (b == TP_BACKEND_SELF && e->world_size > 1)
+        return tp_fail(TP_ERR_INVALID, "the self backend runs one rank, but WORLD_SIZE is %d",
+                       e->world_size);
+    if (!tp_backend_available(b))
+        return tp_fail(TP_ERR_UNSUPPORTED, "this build of tensorpar has no %s backend",
+                       tp_backend_name(b));
+    e->backend = b;
+    return TP_OK;
+}
+
+static tp_status read_timeout(tp_comm_env *e, const tp_comm_options *o)
+{
+    e->timeout_s = 30.0;
+    if (o && o->timeout_s > 0) { e->timeout_s = o->timeout_s; return TP_OK; }
+    const char *s = getenv("TENSORPAR_COMM_TIMEOUT");
+    if (!s || !*s) return TP_OK;
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !(v > 0))
+        return tp_fail(TP_ERR_INVALID, "TENSORPAR_COMM_TIMEOUT='%s' is not a positive number of seconds", s);
+    e->timeout_s = v;
+    return TP_OK;
+}
+
+/* Keeps names usable in /dev/shm: anything odd becomes '_'. */
+static void sanitize(char *s)
+{
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              *s == '-' || *s == '.'))
+            *s = '_';
+}
+
+static void read_rendezvous(tp_comm_env *e, const tp_comm_options *o)
+{
+    const char *r = o && o->rendezvous ? o->rendezvous : getenv("TENSORPAR_RENDEZVOUS");
+    const char *addr = getenv("MASTER_ADDR"), *port = getenv("MASTER_PORT");
+    e->rendezvous[0] = '\0';
+    if (r && *r)
+        snprintf(e->rendezvous, sizeof e->rendezvous, "%s", r);
+    else if (addr && *addr && port && *port)
+        /* torchrun without our launcher: MASTER_ADDR:MASTER_PORT names the
+         * job; the segment name adds the uid. */
+        snprintf(e->rendezvous, sizeof e->rendezvous, "m-%.80s-%.20s", addr, port);
+    sanitize(e->rendezvous);
+}
+
+tp_status tp_comm_env_read(tp_comm_env *e, const tp_comm_options *o)
+{
+    memset(e, 0, sizeof *e);
+    e->shm_fd = -1;
+    int under_mpirun = 0;
+    tp_status st;
+    if (o && o->world_size > 0 && o->rank >= 0) {
+        if (o->rank >= o->world_size)
+            return tp_fail(TP_ERR_INVALID, "rank %d must be smaller than world size %d", o->rank, o->world_size);
+        e->rank = o->rank;
+        e->world_size = o->world_size;
+        e->local_rank = o->rank;
+        e->local_size = o->world_size;
+    } else if ((st = read_layout(e, &under_mpirun))) {
+        return st;
+    }
+    if ((st = read_backend(e, o, under_mpirun)) || (st = read_timeout(e, o))) return st;
+    read_rendezvous(e, o);
+    long fd;
+    int has_fd;
+    if (env_int("TENSORPAR_SHM_FD", 0, &fd, &has_fd) == TP_OK && has_fd) e->shm_fd = (int)fd;
+    return TP_OK;
+}

@@ -1,0 +1,455 @@
+/* Hugging Face config.json and generation_config.json.
+ *
+ * Reading is strict where a wrong value would silently change the numbers
+ * (an unknown rope_scaling kind, a key of the wrong type) and lenient where
+ * Transformers is (absent keys take the model type's defaults). */
+#include "tensorpar/io.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct { const char *name; tp_arch arch; } arch_names[] = {
+    {"llama", TP_ARCH_LLAMA}, {"mistral", TP_ARCH_MISTRAL},
+    {"qwen2", TP_ARCH_QWEN2}, {"qwen3", TP_ARCH_QWEN3},
+};
+#define N_ARCH (sizeof arch_names / sizeof arch_names[0])
+
+tp_status tp_arch_parse(const char *s, tp_arch *out)
+{
+    for (size_t i = 0; i < N_ARCH; i++)
+        if (!strcmp(s, arch_names[i].name)) { *out = arch_names[i].arch; return TP_OK; }
+    return tp_fail(TP_ERR_UNSUPPORTED,
+                   "model type '%s' is not supported (supported: llama, mistral, qwen2, qwen3)", s);
+}
+
+const char *tp_arch_name(tp_arch a)
+{
+    for (size_t i = 0; i < N_ARCH; i++)
+        if (arch_names[i].arch == a) return arch_names[i].name;
+    return "?";
+}
+
+static const char *architecture_class(tp_arch a)
+{
+    switch (a) {
+    case TP_ARCH_LLAMA: return "LlamaForCausalLM";
+    case TP_ARCH_MISTRAL: return "MistralForCausalLM";
+    case TP_ARCH_QWEN2: return "Qwen2ForCausalLM";
+    case TP_ARCH_QWEN3: return "Qwen3ForCausalLM";
+    }
+    return "?";
+}
+
+/* Transformers' defaults for each model type's config class. */
+static void set_defaults(tp_model_config *c, tp_arch arch)
+{
+    memset(c, 0, sizeof *c);
+    c->arch = arch;
+    snprintf(c->model_type, sizeof c->model_type, "%s", tp_arch_name(arch));
+    c->rms_norm_eps = 1e-6;
+    c->rope_theta = 10000.0;
+    c->num_hidden_layers = 32;
+    c->num_attention_heads = 32;
+    c->hidden_size = 4096;
+    c->dtype = TP_F32;
+    c->bos_token_id = -1;
+    switch (arch) {
+    case TP_ARCH_LLAMA:
+        c->vocab_size = 32000; c->intermediate_size = 11008; c->max_position_embeddings = 2048;
+        c->bos_token_id = 1; c->eos_token_ids[0] = 2; c->n_eos = 1;
+        break;
+    case TP_ARCH_MISTRAL:
+        c->vocab_size = 32000; c->intermediate_size = 14336; c->max_position_embeddings = 4096 * 32;
+        c->num_key_value_heads = 8; c->sliding_window = 4096;
+        c->bos_token_id = 1; c->eos_token_ids[0] = 2; c->n_eos = 1;
+        break;
+    case TP_ARCH_QWEN2:
+        c->vocab_size = 151936; c->intermediate_size = 22016; c->max_position_embeddings = 32768;
+        c->qkv_bias = 1;
+        break;
+    case TP_ARCH_QWEN3:
+        c->vocab_size = 151936; c->intermediate_size = 22016; c->max_position_embeddings = 32768;
+        c->head_dim = 128; c->qk_norm = 1;
+        break;
+    }
+}
+
+/* ---- typed getters that name the file and key on error ----------------- */
+
+typedef struct { const char *path; cJSON *root; } json_doc;
+
+static tp_status get_int(const json_doc *d, const char *key, int64_t *out)
+{
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(d->root, key);
+    if (!v || cJSON_IsNull(v)) return TP_OK;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
+        return tp_fail(TP_ERR_FORMAT, "%s: key '%s' must be an integer", d->path, key);
+    *out = (int64_t)v->valuedouble;
+    return TP_OK;
+}
+
+static tp_status get_positive(const json_doc *d, const char *key, int64_t *out)
+{
+    tp_status s = get_int(d, key, out);
+    if (s) return s;
+    if (*out <= 0) return tp_fail(TP_ERR_FORMAT, "%s: key '%s' must be a positive integer, got %lld",
+                                  d->path, key, (long long)*out);
+    return TP_OK;
+}
+
+static tp_status get_double(const json_doc *d, const char *key, double *out)
+{
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(d->root, key);
+    if (!v || cJSON_IsNull(v)) return TP_OK;
+    if (!cJSON_IsNumber(v)) return tp_fail(TP_ERR_FORMAT, "%s: key '%s' must be a number", d->path, key);
+    *out = v->valuedouble;
+    return TP_OK;
+}
+
+static tp_status get_bool(const json_doc *d, const char *key, int *out)
+{
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(d->root, key);
+    if (!v || cJSON_IsNull(v)) return TP_OK;
+    if (!cJSON_IsBool(v)) return tp_fail(TP_ERR_FORMAT, "%s: key '%s' must be true or false", d->path, key);
+    *out = cJSON_IsTrue(v);
+    return TP_OK;
+}
+
+/* eos_token_id is an integer or a list of integers. */
+static tp_status get_eos(const json_doc *d, int64_t *ids, int *n)
+{
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(d->root, "eos_token_id");
+    if (!v || cJSON_IsNull(v)) return TP_OK;
+    if (cJSON_IsNumber(v)) { ids[0] = (int64_t)v->valuedouble; *n = 1; return TP_OK; }
+    if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) > TP_MAX_EOS)
+        return tp_fail(TP_ERR_FORMAT, "%s: key 'eos_token_id' must be an integer or a list of at most %d integers",
+                       d->path, TP_MAX_EOS);
+    int k = 0;
+    cJSON *e;
+    cJSON_ArrayForEach(e, v) {
+        if (!cJSON_IsNumber(e)) return tp_fail(TP_ERR_FORMAT, "%s: key 'eos_token_id' holds a non-integer", d->path);
+        ids[k++] = (int64_t)e->valuedouble;
+    }
+    *n = k;
+    return TP_OK;
+}
+
+static tp_status parse_rope_scaling(const json_doc *d, tp_rope_scaling *rs, int64_t max_pos)
+{
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(d->root, "rope_scaling");
+    rs->kind = TP_ROPE_DEFAULT;
+    if (!v || cJSON_IsNull(v)) return TP_OK;
+    if (!cJSON_IsObject(v)) return tp_fail(TP_ERR_FORMAT, "%s: key 'rope_scaling' must be an object or null", d->path);
+    cJSON *type = cJSON_GetObjectItemCaseSensitive(v, "rope_type");
+    if (!type) type = cJSON_GetObjectItemCaseSensitive(v, "type");   /* older configs */
+    if (!cJSON_IsString(type))
+        return tp_fail(TP_ERR_FORMAT, "%s: key 'rope_scaling' has no string 'rope_type'", d->path);
+    json_doc sub = {d->path, v};
+    rs->factor = 1.0;
+    tp_status s = get_double(&sub, "factor", &rs->factor);
+    if (s) return tp_fail_context(s, "in rope_scaling");
+    const char *t = type->valuestring;
+    if (!strcmp(t, "default")) return TP_OK;
+    if (!strcmp(t, "linear")) {
+        rs->kind = TP_ROPE_LINEAR;
+    } else if (!strcmp(t, "llama3")) {
+        rs->kind = TP_ROPE_LLAMA3;
+        rs->low_freq_factor = 1.0;
+        rs->high_freq_factor = 4.0;
+        rs->original_max_position_embeddings = max_pos;
+        if ((s = get_double(&sub, "low_freq_factor", &rs->low_freq_factor)) ||
+            (s = get_double(&sub, "high_freq_factor", &rs->high_freq_factor)) ||
+            (s = get_int(&sub, "original_max_position_embeddings", &rs->original_max_position_embeddings)))
+            return s;
+        if (!(rs->high_freq_factor > rs->low_freq_factor) || rs->original_max_position_embeddings <= 0)
+            return tp_fail(TP_ERR_FORMAT, "%s: rope_scaling 'llama3' needs high_freq_factor > low_freq_factor "
+                           "and a positive original_max_position_embeddings", d->path);
+    } else {
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: rope_scaling type '%s' is not supported "
+                       "(supported: none, \"llama3\", \"linear\")", d->path, t);
+    }
+    if (!(rs->factor > 0)) return tp_fail(TP_ERR_FORMAT, "%s: rope_scaling factor must be positive", d->path);
+    return TP_OK;
+}
+
+static tp_status parse_dtype(const json_doc *d, tp_dtype *out)
+{
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(d->root, "torch_dtype");
+    if (!v || cJSON_IsNull(v)) v = cJSON_GetObjectItemCaseSensitive(d->root, "dtype");
+    if (!v || cJSON_IsNull(v)) return TP_OK;
+    if (!cJSON_IsString(v) || tp_dtype_parse(v->valuestring, out) != TP_OK)
+        return tp_fail(TP_ERR_FORMAT, "%s: key 'torch_dtype' must be \"float32\", \"bfloat16\" or \"float16\"", d->path);
+    return TP_OK;
+}
+
+static tp_status parse_config(tp_model_config *c, const json_doc *d)
+{
+    cJSON *mt = cJSON_GetObjectItemCaseSensitive(d->root, "model_type");
+    if (!cJSON_IsString(mt)) return tp_fail(TP_ERR_FORMAT, "%s: key 'model_type' is missing or not a string", d->path);
+    tp_arch arch = TP_ARCH_LLAMA;
+    if (tp_arch_parse(mt->valuestring, &arch)) return tp_fail_context(TP_ERR_UNSUPPORTED, "%s", d->path);
+    set_defaults(c, arch);
+    c->num_key_value_heads = 0;
+    int use_sliding = 0, mlp_bias = 0;
+    tp_status s;
+    if ((s = get_positive(d, "hidden_size", &c->hidden_size)) ||
+        (s = get_positive(d, "intermediate_size", &c->intermediate_size)) ||
+        (s = get_positive(d, "num_hidden_layers", &c->num_hidden_layers)) ||
+        (s = get_positive(d, "num_attention_heads", &c->num_attention_heads)) ||
+        (s = get_int(d, "num_key_value_heads", &c->num_key_value_heads)) ||
+        (s = get_int(d, "head_dim", &c->head_dim)) ||
+        (s = get_positive(d, "vocab_size", &c->vocab_size)) ||
+        (s = get_positive(d, "max_position_embeddings", &c->max_position_embeddings)) ||
+        (s = get_double(d, "rms_norm_eps", &c->rms_norm_eps)) ||
+        (s = get_double(d, "rope_theta", &c->rope_theta)) ||
+        (s = get_bool(d, "tie_word_embeddings", &c->tie_word_embeddings)) ||
+        (s = get_bool(d, "attention_bias", &c->attention_bias)) ||
+        (s = get_bool(d, "mlp_bias", &mlp_bias)) ||
+        (s = get_bool(d, "use_sliding_window", &use_sliding)) ||
+        (s = get_int(d, "bos_token_id", &c->bos_token_id)) ||
+        (s = get_eos(d, c->eos_token_ids, &c->n_eos)) ||
+        (s = parse_dtype(d, &c->dtype)) ||
+        (s = parse_rope_scaling(d, &c->rope_scaling, c->max_position_embeddings)))
+        return s;
+    if (mlp_bias) return tp_fail(TP_ERR_UNSUPPORTED, "%s: key 'mlp_bias' = true is not supported", d->path);
+    cJSON *hidden_act = cJSON_GetObjectItemCaseSensitive(d->root, "hidden_act");
+    if (hidden_act && !(cJSON_IsString(hidden_act) && !strcmp(hidden_act->valuestring, "silu")))
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: key 'hidden_act' must be \"silu\"", d->path);
+    if (arch == TP_ARCH_MISTRAL) {
+        cJSON *sw = cJSON_GetObjectItemCaseSensitive(d->root, "sliding_window");
+        if (sw && cJSON_IsNull(sw)) c->sliding_window = 0;
+        else if ((s = get_int(d, "sliding_window", &c->sliding_window))) return s;
+    } else if (use_sliding) {
+        /* Qwen's per-layer windows (max_window_layers) are not implemented;
+         * refusing beats computing something else. */
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: key 'use_sliding_window' = true is not supported for %s",
+                       d->path, c->model_type);
+    }
+    if (arch == TP_ARCH_QWEN2) c->qkv_bias = 1;
+    return tp_config_validate(c, d->path);
+}
+
+tp_status tp_config_validate(tp_model_config *c, const char *origin)
+{
+    if (c->num_key_value_heads <= 0) c->num_key_value_heads = c->num_attention_heads;
+    if (c->head_dim <= 0) {
+        if (c->hidden_size % c->num_attention_heads)
+            return tp_fail(TP_ERR_FORMAT, "%s: hidden_size %lld is not divisible by num_attention_heads %lld",
+                           origin, (long long)c->hidden_size, (long long)c->num_attention_heads);
+        c->head_dim = c->hidden_size / c->num_attention_heads;
+    }
+    if (c->head_dim % 2)
+        return tp_fail(TP_ERR_FORMAT, "%s: head_dim %lld must be even for rotary embeddings", origin, (long long)c->head_dim);
+    if (c->num_attention_heads % c->num_key_value_heads)
+        return tp_fail(TP_ERR_FORMAT, "%s: num_attention_heads %lld is not divisible by num_key_value_heads %lld",
+                       origin, (long long)c->num_attention_heads, (long long)c->num_key_value_heads);
+    if (!(c->rms_norm_eps > 0) || !(c->rope_theta > 0))
+        return tp_fail(TP_ERR_FORMAT, "%s: rms_norm_eps and rope_theta must be positive", origin);
+    if (c->sliding_window < 0)
+        return tp_fail(TP_ERR_FORMAT, "%s: sliding_window must be positive or null", origin);
+    return TP_OK;
+}
+
+tp_status tp_config_load(tp_model_config *cfg, const char *model_dir)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", model_dir);
+    char *text;
+    tp_status s = tp_read_file(path, &text, NULL);
+    if (s) return s;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return tp_fail(TP_ERR_FORMAT, "%s: not a valid JSON object", path);
+    }
+    json_doc d = {path, root};
+    s = parse_config(cfg, &d);
+    cJSON_Delete(root);
+    return s;
+}
+
+/* ---- writing ----------------------------------------------------------- */
+
+static cJSON *rope_scaling_json(const tp_rope_scaling *rs)
+{
+    if (rs->kind == TP_ROPE_DEFAULT) return cJSON_CreateNull();
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "factor", rs->factor);
+    if (rs->kind == TP_ROPE_LLAMA3) {
+        cJSON_AddNumberToObject(o, "high_freq_factor", rs->high_freq_factor);
+        cJSON_AddNumberToObject(o, "low_freq_factor", rs->low_freq_factor);
+        cJSON_AddNumberToObject(o, "original_max_position_embeddings", (double)rs->original_max_position_embeddings);
+        cJSON_AddStringToObject(o, "rope_type", "llama3");
+    } else {
+        cJSON_AddStringToObject(o, "rope_type", "linear");
+    }
+    return o;
+}
+
+static const char *torch_dtype_name(tp_dtype t)
+{
+    return t == TP_BF16 ? "bfloat16" : t == TP_F16 ? "float16" : "float32";
+}
+
+static cJSON *eos_json(const int64_t *ids, int n)
+{
+    if (n == 0) return cJSON_CreateNull();
+    if (n == 1) return cJSON_CreateNumber((double)ids[0]);
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)ids[i]));
+    return a;
+}
+
+static tp_status save_json(cJSON *root, const char *path)
+{
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!text) return tp_fail(TP_ERR_NOMEM, "%s: out of memory", path);
+    size_t n = strlen(text);
+    char *with_nl = realloc(text, n + 2);
+    if (!with_nl) { free(text); return tp_fail(TP_ERR_NOMEM, "%s: out of memory", path); }
+    with_nl[n] = '\n';
+    with_nl[n + 1] = '\0';
+    tp_status s = tp_write_file_atomic(path, with_nl, n + 1);
+    free(with_nl);
+    return s;
+}
+
+static cJSON *config_json(const tp_model_config *c)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *archs = cJSON_AddArrayToObject(o, "architectures");
+    cJSON_AddItemToArray(archs, cJSON_CreateString(architecture_class(c->arch)));
+    if (c->arch == TP_ARCH_LLAMA || c->arch == TP_ARCH_QWEN3)
+        cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias);
+    cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
+    if (c->bos_token_id >= 0) cJSON_AddNumberToObject(o, "bos_token_id", (double)c->bos_token_id);
+    else cJSON_AddNullToObject(o, "bos_token_id");
+    cJSON_AddItemToObject(o, "eos_token_id", eos_json(c->eos_token_ids, c->n_eos));
+    /* head_dim is written when it is not implied, so that a later --set of
+     * hidden_size or num_attention_heads re-derives it. */
+    if (c->arch == TP_ARCH_QWEN3 || c->head_dim * c->num_attention_heads != c->hidden_size)
+        cJSON_AddNumberToObject(o, "head_dim", (double)c->head_dim);
+    cJSON_AddStringToObject(o, "hidden_act", "silu");
+    cJSON_AddNumberToObject(o, "hidden_size", (double)c->hidden_size);
+    cJSON_AddNumberToObject(o, "initializer_range", 0.02);
+    cJSON_AddNumberToObject(o, "intermediate_size", (double)c->intermediate_size);
+    cJSON_AddNumberToObject(o, "max_position_embeddings", (double)c->max_position_embeddings);
+    if (c->arch == TP_ARCH_LLAMA) cJSON_AddBoolToObject(o, "mlp_bias", 0);
+    cJSON_AddStringToObject(o, "model_type", c->model_type);
+    cJSON_AddNumberToObject(o, "num_attention_heads", (double)c->num_attention_heads);
+    cJSON_AddNumberToObject(o, "num_hidden_layers", (double)c->num_hidden_layers);
+    cJSON_AddNumberToObject(o, "num_key_value_heads", (double)c->num_key_value_heads);
+    cJSON_AddNumberToObject(o, "rms_norm_eps", c->rms_norm_eps);
+    cJSON_AddItemToObject(o, "rope_scaling", rope_scaling_json(&c->rope_scaling));
+    cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
+    if (c->arch == TP_ARCH_MISTRAL) {
+        if (c->sliding_window > 0) cJSON_AddNumberToObject(o, "sliding_window", (double)c->sliding_window);
+        else cJSON_AddNullToObject(o, "sliding_window");
+    }
+    if (c->arch == TP_ARCH_QWEN2 || c->arch == TP_ARCH_QWEN3) {
+        cJSON_AddNumberToObject(o, "max_window_layers", (double)c->num_hidden_layers);
+        cJSON_AddBoolToObject(o, "use_sliding_window", 0);
+        cJSON_AddNullToObject(o, "sliding_window");
+    }
+    cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
+    cJSON_AddStringToObject(o, "torch_dtype", torch_dtype_name(c->dtype));
+    cJSON_AddStringToObject(o, "transformers_version", "4.56.0");
+    cJSON_AddBoolToObject(o, "use_cache", 1);
+    cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab_size);
+    return o;
+}
+
+tp_status tp_config_save(const tp_model_config *c, const char *model_dir)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", model_dir);
+    return save_json(config_json(c), path);
+}
+
+/* "key=value" with a JSON value, applied by writing the config as JSON,
+ * replacing the key and reading it back: one parser for files and overrides. */
+tp_status tp_config_set(tp_model_config *c, const char *assignment)
+{
+    const char *eq = strchr(assignment, '=');
+    if (!eq || eq == assignment)
+        return tp_fail(TP_ERR_INVALID, "--set expects key=value, got '%s'", assignment);
+    char key[128];
+    size_t klen = (size_t)(eq - assignment);
+    if (klen >= sizeof key) return tp_fail(TP_ERR_INVALID, "--set: key too long in '%s'", assignment);
+    memcpy(key, assignment, klen);
+    key[klen] = '\0';
+    cJSON *value = cJSON_Parse(eq + 1);
+    if (!value) value = cJSON_CreateString(eq + 1);   /* bare words are strings */
+    cJSON *o = config_json(c);
+    cJSON_DeleteItemFromObjectCaseSensitive(o, key);
+    cJSON_AddItemToObject(o, key, value);
+    json_doc d = {"--set", o};
+    tp_model_config updated;
+    tp_status s = parse_config(&updated, &d);
+    cJSON_Delete(o);
+    if (s) return tp_fail_context(s, "--set %s", assignment);
+    *c = updated;
+    return TP_OK;
+}
+
+/* ---- generation_config.json -------------------------------------------- */
+
+tp_status tp_generation_config_load(tp_generation_config *g, const char *model_dir,
+                                    const tp_model_config *cfg)
+{
+    memset(g, 0, sizeof *g);
+    g->bos_token_id = cfg ? cfg->bos_token_id : -1;
+    if (cfg) { memcpy(g->eos_token_ids, cfg->eos_token_ids, sizeof g->eos_token_ids); g->n_eos = cfg->n_eos; }
+    g->temperature = 1.0;
+    g->top_p = 1.0;
+    g->top_k = 50;
+    g->repetition_penalty = 1.0;
+    g->max_new_tokens = 256;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/generation_config.json", model_dir);
+    char *text;
+    if (tp_read_file(path, &text, NULL) != TP_OK) { tp_clear_error(); return TP_OK; }  /* optional file */
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return tp_fail(TP_ERR_FORMAT, "%s: not a valid JSON object", path);
+    }
+    json_doc d = {path, root};
+    tp_status s;
+    if ((s = get_int(&d, "bos_token_id", &g->bos_token_id)) ||
+        (s = get_eos(&d, g->eos_token_ids, &g->n_eos)) ||
+        (s = get_bool(&d, "do_sample", &g->do_sample)) ||
+        (s = get_double(&d, "temperature", &g->temperature)) ||
+        (s = get_double(&d, "top_p", &g->top_p)) ||
+        (s = get_double(&d, "min_p", &g->min_p)) ||
+        (s = get_double(&d, "repetition_penalty", &g->repetition_penalty)) ||
+        (s = get_int(&d, "top_k", &g->top_k)) ||
+        (s = get_int(&d, "max_new_tokens", &g->max_new_tokens))) {
+        cJSON_Delete(root);
+        return s;
+    }
+    cJSON_Delete(root);
+    return TP_OK;
+}
+
+tp_status tp_generation_config_save(const tp_generation_config *g, const char *model_dir)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/generation_config.json", model_dir);
+    cJSON *o = cJSON_CreateObject();
+    if (g->bos_token_id >= 0) cJSON_AddNumberToObject(o, "bos_token_id", (double)g->bos_token_id);
+    cJSON_AddItemToObject(o, "eos_token_id", eos_json(g->eos_token_ids, g->n_eos));
+    if (g->do_sample) {
+        cJSON_AddBoolToObject(o, "do_sample", 1);
+        cJSON_AddNumberToObject(o, "temperature", g->temperature);
+        cJSON_AddNumberToObject(o, "top_p", g->top_p);
+        cJSON_AddNumberToObject(o, "top_k", (double)g->top_k);
+    }
+    cJSON_AddStringToObject(o, "transformers_version", "4.56.0");
+    return save_json(o, path);
+}

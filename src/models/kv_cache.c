@@ -1,0 +1,41 @@
+/* The KV cache: for each layer, the rotated keys and the values of every
+ * position processed so far, for this rank's KV heads only. */
+#include "tensorpar/models.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+tp_status tp_kv_cache_init(tp_kv_cache *c, const tp_model *m, int64_t capacity)
+{
+    memset(c, 0, sizeof *c);
+    c->capacity = capacity;
+    c->n_layers = m->cfg.num_hidden_layers;
+    c->n_kv = m->layers[0].k_proj.weight.shape[0] / m->cfg.head_dim;
+    c->head_dim = m->cfg.head_dim;
+    c->k = calloc((size_t)c->n_layers, sizeof(float *));
+    c->v = calloc((size_t)c->n_layers, sizeof(float *));
+    if (!c->k || !c->v) { tp_kv_cache_release(c); return tp_fail(TP_ERR_NOMEM, "out of memory for the KV cache"); }
+    size_t bytes = (size_t)(capacity * c->n_kv * c->head_dim) * sizeof(float);
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        c->k[l] = tp_alloc(bytes);
+        c->v[l] = tp_alloc(bytes);
+        if (!c->k[l] || !c->v[l]) {
+            tp_kv_cache_release(c);
+            return tp_fail(TP_ERR_NOMEM, "out of memory for a KV cache of %lld positions", (long long)capacity);
+        }
+    }
+    return TP_OK;
+}
+
+void tp_kv_cache_release(tp_kv_cache *c)
+{
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        if (c->k) tp_free(c->k[l]);
+        if (c->v) tp_free(c->v[l]);
+    }
+    free(c->k);
+    free(c->v);
+    memset(c, 0, sizeof *c);
+}
+
+void tp_kv_cache_reset(tp_kv_cache *c) { c->length = 0; }

@@ -1,0 +1,133 @@
+/* base/: dtype conversions, errors, thread pool, rng. */
+#include "check.h"
+#include "tensorpar/base.h"
+
+#include <math.h>
+#include <string.h>
+
+
+static void test_bf16(void)
+{
+    CHECK(tp_bf16_from_f32(1.0f) == 0x3f80);
+    /* 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: ties go to even (1). */
+    CHECK(tp_bf16_from_f32(1.0f + 0x1p-8f) == 0x3f80);
+    /* 1 + 3·2^-8 lies halfway between 1 + 2^-7 and 1 + 2^-6: even is 1 + 2^-6. */
+    CHECK(tp_bf16_from_f32(1.0f + 3 * 0x1p-8f) == 0x3f82);
+    CHECK(tp_bf16_from_f32(1.0f + 0x1p-8f + 0x1p-20f) == 0x3f81);   /* above the tie rounds up */
+    CHECK(isnan(tp_f32_from_bf16(tp_bf16_from_f32(NAN))));
+    CHECK(tp_bf16_from_f32(INFINITY) == 0x7f80);
+    int roundtrip_ok = 1;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = tp_f32_from_bf16((uint16_t)h);
+        if (!isnan(f) && tp_bf16_from_f32(f) != h) roundtrip_ok = 0;
+    }
+    CHECK(roundtrip_ok);
+}
+
+static void test_f16(void)
+{
+    CHECK(tp_f16_from_f32(1.0f) == 0x3c00);
+    CHECK(tp_f16_from_f32(-2.0f) == 0xc000);
+    CHECK(tp_f16_from_f32(65504.0f) == 0x7bff);
+    CHECK(tp_f16_from_f32(65520.0f) == 0x7c00);          /* rounds up to inf */
+    CHECK(tp_f16_from_f32(0x1p-24f) == 0x0001);          /* smallest subnormal */
+    CHECK(tp_f16_from_f32(0x1p-25f) == 0x0000);          /* tie to even: 0 */
+    CHECK(tp_f16_from_f32(3 * 0x1p-25f) == 0x0002);      /* tie to even: 2 */
+    CHECK(tp_f16_from_f32(1.0f + 0x1p-11f) == 0x3c00);   /* tie to even */
+    int roundtrip_ok = 1;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = tp_f32_from_f16((uint16_t)h);
+        if (!isnan(f) && tp_f16_from_f32(f) != h) roundtrip_ok = 0;
+    }
+    CHECK(roundtrip_ok);
+    CHECK(tp_f32_from_f16(0x0001) == 0x1p-24f);
+}
+
+static void test_convert(void)
+{
+    float src[4] = {1.5f, -2.25f, 0.0f, 1e-3f};
+    uint16_t bf[4];
+    float back[4];
+    CHECK(tp_convert(bf, TP_BF16, src, TP_F32, 4) == TP_OK);
+    CHECK(tp_convert(back, TP_F32, bf, TP_BF16, 4) == TP_OK);
+    CHECK(back[0] == 1.5f && back[1] == -2.25f && back[2] == 0.0f);
+    int32_t i32[2] = {7, -3};
+    double d[2];
+    CHECK(tp_convert(d, TP_F64, i32, TP_I32, 2) == TP_OK && d[0] == 7.0 && d[1] == -3.0);
+    int64_t i64[2];
+    CHECK(tp_convert(i64, TP_I64, src, TP_F32, 2) == TP_ERR_UNSUPPORTED);
+    CHECK(strstr(tp_error(), "f32") != NULL);
+}
+
+static void test_errors(void)
+{
+    tp_clear_error();
+    CHECK(tp_error()[0] == '\0');
+    CHECK(tp_fail(TP_ERR_IO, "file %s", "x") == TP_ERR_IO);
+    CHECK(!strcmp(tp_error(), "file x"));
+    CHECK(tp_fail_context(TP_ERR_FORMAT, "loading %d", 3) == TP_ERR_FORMAT);
+    CHECK(!strcmp(tp_error(), "loading 3: file x"));
+    char big[4000];
+    memset(big, 'a', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    tp_fail(TP_ERR_IO, "%s", big);
+    tp_fail_context(TP_ERR_IO, "ctx");
+    CHECK(strlen(tp_error()) < 2048);
+}
+
+typedef struct { int64_t n; int64_t *hits; } pool_job;
+
+static void mark(void *p, int ti, int nt)
+{
+    pool_job *j = p;
+    int64_t b, e;
+    tp_split_range(j->n, ti, nt, &b, &e);
+    for (int64_t i = b; i < e; i++) j->hits[i]++;
+}
+
+static void test_threadpool(void)
+{
+    for (int threads = 1; threads <= 4; threads++) {
+        tp_threadpool *pool;
+        CHECK(tp_threadpool_create(&pool, threads) == TP_OK);
+        int64_t hits[1000] = {0};
+        pool_job j = {1000, hits};
+        for (int rep = 0; rep < 50; rep++) tp_parallel_run(pool, mark, &j);
+        int ok = 1;
+        for (int i = 0; i < 1000; i++) ok &= hits[i] == 50;
+        CHECK_MSG(ok, "threads=%d", threads);
+        tp_threadpool_destroy(pool);
+    }
+    int64_t b, e, total = 0;
+    for (int t = 0; t < 3; t++) { tp_split_range(10, t, 3, &b, &e); total += e - b; }
+    CHECK(total == 10);
+}
+
+static void test_rng(void)
+{
+    tp_rng a, b;
+    tp_rng_seed(&a, 42);
+    tp_rng_seed(&b, 42);
+    int same = 1;
+    double sum = 0, sq = 0;
+    for (int i = 0; i < 100000; i++) {
+        double x = tp_rng_normal(&a);
+        same &= x == tp_rng_normal(&b);
+        sum += x;
+        sq += x * x;
+    }
+    CHECK(same);
+    CHECK(fabs(sum / 100000) < 0.02);
+    CHECK(fabs(sq / 100000 - 1) < 0.02);
+}
+
+int main(void)
+{
+    test_bf16();
+    test_f16();
+    test_convert();
+    test_errors();
+    test_threadpool();
+    test_rng();
+    return check_summary();
+}

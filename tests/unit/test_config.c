@@ -1,0 +1,98 @@
+/* io/config: parsing, defaults, --set overrides, rejection of bad configs. */
+#include "check.h"
+#include "tensorpar/io.h"
+#include "tensorpar/models.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char dir[64];
+
+static tp_status load_text(const char *json, tp_model_config *c)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (tp_write_file_atomic(path, json, strlen(json))) return TP_ERR_IO;
+    return tp_config_load(c, dir);
+}
+
+static void test_parse(void)
+{
+    tp_model_config c;
+    CHECK(load_text("{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 128,"
+                    " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 100,"
+                    " \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0,"
+                    " \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192},"
+                    " \"eos_token_id\": [5, 6], \"torch_dtype\": \"bfloat16\"}", &c) == TP_OK);
+    CHECK(c.arch == TP_ARCH_LLAMA && c.head_dim == 16 && c.num_key_value_heads == 4);
+    CHECK(c.rope_scaling.kind == TP_ROPE_LLAMA3 && c.rope_scaling.factor == 8.0);
+    CHECK(c.n_eos == 2 && c.eos_token_ids[1] == 6 && c.dtype == TP_BF16);
+    CHECK(load_text("{\"model_type\": \"qwen2\", \"hidden_size\": 64, \"num_attention_heads\": 4,"
+                    " \"num_key_value_heads\": 2, \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}}", &c) == TP_OK);
+    CHECK(c.qkv_bias && !c.qk_norm && c.rope_scaling.kind == TP_ROPE_LINEAR);
+    CHECK(load_text("{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"num_attention_heads\": 4, \"head_dim\": 32}", &c) == TP_OK);
+    CHECK(c.qk_norm && c.head_dim == 32);
+    CHECK(load_text("{\"model_type\": \"mistral\", \"sliding_window\": null}", &c) == TP_OK);
+    CHECK(c.sliding_window == 0);
+}
+
+static void expect_error(const char *json, const char *needle)
+{
+    tp_model_config c;
+    tp_status s = load_text(json, &c);
+    CHECK_MSG(s != TP_OK && strstr(tp_error(), needle) && strstr(tp_error(), "config.json"),
+              "json %s gave '%s'", json, tp_error());
+}
+
+static void test_errors(void)
+{
+    expect_error("{\"model_type\": \"llama\", ", "not a valid JSON");
+    expect_error("[1, 2]", "not a valid JSON object");
+    expect_error("{\"hidden_size\": 4}", "model_type");
+    expect_error("{\"model_type\": \"gpt2\"}", "gpt2");
+    expect_error("{\"model_type\": \"llama\", \"hidden_size\": \"big\"}", "hidden_size");
+    expect_error("{\"model_type\": \"llama\", \"hidden_size\": -4}", "hidden_size");
+    expect_error("{\"model_type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}}", "rope_scaling");
+    expect_error("{\"model_type\": \"llama\", \"hidden_size\": 60, \"num_attention_heads\": 8}", "num_attention_heads");
+    expect_error("{\"model_type\": \"llama\", \"num_attention_heads\": 8, \"num_key_value_heads\": 3}", "num_key_value_heads");
+    expect_error("{\"model_type\": \"qwen2\", \"use_sliding_window\": true}", "use_sliding_window");
+    expect_error("{\"model_type\": \"llama\", \"torch_dtype\": \"int4\"}", "torch_dtype");
+    tp_model_config c;
+    rmdir(dir);
+    CHECK(tp_config_load(&c, "/nonexistent-dir") != TP_OK && strstr(tp_error(), "/nonexistent-dir/config.json"));
+}
+
+static void test_set_and_roundtrip(void)
+{
+    tp_model_config c, back;
+    CHECK(tp_preset_config(&c, TP_ARCH_LLAMA, "tiny") == TP_OK);
+    CHECK(tp_config_set(&c, "num_key_value_heads=4") == TP_OK && c.num_key_value_heads == 4);
+    CHECK(tp_config_set(&c, "tie_word_embeddings=true") == TP_OK && c.tie_word_embeddings);
+    CHECK(tp_config_set(&c, "rope_scaling={\"rope_type\":\"linear\",\"factor\":2.0}") == TP_OK &&
+          c.rope_scaling.kind == TP_ROPE_LINEAR);
+    CHECK(tp_config_set(&c, "hidden_size=96") == TP_OK && c.head_dim == 24);
+    CHECK(tp_config_set(&c, "nonsense") != TP_OK);
+    CHECK(tp_config_set(&c, "num_attention_heads=5") != TP_OK && strstr(tp_error(), "num_attention_heads"));
+    CHECK(tp_config_save(&c, dir) == TP_OK);
+    CHECK(tp_config_load(&back, dir) == TP_OK);
+    CHECK(back.hidden_size == c.hidden_size && back.head_dim == c.head_dim &&
+          back.num_key_value_heads == c.num_key_value_heads && back.tie_word_embeddings &&
+          back.rope_scaling.kind == TP_ROPE_LINEAR && back.rope_scaling.factor == 2.0);
+    CHECK(tp_preset_config(&c, TP_ARCH_QWEN3, "qwen3-0.6b") == TP_OK && c.head_dim == 128 && c.tie_word_embeddings);
+    CHECK(tp_preset_config(&c, TP_ARCH_LLAMA, "nope") != TP_OK);
+}
+
+int main(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/tp-config-XXXXXX");
+    if (!mkdtemp(dir)) return 1;
+    test_parse();
+    test_set_and_roundtrip();
+    test_errors();
+    char path[128];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    rmdir(dir);
+    return check_summary();
+}
