@@ -70,11 +70,16 @@ typedef struct {
     int64_t capacity, length;
     int64_t n_layers, n_kv, head_dim;
     float **k, **v;                /* per layer: [capacity, n_kv, head_dim] */
+    int64_t *tokens;               /* [capacity] the ids behind each position */
 } tp_kv_cache;
 
 tp_status tp_kv_cache_init(tp_kv_cache *c, const tp_model *m, int64_t capacity);
 void tp_kv_cache_release(tp_kv_cache *c);
 void tp_kv_cache_reset(tp_kv_cache *c);
+/* Keeps the longest cached prefix shared with `ids` (at most n - 1
+ * positions, so that a forward pass still has a token to run) and returns
+ * its length: a chat turn re-runs only what is new. */
+int64_t tp_kv_cache_reuse_prefix(tp_kv_cache *c, const int64_t *ids, int64_t n);
 
 /* Runs the T tokens at positions cache->length ... and appends their keys
  * and values.  Writes logits for every new position ([T, vocab]) when

@@ -26,6 +26,7 @@
 #define TENSORPAR_TEXT_H
 
 #include "tensorpar/base.h"
+#include "tensorpar/models.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -82,7 +83,96 @@ tp_status tp_detok_stream_push(tp_detok_stream *s, int32_t id, char **text, size
 tp_status tp_detok_stream_finish(tp_detok_stream *s, char **text, size_t *len);
 void tp_detok_stream_free(tp_detok_stream *s);
 
+/* ---- sampling ---------------------------------------------------------- */
+
+/* Transformers' generation settings that choose a token.  do_sample = 0 or
+ * temperature = 0 is greedy.  Defaults: tp_sampling_defaults(). */
+typedef struct {
+    int do_sample;
+    double temperature;          /* 1.0 */
+    int64_t top_k;               /* 50; 0 = off */
+    double top_p;                /* 1.0 = off */
+    double min_p;                /* 0 = off */
+    double repetition_penalty;   /* 1.0 = off */
+    uint64_t seed;
+} tp_sampling;
+
+typedef struct { int64_t id; float logit; double prob; } tp_scored;
+
+typedef struct {
+    tp_sampling cfg;
+    int64_t vocab;
+    tp_rng rng;
+    tp_scored *work;             /* [vocab] scratch */
+    unsigned char *seen;         /* [vocab] ids already in the sequence */
+} tp_sampler;
+
+void tp_sampling_defaults(tp_sampling *s);
+tp_status tp_sampling_validate(const tp_sampling *s);
+tp_status tp_sampler_init(tp_sampler *sp, const tp_sampling *s, int64_t vocab);
+void tp_sampler_release(tp_sampler *sp);
+/* Records ids of the sequence (prompt and generated) for the repetition penalty. */
+void tp_sampler_observe(tp_sampler *sp, const int64_t *ids, int64_t n);
+/* Applies the processors to `logits` (modified in place) and picks an id. */
+int64_t tp_sampler_next(tp_sampler *sp, float *logits);
+
+/* ---- generation --------------------------------------------------------- */
+
+/* Receives each piece of newly completed text (stop strings held back). */
+typedef void (*tp_text_callback)(void *ctx, const char *text, size_t len);
+/* Lets the caller replace the sampled id (TP: rank 0's id, broadcast). */
+typedef int64_t (*tp_choose_callback)(void *ctx, int64_t sampled);
+
+typedef struct {
+    tp_sampling sampling;
+    int64_t max_new_tokens;
+    int64_t eos_ids[TP_MAX_EOS];
+    int n_eos;
+    const char *const *stop;      /* stop strings */
+    int n_stop;
+    const tp_tokenizer *tok;      /* NULL: no text, no stop strings */
+    tp_text_callback on_text;
+    tp_choose_callback choose;
+    void *ctx;
+} tp_generate_options;
+
+typedef struct {
+    int64_t prompt_tokens, reused_tokens, new_tokens;
+    double prefill_s, decode_s;   /* time to first token; decoding time */
+    const char *stop_reason;      /* "eos", "stop string", "length" */
+} tp_generate_stats;
+
+/* Generates up to max_new_tokens ids into out (eos included when hit).  The
+ * cache may hold an earlier turn: its longest prefix shared with the prompt
+ * is reused. */
+tp_status tp_generate(tp_model *m, tp_kv_cache *kv, const int64_t *prompt, int64_t n_prompt,
+                      const tp_generate_options *o, int64_t *out, int64_t *n_out, tp_generate_stats *st);
+
 /* ---- chat templates ---- */
+
+/* tokenizer_config.json's `chat_template` (Jinja), rendered the way
+ * Transformers' apply_chat_template does (trim_blocks, lstrip_blocks, no
+ * autoescape) by an interpreter for the Jinja subset chat templates use.
+ * Variables: messages, add_generation_prompt, bos_token, eos_token (strings,
+ * or "" when absent), date_string ("26 Jul 2024" unless given), plus extra
+ * keyword arguments (enable_thinking, tools, ...).  Undefined names behave
+ * like Jinja's default Undefined.  Errors (syntax errors with line and
+ * column, unknown filters, raise_exception's message) go through tp_fail. */
+typedef struct tp_chat_template tp_chat_template;
+
+/* `path` is a tokenizer directory or its tokenizer_config.json.  The
+ * template is parsed now, so syntax errors surface here. */
+tp_status tp_chat_template_load(tp_chat_template **out, const char *path);
+/* Parses template text directly (bos/eos tokens may be NULL). */
+tp_status tp_chat_template_from_string(tp_chat_template **out, const char *source,
+                                       const char *bos_token, const char *eos_token);
+/* messages_json: a JSON array of {"role", "content", ...} objects.
+ * extra_kwargs_json: a JSON object of further variables, or NULL.
+ * *out_text is malloc'd, NUL-terminated; free() it. */
+tp_status tp_chat_template_render(const tp_chat_template *tpl, const char *messages_json,
+                                  int add_generation_prompt, const char *extra_kwargs_json,
+                                  char **out_text);
+void tp_chat_template_free(tp_chat_template *tpl);
 
 #ifdef __cplusplus
 }

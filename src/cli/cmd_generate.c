@@ -1,86 +1,102 @@
-/* tensorpar generate: greedy decoding from token ids, new ids as JSON. */
-#include "cli.h"
-#include "tensorpar/models.h"
+/* tensorpar generate: decode from token ids (printing new ids as JSON) or
+ * from a text prompt (streaming text), greedy or sampled. */
+#include "session.h"
 
 #include <stdlib.h>
-#include <unistd.h>
+#include <string.h>
 
-static int64_t argmax(const float *x, int64_t n)
+#define N_OWN 6
+
+static void print_text(void *ctx, const char *text, size_t len)
 {
-    int64_t best = 0;
-    for (int64_t i = 1; i < n; i++) if (x[i] > x[best]) best = i;
-    return best;
+    (void)ctx;
+    fwrite(text, 1, len, stdout);
+    fflush(stdout);
 }
 
-static int is_eos(const tp_generation_config *g, int64_t id)
+/* The prompt ids: given ids, or the text (through the chat template with
+ * --chat), encoded by the model's tokenizer. */
+static int prompt_ids(session *s, const cli_option *o, int n, int64_t **ids, int64_t *np)
 {
-    for (int i = 0; i < g->n_eos; i++) if (g->eos_token_ids[i] == id) return 1;
-    return 0;
-}
-
-/* Prefill the prompt, then one token at a time; stops after an eos id. */
-static tp_status generate(tp_model *m, const tp_generation_config *g, const int64_t *prompt, int np,
-                          int64_t max_new, int64_t *out, int64_t *n_out)
-{
-    tp_kv_cache kv;
-    tp_status s = tp_kv_cache_init(&kv, m, np + max_new);
-    if (s) return s;
-    float *logits = malloc((size_t)m->cfg.vocab_size * sizeof(float));
-    if (!logits) { tp_kv_cache_release(&kv); return tp_fail(TP_ERR_NOMEM, "out of memory"); }
-    *n_out = 0;
-    s = tp_model_forward(m, &kv, prompt, np, logits, 0);
-    while (!s && *n_out < max_new) {
-        int64_t next = argmax(logits, m->cfg.vocab_size);
-        out[(*n_out)++] = next;
-        if (is_eos(g, next) || *n_out == max_new) break;
-        s = tp_model_forward(m, &kv, &next, 1, logits, 0);
+    const char *toks = cli_value(o, n, "--tokens"), *text = cli_value(o, n, "--prompt");
+    if (toks) {
+        int k;
+        if (cli_parse_ids(toks, ids, &k)) return -1;
+        *np = k;
+        return 0;
     }
-    free(logits);
-    tp_kv_cache_release(&kv);
-    return s;
+    if (!cli_flag(o, n, "--chat")) return session_encode(s, text, 1, ids, np);
+    const char *roles[2] = {"system", "user"}, *contents[2] = {cli_value(o, n, "--system"), text};
+    int first = contents[0] ? 0 : 1;
+    char *messages = session_messages_json(roles + first, contents + first, 2 - first), *rendered = NULL;
+    int rc = messages ? session_render_chat(s, messages, &rendered) : -1;
+    /* The template writes the special tokens itself, as apply_chat_template. */
+    if (!rc) rc = session_encode(s, rendered, 0, ids, np);
+    free(messages);
+    free(rendered);
+    return rc;
+}
+
+static int run(session *s, const cli_option *o, int n)
+{
+    int64_t *ids = NULL, np = 0, n_out = 0;
+    if (prompt_ids(s, o, n, &ids, &np)) return -1;
+    int text_mode = cli_value(o, n, "--prompt") != NULL;
+    s->opts.on_text = text_mode ? print_text : NULL;
+    s->opts.tok = text_mode ? s->tok : NULL;
+    int64_t *out = malloc(((size_t)s->opts.max_new_tokens + 1) * sizeof *out);
+    tp_generate_stats st;
+    int rc = -1;
+    if (out && !tp_kv_cache_init(&s->kv, s->model, np + s->opts.max_new_tokens) &&
+        !tp_generate(s->model, &s->kv, ids, np, &s->opts, out, &n_out, &st)) {
+        rc = 0;
+        if (text_mode) {
+            printf("\n");
+            session_print_stats(&st);
+        } else {
+            printf("[");
+            for (int64_t i = 0; i < n_out; i++) printf("%s%lld", i ? ", " : "", (long long)out[i]);
+            printf("]\n");
+        }
+    }
+    free(out);
+    free(ids);
+    return rc;
 }
 
 int cmd_generate(int argc, char **argv)
 {
-    cli_option o[] = {
+    cli_option o[N_OWN + SESSION_N_SAMPLING] = {
         {"--model", "DIR", "model directory (required)", 0, {0}},
-        {"--tokens", "IDS", "comma-separated prompt token ids (required)", 0, {0}},
-        {"--max-new-tokens", "N", "tokens to generate (default 32)", 0, {0}},
-        {"--dtype", "f32|bf16", "weight dtype in memory (default: as stored)", 0, {0}},
-        {"--threads", "N", "threads (default 1)", 0, {0}},
+        {"--tokens", "IDS", "prompt as comma-separated token ids; prints new ids as JSON", 0, {0}},
+        {"--prompt", "TEXT", "prompt as text (needs tokenizer.json beside the weights); streams text", 0, {0}},
+        {"--chat", NULL, "wrap the prompt in the model's chat template", 0, {0}},
+        {"--system", "TEXT", "system message for --chat", 0, {0}},
+        {"--verbose", NULL, "print timing also for --tokens", 0, {0}},
     };
-    int n = (int)(sizeof o / sizeof o[0]);
-    int rc = cli_parse(argc, argv, o, n, "tensorpar generate --model DIR --tokens 1,2,3 [--max-new-tokens N]",
-                       "Decodes greedily and prints the new token ids as a JSON array.", NULL, NULL);
+    memcpy(o + N_OWN, session_sampling_options, sizeof session_sampling_options);
+    int n = N_OWN + SESSION_N_SAMPLING;
+    int rc = cli_parse(argc, argv, o, n,
+                       "tensorpar generate --model DIR (--tokens 1,2,3 | --prompt TEXT [--chat]) [options]",
+                       "Generates a continuation. With --tokens the new ids are printed as a JSON array;\n"
+                       "with --prompt the text streams to stdout and timing goes to stderr.\n"
+                       "Sampling defaults come from the model's generation_config.json.", NULL, NULL);
     if (rc) return rc == 1 ? 0 : 2;
-    const char *dir = cli_value(o, n, "--model"), *toks = cli_value(o, n, "--tokens");
-    if (!dir || !toks) {
-        fprintf(stderr, "tensorpar generate: error: --model and --tokens are required (see --help)\n");
+    const char *dir = cli_value(o, n, "--model");
+    int has_tokens = cli_value(o, n, "--tokens") != NULL, has_prompt = cli_value(o, n, "--prompt") != NULL;
+    if (!dir || has_tokens == has_prompt) {
+        fprintf(stderr, "tensorpar generate: error: --model and exactly one of --tokens or --prompt are required (see --help)\n");
         return 2;
     }
-    int64_t *ids;
-    int np;
-    long long max_new = 32, threads = 1;
-    tp_model_options mo = {TP_DTYPE_COUNT, 1, isatty(2)};
-    const char *dt = cli_value(o, n, "--dtype");
-    if (cli_parse_ids(toks, &ids, &np) || cli_int(o, n, "--max-new-tokens", &max_new) ||
-        cli_int(o, n, "--threads", &threads) || (dt && tp_dtype_parse(dt, &mo.weight_dtype)))
-        return cli_report("generate");
-    if (max_new < 0) { free(ids); fprintf(stderr, "tensorpar generate: error: --max-new-tokens must be >= 0\n"); return 2; }
-    mo.threads = (int)threads;
-    tp_model *m;
-    if (tp_model_load(&m, dir, &mo)) { free(ids); return cli_report("generate"); }
-    tp_generation_config g;
-    int64_t *out = malloc(((size_t)max_new + 1) * sizeof(int64_t)), n_out = 0;
-    tp_status s = out ? tp_generation_config_load(&g, dir, &m->cfg) : tp_fail(TP_ERR_NOMEM, "out of memory");
-    if (!s && max_new > 0) s = generate(m, &g, ids, np, max_new, out, &n_out);
-    if (!s) {
-        printf("[");
-        for (int64_t i = 0; i < n_out; i++) printf("%s%lld", i ? ", " : "", (long long)out[i]);
-        printf("]\n");
+    if (cli_flag(o, n, "--chat") && !has_prompt) {
+        fprintf(stderr, "tensorpar generate: error: --chat needs --prompt\n");
+        return 2;
     }
-    free(out);
-    free(ids);
-    tp_model_free(m);
-    return s ? cli_report("generate") : 0;
+    session s;
+    if (session_open(&s, dir, o, n, has_prompt) || run(&s, o, n)) {
+        session_close(&s);
+        return cli_report("generate");
+    }
+    session_close(&s);
+    return 0;
 }

@@ -14,6 +14,10 @@ static const command commands[] = {
     {"make-model", cmd_make_model, "write a random-weight Hugging Face model directory"},
     {"logits", cmd_logits, "run a forward pass and write the logits as .npy"},
     {"generate", cmd_generate, "generate tokens from a prompt"},
+    {"chat", cmd_chat, "interactive chat with a model"},
+    {"tokenize", cmd_tokenize, "encode text into token ids with a tokenizer.json"},
+    {"detokenize", cmd_detokenize, "decode token ids into text"},
+    {"chat-template", cmd_chat_template, "render a tokenizer's chat template for a conversation"},
 };
 
 static void usage(FILE *f)

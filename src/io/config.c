@@ -227,7 +227,10 @@ static tp_status parse_config(tp_model_config *c, const json_doc *d)
         return tp_fail(TP_ERR_UNSUPPORTED, "%s: key 'use_sliding_window' = true is not supported for %s",
                        d->path, c->model_type);
     }
+    /* Transformers builds Mistral without attention biases and Qwen2 with
+     * q/k/v biases only, whatever attention_bias says. */
     if (arch == TP_ARCH_QWEN2) c->qkv_bias = 1;
+    if (arch == TP_ARCH_QWEN2 || arch == TP_ARCH_MISTRAL) c->attention_bias = 0;
     return tp_config_validate(c, d->path);
 }
 

@@ -121,6 +121,7 @@ tp_status tp_model_forward(tp_model *m, tp_kv_cache *cache, const int64_t *token
         int64_t first = all_logits ? 0 : T - 1;
         tp_rmsnorm(s.h, s.x + first * H, &m->norm, T - first, H, m->cfg.rms_norm_eps);
         st = tp_matmul(logits, s.h, T - first, &m->lm_head, NULL, m->pool);
+        memcpy(cache->tokens + cache->length, tokens, (size_t)T * sizeof *tokens);
         cache->length += T;
     }
     scratch_free(&s);

@@ -14,7 +14,8 @@ tp_status tp_kv_cache_init(tp_kv_cache *c, const tp_model *m, int64_t capacity)
     c->head_dim = m->cfg.head_dim;
     c->k = calloc((size_t)c->n_layers, sizeof(float *));
     c->v = calloc((size_t)c->n_layers, sizeof(float *));
-    if (!c->k || !c->v) { tp_kv_cache_release(c); return tp_fail(TP_ERR_NOMEM, "out of memory for the KV cache"); }
+    c->tokens = calloc((size_t)(capacity > 0 ? capacity : 1), sizeof(int64_t));
+    if (!c->k || !c->v || !c->tokens) { tp_kv_cache_release(c); return tp_fail(TP_ERR_NOMEM, "out of memory for the KV cache"); }
     size_t bytes = (size_t)(capacity * c->n_kv * c->head_dim) * sizeof(float);
     for (int64_t l = 0; l < c->n_layers; l++) {
         c->k[l] = tp_alloc(bytes);
@@ -35,7 +36,16 @@ void tp_kv_cache_release(tp_kv_cache *c)
     }
     free(c->k);
     free(c->v);
+    free(c->tokens);
     memset(c, 0, sizeof *c);
 }
 
 void tp_kv_cache_reset(tp_kv_cache *c) { c->length = 0; }
+
+int64_t tp_kv_cache_reuse_prefix(tp_kv_cache *c, const int64_t *ids, int64_t n)
+{
+    int64_t keep = 0;
+    while (keep < c->length && keep < n - 1 && c->tokens[keep] == ids[keep]) keep++;
+    c->length = keep;
+    return keep;
+}

@@ -154,10 +154,23 @@ static tp_status copy_file(const char *src, const char *dst)
     return s;
 }
 
+/* The id of the added token whose text is `text`, or -1. */
+static int64_t added_token_id(const cJSON *added, const char *text)
+{
+    const cJSON *e;
+    cJSON_ArrayForEach(e, added) {
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(e, "content");
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
+        if (cJSON_IsString(content) && cJSON_IsNumber(id) && !strcmp(content->valuestring, text))
+            return (int64_t)id->valuedouble;
+    }
+    return -1;
+}
+
 /* The number of ids the tokenizer can produce (vocab plus added tokens), and
  * the ids of bos/eos named in tokenizer_config.json when present. */
 static tp_status tokenizer_facts(const char *tok_json, const char *tok_config, int64_t *n_ids,
-                                 int64_t *bos, int64_t *eos)
+                                 int64_t *bos, int64_t *eos, int64_t *extra, int *n_extra)
 {
     char *text;
     tp_status s = tp_read_file(tok_json, &text, NULL);
@@ -185,15 +198,16 @@ static tp_status tokenizer_facts(const char *tok_json, const char *tok_config, i
         for (int k = 0; k < 2 && cfg; k++) {
             cJSON *t = cJSON_GetObjectItemCaseSensitive(cfg, keys[k]);
             if (cJSON_IsObject(t)) t = cJSON_GetObjectItemCaseSensitive(t, "content");
-            if (!cJSON_IsString(t)) continue;
-            cJSON_ArrayForEach(e, added) {
-                cJSON *content = cJSON_GetObjectItemCaseSensitive(e, "content");
-                cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
-                if (cJSON_IsString(content) && cJSON_IsNumber(id) && !strcmp(content->valuestring, t->valuestring))
-                    *outs[k] = (int64_t)id->valuedouble;
-            }
+            if (cJSON_IsString(t)) *outs[k] = added_token_id(added, t->valuestring);
         }
         cJSON_Delete(cfg);
+    }
+    /* Chat models end a turn with an end-of-turn token; generation_config
+     * lists it beside eos, as the published instruct models do. */
+    static const char *end_of_turn[] = {"<|eot_id|>", "<|im_end|>", "<|endoftext|>"};
+    for (size_t k = 0; k < sizeof end_of_turn / sizeof end_of_turn[0]; k++) {
+        int64_t id = added_token_id(added, end_of_turn[k]);
+        if (id >= 0 && *n_extra < TP_MAX_EOS - 1) extra[(*n_extra)++] = id;
     }
     tp_clear_error();
     cJSON_Delete(root);
@@ -221,8 +235,9 @@ static tp_status add_tokenizer(tp_model_config *cfg, const char *tok, const char
     if (folder) snprintf(src_json, sizeof src_json, "%s/tokenizer.json", tok);
     else snprintf(src_json, sizeof src_json, "%s", tok);
     if (folder) snprintf(src_cfg, sizeof src_cfg, "%s/tokenizer_config.json", tok);
-    int64_t n_ids = 0, bos = -1, eos = -1;
-    tp_status s = tokenizer_facts(src_json, folder ? src_cfg : NULL, &n_ids, &bos, &eos);
+    int64_t n_ids = 0, bos = -1, eos = -1, extra[TP_MAX_EOS];
+    int n_extra = 0;
+    tp_status s = tokenizer_facts(src_json, folder ? src_cfg : NULL, &n_ids, &bos, &eos, extra, &n_extra);
     if (s) return s;
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         if (i == 0) snprintf(src, sizeof src, "%s", src_json);
@@ -239,6 +254,11 @@ static tp_status add_tokenizer(tp_model_config *cfg, const char *tok, const char
     }
     if (bos >= 0) cfg->bos_token_id = bos;
     if (eos >= 0) { cfg->eos_token_ids[0] = eos; cfg->n_eos = 1; }
+    for (int i = 0; i < n_extra && cfg->n_eos < TP_MAX_EOS; i++) {
+        int dup = 0;
+        for (int j = 0; j < cfg->n_eos; j++) dup |= cfg->eos_token_ids[j] == extra[i];
+        if (!dup) cfg->eos_token_ids[cfg->n_eos++] = extra[i];
+    }
     return TP_OK;
 }
 

@@ -55,8 +55,6 @@ tp_status tok_added_parse(tp_tokenizer *t, const cJSON *arr)
 
 /* ---- matching sets ----------------------------------------------------- */
 
-typedef struct { const tp_tokenizer *t; } sort_ctx;
-
 static int by_first_byte_longest(const void *x, const void *y, void *ctx)
 {
     const tp_tokenizer *t = ctx;

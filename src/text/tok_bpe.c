@@ -20,8 +20,16 @@ static tp_status parse_vocab(tp_tokenizer *t, const cJSON *vocab)
     cJSON_ArrayForEach(e, vocab) { n++; bytes += strlen(e->string) + 1; }
     tp_status st = tok_buf_reserve(&t->strings, bytes);
     if (!st) st = tok_strmap_init(&t->vocab, n);
+    /* Prefetch the slot of the entry 8 places ahead: the table is much
+     * bigger than the caches. */
+    const cJSON *ahead = vocab->child;
+    for (int k = 0; k < 8 && ahead; k++) ahead = ahead->next;
     cJSON_ArrayForEach(e, vocab) {
         if (st) return st;
+        if (ahead) {
+            tok_strmap_prefetch(&t->vocab, ahead->string, strlen(ahead->string));
+            ahead = ahead->next;
+        }
         double v = e->valuedouble;
         if (!cJSON_IsNumber(e) || v < 0 || v > INT32_MAX - 1 || v != (double)(int32_t)v)
             return tok_bad(t, TP_ERR_FORMAT, "model.vocab", "'%s' has no valid id", e->string);
@@ -58,32 +66,67 @@ static tp_status merge_parts(tp_tokenizer *t, const cJSON *m, size_t i, const ch
     return TP_OK;
 }
 
+/* Merges go in batches: TOK_BATCH / 3 merges make one batched lookup of
+ * their left, right and merged texts (see tok_strmap_get_batch). */
+#define MERGE_BATCH (TOK_BATCH / 3)
+
+typedef struct {
+    const char *a[MERGE_BATCH], *b[MERGE_BATCH];
+    size_t alen[MERGE_BATCH], blen[MERGE_BATCH], cat_off[MERGE_BATCH];
+    size_t n, first;     /* merges in the batch; rank of the first */
+    tok_buf cat;         /* the merged texts, back to back */
+} merge_batch;
+
+static tp_status flush_merges(tp_tokenizer *t, merge_batch *mb)
+{
+    const char *keys[TOK_BATCH];
+    size_t lens[TOK_BATCH];
+    int32_t ids[TOK_BATCH];
+    for (size_t k = 0; k < mb->n; k++) {
+        keys[3 * k] = mb->a[k];
+        lens[3 * k] = mb->alen[k];
+        keys[3 * k + 1] = mb->b[k];
+        lens[3 * k + 1] = mb->blen[k];
+        keys[3 * k + 2] = mb->cat.data + mb->cat_off[k];
+        lens[3 * k + 2] = mb->alen[k] + mb->blen[k];
+    }
+    tok_strmap_get_batch(&t->vocab, t->strings.data, keys, lens, 3 * mb->n, ids);
+    for (size_t k = 0; k < mb->n; k++) {
+        for (int j = 0; j < 3; j++)
+            if (ids[3 * k + j] < 0)
+                return tok_bad(t, TP_ERR_FORMAT, "model.merges", "entry %zu: '%.*s' is not in the vocabulary",
+                               mb->first + k, (int)lens[3 * k + j], keys[3 * k + j]);
+        tok_pairmap_prefetch(&t->merges, ids[3 * k], ids[3 * k + 1]);
+    }
+    tp_status st = TP_OK;
+    /* A repeated pair keeps its last rank, as a Rust HashMap collect does. */
+    for (size_t k = 0; k < mb->n && !st; k++)
+        st = tok_pairmap_put(&t->merges, ids[3 * k], ids[3 * k + 1], (int32_t)(mb->first + k), ids[3 * k + 2]);
+    mb->first += mb->n;
+    mb->n = 0;
+    mb->cat.len = 0;
+    return st;
+}
+
 static tp_status parse_merges(tp_tokenizer *t, const cJSON *merges)
 {
     if (!merges || cJSON_IsNull(merges)) return TP_OK;
     if (!cJSON_IsArray(merges)) return tok_bad(t, TP_ERR_FORMAT, "model.merges", "must be an array");
     tp_status st = tok_pairmap_init(&t->merges, (size_t)cJSON_GetArraySize(merges));
-    tok_buf cat = {0};
-    size_t i = 0;
+    merge_batch mb = {0};
     const cJSON *m;
     cJSON_ArrayForEach(m, merges) {
         if (st) break;
-        const char *a, *b;
-        size_t alen, blen;
-        if ((st = merge_parts(t, m, i, &a, &alen, &b, &blen))) break;
-        cat.len = 0;
-        if ((st = tok_buf_append(&cat, a, alen)) || (st = tok_buf_append(&cat, b, blen))) break;
-        int32_t ia = vocab_id(t, a, alen), ib = vocab_id(t, b, blen), im = vocab_id(t, cat.data, cat.len);
-        if (ia < 0 || ib < 0 || im < 0) {
-            st = tok_bad(t, TP_ERR_FORMAT, "model.merges", "entry %zu: '%s' is not in the vocabulary", i,
-                         ia < 0 ? a : ib < 0 ? b : cat.data);
+        size_t k = mb.n;
+        if ((st = merge_parts(t, m, mb.first + k, &mb.a[k], &mb.alen[k], &mb.b[k], &mb.blen[k]))) break;
+        mb.cat_off[k] = mb.cat.len;
+        if ((st = tok_buf_append(&mb.cat, mb.a[k], mb.alen[k])) ||
+            (st = tok_buf_append(&mb.cat, mb.b[k], mb.blen[k])))
             break;
-        }
-        /* A repeated pair keeps its last rank, as a Rust HashMap collect does. */
-        st = tok_pairmap_put(&t->merges, ia, ib, (int32_t)i, im);
-        i++;
+        if (++mb.n == MERGE_BATCH) st = flush_merges(t, &mb);
     }
-    tok_buf_free(&cat);
+    if (!st && mb.n) st = flush_merges(t, &mb);
+    tok_buf_free(&mb.cat);
     return st;
 }
 

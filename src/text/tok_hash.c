@@ -91,6 +91,29 @@ int32_t tok_strmap_get(const tok_strmap *m, const char *arena, const char *key, 
     return m->slots[str_find(m, arena, key, len, hash_str(key, len))].value;
 }
 
+/* Loading looks up hundreds of thousands of random keys in tables far
+ * bigger than the caches; doing them in batches with the slot lines (then
+ * the arena texts) prefetched first overlaps the cache misses. */
+void tok_strmap_get_batch(const tok_strmap *m, const char *arena, const char *const *keys,
+                          const size_t *lens, size_t n, int32_t *out)
+{
+    uint32_t h[TOK_BATCH];
+    for (size_t i = 0; i < n; i++) {
+        h[i] = hash_str(keys[i], lens[i]);
+        __builtin_prefetch(&m->slots[h[i] & m->mask]);
+    }
+    for (size_t i = 0; i < n; i++) {
+        const tok_str_slot *s = &m->slots[h[i] & m->mask];
+        if (s->value >= 0) __builtin_prefetch(arena + s->off);
+    }
+    for (size_t i = 0; i < n; i++) out[i] = m->slots[str_find(m, arena, keys[i], lens[i], h[i])].value;
+}
+
+void tok_strmap_prefetch(const tok_strmap *m, const char *key, size_t len)
+{
+    __builtin_prefetch(&m->slots[hash_str(key, len) & m->mask], 1);
+}
+
 #define PAIR_EMPTY UINT64_MAX
 
 static uint64_t pair_key(int32_t a, int32_t b) { return ((uint64_t)(uint32_t)a << 32) | (uint32_t)b; }
@@ -140,6 +163,11 @@ tp_status tok_pairmap_put(tok_pairmap *m, int32_t a, int32_t b, int32_t rank, in
     if (m->slots[i].key == PAIR_EMPTY) m->count++;
     m->slots[i] = (tok_pair_slot){key, rank, merged};
     return TP_OK;
+}
+
+void tok_pairmap_prefetch(const tok_pairmap *m, int32_t a, int32_t b)
+{
+    __builtin_prefetch(&m->slots[hash_pair(pair_key(a, b)) & m->mask], 1);
 }
 
 const tok_pair_slot *tok_pairmap_get(const tok_pairmap *m, int32_t a, int32_t b)

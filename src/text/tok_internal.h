@@ -38,6 +38,12 @@ tp_status tok_strmap_put(tok_strmap *m, const char *arena, uint32_t off, uint32_
 /* The value, or -1. */
 int32_t tok_strmap_get(const tok_strmap *m, const char *arena, const char *key, size_t len);
 
+/* Lookups of n <= TOK_BATCH keys at once, with prefetching (for loading). */
+#define TOK_BATCH 32
+void tok_strmap_get_batch(const tok_strmap *m, const char *arena, const char *const *keys,
+                          const size_t *lens, size_t n, int32_t *out);
+void tok_strmap_prefetch(const tok_strmap *m, const char *key, size_t len);
+
 /* (left id, right id) -> (rank, merged id). */
 typedef struct { uint64_t key; int32_t rank, merged; } tok_pair_slot;
 typedef struct { tok_pair_slot *slots; size_t mask, count; } tok_pairmap;
@@ -45,6 +51,7 @@ typedef struct { tok_pair_slot *slots; size_t mask, count; } tok_pairmap;
 tp_status tok_pairmap_init(tok_pairmap *m, size_t expected);
 void tok_pairmap_free(tok_pairmap *m);
 tp_status tok_pairmap_put(tok_pairmap *m, int32_t a, int32_t b, int32_t rank, int32_t merged);
+void tok_pairmap_prefetch(const tok_pairmap *m, int32_t a, int32_t b);
 /* The slot, or NULL. */
 const tok_pair_slot *tok_pairmap_get(const tok_pairmap *m, int32_t a, int32_t b);
 

@@ -102,6 +102,8 @@ class TestMalformedInputs(unittest.TestCase):
         """must_name: strings that must all appear in stderr; any_of: a list of
         alternatives of which at least one must appear."""
         p = self.logits(d, tokens)
+        if os.environ.get("TENSORPAR_E2E_SHOW"):
+            print(f"\n    [{os.path.basename(d)}] rc={p.returncode} {p.stderr.strip()}", file=sys.stderr)
         both = p.stdout + p.stderr
         info = f"\nrc={p.returncode}\nstderr: {p.stderr[-1500:]}"
         self.assertGreater(p.returncode, 0, "expected an error exit (>0), got " +
@@ -195,6 +197,31 @@ class TestMalformedInputs(unittest.TestCase):
         raw = ref.read_safetensors_raw(st_path(d))
         del raw[UP]
         ref.write_safetensors_raw(st_path(d), raw)
+        self.expect_failure(d, [UP], any_of=["model.safetensors", d])
+
+    # -- sharded checkpoints (model.safetensors.index.json)
+    def sharded_copy(self, name):
+        d = os.path.join(WORK, name)
+        p = subprocess.run([BIN, "make-model", "--arch", "llama", "--preset", "tiny", "--dtype", "f32",
+                            "--seed", "3", "--shards", "2", "--out", d], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(os.path.join(d, "model.safetensors.index.json")) as f:
+            return d, json.load(f)
+
+    def test_sharded_missing_shard_file(self):
+        d, index = self.sharded_copy("shard_missing_file")
+        shard = index["weight_map"][UP]
+        os.remove(os.path.join(d, shard))
+        self.expect_failure(d, [shard])
+
+    def test_sharded_index_points_to_wrong_shard(self):
+        d, index = self.sharded_copy("shard_wrong_map")
+        shards = sorted(set(index["weight_map"].values()))
+        here = index["weight_map"][UP]
+        index["weight_map"][UP] = [s for s in shards if s != here][0]
+        with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+            json.dump(index, f)
         self.expect_failure(d, [UP])
 
     # -- config.json
@@ -227,7 +254,9 @@ class TestMalformedInputs(unittest.TestCase):
     def test_missing_config_key(self):
         d = self.copy("cfg_missing_key")
         self.edit_config(d, lambda c: c.pop("num_hidden_layers"))
-        self.expect_failure(d, ["num_hidden_layers"])
+        # HF falls back to the config class default (32 for llama) and then lacks tensors:
+        # either way the message must say what is wrong
+        self.expect_failure(d, [], any_of=["num_hidden_layers", "model.layers."])
 
     def test_unsupported_rope_scaling(self):
         d = self.copy("cfg_yarn")

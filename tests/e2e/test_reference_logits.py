@@ -29,6 +29,10 @@ ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 T_PROMPT = 32          # long enough that linear / llama3 RoPE scaling matter
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 16}
+# With the tiny preset's head_dim 16 and theta 1e4, LLAMA3 (original 16) smooths band 0 and divides
+# bands 1.. by 8; LLAMA3_ALL (original 32) exercises all three branches: band 0 kept, band 1
+# smoothed, bands 2.. divided by 8.
+LLAMA3_ALL = dict(LLAMA3, original_max_position_embeddings=32)
 LINEAR = {"rope_type": "linear", "factor": 2.0}
 
 
@@ -80,10 +84,10 @@ def run(args, timeout=120):
 _made = {}
 
 
-def make_model(arch, dtype="f32", seed=1, sets=None, qk_std=0.25):
+def make_model(arch, dtype="f32", seed=1, sets=None, qk_std=0.25, shards=None):
     """tensorpar make-model ... ; returns the directory (cached by arguments)."""
     sets = dict(sets or {})
-    key = (arch, dtype, seed, json.dumps(sets, sort_keys=True), qk_std)
+    key = (arch, dtype, seed, json.dumps(sets, sort_keys=True), qk_std, shards)
     if key in _made:
         return _made[key]
     d = os.path.join(WORK, f"m{len(_made):03d}_{arch}_{dtype}")
@@ -92,6 +96,8 @@ def make_model(arch, dtype="f32", seed=1, sets=None, qk_std=0.25):
         args += ["--set", f"{k}={json.dumps(v)}"]
     if qk_std is not None:
         args += ["--qk-std", qk_std]
+    if shards:
+        args += ["--shards", shards]
     run(args)
     _made[key] = d
     return d
@@ -144,6 +150,17 @@ class TestReferenceSelfTest(unittest.TestCase):
     def test_self_test(self):
         self.assertEqual(ref.self_test(verbose=False), 0, "hf_reference self-test failed (run it with --self-test)")
 
+    def test_reference_cli(self):
+        d = make_model("qwen3", "bf16")
+        toks = prompt(d, n=9)
+        out = os.path.join(WORK, "ref_cli.npy")
+        p = subprocess.run([sys.executable, ref.__file__, "--model", d, "--tokens", ",".join(map(str, toks)),
+                            "--out", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        x = np.load(out)
+        self.assertEqual((x.dtype, x.shape), (np.float32, (9, config(d)["vocab_size"])))
+        self.assertLess(rel_err(x, ref.reference_logits(d, toks)), 1e-6)
+
 
 def heads_of(arch):
     c = config(make_model(arch))
@@ -175,6 +192,7 @@ class TestLogitsVsReference(Base):
         for a in ARCHS:
             cases.append((f"{a}/f32/llama3", a, "f32", {"rope_scaling": LLAMA3}))
             cases.append((f"{a}/f32/linear", a, "f32", {"rope_scaling": LINEAR}))
+            cases.append((f"{a}/f32/llama3(orig=32)", a, "f32", {"rope_scaling": LLAMA3_ALL}))
         cases.append(("llama/bf16/llama3", "llama", "bf16", {"rope_scaling": LLAMA3}))
         cases.append(("qwen3/bf16/linear", "qwen3", "bf16", {"rope_scaling": LINEAR}))
         self._cases(cases)
@@ -182,10 +200,18 @@ class TestLogitsVsReference(Base):
         d0 = make_model("llama")
         toks = prompt(d0)
         base = ref.reference_logits(d0, toks)
-        for name, rs in (("llama3", LLAMA3), ("linear", LINEAR)):
-            e = rel_err(ref.reference_logits(make_model("llama", sets={"rope_scaling": rs}), toks), base)
+        scaled = {}
+        for name, rs in (("llama3", LLAMA3), ("llama3(orig=32)", LLAMA3_ALL), ("linear", LINEAR),
+                         ("linear x8", {"rope_type": "linear", "factor": 8.0})):
+            scaled[name] = ref.reference_logits(make_model("llama", sets={"rope_scaling": rs}), toks)
+            e = rel_err(scaled[name], base)
             RESULTS.append(("sensitivity", f"ref llama: {name} vs no scaling (want > 1e-3)", e, e > 1e-3))
             self.assertGreater(e, 1e-3, f"{name} scaling does not change the reference logits")
+        # the llama3 band logic matters: it is not the same as dividing every frequency by the factor
+        for name in ("llama3", "llama3(orig=32)"):
+            e = rel_err(scaled[name], scaled["linear x8"])
+            RESULTS.append(("sensitivity", f"ref llama: {name} vs linear x8 (want > 1e-3)", e, e > 1e-3))
+            self.assertGreater(e, 1e-3, f"{name} is indistinguishable from linear x8")
 
     def test_gqa_mha(self):
         cases = []
@@ -206,17 +232,50 @@ class TestExtraConfigs(Base):
         cases = [
             ("mistral/f32/sliding_window=8", "mistral", "f32", {"sliding_window": 8}),
             ("mistral/bf16/sliding_window=5", "mistral", "bf16", {"sliding_window": 5}),
-            ("qwen2/f32/sliding(max_window_layers=1,w=6)", "qwen2", "f32",
-             {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 1}),
             ("qwen2/f32/sliding_window=4,use=false", "qwen2", "f32",
              {"use_sliding_window": False, "sliding_window": 4}),
             ("llama/f32/attention_bias", "llama", "f32", {"attention_bias": True}),
             ("qwen3/f32/attention_bias", "qwen3", "f32", {"attention_bias": True}),
             ("llama/f32/rope_theta=500000", "llama", "f32", {"rope_theta": 500000.0}),
+            # HF's MistralAttention has no biases and Qwen2Attention has q/k/v biases but never
+            # an o_proj bias, whatever attention_bias says (extra tensors are ignored by HF)
+            ("mistral/f32/attention_bias", "mistral", "f32", {"attention_bias": True}),
+            ("qwen2/f32/attention_bias", "qwen2", "f32", {"attention_bias": True}),
         ]
+        cases += [(f"{a}/f32/head_dim=32", a, "f32", {"head_dim": 32}) for a in ARCHS]
         for case, arch, dtype, sets in cases:
             with self.subTest(case=case):
                 self.check_against_reference("extra", case, make_model(arch, dtype, sets=sets))
+        for case, arch, dtype, shards in (("llama/bf16/3 shards", "llama", "bf16", 3),
+                                          ("qwen3/f32/2 shards", "qwen3", "f32", 2)):
+            with self.subTest(case=case):
+                d = make_model(arch, dtype, shards=shards)
+                self.assertTrue(os.path.exists(os.path.join(d, "model.safetensors.index.json")))
+                self.check_against_reference("extra", case, d)
+
+    def test_qwen2_use_sliding_window_config(self):
+        """A Qwen2 config.json with use_sliding_window=true (layers >= max_window_layers slide):
+        the engine must either match HF or refuse it by name -- never silently ignore it."""
+        src = make_model("qwen2", "f32")
+        d = os.path.join(WORK, "qwen2_use_sliding")
+        if not os.path.exists(d):
+            shutil.copytree(src, d)
+            cfg = config(d)
+            cfg.update(use_sliding_window=True, sliding_window=6, max_window_layers=1)
+            with open(os.path.join(d, "config.json"), "w") as f:
+                json.dump(cfg, f, indent=2)
+        toks = prompt(d)
+        want = ref.reference_logits(d, toks)
+        self.assertGreater(rel_err(want, ref.reference_logits(src, toks)), 1e-3, "window does not bite")
+        out = os.path.join(d, "engine.npy")
+        p = subprocess.run([BIN, "logits", "--model", d, "--tokens", ",".join(map(str, toks)), "--out", out],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+        if p.returncode != 0:
+            ok = p.returncode > 0 and "sliding" in p.stderr
+            RESULTS.append(("extra", "qwen2 use_sliding_window (config.json): refused", None, ok))
+            self.assertTrue(ok, f"refused without naming the sliding window (rc={p.returncode}): {p.stderr}")
+            return
+        self.compare("extra", "qwen2 use_sliding_window (config.json)", np.load(out), want)
 
 
 class TestIncremental(Base):

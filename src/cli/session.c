@@ -1,0 +1,151 @@
+/* What generate and chat share: the sampling options, loading a model with
+ * the tokenizer and chat template beside it, and turning a conversation
+ * into prompt ids. */
+#include "session.h"
+
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+const cli_option session_sampling_options[SESSION_N_SAMPLING] = {
+    {"--do-sample", NULL, "sample (default: the model's generation_config.json)", 0, {0}},
+    {"--greedy", NULL, "always take the most likely token", 0, {0}},
+    {"--temperature", "F", "softmax temperature", 0, {0}},
+    {"--top-k", "K", "keep the K most likely tokens (0 = off)", 0, {0}},
+    {"--top-p", "P", "keep the most likely tokens up to probability P", 0, {0}},
+    {"--min-p", "P", "drop tokens below P times the top probability", 0, {0}},
+    {"--repetition-penalty", "F", "penalise tokens already in the sequence", 0, {0}},
+    {"--seed", "N", "random seed for sampling (default 0)", 0, {0}},
+    {"--stop", "TEXT", "stop when TEXT is generated; repeatable", 0, {0}},
+    {"--max-new-tokens", "N", "tokens to generate (default: generation_config.json, else 256)", 0, {0}},
+    {"--dtype", "f32|bf16", "weight dtype in memory (default: as stored)", 0, {0}},
+    {"--threads", "N", "threads (default 1)", 0, {0}},
+};
+
+int session_read_options(session *s, const cli_option *o, int n)
+{
+    const tp_generation_config *g = &s->gen;
+    tp_sampling *sp = &s->opts.sampling;
+    tp_sampling_defaults(sp);
+    sp->do_sample = g->do_sample;
+    sp->temperature = g->temperature;
+    sp->top_k = g->top_k;
+    sp->top_p = g->top_p;
+    sp->min_p = g->min_p;
+    sp->repetition_penalty = g->repetition_penalty;
+    long long top_k = sp->top_k, seed = 0, max_new = g->max_new_tokens;
+    if (cli_double(o, n, "--temperature", &sp->temperature) || cli_double(o, n, "--top-p", &sp->top_p) ||
+        cli_double(o, n, "--min-p", &sp->min_p) || cli_double(o, n, "--repetition-penalty", &sp->repetition_penalty) ||
+        cli_int(o, n, "--top-k", &top_k) || cli_int(o, n, "--seed", &seed) ||
+        cli_int(o, n, "--max-new-tokens", &max_new))
+        return -1;
+    if (cli_flag(o, n, "--do-sample")) sp->do_sample = 1;
+    if (cli_flag(o, n, "--greedy")) sp->do_sample = 0;
+    sp->top_k = top_k;
+    sp->seed = (uint64_t)seed;
+    if (max_new < 0) { tp_fail(TP_ERR_INVALID, "--max-new-tokens must be >= 0"); return -1; }
+    s->opts.max_new_tokens = max_new;
+    memcpy(s->opts.eos_ids, g->eos_token_ids, sizeof s->opts.eos_ids);
+    s->opts.n_eos = g->n_eos;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(o[i].name, "--stop")) { s->opts.stop = o[i].values; s->opts.n_stop = o[i].count; }
+    return tp_sampling_validate(sp) ? -1 : 0;
+}
+
+static int exists(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+int session_open(session *s, const char *dir, const cli_option *o, int n, int need_tokenizer)
+{
+    memset(s, 0, sizeof *s);
+    long long threads = 1;
+    tp_model_options mo = {TP_DTYPE_COUNT, 1, isatty(2)};
+    const char *dt = cli_value(o, n, "--dtype");
+    if (cli_int(o, n, "--threads", &threads) || (dt && tp_dtype_parse(dt, &mo.weight_dtype))) return -1;
+    mo.threads = (int)threads;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if (exists(path)) {
+        if (tp_tokenizer_load(&s->tok, dir)) return -1;
+        snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+        if (exists(path) && tp_chat_template_load(&s->tpl, dir)) {
+            /* A model without a usable template can still complete text. */
+            tp_log(TP_LOG_DEBUG, "no chat template: %s", tp_error());
+            s->tpl = NULL;
+        }
+    } else if (need_tokenizer) {
+        tp_fail(TP_ERR_INVALID, "%s: no tokenizer.json beside the weights (make-model --tokenizer puts one there)", dir);
+        return -1;
+    }
+    if (tp_model_load(&s->model, dir, &mo)) return -1;
+    if (tp_generation_config_load(&s->gen, dir, &s->model->cfg)) return -1;
+    if (session_read_options(s, o, n)) return -1;
+    s->opts.tok = s->tok;
+    return 0;
+}
+
+void session_close(session *s)
+{
+    if (s->kv.k) tp_kv_cache_release(&s->kv);
+    tp_model_free(s->model);
+    if (s->tok) tp_tokenizer_free(s->tok);
+    if (s->tpl) tp_chat_template_free(s->tpl);
+    memset(s, 0, sizeof *s);
+}
+
+int session_encode(session *s, const char *text, int add_special, int64_t **ids, int64_t *n)
+{
+    int32_t *raw;
+    size_t k;
+    if (tp_tokenizer_encode(s->tok, text, strlen(text), add_special, &raw, &k)) return -1;
+    *ids = malloc((k ? k : 1) * sizeof **ids);
+    if (!*ids) { free(raw); tp_fail(TP_ERR_NOMEM, "out of memory"); return -1; }
+    for (size_t i = 0; i < k; i++) (*ids)[i] = raw[i];
+    *n = (int64_t)k;
+    free(raw);
+    return 0;
+}
+
+int session_render_chat(session *s, const char *messages_json, char **prompt)
+{
+    if (!s->tpl) {
+        tp_fail(TP_ERR_INVALID, "the model's tokenizer_config.json has no chat_template");
+        return -1;
+    }
+    return tp_chat_template_render(s->tpl, messages_json, 1, NULL, prompt) ? -1 : 0;
+}
+
+char *session_messages_json(const char *const *roles, const char *const *contents, int n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", roles[i]);
+        cJSON_AddStringToObject(m, "content", contents[i]);
+        cJSON_AddItemToArray(a, m);
+    }
+    char *text = cJSON_PrintUnformatted(a);
+    cJSON_Delete(a);
+    return text;
+}
+
+int session_ensure_cache(session *s)
+{
+    if (s->kv.k) return 0;
+    int64_t ctx = s->model->cfg.max_position_embeddings;
+    if (ctx > 8192) ctx = 8192;   /* memory grows with the context; enough for a session */
+    return tp_kv_cache_init(&s->kv, s->model, ctx) ? -1 : 0;
+}
+
+void session_print_stats(const tp_generate_stats *st)
+{
+    double tps = st->new_tokens > 1 && st->decode_s > 0 ? (double)(st->new_tokens - 1) / st->decode_s : 0;
+    fprintf(stderr, "\n[%lld prompt tokens (%lld reused), %lld new; time to first token %.3f s; %.2f tokens/s; stop: %s]\n",
+            (long long)st->prompt_tokens, (long long)st->reused_tokens, (long long)st->new_tokens,
+            st->prefill_s, tps, st->stop_reason ? st->stop_reason : "-");
+}

@@ -1,0 +1,31 @@
+/* Shared by the generate and chat commands (see session.c). */
+#ifndef TP_CLI_SESSION_H
+#define TP_CLI_SESSION_H
+
+#include "cli.h"
+#include "tensorpar/models.h"
+#include "tensorpar/text.h"
+
+#define SESSION_N_SAMPLING 12
+extern const cli_option session_sampling_options[SESSION_N_SAMPLING];
+
+typedef struct {
+    tp_model *model;
+    tp_tokenizer *tok;           /* NULL when the model directory has none */
+    tp_chat_template *tpl;       /* NULL when there is no chat template   */
+    tp_generation_config gen;
+    tp_generate_options opts;
+    tp_kv_cache kv;
+} session;
+
+/* Loads model, tokenizer, template and options.  Returns 0 or -1 (tp_error). */
+int session_open(session *s, const char *dir, const cli_option *o, int n, int need_tokenizer);
+void session_close(session *s);
+int session_read_options(session *s, const cli_option *o, int n);
+int session_encode(session *s, const char *text, int add_special, int64_t **ids, int64_t *n);
+char *session_messages_json(const char *const *roles, const char *const *contents, int n);
+int session_render_chat(session *s, const char *messages_json, char **prompt);
+int session_ensure_cache(session *s);
+void session_print_stats(const tp_generate_stats *st);
+
+#endif

@@ -1,0 +1,132 @@
+/* The shm backend's shared segment and its per-process view.
+ *
+ * One POSIX shared-memory segment per job, created by the launcher (which
+ * unlinks its name at once and hands the descriptor to the ranks, so nothing
+ * can be left in /dev/shm) or, without our launcher, by rank 0 under a name
+ * derived from uid + rendezvous (unlinked as soon as every rank attached).
+ *
+ * Layout (offsets in the header, all 4 KiB aligned):
+ *   header   magic, layout, job hash, failure flag, the area table
+ *   ranks    per global rank: pid, start time (against pid reuse), state
+ *   areas    SHM_AREAS group areas; area 0 is the world.  Each holds the
+ *            members' global ranks, per member a `seq` and a `done` counter
+ *            on their own cache lines, and per member two slot buffers
+ *   p2p      per ordered pair of global ranks: posted/consumed counters and
+ *            a buffer for point-to-point messages
+ *
+ * The segment is sized for the worst case but tmpfs allocates pages only
+ * when touched, so unused areas cost nothing. */
+#ifndef TP_COMM_SHM_H
+#define TP_COMM_SHM_H
+
+#include "comm_internal.h"
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#define SHM_MAGIC 0x74656e736f72706dull   /* "tensorpm" */
+#define SHM_VERSION 1u
+#define SHM_LINE 128                      /* two lines: the adjacent-line
+                                             prefetcher shares pairs */
+#define SHM_AREAS 32
+#define SHM_SLOT_BYTES_DEFAULT (256u << 10)
+#define SHM_P2P_BYTES (64u << 10)
+
+enum { AREA_FREE = 0, AREA_INIT, AREA_READY };
+enum { RANK_ABSENT = 0, RANK_ALIVE, RANK_LEFT };
+
+typedef struct {
+    _Atomic uint64_t v;
+    char pad[SHM_LINE - sizeof(uint64_t)];
+} shm_counter;
+
+typedef struct {
+    _Atomic int32_t pid;
+    _Atomic int32_t state;
+    uint64_t start_time;      /* /proc/<pid>/stat field 22 */
+    char pad[SHM_LINE - 16];
+} shm_rank_info;
+
+typedef struct {
+    _Atomic uint32_t state;
+    _Atomic int32_t refs;     /* members that have not freed the group */
+    int32_t n;
+    uint64_t key;
+} shm_area_entry;
+
+typedef struct {
+    _Atomic uint64_t posted;  /* chunks written by the sender            */
+    uint64_t len;             /* bytes in the current chunk              */
+    uint64_t total;           /* bytes in the whole message              */
+    char pad1[SHM_LINE - 24];
+    _Atomic uint64_t consumed;/* chunks taken by the receiver            */
+    char pad2[SHM_LINE - 8];
+} shm_p2p;
+
+typedef struct {
+    _Atomic uint64_t magic;   /* written last by the creator             */
+    uint32_t version;
+    int32_t world;
+    uint64_t job_hash;
+    int32_t creator_pid;
+    uint64_t creator_start;
+    uint64_t total_bytes, slot_bytes, p2p_bytes;
+    uint64_t ranks_off, areas_off, area_bytes, area_data_off, p2p_off, p2p_stride;
+    _Atomic uint64_t attached;
+    _Atomic int32_t failed_rank;   /* -1, or a rank found dead            */
+    _Atomic int32_t failed_by;
+    shm_area_entry table[SHM_AREAS];
+} shm_header;
+
+/* Per-process view of the segment, shared by all of its groups. */
+typedef struct {
+    shm_header *h;
+    size_t bytes;
+    int world, me;
+    int refs;                       /* tp_groups using this view          */
+    struct { uint64_t hash; int count; } *occ;   /* sub-group creations  */
+    int nocc, capocc;
+} shm_world;
+
+/* Per-group state. */
+typedef struct {
+    shm_world *w;
+    int area;
+    int32_t *members;
+    shm_counter *seq, *done;
+    char *data;
+    size_t slot_bytes;
+    uint64_t step;
+} shm_group;
+
+/* ---- segment (shm_segment.c) ---- */
+tp_status tp_shm_attach(shm_world **out, const tp_comm_env *e, double timeout_s);
+void tp_shm_detach(shm_world *w);
+/* Claims (leader) or finds (everyone) the area for a member list. */
+tp_status tp_shm_area_open(shm_world *w, tp_group *g, const int32_t *members, int n,
+                           uint64_t key, int leader, int *area_out);
+void tp_shm_area_close(shm_world *w, int area);
+void tp_shm_group_view(shm_world *w, int area, shm_group *s);
+shm_p2p *tp_shm_p2p(shm_world *w, int from, int to, char **buf);
+
+/* ---- waiting (shm_wait.c) ---- */
+typedef struct {
+    double start, next_check;
+    long iter;
+    long sleep_ns;
+} shm_backoff;
+
+void tp_shm_backoff_init(shm_backoff *b);
+/* Pauses once (spin, then yield, then sleep).  Fails if `peer` (a global
+ * rank) died or left, another rank reported a failure, or the group's
+ * timeout passed; `what` names what was awaited. */
+tp_status tp_shm_backoff(shm_backoff *b, shm_world *w, const tp_group *g, int peer, const char *what);
+/* Waits until *c >= target. */
+tp_status tp_shm_wait_ge(shm_world *w, const tp_group *g, _Atomic uint64_t *c, uint64_t target,
+                         int peer, const char *what);
+/* 0 if global rank r is known dead (or its pid was reused), 1 otherwise. */
+int tp_shm_rank_alive(shm_world *w, int r);
+/* Start time of a process (field 22 of /proc/<pid>/stat), and its state letter. */
+uint64_t tp_shm_proc_start(int pid, char *state);
+
+#endif

@@ -1,0 +1,147 @@
+/* Waiting for peers in the shm backend.
+ *
+ * A wait spins briefly (the peer is usually a few hundred nanoseconds
+ * behind), then yields the core (ranks may outnumber cores, and the peer we
+ * wait for may need ours), then sleeps with a growing interval.  Every 50 ms
+ * it checks that the awaited peer still exists and that no other rank has
+ * reported a failure, so a dead peer is noticed within a fraction of a
+ * second instead of at the timeout. */
+#include "shm.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#define SPIN_S 30e-6          /* busy-wait this long first               */
+#define YIELD_S 2e-3          /* then sched_yield until this much passed */
+#define SLEEP_MIN_NS 20000L
+#define SLEEP_MAX_NS 500000L
+#define CHECK_EVERY_S 0.05
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+uint64_t tp_shm_proc_start(int pid, char *state)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    *state = '?';
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    /* The command name may hold spaces and parentheses: fields start after
+     * the last ')'.  Then: state (3), ... starttime (22). */
+    char *p = strrchr(buf, ')');
+    if (!p || p[1] != ' ') return 0;
+    p += 2;
+    *state = *p;
+    for (int field = 3; field < 22 && *p; p++)
+        if (*p == ' ') field++;
+    unsigned long long t = 0;
+    if (sscanf(p, "%llu", &t) != 1) return 0;
+    return t;
+}
+
+int tp_shm_rank_alive(shm_world *w, int r)
+{
+    shm_rank_info *ri = (shm_rank_info *)((char *)w->h + w->h->ranks_off) + r;
+    int pid = atomic_load_explicit(&ri->pid, memory_order_acquire);
+    if (pid <= 0) return 1;                       /* not attached yet */
+    if (kill(pid, 0) != 0 && errno == ESRCH) return 0;
+    char state;
+    uint64_t start = tp_shm_proc_start(pid, &state);
+    if (start == 0) return state == '?' ? 0 : 1;  /* vanished meanwhile */
+    /* A zombie has died but its parent has not reaped it yet; a different
+     * start time means the pid now belongs to another process. */
+    return state != 'Z' && state != 'X' && start == ri->start_time;
+}
+
+void tp_shm_backoff_init(shm_backoff *b)
+{
+    b->start = tp_now();
+    b->next_check = b->start + CHECK_EVERY_S;
+    b->iter = 0;
+    b->sleep_ns = SLEEP_MIN_NS;
+}
+
+static tp_status report_dead(shm_world *w, int peer, const char *what)
+{
+    shm_rank_info *ri = (shm_rank_info *)((char *)w->h + w->h->ranks_off) + peer;
+    int expected = -1;
+    /* Tell the other ranks, so that those waiting on someone else stop too. */
+    if (atomic_compare_exchange_strong(&w->h->failed_rank, &expected, peer))
+        atomic_store(&w->h->failed_by, w->me);
+    return tp_fail(TP_ERR_COMM, "rank %d (pid %d) died while rank %d waited for %s", peer,
+                   (int)atomic_load(&ri->pid), w->me, what);
+}
+
+static tp_status check_peers(shm_world *w, int peer, const char *what)
+{
+    int failed = atomic_load_explicit(&w->h->failed_rank, memory_order_acquire);
+    if (failed >= 0 && failed != w->me)
+        return tp_fail(TP_ERR_COMM, "rank %d died (noticed by rank %d) while rank %d waited for %s",
+                       failed, (int)atomic_load(&w->h->failed_by), w->me, what);
+    if (peer < 0 || peer == w->me) return TP_OK;
+    shm_rank_info *ri = (shm_rank_info *)((char *)w->h + w->h->ranks_off) + peer;
+    if (atomic_load_explicit(&ri->state, memory_order_acquire) == RANK_LEFT)
+        return tp_fail(TP_ERR_COMM, "rank %d has already left the job while rank %d waited for %s",
+                       peer, w->me, what);
+    if (!tp_shm_rank_alive(w, peer)) return report_dead(w, peer, what);
+    return TP_OK;
+}
+
+tp_status tp_shm_backoff(shm_backoff *b, shm_world *w, const tp_group *g, int peer, const char *what)
+{
+    b->iter++;
+    if ((b->iter & 63) != 0) {
+        /* Cheap phase: most waits end here, without looking at the clock. */
+        cpu_relax();
+        return TP_OK;
+    }
+    double now = tp_now();
+    double waited = now - b->start;
+    if (waited < SPIN_S) {
+        cpu_relax();
+    } else if (waited < YIELD_S) {
+        sched_yield();
+    } else {
+        struct timespec ts = {0, b->sleep_ns};
+        nanosleep(&ts, NULL);
+        if (b->sleep_ns < SLEEP_MAX_NS) b->sleep_ns *= 2;
+    }
+    if (now >= b->next_check) {
+        b->next_check = now + CHECK_EVERY_S;
+        tp_status st = check_peers(w, peer, what);
+        if (st) return st;
+    }
+    if (waited > g->timeout_s)
+        return tp_fail(TP_ERR_TIMEOUT,
+                       "rank %d did not answer within %g s while rank %d waited for %s "
+                       "(TENSORPAR_COMM_TIMEOUT sets the limit)",
+                       peer, g->timeout_s, w->me, what);
+    return TP_OK;
+}
+
+tp_status tp_shm_wait_ge(shm_world *w, const tp_group *g, _Atomic uint64_t *c, uint64_t target,
+                         int peer, const char *what)
+{
+    if (atomic_load_explicit(c, memory_order_acquire) >= target) return TP_OK;
+    shm_backoff b;
+    tp_shm_backoff_init(&b);
+    while (atomic_load_explicit(c, memory_order_acquire) < target) {
+        tp_status st = tp_shm_backoff(&b, w, g, peer, what);
+        if (st) return st;
+    }
+    return TP_OK;
+}

@@ -1,0 +1,82 @@
+/* ColwiseParallel (§2.4): each rank computes a slice of the output features.
+ * colwise keeps the slice (Shard(-1)); colwise_gather_output and its legacy
+ * alias colwise_rep all-gather it, which needs the gathered size to divide. */
+#include "parallel_internal.h"
+
+#include <string.h>
+
+/* Which dimension the colwise family cuts (§2.4 table). */
+static int colwise_dim(const tp_module_ctx *mod, const tp_param_ctx *p)
+{
+    if (mod->kind == TP_MODULE_EMBEDDING) return 1;
+    if (tp_param_is_bias_named(p->short_name)) return p->ndim - 1;
+    return p->ndim >= 2 ? p->ndim - 2 : p->ndim - 1;
+}
+
+static tp_status colwise_shard(const tp_style *st, const tp_module_ctx *mod, const tp_param_ctx *p,
+                               tp_placement *out)
+{
+    (void)st;
+    *out = tp_shard(colwise_dim(mod, p));
+    return TP_OK;
+}
+
+static int gathers(const tp_style *st)
+{
+    return st->opt.has_output_layout && st->opt.output_layout.kind == TP_REPLICATE;
+}
+
+/* All-gather concatenates chunk-rule pieces; HF refuses uneven ones when
+ * gathering, and so does tensorpar (the message is Transformers'). */
+static tp_status colwise_validate(const tp_style *st, const tp_module_ctx *mod, const tp_param_ctx *p,
+                                  const char *qualified_name)
+{
+    if (!gathers(st)) return TP_OK;
+    int64_t n = p->shape[colwise_dim(mod, p)];
+    if (n % mod->tp_size == 0) return TP_OK;
+    char layer[128];
+    tp_par_parent_name(qualified_name, layer, sizeof layer);
+    return tp_fail(TP_ERR_INVALID,
+                   "The output size of `%s` (%lld) must be divisible by the tensor parallel size (%d) "
+                   "when gathering a colwise output.", layer, (long long)n, mod->tp_size);
+}
+
+static tp_status colwise_forward(const tp_style *st, const tp_module_ctx *mod, tp_forward_desc *d)
+{
+    *d = tp_par_desc_passthrough();
+    d->input = d->compute_input = st->opt.input_layout;
+    d->local_output = tp_shard(-1);
+    d->output = st->opt.output_layout;
+    if (mod->kind == TP_MODULE_EMBEDDING) {
+        d->ids_input = 1;          /* ids are never split or gathered (§10.9) */
+        d->input = d->compute_input = tp_replicate();
+    } else {
+        d->allreduce_backward_input = 1;
+    }
+    return TP_OK;
+}
+
+#define COLWISE(var, nm, out_layout)                                                     \
+    const tp_style var = {                                                               \
+        .name = nm, .impl = "ColwiseParallel",                                           \
+        .opt = {.input_layout = {TP_REPLICATE, 0, 0}, .output_layout = out_layout,       \
+                .has_input_layout = 1, .has_output_layout = 1, .use_local_output = 1},   \
+        .validate_param = colwise_validate, .shard_param = colwise_shard,                \
+        .install_forward = colwise_forward}
+
+COLWISE(tp_par_colwise_gather_output, "colwise_gather_output", ((tp_placement){TP_REPLICATE, 0, 0}));
+COLWISE(tp_par_colwise_rep, "colwise_rep", ((tp_placement){TP_REPLICATE, 0, 0}));
+COLWISE(tp_par_colwise, "colwise", ((tp_placement){TP_SHARD, -1, 0}));
+
+/* local_colwise (legacy, §2.19): colwise placements, no forward
+ * transformation; the enclosing module communicates. */
+static tp_status local_forward(const tp_style *st, const tp_module_ctx *mod, tp_forward_desc *d)
+{
+    (void)st; (void)mod;
+    *d = tp_par_desc_passthrough();
+    return TP_OK;
+}
+
+const tp_style tp_par_local_colwise = {
+    .name = "local_colwise", .impl = "ColwiseParallel(local)", .inference_only = 1,
+    .shard_param = colwise_shard, .install_forward = local_forward};
