@@ -12,10 +12,55 @@
 extern "C" {
 #endif
 
+/* ---- kernel paths ----------------------------------------------------
+ * Every kernel has a plain scalar reference and SIMD paths compiled with
+ * function-level target attributes, so the library builds for any x86-64
+ * and picks a path at run time from cpuid. */
+typedef enum {
+    TP_KERNEL_AUTO = 0,   /* tp_kernel_path_default()                      */
+    TP_KERNEL_SCALAR,     /* the plain loops (the reference)               */
+    TP_KERNEL_AVX2,       /* AVX2 + FMA                                    */
+    TP_KERNEL_AVX512      /* AVX-512 F/BW (+ BF16 where the CPU has it)    */
+} tp_kernel_path;
+
+/* The best path this CPU supports, lowered (never raised) by the environment
+ * variable TENSORPAR_KERNEL=scalar|avx2|avx512.  Computed once per process
+ * (pthread_once); later changes to the environment are not seen. */
+tp_kernel_path tp_kernel_path_default(void);
+/* Whether this CPU can run path p (AUTO and SCALAR: always). */
+int tp_kernel_path_supported(tp_kernel_path p);
+/* Whether the CPU has AVX512_BF16 (vdpbf16ps). */
+int tp_kernel_has_bf16_dot(void);
+const char *tp_kernel_path_name(tp_kernel_path p);
+/* Parses "scalar", "avx2", "avx512" or "auto". */
+tp_status tp_kernel_path_parse(const char *s, tp_kernel_path *out);
+
+/* How tp_matmul_ex multiplies. */
+typedef struct {
+    tp_kernel_path path; /* AUTO: tp_kernel_path_default(); an unsupported
+                            path falls back to the best supported one below */
+    int bf16_dot;        /* bf16 weights only, AVX-512 BF16 only: round the
+                            activations to bf16 and use vdpbf16ps (about 2x
+                            the f32 rate, NOT exact: products carry x's bf16
+                            rounding, ~2^-9 relative).  0 = exact: weights are
+                            widened to f32 in registers, products exact. */
+    int blas;            /* 1: T > 4 goes to OpenBLAS sgemm (bf16 widened by
+                            blocks) instead of the own GEMM. */
+} tp_matmul_opts;
+
+/* The process defaults: path from tp_kernel_path_default(), bf16_dot from
+ * TENSORPAR_BF16_DOT=1, blas from TENSORPAR_BLAS=1 (both default 0; read
+ * once, like TENSORPAR_KERNEL). */
+void tp_matmul_opts_default(tp_matmul_opts *o);
+
 /* y[T, out] = x[T, in] · W[out, in]ᵀ (+ bias[out] if bias != NULL).
- * W is f32 or bf16; bias is f32 or bf16 of length out. */
+ * W is f32 or bf16; bias is f32 or bf16 of length out.  T <= 4 runs a GEMV
+ * that streams W once (threads split the rows of W); larger T a tiled GEMM
+ * (threads split the columns of y).  tp_matmul uses the process defaults. */
 tp_status tp_matmul(float *y, const float *x, int64_t T, const tp_tensor *W,
                     const tp_tensor *bias, tp_threadpool *pool);
+tp_status tp_matmul_ex(float *y, const float *x, int64_t T, const tp_tensor *W,
+                       const tp_tensor *bias, tp_threadpool *pool, const tp_matmul_opts *opts);
 
 /* out[i] = x[i] / sqrt(mean(x²) + eps) * w[i] over rows of length n;
  * w is f32 or bf16.  out may alias x. */
@@ -35,6 +80,19 @@ void tp_silu_mul(float *a, const float *b, int64_t n);
 
 /* In-place softmax over n values. */
 void tp_softmax(float *x, int64_t n);
+
+/* Fused residual add + RMSNorm: x += y (rows × n), then out = rmsnorm(x).
+ * Saves one pass over the residual stream.  out must not alias x or y. */
+void tp_add_rmsnorm(float *x, const float *y, float *out, const tp_tensor *w,
+                    int64_t rows, int64_t n, double eps);
+
+/* RoPE with a table computed once per forward: table[T][head_dim] holds, for
+ * row t (position pos0 + t), cos(pos·f_i) at [i] and sin(pos·f_i) at
+ * [half + i], i < half = head_dim/2 (rounded to f32 from double, as
+ * tp_rope_apply does).  tp_rope_apply_table then rotates q and k of every
+ * head with it; the result equals tp_rope_apply's. */
+void tp_rope_table(float *table, int64_t T, int64_t head_dim, const double *inv_freq, int64_t pos0);
+void tp_rope_apply_table(float *x, int64_t T, int64_t n_heads, int64_t head_dim, const float *table);
 
 /* Causal attention for T new queries at positions pos0..pos0+T-1 against a
  * cache holding keys/values for positions 0..pos0+T-1.

@@ -40,5 +40,14 @@ int cmd_chat(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_chat_template(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
+int cmd_selftest_dist(int argc, char **argv);
+
+/* Communication (comm/): launcher, collective benchmark, hidden self-tests. */
+int cmd_launch(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_bench_comm(int argc, char **argv);
+int cmd_selftest(int argc, char **argv);
+int cmd_selftest_comm(int argc, char **argv);
 
 #endif

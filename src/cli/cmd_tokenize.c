@@ -46,7 +46,7 @@ static int each_jsonl(const char *path, const char *cmd, int (*fn)(const cJSON *
         if (n && strspn(p, " \t\r") < n) {
             cJSON *j = cJSON_ParseWithLength(p, n);
             if (!cJSON_IsObject(j)) {
-                tp_fail(TP_ERR_FORMAT, "%s:%d: not a JSON object", path, lineno);
+                tp_fail(TP_ERR_FORMAT, "%s:%d: not a valid JSON object", path, lineno);
                 rc = cli_report(cmd);
             } else if (fn(j, ctx)) {
                 tp_fail_context(TP_ERR_FORMAT, "%s:%d", path, lineno);

@@ -18,13 +18,18 @@ static const command commands[] = {
     {"tokenize", cmd_tokenize, "encode text into token ids with a tokenizer.json"},
     {"detokenize", cmd_detokenize, "decode token ids into text"},
     {"chat-template", cmd_chat_template, "render a tokenizer's chat template for a conversation"},
+    {"plan", cmd_plan, "show how a model is split for tensor parallelism (reads config.json only)"},
+    {"launch", cmd_launch, "run a program as N ranks (like torchrun)"},
+    {"bench", cmd_bench, "measure speed: bench comm"},
+    {"selftest", cmd_selftest, NULL},   /* hidden: test workers */
+    {"selftest-dist", cmd_selftest_dist, NULL},   /* hidden: multi-rank test of dist/ */
 };
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: tensorpar <command> [options]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].summary);
+        if (commands[i].summary) fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\n'tensorpar <command> --help' describes a command.\n");
 }
 

@@ -1,10 +1,13 @@
-/* Linear layers: y = x·Wᵀ + b.
+/* Linear layers: y = x·Wᵀ + b, W f32 or bf16 [out, in], x f32 [T, in].
  *
- * f32 weights go straight to OpenBLAS.  bf16 weights are widened to f32 one
- * block of rows at a time and then handed to OpenBLAS, so prefill runs at
- * BLAS speed without ever holding an f32 copy of the whole matrix.  (The
- * speed issue replaces this with native bf16 kernels.) */
-#include "tensorpar/kernels.h"
+ * Dispatch by shape and path:
+ *   T <= 4 (decode): a GEMV that streams W exactly once at memory bandwidth;
+ *                    the threads split the rows of W.
+ *   T > 4 (prefill): a tiled, packed GEMM (gemm_avx512.c, gemm_avx2.c), or
+ *                    OpenBLAS when opts->blas asks for it.
+ *   SCALAR:          the plain loops below — the reference the tests use.
+ * The bias is added in one pass at the end. */
+#include "kernels/kern_internal.h"
 
 #include <cblas.h>
 #include <stdlib.h>
@@ -23,59 +26,139 @@ void tp_row_to_f32(float *dst, const tp_tensor *m, int64_t row)
     }
 }
 
-static void add_bias(float *y, int64_t T, int64_t out, const tp_tensor *bias)
+void tp_gemv_permute_x(float *dst, const float *x, int64_t T, int64_t k, int64_t kp, int blk)
 {
-    float *b = malloc((size_t)out * sizeof(float));
-    if (!b) return;
-    tp_row_to_f32(b, bias, 0);
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t o = 0; o < out; o++) y[t * out + o] += b[o];
-    free(b);
+    int half = blk / 2;
+    for (int64_t t = 0; t < T; t++) {
+        const float *s = x + t * k;
+        float *d = dst + t * kp;
+        for (int64_t i = 0; i < kp; i++) {
+            int64_t b = i - i % blk, j = i % blk;
+            int64_t src = j < half ? b + 2 * j : b + 2 * (j - half) + 1;
+            d[i] = src < k ? s[src] : 0.0f;
+        }
+    }
 }
+
+/* ---- scalar reference ------------------------------------------------- */
 
 typedef struct {
     float *y;
     const float *x;
-    int64_t T, in, out;
-    const uint16_t *w;
-} bf16_job;
+    const void *w;
+    tp_dtype wt;
+    int64_t T, n, k;
+} mm_job;
 
-/* Each thread widens its own blocks of rows and multiplies them. */
-static void bf16_worker(void *p, int ti, int nt)
+static void scalar_worker(void *p, int ti, int nt)
 {
-    bf16_job *j = p;
-    int64_t nblocks = (j->out + BF16_BLOCK_ROWS - 1) / BF16_BLOCK_ROWS, b0, b1;
+    const mm_job *j = p;
+    int64_t r0, r1;
+    tp_split_range(j->n, ti, nt, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        for (int64_t t = 0; t < j->T; t++) {
+            const float *x = j->x + t * j->k;
+            float acc = 0;
+            if (j->wt == TP_F32) {
+                const float *w = (const float *)j->w + r * j->k;
+                for (int64_t i = 0; i < j->k; i++) acc += x[i] * w[i];
+            } else {
+                const uint16_t *w = (const uint16_t *)j->w + r * j->k;
+                for (int64_t i = 0; i < j->k; i++) acc += x[i] * tp_f32_from_bf16(w[i]);
+            }
+            j->y[t * j->n + r] = acc;
+        }
+    }
+}
+
+void tp_matmul_scalar(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
+                      int64_t n, int64_t k, tp_threadpool *pool)
+{
+    mm_job j = {y, x, W, wt, T, n, k};
+    tp_parallel_run(pool, scalar_worker, &j);
+}
+
+/* ---- OpenBLAS --------------------------------------------------------- */
+
+/* bf16 weights: each thread widens its own blocks of rows and hands them to
+ * sgemm, so no f32 copy of the whole matrix ever exists. */
+static void blas_bf16_worker(void *p, int ti, int nt)
+{
+    const mm_job *j = p;
+    int64_t nblocks = (j->n + BF16_BLOCK_ROWS - 1) / BF16_BLOCK_ROWS, b0, b1;
     tp_split_range(nblocks, ti, nt, &b0, &b1);
-    float *wf = malloc((size_t)BF16_BLOCK_ROWS * (size_t)j->in * sizeof(float));
+    float *wf = malloc((size_t)BF16_BLOCK_ROWS * (size_t)j->k * sizeof(float));
     if (!wf) return;
     for (int64_t b = b0; b < b1; b++) {
         int64_t r0 = b * BF16_BLOCK_ROWS;
-        int64_t rows = j->out - r0 < BF16_BLOCK_ROWS ? j->out - r0 : BF16_BLOCK_ROWS;
-        const uint16_t *src = j->w + r0 * j->in;
-        for (int64_t i = 0; i < rows * j->in; i++) wf[i] = tp_f32_from_bf16(src[i]);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->T, (int)rows, (int)j->in,
-                    1.0f, j->x, (int)j->in, wf, (int)j->in, 0.0f, j->y + r0, (int)j->out);
+        int64_t rows = j->n - r0 < BF16_BLOCK_ROWS ? j->n - r0 : BF16_BLOCK_ROWS;
+        const uint16_t *src = (const uint16_t *)j->w + r0 * j->k;
+        for (int64_t i = 0; i < rows * j->k; i++) wf[i] = tp_f32_from_bf16(src[i]);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->T, (int)rows, (int)j->k,
+                    1.0f, j->x, (int)j->k, wf, (int)j->k, 0.0f, j->y + r0, (int)j->n);
     }
     free(wf);
+}
+
+static void matmul_blas(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
+                        int64_t n, int64_t k, tp_threadpool *pool)
+{
+    if (wt == TP_F32) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)n, (int)k,
+                    1.0f, x, (int)k, W, (int)k, 0.0f, y, (int)n);
+    } else {
+        mm_job j = {y, x, W, wt, T, n, k};
+        tp_parallel_run(pool, blas_bf16_worker, &j);
+    }
+}
+
+/* ---- entry points ----------------------------------------------------- */
+
+static tp_status add_bias(float *y, int64_t T, int64_t out, const tp_tensor *bias)
+{
+    float *b = malloc((size_t)out * sizeof(float));
+    if (!b) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for the bias");
+    tp_row_to_f32(b, bias, 0);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t o = 0; o < out; o++) y[t * out + o] += b[o];
+    free(b);
+    return TP_OK;
+}
+
+tp_status tp_matmul_ex(float *y, const float *x, int64_t T, const tp_tensor *W,
+                       const tp_tensor *bias, tp_threadpool *pool, const tp_matmul_opts *opts)
+{
+    if (W->ndim != 2) return tp_fail(TP_ERR_INTERNAL, "tp_matmul: weight must be 2-D");
+    if (W->dtype != TP_F32 && W->dtype != TP_BF16)
+        return tp_fail(TP_ERR_UNSUPPORTED, "tp_matmul: weights of dtype %s", tp_dtype_name(W->dtype));
+    if (W->shape[1] > INT32_MAX / 16 || T > INT32_MAX || W->shape[0] > INT32_MAX)
+        return tp_fail(TP_ERR_UNSUPPORTED, "tp_matmul: matrix too large");
+    int64_t n = W->shape[0], k = W->shape[1];
+    if (T == 0 || n == 0) return TP_OK;
+    tp_kernel_path path = tp_kernel_resolve(opts->path);
+    int bf16_dot = opts->bf16_dot && W->dtype == TP_BF16 && tp_kernel_has_bf16_dot();
+    tp_status st = TP_OK;
+    if (k == 0) {
+        memset(y, 0, (size_t)(T * n) * sizeof(float));
+    } else if (path == TP_KERNEL_SCALAR) {
+        tp_matmul_scalar(y, x, T, W->data, W->dtype, n, k, pool);
+    } else if (T <= TP_GEMV_MAX_T) {
+        if (path == TP_KERNEL_AVX512) st = tp_gemv_avx512(y, x, T, W->data, W->dtype, n, k, bf16_dot, pool);
+        else st = tp_gemv_avx2(y, x, T, W->data, W->dtype, n, k, pool);
+    } else if (opts->blas && !bf16_dot) {
+        matmul_blas(y, x, T, W->data, W->dtype, n, k, pool);
+    } else {
+        if (path == TP_KERNEL_AVX512) st = tp_gemm_avx512(y, x, T, W->data, W->dtype, n, k, bf16_dot, pool);
+        else st = tp_gemm_avx2(y, x, T, W->data, W->dtype, n, k, pool);
+    }
+    if (!st && bias && bias->data) st = add_bias(y, T, n, bias);
+    return st;
 }
 
 tp_status tp_matmul(float *y, const float *x, int64_t T, const tp_tensor *W,
                     const tp_tensor *bias, tp_threadpool *pool)
 {
-    if (W->ndim != 2) return tp_fail(TP_ERR_INTERNAL, "tp_matmul: weight must be 2-D");
-    int64_t out = W->shape[0], in = W->shape[1];
-    if (T == 0 || out == 0) return TP_OK;
-    if (in == 0) {
-        memset(y, 0, (size_t)(T * out) * sizeof(float));
-    } else if (W->dtype == TP_F32) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)out, (int)in,
-                    1.0f, x, (int)in, W->data, (int)in, 0.0f, y, (int)out);
-    } else if (W->dtype == TP_BF16) {
-        bf16_job j = {y, x, T, in, out, W->data};
-        tp_parallel_run(pool, bf16_worker, &j);
-    } else {
-        return tp_fail(TP_ERR_UNSUPPORTED, "tp_matmul: weights of dtype %s", tp_dtype_name(W->dtype));
-    }
-    if (bias && bias->data) add_bias(y, T, out, bias);
-    return TP_OK;
+    tp_matmul_opts o;
+    tp_matmul_opts_default(&o);
+    return tp_matmul_ex(y, x, T, W, bias, pool, &o);
 }

@@ -1,23 +1,115 @@
 /* RMSNorm as Transformers computes it: x·rsqrt(mean(x²) + eps), then times
- * the weight.  The mean is accumulated in double so that the result does
- * not depend on the order of the sum (TP ranks must agree bit for bit). */
-#include "tensorpar/kernels.h"
+ * the weight.  The mean is accumulated in double on every path so that the
+ * result barely depends on the order of the sum (TP ranks must agree bit for
+ * bit: they run the same path on the same data, hence the same order); the
+ * scaling is (x·inv)·w in f32 without FMA, exactly as the scalar loop. */
+#include "kernels/kern_internal.h"
+#include "kernels/vmath.h"
 
 #include <math.h>
 #include <stdlib.h>
 
-void tp_rmsnorm(float *out, const float *x, const tp_tensor *w, int64_t rows, int64_t n, double eps)
+static void rmsnorm_scalar(float *out, const float *x, const float *w, int64_t rows, int64_t n, double eps)
 {
-    float *wf = malloc((size_t)n * sizeof(float));
-    if (!wf) return;
-    tp_row_to_f32(wf, w, 0);
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * n;
         double ss = 0;
         for (int64_t i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
         float inv = (float)(1.0 / sqrt(ss / (double)n + eps));
         float *o = out + r * n;
-        for (int64_t i = 0; i < n; i++) o[i] = wf[i] * (xr[i] * inv);
+        for (int64_t i = 0; i < n; i++) o[i] = w[i] * (xr[i] * inv);
     }
-    free(wf);
+}
+
+TP_T512 static void rmsnorm_avx512(float *out, const float *x, const float *w, int64_t rows, int64_t n, double eps)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+        for (int64_t i = 0; i < n; i += 16) {
+            __m512 v = _mm512_maskz_loadu_ps(tp_mask16(n - i), xr + i);
+            __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+            __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+            s0 = _mm512_fmadd_pd(lo, lo, s0);
+            s1 = _mm512_fmadd_pd(hi, hi, s1);
+        }
+        double ss = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+        __m512 inv = _mm512_set1_ps((float)(1.0 / sqrt(ss / (double)n + eps)));
+        float *o = out + r * n;
+        for (int64_t i = 0; i < n; i += 16) {
+            __mmask16 m = tp_mask16(n - i);
+            __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + i), inv);
+            _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, w + i), v));
+        }
+    }
+}
+
+TP_TAVX2 static void rmsnorm_avx2(float *out, const float *x, const float *w, int64_t rows, int64_t n, double eps)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            __m256 v = _mm256_loadu_ps(xr + i);
+            __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+            s0 = _mm256_fmadd_pd(lo, lo, s0);
+            s1 = _mm256_fmadd_pd(hi, hi, s1);
+        }
+        double ss = tp_hsum256d(_mm256_add_pd(s0, s1));
+        for (; i < n; i++) ss += (double)xr[i] * xr[i];
+        float invs = (float)(1.0 / sqrt(ss / (double)n + eps));
+        __m256 inv = _mm256_set1_ps(invs);
+        float *o = out + r * n;
+        for (i = 0; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(xr + i), inv)));
+        for (; i < n; i++) o[i] = w[i] * (xr[i] * invs);
+    }
+}
+
+void tp_rmsnorm_path(tp_kernel_path p, float *out, const float *x, const float *w,
+                     int64_t rows, int64_t n, double eps)
+{
+    switch (tp_kernel_resolve(p)) {
+    case TP_KERNEL_AVX512: rmsnorm_avx512(out, x, w, rows, n, eps); break;
+    case TP_KERNEL_AVX2: rmsnorm_avx2(out, x, w, rows, n, eps); break;
+    default: rmsnorm_scalar(out, x, w, rows, n, eps); break;
+    }
+}
+
+/* The weight as f32: on the stack when it is small (the usual case: hidden
+ * size or head_dim), else from malloc. */
+#define W_STACK 8192
+
+void tp_rmsnorm(float *out, const float *x, const tp_tensor *w, int64_t rows, int64_t n, double eps)
+{
+    float stack[W_STACK], *wf = stack;
+    if (w->dtype == TP_F32) {
+        wf = w->data;
+    } else {
+        if (n > W_STACK && !(wf = malloc((size_t)n * sizeof(float)))) return;
+        tp_row_to_f32(wf, w, 0);
+    }
+    tp_rmsnorm_path(TP_KERNEL_AUTO, out, x, wf, rows, n, eps);
+    if (wf != stack && wf != w->data) free(wf);
+}
+
+void tp_add_rmsnorm(float *x, const float *y, float *out, const tp_tensor *w,
+                    int64_t rows, int64_t n, double eps)
+{
+    float stack[W_STACK], *wf = stack;
+    if (w->dtype == TP_F32) {
+        wf = w->data;
+    } else {
+        if (n > W_STACK && !(wf = malloc((size_t)n * sizeof(float)))) return;
+        tp_row_to_f32(wf, w, 0);
+    }
+    /* Row by row, so the freshly added row is still in L1 when it is normed. */
+    for (int64_t r = 0; r < rows; r++) {
+        float *xr = x + r * n;
+        const float *yr = y + r * n;
+        for (int64_t i = 0; i < n; i++) xr[i] += yr[i];
+        tp_rmsnorm_path(TP_KERNEL_AUTO, out + r * n, xr, wf, 1, n, eps);
+    }
+    if (wf != stack && wf != w->data) free(wf);
 }

@@ -1,7 +1,8 @@
 /* Rotary position embeddings with Transformers' frequency schedules:
  * default, "linear" (positions divided by factor) and "llama3" (long
  * wavelengths divided by factor, short ones kept, a smooth blend between). */
-#include "tensorpar/kernels.h"
+#include "kernels/kern_internal.h"
+#include "kernels/vmath.h"
 
 #include <math.h>
 
@@ -48,4 +49,89 @@ void tp_rope_apply(float *x, int64_t T, int64_t n_heads, int64_t head_dim,
             }
         }
     }
+}
+
+/* ---- RoPE with a per-forward table ------------------------------------ */
+
+void tp_rope_table(float *table, int64_t T, int64_t head_dim, const double *inv_freq, int64_t pos0)
+{
+    int64_t half = head_dim / 2;
+    for (int64_t t = 0; t < T; t++) {
+        double pos = (double)(pos0 + t);
+        float *row = table + t * head_dim;
+        for (int64_t i = 0; i < half; i++) {
+            row[i] = (float)cos(pos * inv_freq[i]);
+            row[half + i] = (float)sin(pos * inv_freq[i]);
+        }
+    }
+}
+
+/* Each rotated value is a·c − b·s (or b·c + a·s) with two roundings and no
+ * FMA, like the scalar loop, so every path gives the same bits. */
+static void rope_table_scalar(float *x, int64_t T, int64_t n_heads, int64_t head_dim, const float *table)
+{
+    int64_t half = head_dim / 2;
+    for (int64_t t = 0; t < T; t++) {
+        const float *c = table + t * head_dim, *s = c + half;
+        for (int64_t h = 0; h < n_heads; h++) {
+            float *v = x + (t * n_heads + h) * head_dim;
+            for (int64_t i = 0; i < half; i++) {
+                float a = v[i], b = v[i + half];
+                float ac = a * c[i], bs = b * s[i], bc = b * c[i], as = a * s[i];
+                v[i] = ac - bs;
+                v[i + half] = bc + as;
+            }
+        }
+    }
+}
+
+TP_T512 static void rope_table_avx512(float *x, int64_t T, int64_t n_heads, int64_t head_dim, const float *table)
+{
+    int64_t half = head_dim / 2;
+    for (int64_t t = 0; t < T; t++) {
+        const float *cs = table + t * head_dim, *sn = cs + half;
+        for (int64_t h = 0; h < n_heads; h++) {
+            float *v = x + (t * n_heads + h) * head_dim;
+            for (int64_t i = 0; i < half; i += 16) {
+                __mmask16 m = tp_mask16(half - i);
+                __m512 a = _mm512_maskz_loadu_ps(m, v + i), b = _mm512_maskz_loadu_ps(m, v + half + i);
+                __m512 c = _mm512_maskz_loadu_ps(m, cs + i), s = _mm512_maskz_loadu_ps(m, sn + i);
+                _mm512_mask_storeu_ps(v + i, m, _mm512_sub_ps(_mm512_mul_ps(a, c), _mm512_mul_ps(b, s)));
+                _mm512_mask_storeu_ps(v + half + i, m, _mm512_add_ps(_mm512_mul_ps(b, c), _mm512_mul_ps(a, s)));
+            }
+        }
+    }
+}
+
+TP_TAVX2 static void rope_table_avx2(float *x, int64_t T, int64_t n_heads, int64_t head_dim, const float *table)
+{
+    int64_t half = head_dim / 2;
+    for (int64_t t = 0; t < T; t++) {
+        const float *cs = table + t * head_dim, *sn = cs + half;
+        for (int64_t h = 0; h < n_heads; h++) {
+            float *v = x + (t * n_heads + h) * head_dim;
+            for (int64_t i = 0; i < half; i += 8) {
+                __m256i m = tp_mask256(half - i);
+                __m256 a = _mm256_maskload_ps(v + i, m), b = _mm256_maskload_ps(v + half + i, m);
+                __m256 c = _mm256_maskload_ps(cs + i, m), s = _mm256_maskload_ps(sn + i, m);
+                _mm256_maskstore_ps(v + i, m, _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, s)));
+                _mm256_maskstore_ps(v + half + i, m, _mm256_add_ps(_mm256_mul_ps(b, c), _mm256_mul_ps(a, s)));
+            }
+        }
+    }
+}
+
+void tp_rope_apply_table_path(tp_kernel_path p, float *x, int64_t T, int64_t n_heads,
+                              int64_t head_dim, const float *table)
+{
+    switch (tp_kernel_resolve(p)) {
+    case TP_KERNEL_AVX512: rope_table_avx512(x, T, n_heads, head_dim, table); break;
+    case TP_KERNEL_AVX2: rope_table_avx2(x, T, n_heads, head_dim, table); break;
+    default: rope_table_scalar(x, T, n_heads, head_dim, table); break;
+    }
+}
+
+void tp_rope_apply_table(float *x, int64_t T, int64_t n_heads, int64_t head_dim, const float *table)
+{
+    tp_rope_apply_table_path(TP_KERNEL_AUTO, x, T, n_heads, head_dim, table);
 }

@@ -266,7 +266,7 @@ static tp_status slice(jctx *c, jv obj, jv lo, jv hi, jv st, jv *out)
 {
     if (obj.k == JV_UNDEFINED) return undefined_error(obj);
     if (obj.k != JV_LIST && obj.k != JV_STR) return tp_fail(TP_ERR_INVALID, "cannot slice a %s", jv_kind_name(obj.k));
-    int64_t step = 1, n = obj.k == JV_LIST ? (int64_t)obj.u.l->n : (int64_t)ju_len(obj.u.s), b, e;
+    int64_t step = 1, n = obj.k == JV_LIST ? (int64_t)obj.u.l->n : (int64_t)ju_len(obj.u.s), b = 0, e = 0;
     if (st.k == JV_INT) step = st.u.i;
     else if (st.k != JV_NONE && st.k != JV_UNDEFINED) return tp_fail(TP_ERR_INVALID, "slice step must be an integer");
     if (step == 0) return tp_fail(TP_ERR_INVALID, "slice step cannot be zero");

@@ -18,30 +18,30 @@ static tp_status parse_entry(tp_tokenizer *t, const cJSON *e, size_t i, tok_adde
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(e, "content");
     if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > INT32_MAX - 1 ||
         id->valuedouble != (double)(int32_t)id->valuedouble)
-        return tok_bad(t, TP_ERR_FORMAT, "added_tokens", "entry %zu has no valid \"id\"", i);
+        return tp_tok_bad(t, TP_ERR_FORMAT, "added_tokens", "entry %zu has no valid \"id\"", i);
     if (!cJSON_IsString(content) || !content->valuestring[0])
-        return tok_bad(t, TP_ERR_FORMAT, "added_tokens", "entry %zu has no \"content\"", i);
+        return tp_tok_bad(t, TP_ERR_FORMAT, "added_tokens", "entry %zu has no \"content\"", i);
     size_t len = strlen(content->valuestring);
     *a = (tok_added){.id = (int32_t)id->valuedouble, .len = (uint32_t)len,
-                     .special = (uint8_t)tok_json_bool(e, "special", 0),
-                     .single_word = (uint8_t)tok_json_bool(e, "single_word", 0),
-                     .lstrip = (uint8_t)tok_json_bool(e, "lstrip", 0),
-                     .rstrip = (uint8_t)tok_json_bool(e, "rstrip", 0),
-                     .normalized = (uint8_t)tok_json_bool(e, "normalized", !tok_json_bool(e, "special", 0))};
-    tp_status st = tok_arena_add(t, content->valuestring, len, &a->off);
-    if (!st) st = tok_strmap_put(&t->added_map, t->strings.data, a->off, a->len, a->id);
-    if (!st) st = tok_id_assign(t, a->id, a->off, a->len);
+                     .special = (uint8_t)tp_tok_json_bool(e, "special", 0),
+                     .single_word = (uint8_t)tp_tok_json_bool(e, "single_word", 0),
+                     .lstrip = (uint8_t)tp_tok_json_bool(e, "lstrip", 0),
+                     .rstrip = (uint8_t)tp_tok_json_bool(e, "rstrip", 0),
+                     .normalized = (uint8_t)tp_tok_json_bool(e, "normalized", !tp_tok_json_bool(e, "special", 0))};
+    tp_status st = tp_tok_arena_add(t, content->valuestring, len, &a->off);
+    if (!st) st = tp_tok_strmap_put(&t->added_map, t->strings.data, a->off, a->len, a->id);
+    if (!st) st = tp_tok_id_assign(t, a->id, a->off, a->len);
     if (!st) t->id_special[a->id] = a->special;
     a->match_off = a->off;
     a->match_len = a->len;
     return st;
 }
 
-tp_status tok_added_parse(tp_tokenizer *t, const cJSON *arr)
+tp_status tp_tok_added_parse(tp_tokenizer *t, const cJSON *arr)
 {
-    tp_status st = tok_strmap_init(&t->added_map, 64);
+    tp_status st = tp_tok_strmap_init(&t->added_map, 64);
     if (st || !arr || cJSON_IsNull(arr)) return st;
-    if (!cJSON_IsArray(arr)) return tok_bad(t, TP_ERR_FORMAT, "added_tokens", "must be an array");
+    if (!cJSON_IsArray(arr)) return tp_tok_bad(t, TP_ERR_FORMAT, "added_tokens", "must be an array");
     size_t n = (size_t)cJSON_GetArraySize(arr);
     t->added = calloc(n ? n : 1, sizeof *t->added);
     if (!t->added) return tp_fail(TP_ERR_NOMEM, "tokenizer: out of memory");
@@ -84,7 +84,7 @@ static tp_status build_set(tp_tokenizer *t, int normalized, tok_added_set *set)
     return TP_OK;
 }
 
-tp_status tok_added_build(tp_tokenizer *t, tok_matcher *m)
+tp_status tp_tok_added_build(tp_tokenizer *t, tok_matcher *m)
 {
     /* Normalized tokens are matched in their normalized form. */
     tok_buf nb = {0};
@@ -92,11 +92,11 @@ tp_status tok_added_build(tp_tokenizer *t, tok_matcher *m)
     for (size_t i = 0; i < t->n_added && !st; i++) {
         tok_added *a = &t->added[i];
         if (!a->normalized || !t->n_norm) continue;
-        if ((st = tok_normalize(t, m, t->strings.data + a->off, a->len, &nb))) break;
-        st = tok_arena_add(t, nb.data ? nb.data : "", nb.len, &a->match_off);
+        if ((st = tp_tok_normalize(t, m, t->strings.data + a->off, a->len, &nb))) break;
+        st = tp_tok_arena_add(t, nb.data ? nb.data : "", nb.len, &a->match_off);
         a->match_len = (uint32_t)nb.len;
     }
-    tok_buf_free(&nb);
+    tp_tok_buf_free(&nb);
     if (!st) st = build_set(t, 0, &t->raw_set);
     if (!st) st = build_set(t, 1, &t->norm_set);
     return st;
@@ -127,7 +127,7 @@ static int word_before(const char *s, size_t pos)
     if (!pos) return 0;
     size_t k = char_start_before(s, pos);
     int32_t cp;
-    tok_utf8_decode(s + k, pos - k, &cp);
+    tp_tok_utf8_decode(s + k, pos - k, &cp);
     return is_word(cp);
 }
 
@@ -135,7 +135,7 @@ static int word_after(const char *s, size_t len, size_t pos)
 {
     if (pos >= len) return 0;
     int32_t cp;
-    tok_utf8_decode(s + pos, len - pos, &cp);
+    tp_tok_utf8_decode(s + pos, len - pos, &cp);
     return is_word(cp);
 }
 
@@ -144,8 +144,8 @@ static size_t strip_left(const char *s, size_t pos, size_t floor)
     while (pos > floor) {
         size_t k = char_start_before(s, pos);
         int32_t cp;
-        tok_utf8_decode(s + k, pos - k, &cp);
-        if (!tok_is_space(cp)) break;
+        tp_tok_utf8_decode(s + k, pos - k, &cp);
+        if (!tp_tok_is_space(cp)) break;
         pos = k;
     }
     return pos;
@@ -155,8 +155,8 @@ static size_t strip_right(const char *s, size_t len, size_t pos)
 {
     while (pos < len) {
         int32_t cp;
-        int n = tok_utf8_decode(s + pos, len - pos, &cp);
-        if (!tok_is_space(cp)) break;
+        int n = tp_tok_utf8_decode(s + pos, len - pos, &cp);
+        if (!tp_tok_is_space(cp)) break;
         pos += (size_t)n;
     }
     return pos;
@@ -186,7 +186,7 @@ static const tok_added *match_at(const tp_tokenizer *t, const tok_added_set *set
     return NULL;
 }
 
-tp_status tok_added_split(const tp_tokenizer *t, int normalized, const char *s, size_t len, tok_segments *out)
+tp_status tp_tok_added_split(const tp_tokenizer *t, int normalized, const char *s, size_t len, tok_segments *out)
 {
     const tok_added_set *set = normalized ? &t->norm_set : &t->raw_set;
     out->len = 0;

@@ -17,15 +17,15 @@ static tp_status grow(void **data, size_t *cap, size_t need, size_t elem)
     return TP_OK;
 }
 
-tp_status tok_buf_reserve(tok_buf *b, size_t extra)
+tp_status tp_tok_buf_reserve(tok_buf *b, size_t extra)
 {
     /* +1 keeps room for a terminating NUL. */
     return grow((void **)&b->data, &b->cap, b->len + extra + 1, 1);
 }
 
-tp_status tok_buf_append(tok_buf *b, const void *p, size_t n)
+tp_status tp_tok_buf_append(tok_buf *b, const void *p, size_t n)
 {
-    tp_status s = tok_buf_reserve(b, n);
+    tp_status s = tp_tok_buf_reserve(b, n);
     if (s) return s;
     if (n) memcpy(b->data + b->len, p, n);
     b->len += n;
@@ -33,14 +33,14 @@ tp_status tok_buf_append(tok_buf *b, const void *p, size_t n)
     return TP_OK;
 }
 
-void tok_buf_free(tok_buf *b)
+void tp_tok_buf_free(tok_buf *b)
 {
     free(b->data);
     b->data = NULL;
     b->len = b->cap = 0;
 }
 
-tp_status tok_ids_append(tok_ids *v, const int32_t *p, size_t n)
+tp_status tp_tok_ids_append(tok_ids *v, const int32_t *p, size_t n)
 {
     tp_status s = grow((void **)&v->data, &v->cap, v->len + n, sizeof *v->data);
     if (s) return s;
@@ -49,20 +49,20 @@ tp_status tok_ids_append(tok_ids *v, const int32_t *p, size_t n)
     return TP_OK;
 }
 
-tp_status tok_ids_push(tok_ids *v, int32_t id)
+tp_status tp_tok_ids_push(tok_ids *v, int32_t id)
 {
     if (v->len < v->cap) { v->data[v->len++] = id; return TP_OK; }
-    return tok_ids_append(v, &id, 1);
+    return tp_tok_ids_append(v, &id, 1);
 }
 
-void tok_ids_free(tok_ids *v)
+void tp_tok_ids_free(tok_ids *v)
 {
     free(v->data);
     v->data = NULL;
     v->len = v->cap = 0;
 }
 
-void tok_spans_free(tok_spans *v)
+void tp_tok_spans_free(tok_spans *v)
 {
     free(v->data);
     v->data = NULL;

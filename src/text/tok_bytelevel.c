@@ -8,7 +8,7 @@ static int printable(int b)
     return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
 }
 
-void tok_bytelevel_tables(tp_tokenizer *t)
+void tp_tok_bytelevel_tables(tp_tokenizer *t)
 {
     for (int i = 0; i < 512; i++) t->char_byte[i] = -1;
     int extra = 0;

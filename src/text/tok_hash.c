@@ -30,7 +30,7 @@ static size_t table_size(size_t expected)
     return n;
 }
 
-tp_status tok_strmap_init(tok_strmap *m, size_t expected)
+tp_status tp_tok_strmap_init(tok_strmap *m, size_t expected)
 {
     size_t n = table_size(expected);
     m->slots = malloc(n * sizeof *m->slots);
@@ -41,7 +41,7 @@ tp_status tok_strmap_init(tok_strmap *m, size_t expected)
     return TP_OK;
 }
 
-void tok_strmap_free(tok_strmap *m)
+void tp_tok_strmap_free(tok_strmap *m)
 {
     free(m->slots);
     m->slots = NULL;
@@ -62,7 +62,7 @@ static size_t str_find(const tok_strmap *m, const char *arena, const char *key, 
 static tp_status str_rehash(tok_strmap *m)
 {
     tok_strmap n;
-    if (tok_strmap_init(&n, (m->mask + 1)) != TP_OK) return TP_ERR_NOMEM;
+    if (tp_tok_strmap_init(&n, (m->mask + 1)) != TP_OK) return TP_ERR_NOMEM;
     for (size_t i = 0; i <= m->mask; i++) {
         if (m->slots[i].value < 0) continue;
         size_t j = m->slots[i].hash & n.mask;
@@ -75,7 +75,7 @@ static tp_status str_rehash(tok_strmap *m)
     return TP_OK;
 }
 
-tp_status tok_strmap_put(tok_strmap *m, const char *arena, uint32_t off, uint32_t len, int32_t value)
+tp_status tp_tok_strmap_put(tok_strmap *m, const char *arena, uint32_t off, uint32_t len, int32_t value)
 {
     if ((m->count + 1) * 2 > m->mask + 1 && str_rehash(m) != TP_OK) return TP_ERR_NOMEM;
     uint32_t h = hash_str(arena + off, len);
@@ -85,7 +85,7 @@ tp_status tok_strmap_put(tok_strmap *m, const char *arena, uint32_t off, uint32_
     return TP_OK;
 }
 
-int32_t tok_strmap_get(const tok_strmap *m, const char *arena, const char *key, size_t len)
+int32_t tp_tok_strmap_get(const tok_strmap *m, const char *arena, const char *key, size_t len)
 {
     if (!m->slots) return -1;
     return m->slots[str_find(m, arena, key, len, hash_str(key, len))].value;
@@ -94,7 +94,7 @@ int32_t tok_strmap_get(const tok_strmap *m, const char *arena, const char *key, 
 /* Loading looks up hundreds of thousands of random keys in tables far
  * bigger than the caches; doing them in batches with the slot lines (then
  * the arena texts) prefetched first overlaps the cache misses. */
-void tok_strmap_get_batch(const tok_strmap *m, const char *arena, const char *const *keys,
+void tp_tok_strmap_get_batch(const tok_strmap *m, const char *arena, const char *const *keys,
                           const size_t *lens, size_t n, int32_t *out)
 {
     uint32_t h[TOK_BATCH];
@@ -109,7 +109,7 @@ void tok_strmap_get_batch(const tok_strmap *m, const char *arena, const char *co
     for (size_t i = 0; i < n; i++) out[i] = m->slots[str_find(m, arena, keys[i], lens[i], h[i])].value;
 }
 
-void tok_strmap_prefetch(const tok_strmap *m, const char *key, size_t len)
+void tp_tok_strmap_prefetch(const tok_strmap *m, const char *key, size_t len)
 {
     __builtin_prefetch(&m->slots[hash_str(key, len) & m->mask], 1);
 }
@@ -118,7 +118,7 @@ void tok_strmap_prefetch(const tok_strmap *m, const char *key, size_t len)
 
 static uint64_t pair_key(int32_t a, int32_t b) { return ((uint64_t)(uint32_t)a << 32) | (uint32_t)b; }
 
-tp_status tok_pairmap_init(tok_pairmap *m, size_t expected)
+tp_status tp_tok_pairmap_init(tok_pairmap *m, size_t expected)
 {
     size_t n = table_size(expected);
     m->slots = malloc(n * sizeof *m->slots);
@@ -129,7 +129,7 @@ tp_status tok_pairmap_init(tok_pairmap *m, size_t expected)
     return TP_OK;
 }
 
-void tok_pairmap_free(tok_pairmap *m)
+void tp_tok_pairmap_free(tok_pairmap *m)
 {
     free(m->slots);
     m->slots = NULL;
@@ -146,7 +146,7 @@ static size_t pair_find(const tok_pairmap *m, uint64_t key)
 static tp_status pair_rehash(tok_pairmap *m)
 {
     tok_pairmap n;
-    if (tok_pairmap_init(&n, m->mask + 1) != TP_OK) return TP_ERR_NOMEM;
+    if (tp_tok_pairmap_init(&n, m->mask + 1) != TP_OK) return TP_ERR_NOMEM;
     for (size_t i = 0; i <= m->mask; i++)
         if (m->slots[i].key != PAIR_EMPTY) n.slots[pair_find(&n, m->slots[i].key)] = m->slots[i];
     n.count = m->count;
@@ -155,7 +155,7 @@ static tp_status pair_rehash(tok_pairmap *m)
     return TP_OK;
 }
 
-tp_status tok_pairmap_put(tok_pairmap *m, int32_t a, int32_t b, int32_t rank, int32_t merged)
+tp_status tp_tok_pairmap_put(tok_pairmap *m, int32_t a, int32_t b, int32_t rank, int32_t merged)
 {
     if ((m->count + 1) * 2 > m->mask + 1 && pair_rehash(m) != TP_OK) return TP_ERR_NOMEM;
     uint64_t key = pair_key(a, b);
@@ -165,12 +165,12 @@ tp_status tok_pairmap_put(tok_pairmap *m, int32_t a, int32_t b, int32_t rank, in
     return TP_OK;
 }
 
-void tok_pairmap_prefetch(const tok_pairmap *m, int32_t a, int32_t b)
+void tp_tok_pairmap_prefetch(const tok_pairmap *m, int32_t a, int32_t b)
 {
     __builtin_prefetch(&m->slots[hash_pair(pair_key(a, b)) & m->mask], 1);
 }
 
-const tok_pair_slot *tok_pairmap_get(const tok_pairmap *m, int32_t a, int32_t b)
+const tok_pair_slot *tp_tok_pairmap_get(const tok_pairmap *m, int32_t a, int32_t b)
 {
     if (!m->slots) return NULL;
     const tok_pair_slot *s = &m->slots[pair_find(m, pair_key(a, b))];

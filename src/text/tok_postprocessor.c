@@ -12,17 +12,17 @@ static tp_status special_item(tp_tokenizer *t, const cJSON *item, const cJSON *s
 {
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(item, "id");
     if (!cJSON_IsString(name))
-        return tok_bad(t, TP_ERR_FORMAT, "post_processor.single", "SpecialToken without an \"id\"");
+        return tp_tok_bad(t, TP_ERR_FORMAT, "post_processor.single", "SpecialToken without an \"id\"");
     const cJSON *sp = cJSON_GetObjectItemCaseSensitive(specials, name->valuestring);
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(sp, "ids");
     if (!cJSON_IsArray(ids))
-        return tok_bad(t, TP_ERR_FORMAT, "post_processor.special_tokens", "'%s' is missing or has no \"ids\"",
+        return tp_tok_bad(t, TP_ERR_FORMAT, "post_processor.special_tokens", "'%s' is missing or has no \"ids\"",
                        name->valuestring);
     const cJSON *e;
     cJSON_ArrayForEach(e, ids) {
         if (!cJSON_IsNumber(e) || e->valuedouble < 0)
-            return tok_bad(t, TP_ERR_FORMAT, "post_processor.special_tokens", "'%s' has a bad id", name->valuestring);
-        tp_status st = tok_ids_push(dst, (int32_t)e->valuedouble);
+            return tp_tok_bad(t, TP_ERR_FORMAT, "post_processor.special_tokens", "'%s' has a bad id", name->valuestring);
+        tp_status st = tp_tok_ids_push(dst, (int32_t)e->valuedouble);
         if (st) return st;
     }
     return TP_OK;
@@ -32,7 +32,7 @@ static tp_status parse_template(tp_tokenizer *t, const cJSON *j)
 {
     const cJSON *single = cJSON_GetObjectItemCaseSensitive(j, "single");
     const cJSON *specials = cJSON_GetObjectItemCaseSensitive(j, "special_tokens");
-    if (!cJSON_IsArray(single)) return tok_bad(t, TP_ERR_FORMAT, "post_processor.single", "must be an array");
+    if (!cJSON_IsArray(single)) return tp_tok_bad(t, TP_ERR_FORMAT, "post_processor.single", "must be an array");
     t->prefix.len = t->suffix.len = 0;
     int seen_seq = 0;
     const cJSON *item;
@@ -40,10 +40,10 @@ static tp_status parse_template(tp_tokenizer *t, const cJSON *j)
         const cJSON *sp = cJSON_GetObjectItemCaseSensitive(item, "SpecialToken");
         if (cJSON_GetObjectItemCaseSensitive(item, "Sequence")) {
             if (seen_seq++)
-                return tok_bad(t, TP_ERR_UNSUPPORTED, "post_processor.single", "more than one Sequence");
+                return tp_tok_bad(t, TP_ERR_UNSUPPORTED, "post_processor.single", "more than one Sequence");
             continue;
         }
-        if (!sp) return tok_bad(t, TP_ERR_FORMAT, "post_processor.single", "item is neither SpecialToken nor Sequence");
+        if (!sp) return tp_tok_bad(t, TP_ERR_FORMAT, "post_processor.single", "item is neither SpecialToken nor Sequence");
         tp_status st = special_item(t, sp, specials, seen_seq ? &t->suffix : &t->prefix);
         if (st) return st;
     }
@@ -57,19 +57,19 @@ static tp_status parse_cls_sep(tp_tokenizer *t, const cJSON *j)
     const cJSON *cls = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "cls"), 1);
     const cJSON *sep = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "sep"), 1);
     if (!cJSON_IsNumber(cls) || !cJSON_IsNumber(sep))
-        return tok_bad(t, TP_ERR_FORMAT, "post_processor", "\"cls\" and \"sep\" must be [token, id]");
+        return tp_tok_bad(t, TP_ERR_FORMAT, "post_processor", "\"cls\" and \"sep\" must be [token, id]");
     t->prefix.len = t->suffix.len = 0;
-    tp_status st = tok_ids_push(&t->prefix, (int32_t)cls->valuedouble);
-    if (!st) st = tok_ids_push(&t->suffix, (int32_t)sep->valuedouble);
+    tp_status st = tp_tok_ids_push(&t->prefix, (int32_t)cls->valuedouble);
+    if (!st) st = tp_tok_ids_push(&t->suffix, (int32_t)sep->valuedouble);
     t->has_template = 1;
     return st;
 }
 
-tp_status tok_postprocessor_parse(tp_tokenizer *t, const cJSON *j)
+tp_status tp_tok_postprocessor_parse(tp_tokenizer *t, const cJSON *j)
 {
     if (!j || cJSON_IsNull(j)) return TP_OK;
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "type");
-    if (!cJSON_IsString(type)) return tok_bad(t, TP_ERR_FORMAT, "post_processor", "missing \"type\"");
+    if (!cJSON_IsString(type)) return tp_tok_bad(t, TP_ERR_FORMAT, "post_processor", "missing \"type\"");
     const char *ty = type->valuestring;
     if (!strcmp(ty, "ByteLevel")) return TP_OK;   /* only trims offsets */
     if (!strcmp(ty, "TemplateProcessing")) return parse_template(t, j);
@@ -77,12 +77,12 @@ tp_status tok_postprocessor_parse(tp_tokenizer *t, const cJSON *j)
     if (!strcmp(ty, "Sequence")) {
         const cJSON *e;
         cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(j, "processors")) {
-            tp_status st = tok_postprocessor_parse(t, e);
+            tp_status st = tp_tok_postprocessor_parse(t, e);
             if (st) return st;
         }
         return TP_OK;
     }
-    return tok_bad(t, TP_ERR_UNSUPPORTED, "post_processor.type", "'%s' is not supported", ty);
+    return tp_tok_bad(t, TP_ERR_UNSUPPORTED, "post_processor.type", "'%s' is not supported", ty);
 }
 
 /* "bos_token": "<s>" or {"content": "<s>", ...}. */
@@ -95,10 +95,10 @@ static tp_status config_token(tp_tokenizer *t, const cJSON *cfg, const char *key
     int32_t id = tp_tokenizer_token_to_id(t, v->valuestring);
     if (id < 0)
         return tp_fail(TP_ERR_FORMAT, "tokenizer_config.json: %s '%s' is not in the vocabulary", key, v->valuestring);
-    return tok_ids_push(dst, id);
+    return tp_tok_ids_push(dst, id);
 }
 
-tp_status tok_config_apply(tp_tokenizer *t, const char *config_json)
+tp_status tp_tok_config_apply(tp_tokenizer *t, const char *config_json)
 {
     if (!config_json || t->has_template) return TP_OK;
     cJSON *cfg = cJSON_Parse(config_json);

@@ -35,7 +35,7 @@ static tp_status add_step(tp_tokenizer *t, tok_pre p)
 {
     if (t->n_pre >= TOK_MAX_STEPS) {
         pcre2_code_free(p.re);
-        return tok_bad(t, TP_ERR_UNSUPPORTED, "pre_tokenizer", "more than %d steps", TOK_MAX_STEPS);
+        return tp_tok_bad(t, TP_ERR_UNSUPPORTED, "pre_tokenizer", "more than %d steps", TOK_MAX_STEPS);
     }
     t->pre[t->n_pre++] = p;
     return TP_OK;
@@ -48,15 +48,15 @@ static tp_status parse_behavior(tp_tokenizer *t, const cJSON *j, tok_behavior *o
         {"MergedWithNext", TOK_MERGED_NEXT}, {"Contiguous", TOK_CONTIGUOUS},
     };
     const cJSON *b = cJSON_GetObjectItemCaseSensitive(j, "behavior");
-    if (!cJSON_IsString(b)) return tok_bad(t, TP_ERR_FORMAT, "pre_tokenizer.behavior", "must be a string");
+    if (!cJSON_IsString(b)) return tp_tok_bad(t, TP_ERR_FORMAT, "pre_tokenizer.behavior", "must be a string");
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(b->valuestring, names[i].name)) { *out = names[i].b; return TP_OK; }
-    return tok_bad(t, TP_ERR_FORMAT, "pre_tokenizer.behavior", "unknown behavior '%s'", b->valuestring);
+    return tp_tok_bad(t, TP_ERR_FORMAT, "pre_tokenizer.behavior", "unknown behavior '%s'", b->valuestring);
 }
 
 static tp_status parse_split(tp_tokenizer *t, const cJSON *j)
 {
-    tok_pre p = {.kind = TOK_SPLIT, .invert = tok_json_bool(j, "invert", 0)};
+    tok_pre p = {.kind = TOK_SPLIT, .invert = tp_tok_json_bool(j, "invert", 0)};
     tp_status s = parse_behavior(t, j, &p.behavior);
     if (s) return s;
     const cJSON *pat = cJSON_GetObjectItemCaseSensitive(j, "pattern");
@@ -64,20 +64,20 @@ static tp_status parse_split(tp_tokenizer *t, const cJSON *j)
     const cJSON *rx = cJSON_GetObjectItemCaseSensitive(pat, "Regex");
     char where[256];
     snprintf(where, sizeof where, "%s: pre_tokenizer.pattern", t->origin);
-    if (cJSON_IsString(str)) s = tok_regex_compile(&p.re, str->valuestring, 1, where);
-    else if (cJSON_IsString(rx)) s = tok_regex_compile(&p.re, rx->valuestring, 0, where);
-    else return tok_bad(t, TP_ERR_FORMAT, "pre_tokenizer.pattern", "must be {\"String\": ...} or {\"Regex\": ...}");
+    if (cJSON_IsString(str)) s = tp_tok_regex_compile(&p.re, str->valuestring, 1, where);
+    else if (cJSON_IsString(rx)) s = tp_tok_regex_compile(&p.re, rx->valuestring, 0, where);
+    else return tp_tok_bad(t, TP_ERR_FORMAT, "pre_tokenizer.pattern", "must be {\"String\": ...} or {\"Regex\": ...}");
     return s ? s : add_step(t, p);
 }
 
 static tp_status parse_bytelevel(tp_tokenizer *t, const cJSON *j)
 {
     tok_pre p = {.kind = TOK_BYTELEVEL, .behavior = TOK_ISOLATED,
-                 .add_prefix_space = tok_json_bool(j, "add_prefix_space", 1)};
-    if (tok_json_bool(j, "use_regex", 1)) {
+                 .add_prefix_space = tp_tok_json_bool(j, "add_prefix_space", 1)};
+    if (tp_tok_json_bool(j, "use_regex", 1)) {
         char where[256];
         snprintf(where, sizeof where, "%s: ByteLevel regex", t->origin);
-        tp_status s = tok_regex_compile(&p.re, GPT2_PATTERN, 0, where);
+        tp_status s = tp_tok_regex_compile(&p.re, GPT2_PATTERN, 0, where);
         if (s) return s;
     }
     t->byte_level = 1;
@@ -87,20 +87,20 @@ static tp_status parse_bytelevel(tp_tokenizer *t, const cJSON *j)
 static tp_status parse_one(tp_tokenizer *t, const cJSON *j)
 {
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "type");
-    if (!cJSON_IsString(type)) return tok_bad(t, TP_ERR_FORMAT, "pre_tokenizer", "missing \"type\"");
+    if (!cJSON_IsString(type)) return tp_tok_bad(t, TP_ERR_FORMAT, "pre_tokenizer", "missing \"type\"");
     const char *ty = type->valuestring;
     /* ByteLevel maps bytes to characters; tensorpar keeps raw bytes until
      * BPE, which is the same only when no later step looks at the text. */
     if (t->n_pre > 0 && t->pre[t->n_pre - 1].kind == TOK_BYTELEVEL)
-        return tok_bad(t, TP_ERR_UNSUPPORTED, "pre_tokenizer", "a step after ByteLevel is not supported");
+        return tp_tok_bad(t, TP_ERR_UNSUPPORTED, "pre_tokenizer", "a step after ByteLevel is not supported");
     if (!strcmp(ty, "Split")) return parse_split(t, j);
     if (!strcmp(ty, "ByteLevel")) return parse_bytelevel(t, j);
     if (!strcmp(ty, "Digits"))
         return add_step(t, (tok_pre){.kind = TOK_DIGITS,
-                                     .individual_digits = tok_json_bool(j, "individual_digits", 0)});
+                                     .individual_digits = tp_tok_json_bool(j, "individual_digits", 0)});
     if (!strcmp(ty, "Sequence")) {
         const cJSON *list = cJSON_GetObjectItemCaseSensitive(j, "pretokenizers");
-        if (!cJSON_IsArray(list)) return tok_bad(t, TP_ERR_FORMAT, "pre_tokenizer.pretokenizers", "must be an array");
+        if (!cJSON_IsArray(list)) return tp_tok_bad(t, TP_ERR_FORMAT, "pre_tokenizer.pretokenizers", "must be an array");
         const cJSON *e;
         cJSON_ArrayForEach(e, list) {
             tp_status s = parse_one(t, e);
@@ -108,10 +108,10 @@ static tp_status parse_one(tp_tokenizer *t, const cJSON *j)
         }
         return TP_OK;
     }
-    return tok_bad(t, TP_ERR_UNSUPPORTED, "pre_tokenizer.type", "'%s' is not supported", ty);
+    return tp_tok_bad(t, TP_ERR_UNSUPPORTED, "pre_tokenizer.type", "'%s' is not supported", ty);
 }
 
-tp_status tok_pretokenizer_parse(tp_tokenizer *t, const cJSON *j)
+tp_status tp_tok_pretokenizer_parse(tp_tokenizer *t, const cJSON *j)
 {
     if (!j || cJSON_IsNull(j)) return TP_OK;
     return parse_one(t, j);
@@ -125,14 +125,14 @@ static tp_status regex_runs(const pcre2_code *re, tok_matcher *m, const char *s,
     size_t prev = 0, from = 0, ms, me;
     tp_status st;
     int r;
-    while ((r = tok_regex_next(re, m, s, len, from, &ms, &me)) == 1) {
+    while ((r = tp_tok_regex_next(re, m, s, len, from, &ms, &me)) == 1) {
         if (prev != ms && (st = runs_push(out, prev, ms, 0))) return st;
         if ((st = runs_push(out, ms, me, 1))) return st;
         prev = me;
         if (me == ms) {   /* empty match: move on by one character */
             if (me >= len) break;
             int32_t cp;
-            from = me + (size_t)tok_utf8_decode(s + me, len - me, &cp);
+            from = me + (size_t)tp_tok_utf8_decode(s + me, len - me, &cp);
         } else {
             from = me;
         }
@@ -156,7 +156,7 @@ static tp_status digit_runs(const char *s, size_t len, runs *out)
     tp_status st;
     for (size_t i = 0; i < len;) {
         int32_t cp;
-        size_t n = (size_t)tok_utf8_decode(s + i, len - i, &cp);
+        size_t n = (size_t)tp_tok_utf8_decode(s + i, len - i, &cp);
         if (is_numeric(cp)) {
             if (prev != i && (st = runs_push(out, prev, i, 0))) return st;
             if ((st = runs_push(out, i, i + n, 1))) return st;
@@ -219,7 +219,7 @@ static tp_status emit(const char *s, size_t len, tok_buf *buf, tok_spans *out)
         out->cap = ncap;
     }
     out->data[out->len++] = (tok_span){buf->len, len};
-    return tok_buf_append(buf, s, len);
+    return tp_tok_buf_append(buf, s, len);
 }
 
 static tp_status split_piece(const tok_pre *p, tok_matcher *m, const char *s, size_t len,
@@ -247,17 +247,17 @@ static tp_status step_piece(const tok_pre *p, tok_matcher *m, const char *s, siz
     tok_buf one = {0};
     tp_status st = TP_OK;
     if (p->add_prefix_space && s[0] != ' ') {
-        if ((st = tok_buf_append(&one, " ", 1)) || (st = tok_buf_append(&one, s, len))) goto done;
+        if ((st = tp_tok_buf_append(&one, " ", 1)) || (st = tp_tok_buf_append(&one, s, len))) goto done;
         s = one.data;
         len = one.len;
     }
     st = p->re ? split_piece(p, m, s, len, rv, buf, out) : emit(s, len, buf, out);
 done:
-    tok_buf_free(&one);
+    tp_tok_buf_free(&one);
     return st;
 }
 
-tp_status tok_pretokenize(const tp_tokenizer *t, tok_matcher *m, const char *s, size_t len,
+tp_status tp_tok_pretokenize(const tp_tokenizer *t, tok_matcher *m, const char *s, size_t len,
                           tok_buf *buf, tok_spans *out, tok_buf *tmp, tok_spans *tmp_spans)
 {
     buf->len = 0;

@@ -28,9 +28,9 @@ static tp_status drain(tp_detok_stream *s, int final, char **text, size_t *len)
 {
     tok_buf out = {0};
     size_t used = 0;
-    tp_status st = tok_utf8_lossy(&out, s->pending.data ? s->pending.data : "", s->pending.len, final, &used);
-    if (!st) st = tok_buf_append(&out, "", 0);
-    if (st) { tok_buf_free(&out); return st; }
+    tp_status st = tp_tok_utf8_lossy(&out, s->pending.data ? s->pending.data : "", s->pending.len, final, &used);
+    if (!st) st = tp_tok_buf_append(&out, "", 0);
+    if (st) { tp_tok_buf_free(&out); return st; }
     if (used) {
         memmove(s->pending.data, s->pending.data + used, s->pending.len - used);
         s->pending.len -= used;
@@ -44,7 +44,7 @@ tp_status tp_detok_stream_push(tp_detok_stream *s, int32_t id, char **text, size
 {
     *text = NULL;
     if (!(s->skip_special && tp_tokenizer_is_special(s->tok, id))) {
-        tp_status st = tok_decode_token(s->tok, id, s->first, &s->pending);
+        tp_status st = tp_tok_decode_token(s->tok, id, s->first, &s->pending);
         if (st) return st;
         s->first = 0;
     }
@@ -60,6 +60,6 @@ tp_status tp_detok_stream_finish(tp_detok_stream *s, char **text, size_t *len)
 void tp_detok_stream_free(tp_detok_stream *s)
 {
     if (!s) return;
-    tok_buf_free(&s->pending);
+    tp_tok_buf_free(&s->pending);
     free(s);
 }

@@ -43,30 +43,30 @@ static int valid_prefix(const unsigned char *p, size_t avail, int *need)
     return k;
 }
 
-int tok_utf8_seq_len(const unsigned char *p, size_t avail)
+int tp_tok_utf8_seq_len(const unsigned char *p, size_t avail)
 {
     int need;
     int k = valid_prefix(p, avail, &need);
     return need > 0 && k == need ? need : 0;
 }
 
-int tok_utf8_valid(const char *s, size_t len)
+int tp_tok_utf8_valid(const char *s, size_t len)
 {
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0;
     while (i < len) {
         if (p[i] < 0x80) { i++; continue; }
-        int n = tok_utf8_seq_len(p + i, len - i);
+        int n = tp_tok_utf8_seq_len(p + i, len - i);
         if (!n) return 0;
         i += (size_t)n;
     }
     return 1;
 }
 
-int tok_utf8_decode(const char *s, size_t len, int32_t *cp)
+int tp_tok_utf8_decode(const char *s, size_t len, int32_t *cp)
 {
     const unsigned char *p = (const unsigned char *)s;
-    int n = tok_utf8_seq_len(p, len);
+    int n = tp_tok_utf8_seq_len(p, len);
     if (n <= 1) { *cp = p[0]; return 1; }
     int32_t c = p[0] & (0x7F >> n);
     for (int k = 1; k < n; k++) c = (c << 6) | (p[k] & 0x3F);
@@ -74,7 +74,7 @@ int tok_utf8_decode(const char *s, size_t len, int32_t *cp)
     return n;
 }
 
-int tok_is_space(int32_t cp)
+int tp_tok_is_space(int32_t cp)
 {
     /* The Unicode White_Space property: small and fixed since Unicode 6.3. */
     return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 ||
@@ -82,7 +82,7 @@ int tok_is_space(int32_t cp)
            cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
-tp_status tok_utf8_lossy(tok_buf *out, const char *s, size_t len, int final, size_t *used)
+tp_status tp_tok_utf8_lossy(tok_buf *out, const char *s, size_t len, int final, size_t *used)
 {
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0, run = 0;   /* [run, i) is valid text not yet copied */
@@ -92,12 +92,12 @@ tp_status tok_utf8_lossy(tok_buf *out, const char *s, size_t len, int final, siz
         int need, k = valid_prefix(p + i, len - i, &need);
         if (need > 0 && k == need) { i += (size_t)k; continue; }
         if (!final && need > 0 && i + (size_t)k == len) break;   /* unfinished: wait */
-        if ((st = tok_buf_append(out, s + run, i - run))) return st;
-        if ((st = tok_buf_append(out, REPLACEMENT, 3))) return st;
+        if ((st = tp_tok_buf_append(out, s + run, i - run))) return st;
+        if ((st = tp_tok_buf_append(out, REPLACEMENT, 3))) return st;
         i += k > 0 ? (size_t)k : 1;
         run = i;
     }
-    if ((st = tok_buf_append(out, s + run, i - run))) return st;
+    if ((st = tp_tok_buf_append(out, s + run, i - run))) return st;
     if (used) *used = i;
     return TP_OK;
 }

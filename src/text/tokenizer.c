@@ -14,7 +14,7 @@
 
 /* ---- small helpers shared by the tok_*.c files ------------------------- */
 
-tp_status tok_bad(const tp_tokenizer *t, tp_status code, const char *key, const char *fmt, ...)
+tp_status tp_tok_bad(const tp_tokenizer *t, tp_status code, const char *key, const char *fmt, ...)
 {
     char msg[1024];
     va_list ap;
@@ -24,18 +24,18 @@ tp_status tok_bad(const tp_tokenizer *t, tp_status code, const char *key, const 
     return tp_fail(code, "%s: %s: %s", t->origin, key, msg);
 }
 
-int tok_json_bool(const cJSON *obj, const char *key, int dflt)
+int tp_tok_json_bool(const cJSON *obj, const char *key, int dflt)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
     return cJSON_IsBool(v) ? cJSON_IsTrue(v) : dflt;
 }
 
-tp_status tok_arena_add(tp_tokenizer *t, const char *s, size_t len, uint32_t *off)
+tp_status tp_tok_arena_add(tp_tokenizer *t, const char *s, size_t len, uint32_t *off)
 {
     if (t->strings.len + len + 1 > UINT32_MAX) return tp_fail(TP_ERR_UNSUPPORTED, "%s: vocabulary too large", t->origin);
     *off = (uint32_t)t->strings.len;
-    tp_status st = tok_buf_append(&t->strings, s, len);
-    if (!st) st = tok_buf_append(&t->strings, "", 1);   /* keep texts NUL-terminated */
+    tp_status st = tp_tok_buf_append(&t->strings, s, len);
+    if (!st) st = tp_tok_buf_append(&t->strings, "", 1);   /* keep texts NUL-terminated */
     return st;
 }
 
@@ -55,7 +55,7 @@ static tp_status grow_ids(tp_tokenizer *t, size_t need)
     return TP_OK;
 }
 
-tp_status tok_id_assign(tp_tokenizer *t, int32_t id, uint32_t off, uint32_t len)
+tp_status tp_tok_id_assign(tp_tokenizer *t, int32_t id, uint32_t off, uint32_t len)
 {
     if ((size_t)id >= t->n_ids) {
         tp_status st = grow_ids(t, (size_t)id + 1);
@@ -71,21 +71,21 @@ tp_status tok_id_assign(tp_tokenizer *t, int32_t id, uint32_t off, uint32_t len)
 static tp_status parse_all(tp_tokenizer *t, const cJSON *root, const char *config_json)
 {
     if (!cJSON_IsObject(root)) return tp_fail(TP_ERR_FORMAT, "%s: not a JSON object", t->origin);
-    tok_bytelevel_tables(t);
+    tp_tok_bytelevel_tables(t);
     /* The normalizer and pre-tokenizer come first: BPE needs to know whether
      * pieces are byte-level, added tokens need the normalizer. */
-    tp_status st = tok_normalizer_parse(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"));
-    if (!st) st = tok_pretokenizer_parse(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"));
-    if (!st) st = tok_bpe_parse(t, cJSON_GetObjectItemCaseSensitive(root, "model"));
-    if (!st) st = tok_added_parse(t, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"));
-    if (!st) st = tok_postprocessor_parse(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"));
-    if (!st) st = tok_decoder_parse(t, cJSON_GetObjectItemCaseSensitive(root, "decoder"));
+    tp_status st = tp_tok_normalizer_parse(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"));
+    if (!st) st = tp_tok_pretokenizer_parse(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"));
+    if (!st) st = tp_tok_bpe_parse(t, cJSON_GetObjectItemCaseSensitive(root, "model"));
+    if (!st) st = tp_tok_added_parse(t, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"));
+    if (!st) st = tp_tok_postprocessor_parse(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"));
+    if (!st) st = tp_tok_decoder_parse(t, cJSON_GetObjectItemCaseSensitive(root, "decoder"));
     if (st) return st;
     tok_matcher m;
-    if ((st = tok_matcher_init(&m))) return st;
-    st = tok_added_build(t, &m);
-    tok_matcher_free(&m);
-    if (!st) st = tok_config_apply(t, config_json);
+    if ((st = tp_tok_matcher_init(&m))) return st;
+    st = tp_tok_added_build(t, &m);
+    tp_tok_matcher_free(&m);
+    if (!st) st = tp_tok_config_apply(t, config_json);
     /* The real vocabulary size: one past the largest id in use. */
     while (t->n_ids && t->id_off[t->n_ids - 1] == UINT32_MAX) t->n_ids--;
     return st;
@@ -152,18 +152,18 @@ void tp_tokenizer_free(tp_tokenizer *t)
     if (!t) return;
     for (int i = 0; i < t->n_norm; i++) { pcre2_code_free(t->norm[i].re); free(t->norm[i].text); }
     for (int i = 0; i < t->n_pre; i++) pcre2_code_free(t->pre[i].re);
-    tok_buf_free(&t->strings);
-    tok_strmap_free(&t->vocab);
-    tok_strmap_free(&t->added_map);
-    tok_pairmap_free(&t->merges);
+    tp_tok_buf_free(&t->strings);
+    tp_tok_strmap_free(&t->vocab);
+    tp_tok_strmap_free(&t->added_map);
+    tp_tok_pairmap_free(&t->merges);
     free(t->id_off);
     free(t->id_len);
     free(t->id_special);
     free(t->added);
     free(t->raw_set.order);
     free(t->norm_set.order);
-    tok_ids_free(&t->prefix);
-    tok_ids_free(&t->suffix);
+    tp_tok_ids_free(&t->prefix);
+    tp_tok_ids_free(&t->suffix);
     free(t->origin);
     free(t);
 }
@@ -181,24 +181,24 @@ typedef struct {
 
 static void encoder_free(encoder *e)
 {
-    tok_matcher_free(&e->m);
+    tp_tok_matcher_free(&e->m);
     free(e->raw_segs.data);
     free(e->norm_segs.data);
-    tok_buf_free(&e->norm);
-    tok_buf_free(&e->pre_buf);
-    tok_buf_free(&e->pre_tmp);
-    tok_buf_free(&e->bpe_tmp);
-    tok_spans_free(&e->pieces);
-    tok_spans_free(&e->pieces_tmp);
-    tok_ids_free(&e->ids);
+    tp_tok_buf_free(&e->norm);
+    tp_tok_buf_free(&e->pre_buf);
+    tp_tok_buf_free(&e->pre_tmp);
+    tp_tok_buf_free(&e->bpe_tmp);
+    tp_tok_spans_free(&e->pieces);
+    tp_tok_spans_free(&e->pieces_tmp);
+    tp_tok_ids_free(&e->ids);
 }
 
 /* Pre-tokenizes and BPE-encodes text that holds no added token. */
 static tp_status encode_plain(const tp_tokenizer *t, encoder *e, const char *s, size_t len)
 {
-    tp_status st = tok_pretokenize(t, &e->m, s, len, &e->pre_buf, &e->pieces, &e->pre_tmp, &e->pieces_tmp);
+    tp_status st = tp_tok_pretokenize(t, &e->m, s, len, &e->pre_buf, &e->pieces, &e->pre_tmp, &e->pieces_tmp);
     for (size_t i = 0; i < e->pieces.len && !st; i++)
-        st = tok_bpe_encode(t, e->pre_buf.data + e->pieces.data[i].off, e->pieces.data[i].len, &e->ids, &e->bpe_tmp);
+        st = tp_tok_bpe_encode(t, e->pre_buf.data + e->pieces.data[i].off, e->pieces.data[i].len, &e->ids, &e->bpe_tmp);
     return st;
 }
 
@@ -208,15 +208,15 @@ static tp_status encode_segment(const tp_tokenizer *t, encoder *e, const char *s
 {
     tp_status st;
     if (t->n_norm) {
-        if ((st = tok_normalize(t, &e->m, s, len, &e->norm))) return st;
+        if ((st = tp_tok_normalize(t, &e->m, s, len, &e->norm))) return st;
         s = e->norm.data ? e->norm.data : "";
         len = e->norm.len;
     }
     if (!t->norm_set.start[256]) return encode_plain(t, e, s, len);
-    if ((st = tok_added_split(t, 1, s, len, &e->norm_segs))) return st;
+    if ((st = tp_tok_added_split(t, 1, s, len, &e->norm_segs))) return st;
     for (size_t i = 0; i < e->norm_segs.len && !st; i++) {
         tok_segment g = e->norm_segs.data[i];
-        st = g.id >= 0 ? tok_ids_push(&e->ids, g.id) : encode_plain(t, e, s + g.off, g.len);
+        st = g.id >= 0 ? tp_tok_ids_push(&e->ids, g.id) : encode_plain(t, e, s + g.off, g.len);
     }
     return st;
 }
@@ -227,16 +227,16 @@ tp_status tp_tokenizer_encode(const tp_tokenizer *t, const char *text, size_t le
     *ids = NULL;
     *n = 0;
     if (!text && len) return tp_fail(TP_ERR_INVALID, "tokenizer: NULL text");
-    if (!tok_utf8_valid(text, len)) return tp_fail(TP_ERR_INVALID, "tokenizer: text is not valid UTF-8");
+    if (!tp_tok_utf8_valid(text, len)) return tp_fail(TP_ERR_INVALID, "tokenizer: text is not valid UTF-8");
     encoder e = {0};
-    tp_status st = tok_matcher_init(&e.m);
-    if (!st && add_special_tokens) st = tok_ids_append(&e.ids, t->prefix.data, t->prefix.len);
-    if (!st) st = tok_added_split(t, 0, text, len, &e.raw_segs);
+    tp_status st = tp_tok_matcher_init(&e.m);
+    if (!st && add_special_tokens) st = tp_tok_ids_append(&e.ids, t->prefix.data, t->prefix.len);
+    if (!st) st = tp_tok_added_split(t, 0, text, len, &e.raw_segs);
     for (size_t i = 0; !st && i < e.raw_segs.len; i++) {
         tok_segment g = e.raw_segs.data[i];
-        st = g.id >= 0 ? tok_ids_push(&e.ids, g.id) : encode_segment(t, &e, text + g.off, g.len);
+        st = g.id >= 0 ? tp_tok_ids_push(&e.ids, g.id) : encode_segment(t, &e, text + g.off, g.len);
     }
-    if (!st && add_special_tokens) st = tok_ids_append(&e.ids, t->suffix.data, t->suffix.len);
+    if (!st && add_special_tokens) st = tp_tok_ids_append(&e.ids, t->suffix.data, t->suffix.len);
     if (!st) {
         *ids = e.ids.data;
         *n = e.ids.len;
@@ -257,13 +257,13 @@ tp_status tp_tokenizer_decode(const tp_tokenizer *t, const int32_t *ids, size_t 
     int first = 1;
     for (size_t i = 0; i < n && !st; i++) {
         if (ids[i] >= 0 && (size_t)ids[i] < t->n_ids && skip_special_tokens && t->id_special[ids[i]]) continue;
-        st = tok_decode_token(t, ids[i], first, &raw);
+        st = tp_tok_decode_token(t, ids[i], first, &raw);
         first = 0;
     }
-    if (!st) st = tok_utf8_lossy(&out, raw.data ? raw.data : "", raw.len, 1, NULL);
-    if (!st) st = tok_buf_append(&out, "", 0);   /* ensure an allocated "" */
-    tok_buf_free(&raw);
-    if (st) { tok_buf_free(&out); return st; }
+    if (!st) st = tp_tok_utf8_lossy(&out, raw.data ? raw.data : "", raw.len, 1, NULL);
+    if (!st) st = tp_tok_buf_append(&out, "", 0);   /* ensure an allocated "" */
+    tp_tok_buf_free(&raw);
+    if (st) { tp_tok_buf_free(&out); return st; }
     *text = out.data;
     if (len) *len = out.len;
     return TP_OK;
@@ -274,8 +274,8 @@ size_t tp_tokenizer_vocab_size(const tp_tokenizer *t) { return t->n_ids; }
 int32_t tp_tokenizer_token_to_id(const tp_tokenizer *t, const char *token)
 {
     size_t len = strlen(token);
-    int32_t id = tok_strmap_get(&t->added_map, t->strings.data, token, len);
-    return id >= 0 ? id : tok_strmap_get(&t->vocab, t->strings.data, token, len);
+    int32_t id = tp_tok_strmap_get(&t->added_map, t->strings.data, token, len);
+    return id >= 0 ? id : tp_tok_strmap_get(&t->vocab, t->strings.data, token, len);
 }
 
 const char *tp_tokenizer_id_to_token(const tp_tokenizer *t, int32_t id)

@@ -12,7 +12,7 @@ import { join } from "node:path";
 import { Template } from "@huggingface/jinja";
 
 function parseArgs(argv) {
-  const args = { set: [] , addGenerationPrompt: false };
+  const args = { set: [], addGenerationPrompt: false };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     if (a === "--tokenizer") args.tokenizer = argv[++i];

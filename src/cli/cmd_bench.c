@@ -1,0 +1,33 @@
+/* tensorpar bench <what>: speed measurements, one sub-command per subject. */
+#include "cli.h"
+
+#include <string.h>
+
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} bench;
+
+static const bench benches[] = {
+    {"comm", cmd_bench_comm, "latency and bandwidth of the collectives (shm and mpi side by side)"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: tensorpar bench <what> [options]\n\nwhat:\n");
+    for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++)
+        fprintf(f, "  %-10s %s\n", benches[i].name, benches[i].summary);
+    fprintf(f, "\n'tensorpar bench <what> --help' describes the options.\n");
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    if (argc < 2) { usage(stderr); return 2; }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) { usage(stdout); return 0; }
+    for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++)
+        if (!strcmp(argv[1], benches[i].name)) return benches[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "tensorpar bench: unknown subject '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,42 @@
+/* tensorpar launch: run any program as N ranks, like torchrun. */
+#include "cli.h"
+#include "tensorpar/comm.h"
+
+#include <string.h>
+
+int cmd_launch(int argc, char **argv)
+{
+    cli_option opts[] = {
+        {"-n", "N", "number of ranks (processes) to start", 0, {0}},
+        {"--backend", "NAME", "shm (default: shared memory, one host) or mpi (runs mpirun)", 0, {0}},
+        {"--kill-grace", "SECONDS", "after a failure, SIGTERM waits this long before SIGKILL (default 2)", 0, {0}},
+    };
+    int nopts = sizeof opts / sizeof opts[0];
+    char **rest;
+    int nrest;
+    int rc = cli_parse(argc, argv, opts, nopts, "tensorpar launch -n N [--backend shm|mpi] -- PROGRAM [ARGS...]",
+                       "Starts PROGRAM as N ranks with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,\n"
+                       "TENSORPAR_RENDEZVOUS and TENSORPAR_BACKEND set.  When a rank fails, the others\n"
+                       "are stopped; the exit status is that of the first failure.",
+                       &rest, &nrest);
+    if (rc) return rc == 1 ? 0 : 2;
+    long long n = 0;
+    double grace = 0;
+    if (cli_int(opts, nopts, "-n", &n) || cli_double(opts, nopts, "--kill-grace", &grace)) return cli_report("launch");
+    if (n < 1 || n > 4096) {
+        fprintf(stderr, "tensorpar launch: error: -n N (1 to 4096 ranks) is required\n");
+        return 2;
+    }
+    if (!rest || nrest < 1) {
+        fprintf(stderr, "tensorpar launch: error: no program given (tensorpar launch -n N -- PROGRAM ARGS)\n");
+        return 2;
+    }
+    tp_launch_options lo = {.nprocs = (int)n, .backend = TP_BACKEND_SHM, .name = "tensorpar launch",
+                            .kill_grace_s = grace};
+    const char *b = cli_value(opts, nopts, "--backend");
+    if (b && tp_backend_parse(b, &lo.backend)) return cli_report("launch");
+    if (lo.backend == TP_BACKEND_SELF || lo.backend == TP_BACKEND_AUTO) lo.backend = TP_BACKEND_SHM;
+    int code = 1;
+    if (tp_launch(&lo, rest, &code)) return cli_report("launch");
+    return code;
+}

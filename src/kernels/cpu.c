@@ -1,0 +1,111 @@
+/* Which kernel path to run: decided once per process from cpuid and the
+ * environment (TENSORPAR_KERNEL, TENSORPAR_BF16_DOT, TENSORPAR_BLAS).
+ *
+ * The decision lives in a function-local static filled under pthread_once,
+ * so it is computed exactly once, thread-safely, and never changes after. */
+#include "kernels/kern_internal.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int has_avx2, has_avx512, has_bf16;
+    tp_kernel_path best;      /* the CPU's best path */
+    tp_kernel_path dflt;      /* after TENSORPAR_KERNEL */
+    int bf16_dot, blas;
+} cpu_info;
+
+static const char *const path_names[] = {"auto", "scalar", "avx2", "avx512"};
+
+const char *tp_kernel_path_name(tp_kernel_path p)
+{
+    return (unsigned)p < 4 ? path_names[p] : "?";
+}
+
+tp_status tp_kernel_path_parse(const char *s, tp_kernel_path *out)
+{
+    for (int i = 0; i < 4; i++)
+        if (strcmp(s, path_names[i]) == 0) { *out = (tp_kernel_path)i; return TP_OK; }
+    return tp_fail(TP_ERR_INVALID, "unknown kernel path '%s' (scalar, avx2, avx512 or auto)", s);
+}
+
+static int env_flag(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+static cpu_info g_info;   /* written once under pthread_once, read-only after */
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static void detect(void)
+{
+    cpu_info *c = &g_info;
+    __builtin_cpu_init();
+    c->has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    /* The AVX-512 path uses F and BW (16-bit masked loads); VL is implied on
+     * every CPU that has both. */
+    c->has_avx512 = c->has_avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+#if defined(__clang__) && __clang_major__ < 16
+    /* clang 14 does not know the "avx512bf16" feature name: ask cpuid. */
+    {
+        unsigned a = 7, b = 1, cc = 0, d = 0;
+        __asm__("cpuid" : "+a"(a), "=b"(b), "+c"(cc), "=d"(d));
+        c->has_bf16 = c->has_avx512 && ((a >> 5) & 1);
+    }
+#else
+    c->has_bf16 = c->has_avx512 && __builtin_cpu_supports("avx512bf16");
+#endif
+    c->best = c->has_avx512 ? TP_KERNEL_AVX512 : c->has_avx2 ? TP_KERNEL_AVX2 : TP_KERNEL_SCALAR;
+    c->dflt = c->best;
+    const char *e = getenv("TENSORPAR_KERNEL");
+    tp_kernel_path want = TP_KERNEL_AUTO;
+    if (e && *e) {
+        if (tp_kernel_path_parse(e, &want) == TP_OK) {
+            if (want != TP_KERNEL_AUTO && want < c->best) c->dflt = want;
+        } else {
+            tp_log(TP_LOG_WARN, "TENSORPAR_KERNEL=%s is not scalar|avx2|avx512; using %s", e,
+                   tp_kernel_path_name(c->best));
+            tp_clear_error();
+        }
+    }
+    c->bf16_dot = env_flag("TENSORPAR_BF16_DOT");
+    c->blas = env_flag("TENSORPAR_BLAS");
+}
+
+static const cpu_info *info(void)
+{
+    pthread_once(&g_once, detect);
+    return &g_info;
+}
+
+tp_kernel_path tp_kernel_path_default(void) { return info()->dflt; }
+int tp_kernel_has_bf16_dot(void) { return info()->has_bf16; }
+
+int tp_kernel_path_supported(tp_kernel_path p)
+{
+    const cpu_info *c = info();
+    switch (p) {
+    case TP_KERNEL_AUTO: case TP_KERNEL_SCALAR: return 1;
+    case TP_KERNEL_AVX2: return c->has_avx2;
+    case TP_KERNEL_AVX512: return c->has_avx512;
+    }
+    return 0;
+}
+
+tp_kernel_path tp_kernel_resolve(tp_kernel_path p)
+{
+    const cpu_info *c = info();
+    if (p == TP_KERNEL_AUTO) return c->dflt;
+    if (p > c->best) return c->best;
+    return p;
+}
+
+void tp_matmul_opts_default(tp_matmul_opts *o)
+{
+    const cpu_info *c = info();
+    o->path = c->dflt;
+    o->bf16_dot = c->bf16_dot;
+    o->blas = c->blas;
+}

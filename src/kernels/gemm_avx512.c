@@ -1,0 +1,377 @@
+/* AVX-512 matmul: y[T, n] = x[T, k] · W[n, k]ᵀ, W f32 or bf16.
+ *
+ * GEMM (prefill), GotoBLAS style.  y is cut into tiles of MR = 12 rows (T)
+ * by NR = 32 columns (n); a tile's 24 accumulators live in zmm registers.
+ * For every K block of KC:
+ *   - x[:, block] is packed into panels of MR rows laid out [k][MR], so the
+ *     micro-kernel reads the MR activations of step k as 12 broadcasts;
+ *   - for each NR-wide slice of W the block is packed [k][NR] (a transpose,
+ *     done with gathers), widening bf16 to f32 on the way — exact, and paid
+ *     once per slice while the packed slice (32 KiB, L1) is reused by all
+ *     T/MR tiles;
+ *   - the micro-kernel does 24 FMAs per k: MR×NR×KC flops per call.
+ * The threads split the columns (slices of W), so W is read once overall.
+ *
+ * The bf16-dot variant (opt-in, bf16 weights, AVX512_BF16) packs pairs of k
+ * as one 32-bit lane and uses vdpbf16ps, which does two k steps per
+ * instruction; the activations are rounded to bf16 for it — not exact.
+ *
+ * GEMV (decode, T <= 4) streams W once: each thread takes a range of rows,
+ * 4 rows at a time, dot products along k with horizontal sums at the end.
+ * bf16 rows are widened in registers: one 64-byte load is 32 weights, the
+ * even ones are (lane << 16), the odd ones (lane & 0xffff0000); x is
+ * permuted once to match (tp_gemv_permute_x). */
+#include "kernels/kern_internal.h"
+
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MR 12
+#define NR 32
+#define KC 256       /* f32: packed W slice KC×NR×4 B = 32 KiB */
+#define KC_DOT 512   /* bf16 pairs: (KC_DOT/2)×NR×4 B = 32 KiB */
+
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,avx2")))
+#define T512BF __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma,avx2")))
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* ---- packing ---------------------------------------------------------- */
+
+/* x[0:T, k0:k0+kc] → panels [T/MR][kc][MR], rows past T zero. */
+static void pack_a_f32(float *dst, const float *x, int64_t T, int64_t ldx, int64_t k0, int64_t kc)
+{
+    for (int64_t p = 0; p < T; p += MR) {
+        for (int i = 0; i < MR; i++) {
+            float *d = dst + p * kc + i;
+            if (p + i < T) {
+                const float *s = x + (p + i) * ldx + k0;
+                for (int64_t k = 0; k < kc; k++) d[k * MR] = s[k];
+            } else {
+                for (int64_t k = 0; k < kc; k++) d[k * MR] = 0.0f;
+            }
+        }
+    }
+}
+
+/* As pack_a_f32, but each lane is the bf16 pair (x[2kk], x[2kk+1]) rounded
+ * to nearest even by vcvtneps2bf16; an odd tail pairs with 0.  row is a
+ * scratch of kc + 16 uint16. */
+T512BF static void pack_a_dot(uint32_t *dst, const float *x, int64_t T, int64_t ldx, int64_t k0,
+                              int64_t kc, uint16_t *row)
+{
+    int64_t kp = (kc + 1) / 2;
+    for (int64_t p = 0; p < T; p += MR) {
+        for (int i = 0; i < MR; i++) {
+            uint32_t *d = dst + p * kp + i;
+            if (p + i >= T) {
+                for (int64_t kk = 0; kk < kp; kk++) d[kk * MR] = 0;
+                continue;
+            }
+            const float *s = x + (p + i) * ldx + k0;
+            for (int64_t k = 0; k < kc; k += 16) {
+                __mmask16 m = kc - k >= 16 ? 0xffff : (__mmask16)((1u << (kc - k)) - 1);
+                __m256bh b = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, s + k));
+                _mm256_storeu_si256((__m256i *)(row + k), (__m256i)b);
+            }
+            row[kc] = 0;   /* the partner of an odd tail */
+            for (int64_t kk = 0; kk < kp; kk++)
+                d[kk * MR] = (uint32_t)row[2 * kk] | (uint32_t)row[2 * kk + 1] << 16;
+        }
+    }
+}
+
+/* The lanes of a 16-column half-slice that exist (n0 + j < n). */
+static __mmask16 col_mask(int64_t valid)
+{
+    return valid >= 16 ? 0xffff : valid <= 0 ? 0 : (__mmask16)((1u << valid) - 1);
+}
+
+/* W[n0:n0+32, k0:k0+kc] → dst[kc][NR] f32; columns past n are zero.  A
+ * gather reads one k from 16 rows; the 16 row pointers differ by ldw. */
+T512 static void pack_b_f32(float *dst, const void *w, tp_dtype wt, int64_t n, int64_t ldw,
+                            int64_t n0, int64_t k0, int64_t kc)
+{
+    const __m512i idx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32((int)ldw));
+    for (int h = 0; h < 2; h++) {
+        int64_t c0 = n0 + 16 * h;
+        __mmask16 m = col_mask(n - c0);
+        float *d = dst + 16 * h;
+        if (!m) {
+            for (int64_t k = 0; k < kc; k++) _mm512_store_ps(d + k * NR, _mm512_setzero_ps());
+        } else if (wt == TP_F32) {
+            const float *base = (const float *)w + c0 * ldw + k0;
+            for (int64_t k = 0; k < kc; k++)
+                _mm512_store_ps(d + k * NR, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, base + k, 4));
+        } else {
+            /* One 32-bit gather lane holds bf16 k (low half) and k+1 (high). */
+            const uint16_t *base = (const uint16_t *)w + c0 * ldw + k0;
+            const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+            int64_t k = 0;
+            for (; k + 1 < kc; k += 2) {
+                __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, base + k, 2);
+                _mm512_store_ps(d + k * NR, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+                _mm512_store_ps(d + (k + 1) * NR, _mm512_castsi512_ps(_mm512_and_si512(v, hi)));
+            }
+            if (k < kc) {   /* odd tail: a 32-bit read could pass the end of W */
+                for (int j = 0; j < 16; j++)
+                    d[k * NR + j] = (m >> j) & 1 ? tp_f32_from_bf16(base[j * ldw + k]) : 0.0f;
+            }
+        }
+    }
+}
+
+/* W[n0:n0+32, k0:k0+kc] bf16 → dst[kc/2][NR] of (k, k+1) pairs for vdpbf16ps. */
+T512 static void pack_b_dot(uint32_t *dst, const uint16_t *w, int64_t n, int64_t ldw,
+                            int64_t n0, int64_t k0, int64_t kc)
+{
+    const __m512i idx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32((int)ldw));
+    for (int h = 0; h < 2; h++) {
+        int64_t c0 = n0 + 16 * h;
+        __mmask16 m = col_mask(n - c0);
+        uint32_t *d = dst + 16 * h;
+        const uint16_t *base = w + (m ? c0 * ldw + k0 : 0);
+        int64_t k = 0;
+        for (; k + 1 < kc; k += 2)
+            _mm512_store_si512(d + (k / 2) * NR,
+                               _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, base + k, 2));
+        if (k < kc)
+            for (int j = 0; j < 16; j++) d[(k / 2) * NR + j] = (m >> j) & 1 ? base[j * ldw + k] : 0;
+    }
+}
+
+/* ---- micro-kernels ---------------------------------------------------- */
+
+/* Adds (or, for the first K block, stores) the tile into c, rows < mr and
+ * columns < nr only. */
+#define STORE_TILE(acc)                                                                  \
+    do {                                                                                 \
+        __mmask16 m0 = col_mask(nr), m1 = col_mask(nr - 16);                             \
+        for (int i = 0; i < MR && i < mr; i++) {                                         \
+            float *ci = c + i * ldc;                                                     \
+            if (accumulate) {                                                            \
+                acc[i][0] = _mm512_add_ps(acc[i][0], _mm512_maskz_loadu_ps(m0, ci));     \
+                acc[i][1] = _mm512_add_ps(acc[i][1], _mm512_maskz_loadu_ps(m1, ci + 16)); \
+            }                                                                            \
+            _mm512_mask_storeu_ps(ci, m0, acc[i][0]);                                    \
+            _mm512_mask_storeu_ps(ci + 16, m1, acc[i][1]);                               \
+        }                                                                                \
+    } while (0)
+
+T512 static void kernel_f32(int64_t kc, const float *a, const float *b, float *c, int64_t ldc,
+                            int mr, int nr, int accumulate)
+{
+    __m512 acc[MR][2];
+    for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < kc; k++) {
+        __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+#pragma GCC unroll 12
+        for (int i = 0; i < MR; i++) {
+            __m512 ai = _mm512_set1_ps(a[i]);
+            acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
+        }
+        a += MR;
+        b += NR;
+    }
+    STORE_TILE(acc);
+}
+
+T512BF static void kernel_dot(int64_t kp, const uint32_t *a, const uint32_t *b, float *c, int64_t ldc,
+                              int mr, int nr, int accumulate)
+{
+    __m512 acc[MR][2];
+    for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int64_t kk = 0; kk < kp; kk++) {
+        __m512bh b0 = (__m512bh)_mm512_load_si512(b), b1 = (__m512bh)_mm512_load_si512(b + 16);
+#pragma GCC unroll 12
+        for (int i = 0; i < MR; i++) {
+            __m512bh ai = (__m512bh)_mm512_set1_epi32((int)a[i]);
+            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, b0);
+            acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
+        }
+        a += MR;
+        b += NR;
+    }
+    STORE_TILE(acc);
+}
+
+/* ---- GEMM driver ------------------------------------------------------ */
+
+typedef struct {
+    float *y;
+    const float *x;
+    const void *w;
+    tp_dtype wt;
+    int64_t T, n, k;
+    int dot;
+    char *buf;          /* per thread: packed x, packed W slice, a bf16 row */
+    size_t buf_stride;
+    size_t a_bytes;
+} gemm_job;
+
+static void gemm_worker(void *p, int ti, int nt)
+{
+    const gemm_job *j = p;
+    int64_t b0, b1;
+    tp_split_range((j->n + NR - 1) / NR, ti, nt, &b0, &b1);
+    if (b0 == b1) return;
+    char *buf = j->buf + (size_t)ti * j->buf_stride;
+    void *ap = buf, *bp = buf + j->a_bytes;
+    uint16_t *row = (uint16_t *)(buf + j->a_bytes + (size_t)KC * NR * sizeof(float));
+    int64_t kcmax = j->dot ? KC_DOT : KC;
+    for (int64_t k0 = 0; k0 < j->k; k0 += kcmax) {
+        int64_t kc = min64(kcmax, j->k - k0), kp = (kc + 1) / 2;
+        if (j->dot) pack_a_dot(ap, j->x, j->T, j->k, k0, kc, row);
+        else pack_a_f32(ap, j->x, j->T, j->k, k0, kc);
+        for (int64_t nb = b0; nb < b1; nb++) {
+            int64_t n0 = nb * NR;
+            int nr = (int)min64(NR, j->n - n0);
+            if (j->dot) pack_b_dot(bp, j->w, j->n, j->k, n0, k0, kc);
+            else pack_b_f32(bp, j->w, j->wt, j->n, j->k, n0, k0, kc);
+            for (int64_t t0 = 0; t0 < j->T; t0 += MR) {
+                int mr = (int)min64(MR, j->T - t0);
+                float *c = j->y + t0 * j->n + n0;
+                if (j->dot) kernel_dot(kp, (const uint32_t *)ap + t0 * kp, bp, c, j->n, mr, nr, k0 > 0);
+                else kernel_f32(kc, (const float *)ap + t0 * kc, bp, c, j->n, mr, nr, k0 > 0);
+            }
+        }
+    }
+}
+
+tp_status tp_gemm_avx512(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
+                         int64_t n, int64_t k, int bf16_dot, tp_threadpool *pool)
+{
+    int nt = tp_threadpool_size(pool);
+    int64_t tpad = (T + MR - 1) / MR * MR;
+    gemm_job j = {y, x, W, wt, T, n, k, bf16_dot && wt == TP_BF16, NULL, 0, 0};
+    /* Both packings take at most tpad×KC floats (bf16 pairs: KC_DOT/2 = KC). */
+    j.a_bytes = (size_t)tpad * KC * sizeof(float);
+    j.buf_stride = (j.a_bytes + (size_t)KC * NR * sizeof(float) + (KC_DOT + 64) * sizeof(uint16_t) + 63) / 64 * 64;
+    j.buf = tp_alloc(j.buf_stride * (size_t)nt);
+    if (!j.buf) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for GEMM packing");
+    tp_parallel_run(pool, gemm_worker, &j);
+    tp_free(j.buf);
+    return TP_OK;
+}
+
+/* ---- GEMV ------------------------------------------------------------- */
+
+typedef struct {
+    float *y;
+    const float *x;      /* f32 W: x itself; bf16: permuted, or bf16 for dot */
+    const void *w;
+    tp_dtype wt;
+    int64_t T, n, k, kp; /* kp: row length of the prepared x */
+    int dot;
+} gemv_job;
+
+#define GEMV_ROWS 4
+
+/* y[t, r0..r0+R) for T activations; R and T are compile-time constants in
+ * every inlined call, so acc stays in registers. */
+static inline __attribute__((always_inline)) T512BF void
+gemv_block(const gemv_job *j, int64_t r0, const int R, const int T)
+{
+    __m512 acc[GEMV_ROWS][TP_GEMV_MAX_T];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    int64_t k = j->k;
+    if (j->wt == TP_F32) {
+        const float *w = (const float *)j->w + r0 * k;
+        for (int64_t i = 0; i < k; i += 16) {
+            __mmask16 m = k - i >= 16 ? 0xffff : (__mmask16)((1u << (k - i)) - 1);
+            __m512 xv[TP_GEMV_MAX_T];
+            for (int t = 0; t < T; t++) xv[t] = _mm512_maskz_loadu_ps(m, j->x + t * k + i);
+            for (int r = 0; r < R; r++) {
+                __m512 wv = _mm512_maskz_loadu_ps(m, w + r * k + i);
+                for (int t = 0; t < T; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+            }
+        }
+    } else if (!j->dot) {
+        const uint16_t *w = (const uint16_t *)j->w + r0 * k;
+        const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+        for (int64_t i = 0; i < k; i += 32) {
+            __mmask32 m = k - i >= 32 ? 0xffffffffu : (__mmask32)((1u << (k - i)) - 1);
+            __m512 xe[TP_GEMV_MAX_T], xo[TP_GEMV_MAX_T];
+            for (int t = 0; t < T; t++) {
+                xe[t] = _mm512_load_ps(j->x + t * j->kp + i);
+                xo[t] = _mm512_load_ps(j->x + t * j->kp + i + 16);
+            }
+            for (int r = 0; r < R; r++) {
+                __m512i v = _mm512_maskz_loadu_epi16(m, w + r * k + i);
+                __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+                __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+                for (int t = 0; t < T; t++) {
+                    acc[r][t] = _mm512_fmadd_ps(we, xe[t], acc[r][t]);
+                    acc[r][t] = _mm512_fmadd_ps(wo, xo[t], acc[r][t]);
+                }
+            }
+        }
+    } else {
+        const uint16_t *w = (const uint16_t *)j->w + r0 * k;
+        const uint16_t *xb = (const uint16_t *)j->x;
+        for (int64_t i = 0; i < k; i += 32) {
+            __mmask32 m = k - i >= 32 ? 0xffffffffu : (__mmask32)((1u << (k - i)) - 1);
+            __m512bh xv[TP_GEMV_MAX_T];
+            for (int t = 0; t < T; t++) xv[t] = (__m512bh)_mm512_load_si512(xb + t * j->kp + i);
+            for (int r = 0; r < R; r++) {
+                __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w + r * k + i);
+                for (int t = 0; t < T; t++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], xv[t], wv);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) j->y[t * j->n + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+#define GEMV_CASES(R)                                  \
+    switch (j->T) {                                    \
+    case 1: gemv_block(j, r0, R, 1); break;            \
+    case 2: gemv_block(j, r0, R, 2); break;            \
+    case 3: gemv_block(j, r0, R, 3); break;            \
+    default: gemv_block(j, r0, R, 4); break;           \
+    }
+
+T512BF static void gemv_worker(void *p, int ti, int nt)
+{
+    const gemv_job *j = p;
+    int64_t g0, g1;
+    tp_split_range((j->n + GEMV_ROWS - 1) / GEMV_ROWS, ti, nt, &g0, &g1);
+    int64_t r1 = min64(g1 * GEMV_ROWS, j->n);
+    int64_t r0 = g0 * GEMV_ROWS;
+    for (; r0 + GEMV_ROWS <= r1; r0 += GEMV_ROWS) GEMV_CASES(GEMV_ROWS)
+    for (; r0 < r1; r0++) GEMV_CASES(1)
+}
+
+/* x rounded to bf16 (nearest even), rows zero-padded to kp. */
+T512BF static void x_to_bf16(uint16_t *dst, const float *x, int64_t T, int64_t k, int64_t kp)
+{
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < kp; i += 16) {
+            __mmask16 m = k - i >= 16 ? 0xffff : k - i <= 0 ? 0 : (__mmask16)((1u << (k - i)) - 1);
+            __m256bh b = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + t * k + i));
+            _mm256_storeu_si256((__m256i *)(dst + t * kp + i), (__m256i)b);
+        }
+}
+
+tp_status tp_gemv_avx512(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
+                         int64_t n, int64_t k, int bf16_dot, tp_threadpool *pool)
+{
+    gemv_job j = {y, x, W, wt, T, n, k, k, bf16_dot && wt == TP_BF16};
+    void *tmp = NULL;
+    if (wt == TP_BF16) {
+        j.kp = (k + 31) / 32 * 32;
+        tmp = tp_alloc((size_t)(T * j.kp) * sizeof(float));
+        if (!tmp) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for GEMV");
+        if (j.dot) x_to_bf16(tmp, x, T, k, j.kp);
+        else tp_gemv_permute_x(tmp, x, T, k, j.kp, 32);
+        j.x = tmp;
+    }
+    tp_parallel_run(pool, gemv_worker, &j);
+    tp_free(tmp);
+    return TP_OK;
+}

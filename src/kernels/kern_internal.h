@@ -1,0 +1,52 @@
+/* kernels/kern_internal.h — what the kernel files share with each other and
+ * with tests/unit/test_kernels.c: the per-path entry points.  Not public API.
+ *
+ * Each *_path function runs exactly the given path (SCALAR, AVX2 or AVX512);
+ * the caller has checked tp_kernel_path_supported(). */
+#ifndef TP_KERN_INTERNAL_H
+#define TP_KERN_INTERNAL_H
+
+#include "tensorpar/kernels.h"
+
+/* The path actually run for a request: AUTO becomes the default, and a path
+ * the CPU lacks falls back to the best one below it. */
+tp_kernel_path tp_kernel_resolve(tp_kernel_path p);
+
+/* Matmul pieces (matmul.c, gemm_avx512.c, gemm_avx2.c).  y = x·Wᵀ, no bias;
+ * W is f32 or bf16 [n, k] row-major.  The GEMV functions take T <= 4.
+ * They allocate their packing buffers before starting the threads and fail
+ * only with TP_ERR_NOMEM. */
+void tp_matmul_scalar(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
+                      int64_t n, int64_t k, tp_threadpool *pool);
+tp_status tp_gemm_avx512(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
+                    int64_t n, int64_t k, int bf16_dot, tp_threadpool *pool);
+tp_status tp_gemv_avx512(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
+                    int64_t n, int64_t k, int bf16_dot, tp_threadpool *pool);
+tp_status tp_gemm_avx2(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
+                  int64_t n, int64_t k, tp_threadpool *pool);
+tp_status tp_gemv_avx2(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
+                  int64_t n, int64_t k, tp_threadpool *pool);
+
+/* Element-wise kernels with an explicit path. */
+void tp_rmsnorm_path(tp_kernel_path p, float *out, const float *x, const float *w,
+                     int64_t rows, int64_t n, double eps);
+void tp_silu_mul_path(tp_kernel_path p, float *a, const float *b, int64_t n);
+void tp_softmax_path(tp_kernel_path p, float *x, int64_t n);
+void tp_rope_apply_table_path(tp_kernel_path p, float *x, int64_t T, int64_t n_heads,
+                              int64_t head_dim, const float *table);
+/* Attention: SCALAR is the row-at-a-time reference; the SIMD paths are the
+ * flash-style blocked kernel. */
+void tp_attention_path(tp_kernel_path p, float *out, const float *q, const float *k,
+                       const float *v, int64_t T, int64_t pos0, int64_t n_heads, int64_t n_kv,
+                       int64_t d, int64_t window, tp_threadpool *pool);
+
+/* The largest T the GEMV handles. */
+#define TP_GEMV_MAX_T 4
+
+/* x[T, k] re-ordered for a GEMV whose bf16 weights are widened in blocks of
+ * `blk` (32 for AVX-512, 16 for AVX2): within each block the even elements
+ * come first, then the odd ones, because one 32-bit lane of a weight load
+ * holds an (even, odd) pair.  Zero-padded to kp = k rounded up to blk. */
+void tp_gemv_permute_x(float *dst, const float *x, int64_t T, int64_t k, int64_t kp, int blk);
+
+#endif

@@ -1,0 +1,82 @@
+/* Built-in plans (§7) and their merge into a causal-LM plan (§4.2).  The
+ * tables are const: every model gets a fresh copy, so changing one model's
+ * plan never reaches another or the table. */
+#include "parallel_internal.h"
+
+#include <string.h>
+
+typedef struct { const char *key, *style; } rule;
+
+/* §7.2: llama, qwen2, mistral. */
+static const rule dense_plan[] = {
+    {"layers.*.self_attn.q_proj", "colwise"}, {"layers.*.self_attn.k_proj", "colwise"},
+    {"layers.*.self_attn.v_proj", "colwise"}, {"layers.*.self_attn.o_proj", "rowwise"},
+    {"layers.*.mlp.gate_proj", "colwise"},    {"layers.*.mlp.up_proj", "colwise"},
+    {"layers.*.mlp.down_proj", "rowwise"},    {NULL, NULL},
+};
+
+/* §7.3: qwen3 adds the per-head norms, which see only the rank's heads. */
+static const rule qwen3_plan[] = {
+    {"layers.*.self_attn.q_proj", "colwise"}, {"layers.*.self_attn.k_proj", "colwise"},
+    {"layers.*.self_attn.v_proj", "colwise"},
+    {"layers.*.self_attn.q_norm", "replicated_with_grad_allreduce"},
+    {"layers.*.self_attn.k_norm", "replicated_with_grad_allreduce"},
+    {"layers.*.self_attn.o_proj", "rowwise"}, {"layers.*.mlp.gate_proj", "colwise"},
+    {"layers.*.mlp.up_proj", "colwise"},      {"layers.*.mlp.down_proj", "rowwise"},
+    {NULL, NULL},
+};
+
+static const rule *base_plan(tp_arch a)
+{
+    switch (a) {
+    case TP_ARCH_LLAMA: case TP_ARCH_MISTRAL: case TP_ARCH_QWEN2: return dense_plan;
+    case TP_ARCH_QWEN3: return qwen3_plan;
+    }
+    return NULL;
+}
+
+const char *tp_arch_class_name(tp_arch a)
+{
+    switch (a) {
+    case TP_ARCH_LLAMA: return "LlamaForCausalLM";
+    case TP_ARCH_MISTRAL: return "MistralForCausalLM";
+    case TP_ARCH_QWEN2: return "Qwen2ForCausalLM";
+    case TP_ARCH_QWEN3: return "Qwen3ForCausalLM";
+    }
+    return "CausalLM";
+}
+
+int tp_plan_supports_tp(const tp_model_config *cfg)
+{
+    const rule *b = base_plan(cfg->arch);
+    return b && b[0].key;
+}
+
+tp_status tp_plan_builtin(const tp_model_config *cfg, tp_plan *out)
+{
+    memset(out, 0, sizeof *out);
+    /* 1. the head class plan */
+    tp_status s = tp_plan_set(out, "lm_head", "colwise_gather_output");
+    const rule *b = base_plan(cfg->arch);
+    /* 2. + 3. the base plan under the base model's name, "model." */
+    for (size_t i = 0; !s && b && b[i].key; i++) {
+        char key[160];
+        snprintf(key, sizeof key, "model.%s", b[i].key);
+        s = tp_plan_set(out, key, b[i].style);
+    }
+    /* Tied embeddings share one buffer with lm_head, whose gathered colwise
+     * split is Shard(0) over the vocabulary: the embedding must match (§6.3). */
+    if (!s && cfg->tie_word_embeddings && tp_plan_supports_tp(cfg))
+        s = tp_plan_set(out, "model.embed_tokens", "embedding_rowwise");
+    if (s) tp_plan_free(out);
+    return s;
+}
+
+tp_status tp_plan_builtin_ep(const tp_model_config *cfg, tp_plan *out)
+{
+    memset(out, 0, sizeof *out);
+    return tp_fail(TP_ERR_UNSUPPORTED,
+                   "Expert parallelism was requested (`enable_expert_parallel=True`), but `%s` does not define "
+                   "an expert-parallel plan. Add a `base_model_ep_plan` to its config, or disable expert parallelism.",
+                   tp_arch_class_name(cfg->arch));
+}

@@ -1,0 +1,204 @@
+#!/usr/bin/python3
+"""End-to-end: `tensorpar launch` and failure handling of the shm backend.
+
+  - exit codes and the environment the ranks see,
+  - a rank killed in the middle of all-reduces: the launcher names it, stops
+    the others and exits non-zero within 5 s,
+  - the launcher killed with SIGTERM, and with SIGKILL: no rank survives,
+  - a rank that hangs: the others time out (TENSORPAR_COMM_TIMEOUT), naming it,
+  - without the launcher (torchrun-style), a killed rank is noticed by the
+    survivor within about 2 s,
+and in every case nothing of the job is left in /dev/shm.
+
+    TENSORPAR_BIN=build/tensorpar /usr/bin/python3 tests/e2e/test_launcher.py
+"""
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+BIN = os.environ["TENSORPAR_BIN"]
+ENV = dict(os.environ)
+for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TENSORPAR_BACKEND",
+          "TENSORPAR_RENDEZVOUS", "MASTER_ADDR", "MASTER_PORT", "TENSORPAR_COMM_TIMEOUT"):
+    ENV.pop(k, None)
+
+failures = []
+
+
+def check(cond, msg):
+    if not cond:
+        failures.append(msg)
+        print("FAIL:", msg, file=sys.stderr)
+
+
+def alive(pid):
+    """True if pid exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def job_segments(launcher_pid):
+    """/dev/shm entries of the job started by this launcher pid."""
+    return [f for f in os.listdir("/dev/shm") if f.startswith("tensorpar-") and f"-j{launcher_pid}-" in f]
+
+
+def wait_pids(d, n, timeout=20):
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            pids = []
+            for r in range(n):
+                with open(os.path.join(d, f"rank{r}.pid")) as f:
+                    pids.append(int(f.read()))
+            return pids
+        except (OSError, ValueError):
+            time.sleep(0.05)
+    return None
+
+
+def start_loop(d, n, extra_env=None, extra=()):
+    env = dict(ENV, **(extra_env or {}))
+    return subprocess.Popen([BIN, "launch", "-n", str(n), "--", BIN, "selftest", "comm", "--loop", "60",
+                             "--out-dir", d, *extra], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_exit_codes():
+    p = subprocess.run([BIN, "launch", "-n", "3", "--", "sh", "-c",
+                        'test "$WORLD_SIZE" = 3 && test "$LOCAL_WORLD_SIZE" = 3 && test "$RANK" = "$LOCAL_RANK" '
+                        '&& test -n "$TENSORPAR_RENDEZVOUS" && test "$TENSORPAR_BACKEND" = shm'],
+                       env=ENV, capture_output=True, text=True, timeout=30)
+    check(p.returncode == 0, f"environment of the ranks: {p.returncode} {p.stderr}")
+    p = subprocess.run([BIN, "launch", "-n", "2", "--", "sh", "-c", 'if [ "$RANK" = 1 ]; then exit 3; fi; exec sleep 30'],
+                       env=ENV, capture_output=True, text=True, timeout=30)
+    check(p.returncode == 3, f"exit status of a failing rank: {p.returncode}")
+    check("rank 1 (pid" in p.stderr and "exited with status 3; stopping the other ranks" in p.stderr,
+          f"message for a failing rank: {p.stderr!r}")
+    p = subprocess.run([BIN, "launch", "-n", "2", "--", "/nonexistent/program"], env=ENV,
+                       capture_output=True, text=True, timeout=30)
+    check(p.returncode == 127 and "cannot run /nonexistent/program" in p.stderr, f"missing program: {p.stderr!r}")
+    p = subprocess.run([BIN, "launch", "--", "true"], env=ENV, capture_output=True, text=True, timeout=30)
+    check(p.returncode == 2 and "-n N" in p.stderr, f"launch without -n: {p.returncode} {p.stderr!r}")
+    print("exit codes and environment: done")
+
+
+def test_kill_rank(tmp):
+    d = os.path.join(tmp, "kill-rank")
+    os.mkdir(d)
+    p = start_loop(d, 3)
+    pids = wait_pids(d, 3)
+    check(pids is not None, "ranks did not start")
+    if not pids:
+        p.kill()
+        return
+    time.sleep(0.3)
+    t0 = time.time()
+    os.kill(pids[1], signal.SIGKILL)
+    try:
+        _, err = p.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+    took = time.time() - t0
+    check(took < 5, f"launcher took {took:.1f} s after a rank was killed")
+    check(p.returncode != 0, "launcher exit status 0 after a rank was killed")
+    check(f"rank 1 (pid {pids[1]}) was killed by signal 9 (Killed); stopping the other ranks" in err,
+          f"message: {err!r}")
+    check(not any(alive(x) for x in pids), "a rank survived")
+    check(not job_segments(p.pid), f"left in /dev/shm: {job_segments(p.pid)}")
+    print(f"rank killed mid-collective: launcher exited {p.returncode} after {took:.2f} s")
+
+
+def test_kill_launcher(tmp, sig):
+    d = os.path.join(tmp, f"kill-launcher-{sig}")
+    os.mkdir(d)
+    p = start_loop(d, 2)
+    pids = wait_pids(d, 2)
+    check(pids is not None, "ranks did not start")
+    if not pids:
+        p.kill()
+        return
+    t0 = time.time()
+    p.send_signal(sig)
+    p.communicate(timeout=10)
+    end = time.time() + 5
+    while time.time() < end and any(alive(x) for x in pids):
+        time.sleep(0.05)
+    took = time.time() - t0
+    check(not any(alive(x) for x in pids), f"ranks survive the launcher's {signal.Signals(sig).name}")
+    if sig == signal.SIGTERM:
+        check(p.returncode == 128 + sig, f"launcher exit status after SIGTERM: {p.returncode}")
+    check(not job_segments(p.pid), f"left in /dev/shm: {job_segments(p.pid)}")
+    print(f"launcher killed with {signal.Signals(sig).name}: ranks gone after {took:.2f} s")
+
+
+def test_hang(tmp):
+    d = os.path.join(tmp, "hang")
+    os.mkdir(d)
+    t0 = time.time()
+    p = start_loop(d, 2, {"TENSORPAR_COMM_TIMEOUT": "1.5"}, ("--stall-rank", "1"))
+    try:
+        _, err = p.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+    took = time.time() - t0
+    check(p.returncode != 0, "a hung rank went unnoticed")
+    check("rank 1 did not answer within 1.5 s" in err, f"timeout message: {err!r}")
+    check(took < 10, f"hang detected after {took:.1f} s")
+    check(not job_segments(p.pid), f"left in /dev/shm: {job_segments(p.pid)}")
+    print(f"hung rank: reported, launcher done after {took:.2f} s")
+
+
+def test_torchrun_style(tmp):
+    d = os.path.join(tmp, "torchrun")
+    os.mkdir(d)
+    port = str(30000 + os.getpid() % 20000)
+    procs = []
+    for r in range(2):
+        env = dict(ENV, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        procs.append(subprocess.Popen([BIN, "selftest", "comm", "--loop", "60", "--out-dir", d], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    pids = wait_pids(d, 2)
+    check(pids is not None, "torchrun-style ranks did not start")
+    if pids:
+        time.sleep(0.3)
+        t0 = time.time()
+        procs[1].kill()
+        try:
+            _, err = procs[0].communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            procs[0].kill()
+            _, err = procs[0].communicate()
+        took = time.time() - t0
+        check(procs[0].returncode == 1, f"survivor exit status {procs[0].returncode}")
+        check(f"rank 1 (pid {pids[1]}) died" in err, f"survivor's message: {err!r}")
+        check(took < 2.5, f"survivor noticed after {took:.1f} s")
+        print(f"torchrun-style: survivor noticed the dead rank after {took:.2f} s")
+    for q in procs:
+        if q.poll() is None:
+            q.kill()
+        q.communicate()
+    check(not [f for f in os.listdir("/dev/shm") if f"-m-127.0.0.1-{port}" in f], "segment left in /dev/shm")
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        test_exit_codes()
+        test_kill_rank(tmp)
+        test_kill_launcher(tmp, signal.SIGTERM)
+        test_kill_launcher(tmp, signal.SIGKILL)
+        test_hang(tmp)
+        test_torchrun_style(tmp)
+    print(f"{len(failures)} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

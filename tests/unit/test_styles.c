@@ -1,0 +1,183 @@
+/* parallel/: the style registry (A1) and the placements and local shapes
+ * each style gives (B2, B4, B6, B17, uneven and empty shards). */
+#include "check.h"
+#include "tensorpar/parallel.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const section_2_1[] = {
+    "embedding_rowwise", "embedding_colwise", "colwise_gather_output", "colwise_rep", "colwise",
+    "rowwise", "rowwise_split_input", "rowwise_rep", "packed_colwise", "packed_rowwise",
+    "sequence_parallel", "replicated_with_grad_allreduce", "mla_kv_a_proj", "all_reduce",
+    "moe_tp_experts", "moe_identity_expert", "local_params", "grouped_gemm", "ep_router",
+    "local_colwise", "local_rowwise", "local_packed_rowwise", "gather", "local", "replicate",
+};
+#define N21 (sizeof section_2_1 / sizeof section_2_1[0])
+
+static void test_registry(void)
+{
+    tp_style_registry_reset();
+    CHECK(tp_style_registry_count(NULL) == N21);
+    for (size_t i = 0; i < N21; i++)
+        CHECK_MSG(!strcmp(tp_style_registry_name(NULL, i), section_2_1[i]), "%zu: %s", i, tp_style_registry_name(NULL, i));
+    char *names = tp_style_registry_names_repr(NULL);
+    CHECK(names && !strncmp(names, "['embedding_rowwise', 'embedding_colwise', 'colwise_gather_output', ", 68));
+    CHECK(names && !strcmp(names + strlen(names) - strlen("'local', 'replicate']"), "'local', 'replicate']"));
+    free(names);
+
+    /* A1: register a ColwiseParallel instance under a new name: appended. */
+    tp_style custom = *tp_style_lookup("colwise");
+    custom.name = "colwise_custom";
+    CHECK(tp_style_register(&custom) == TP_OK);
+    CHECK(tp_style_registry_count(NULL) == N21 + 1);
+    CHECK(!strcmp(tp_style_registry_name(NULL, N21), "colwise_custom"));
+    CHECK(!strcmp(tp_style_lookup("colwise_custom")->impl, "ColwiseParallel"));
+    /* Re-registering keeps the position. */
+    custom.opt.output_layout = tp_replicate();
+    CHECK(tp_style_register(&custom) == TP_OK);
+    CHECK(tp_style_registry_count(NULL) == N21 + 1);
+    CHECK(tp_style_lookup("colwise_custom")->opt.output_layout.kind == TP_REPLICATE);
+
+    /* Views: a local entry is visible only in its view. */
+    tp_style_registry *v1 = NULL, *v2 = NULL;
+    CHECK(tp_style_registry_new(&v1) == TP_OK && tp_style_registry_new(&v2) == TP_OK);
+    CHECK(tp_style_registry_set(v1, "my_local", tp_style_lookup("rowwise")) == TP_OK);
+    CHECK(tp_style_registry_contains(v1, "my_local"));
+    CHECK(!tp_style_registry_contains(v2, "my_local"));
+    CHECK(!tp_style_lookup("my_local"));
+    CHECK(tp_style_registry_count(v1) == N21 + 2 && tp_style_registry_count(v2) == N21 + 1);
+    CHECK(!strcmp(tp_style_registry_name(v1, N21 + 1), "my_local"));
+    /* A local override of a global name shadows it in the view only. */
+    CHECK(tp_style_registry_set(v1, "colwise", tp_style_lookup("rowwise")) == TP_OK);
+    CHECK(!strcmp(tp_style_registry_get(v1, "colwise")->impl, "RowwiseParallel"));
+    CHECK(!strcmp(tp_style_lookup("colwise")->impl, "ColwiseParallel"));
+    CHECK(tp_style_registry_count(v1) == N21 + 2);
+    CHECK(tp_style_registry_del(v1, "colwise") == TP_OK);
+    CHECK(!strcmp(tp_style_registry_get(v1, "colwise")->impl, "ColwiseParallel"));
+    CHECK(tp_style_registry_del(v1, "my_local") == TP_OK);
+    CHECK(!tp_style_registry_contains(v1, "my_local"));
+    CHECK(tp_style_registry_del(v1, "colwise") != TP_OK);     /* global entry untouched */
+    CHECK(tp_style_lookup("colwise") != NULL);
+    /* Registering globally is seen by every view. */
+    custom.name = "late_global";
+    CHECK(tp_style_register(&custom) == TP_OK);
+    CHECK(tp_style_registry_contains(v2, "late_global"));
+    CHECK(!tp_style_registry_get(v1, "nope") && !tp_style_lookup("nope"));
+    CHECK(!tp_style_lookup("Colwise"));                        /* case-sensitive */
+    tp_style_registry_free(v1);
+    tp_style_registry_free(v2);
+    tp_style_registry_reset();
+    CHECK(tp_style_registry_count(NULL) == N21 && !tp_style_lookup("colwise_custom"));
+}
+
+/* Placement of one parameter under a style, P ranks. */
+static tp_placement place(const char *style, tp_module_kind kind, const char *shortname, int ndim,
+                          int64_t d0, int64_t d1, int P)
+{
+    int64_t shape[2] = {d0, d1};
+    tp_module_ctx m = {"m", kind, P, 0, NULL, NULL, NULL};
+    char full[64];
+    snprintf(full, sizeof full, "m.%s", shortname);
+    tp_param_ctx p = {full, shortname, TP_PARAM_WEIGHT, ndim, shape};
+    tp_placement pl = {TP_PARTIAL, 99, 99};
+    const tp_style *st = tp_style_lookup(style);
+    if (tp_style_validate_param(st, &m, &p, full) != TP_OK) return pl;
+    tp_style_shard_param(st, &m, &p, &pl);
+    return pl;
+}
+
+static int is(tp_placement p, tp_placement_kind k, int dim, int split)
+{
+    return p.kind == k && (k == TP_REPLICATE || p.dim == dim) && (k != TP_STRIDED_SHARD || p.split == split);
+}
+
+static void test_placements(void)
+{
+    /* B4 and the §2.2 summary */
+    CHECK(is(place("colwise", TP_MODULE_LINEAR, "weight", 2, 16, 32, 4), TP_SHARD, 0, 0));
+    CHECK(is(place("colwise", TP_MODULE_LINEAR, "bias", 1, 16, 0, 4), TP_SHARD, 0, 0));
+    CHECK(is(place("colwise_gather_output", TP_MODULE_LINEAR, "weight", 2, 16, 32, 4), TP_SHARD, 0, 0));
+    CHECK(is(place("rowwise", TP_MODULE_LINEAR, "weight", 2, 16, 32, 4), TP_SHARD, 1, 0));
+    CHECK(is(place("rowwise", TP_MODULE_LINEAR, "bias", 1, 16, 0, 4), TP_REPLICATE, 0, 0));
+    CHECK(is(place("rowwise_split_input", TP_MODULE_LINEAR, "weight", 2, 16, 32, 4), TP_SHARD, 1, 0));
+    CHECK(is(place("embedding_rowwise", TP_MODULE_EMBEDDING, "weight", 2, 32, 16, 4), TP_SHARD, 0, 0));
+    CHECK(is(place("embedding_colwise", TP_MODULE_EMBEDDING, "weight", 2, 32, 16, 4), TP_SHARD, 1, 0));
+    CHECK(is(place("colwise", TP_MODULE_EMBEDDING, "weight", 2, 6, 10, 3), TP_SHARD, 1, 0));
+    CHECK(is(place("rowwise", TP_MODULE_EMBEDDING, "weight", 2, 10, 6, 3), TP_SHARD, 0, 0));
+    CHECK(is(place("colwise", TP_MODULE_OTHER, "sinks", 1, 8, 0, 2), TP_SHARD, 0, 0));
+    CHECK(is(place("replicated_with_grad_allreduce", TP_MODULE_OTHER, "weight", 1, 16, 0, 2), TP_REPLICATE, 0, 0));
+    CHECK(is(place("local_params", TP_MODULE_OTHER, "weight", 1, 16, 0, 2), TP_REPLICATE, 0, 0));
+    CHECK(is(place("replicate", TP_MODULE_LINEAR, "weight", 2, 16, 32, 2), TP_REPLICATE, 0, 0));
+    CHECK(is(place("local_colwise", TP_MODULE_LINEAR, "weight", 2, 16, 32, 2), TP_SHARD, 0, 0));
+    CHECK(is(place("local_rowwise", TP_MODULE_LINEAR, "bias", 1, 16, 0, 2), TP_REPLICATE, 0, 0));
+    /* packed (B6, §2.8) */
+    CHECK(is(place("packed_rowwise", TP_MODULE_OTHER, "weight", 2, 16, 32, 2), TP_STRIDED_SHARD, 1, 2));
+    CHECK(is(place("packed_rowwise", TP_MODULE_OTHER, "bias", 1, 32, 0, 2), TP_REPLICATE, 0, 0));
+    CHECK(is(place("packed_colwise", TP_MODULE_LINEAR, "weight", 2, 32, 16, 4), TP_STRIDED_SHARD, 0, 2));
+    CHECK(is(place("packed_colwise", TP_MODULE_LINEAR, "gate_up_proj_bias", 1, 32, 0, 4), TP_STRIDED_SHARD, 0, 2));
+
+    /* B1 / B17: the messages */
+    int64_t shape[2] = {99, 8};
+    tp_module_ctx m = {"lm_head", TP_MODULE_LINEAR, 2, 0, NULL, NULL, NULL};
+    tp_param_ctx p = {"lm_head.weight", "weight", TP_PARAM_WEIGHT, 2, shape};
+    CHECK(tp_style_validate_param(tp_style_lookup("colwise_gather_output"), &m, &p, "lm_head.weight") != TP_OK);
+    CHECK_MSG(!strcmp(tp_error(), "The output size of `lm_head` (99) must be divisible by the tensor parallel "
+                      "size (2) when gathering a colwise output."), "%s", tp_error());
+    CHECK(tp_style_validate_param(tp_style_lookup("colwise_rep"), &m, &p, "lm_head.weight") != TP_OK);
+    CHECK(tp_style_validate_param(tp_style_lookup("colwise"), &m, &p, "lm_head.weight") == TP_OK);
+    int64_t packed[2] = {7, 4};
+    tp_param_ctx q = {"m.gate_up_proj", "gate_up_proj", TP_PARAM_WEIGHT, 2, packed};
+    CHECK(tp_style_validate_param(tp_style_lookup("packed_colwise"), &m, &q, "m.gate_up_proj") != TP_OK);
+    CHECK_MSG(!strcmp(tp_error(), "The packed dimension of `m.gate_up_proj` (7) is not divisible by split_factor (2)."),
+              "%s", tp_error());
+    int64_t emb[2] = {12, 6};
+    tp_module_ctx e = {"model.embed_tokens", TP_MODULE_EMBEDDING, 4, 0, NULL, NULL, NULL};
+    tp_param_ctx ew = {"model.embed_tokens.weight", "weight", TP_PARAM_EMBEDDING, 2, emb};
+    CHECK(tp_style_validate_param(tp_style_lookup("embedding_colwise"), &e, &ew, ew.name) != TP_OK);
+    CHECK(strstr(tp_error(), "`model.embed_tokens` (6)") != NULL);
+    CHECK(tp_style_validate_param(tp_style_lookup("embedding_rowwise"), &e, &ew, ew.name) == TP_OK);
+    CHECK(tp_param_is_bias_named("bias") && tp_param_is_bias_named("down_proj_bias") && !tp_param_is_bias_named("biased"));
+}
+
+static void test_forward_descs(void)
+{
+    tp_forward_desc d;
+    tp_module_ctx lin = {"m", TP_MODULE_LINEAR, 2, 0, NULL, NULL, NULL};
+    tp_module_ctx emb = {"e", TP_MODULE_EMBEDDING, 2, 0, NULL, NULL, NULL};
+    CHECK(tp_style_install_forward(tp_style_lookup("colwise"), &lin, &d) == TP_OK);
+    CHECK(d.installed && d.input.kind == TP_REPLICATE && d.local_output.kind == TP_SHARD && d.output.kind == TP_SHARD);
+    CHECK(d.allreduce_backward_input && d.use_local_tensors && !d.bias_after_reduce);
+    CHECK(tp_style_install_forward(tp_style_lookup("colwise_gather_output"), &lin, &d) == TP_OK);
+    CHECK(d.local_output.kind == TP_SHARD && d.output.kind == TP_REPLICATE);
+    CHECK(tp_style_install_forward(tp_style_lookup("rowwise"), &lin, &d) == TP_OK);
+    CHECK(d.input.kind == TP_SHARD && d.compute_input.kind == TP_SHARD && d.local_output.kind == TP_PARTIAL &&
+          d.output.kind == TP_REPLICATE && d.bias_after_reduce);
+    CHECK(tp_style_install_forward(tp_style_lookup("rowwise_split_input"), &lin, &d) == TP_OK);
+    CHECK(d.input.kind == TP_REPLICATE && d.compute_input.kind == TP_SHARD && d.local_output.kind == TP_PARTIAL);
+    CHECK(tp_style_install_forward(tp_style_lookup("embedding_rowwise"), &emb, &d) == TP_OK);
+    CHECK(d.ids_input && d.mask_vocab && d.local_output.kind == TP_PARTIAL && d.output.kind == TP_REPLICATE);
+    CHECK(tp_style_install_forward(tp_style_lookup("embedding_colwise"), &emb, &d) == TP_OK);
+    CHECK(d.ids_input && !d.mask_vocab && d.local_output.kind == TP_SHARD && d.output.kind == TP_REPLICATE);
+    CHECK(tp_style_install_forward(tp_style_lookup("rowwise"), &emb, &d) == TP_OK);
+    CHECK(d.ids_input && d.mask_vocab && !d.bias_after_reduce);
+    CHECK(tp_style_install_forward(tp_style_lookup("replicated_with_grad_allreduce"), &lin, &d) == TP_OK);
+    CHECK(d.param_grad_allreduce && d.local_output.kind == d.output.kind);
+    CHECK(tp_style_install_forward(tp_style_lookup("all_reduce"), &lin, &d) == TP_OK);
+    CHECK(d.local_output.kind == TP_PARTIAL && d.output.kind == TP_REPLICATE);
+    CHECK(tp_style_install_forward(tp_style_lookup("gather"), &lin, &d) == TP_OK && d.inference_only);
+    CHECK(tp_style_install_forward(tp_style_lookup("local"), &lin, &d) == TP_OK && d.divide_params_by_p);
+    CHECK(tp_style_install_forward(tp_style_lookup("local_params"), &lin, &d) == TP_OK);
+    CHECK(d.use_local_tensors && d.input.kind == d.compute_input.kind && d.local_output.kind == d.output.kind);
+    CHECK(tp_style_lookup("moe_tp_experts")->support == TP_STYLE_NOT_YET);
+    CHECK(tp_style_lookup("grouped_gemm")->support == TP_STYLE_NOT_YET);
+    CHECK(tp_style_lookup("mla_kv_a_proj")->support == TP_STYLE_NOT_YET);
+}
+
+int main(void)
+{
+    test_registry();
+    test_placements();
+    test_forward_descs();
+    return check_summary();
+}
