@@ -103,6 +103,12 @@ void tp_attention(float *out, const float *q, const float *k, const float *v,
                   int64_t T, int64_t pos0, int64_t n_heads, int64_t n_kv, int64_t d,
                   int64_t window, tp_threadpool *pool);
 
+/* Micro-benchmarks for `tensorpar bench`: FMA peak, read bandwidth, GEMM
+ * GFLOP/s at the qwen3-0.6b shapes for each path, GEMV GB/s.  Prints a
+ * table to `out`.  pool supplies the threads (NULL: one).  quick != 0 uses
+ * fewer repetitions.  Takes ~1 minute on 2 cores. */
+tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick);
+
 /* Converts row `row` of an f32/bf16 matrix [rows, n] to f32. */
 void tp_row_to_f32(float *dst, const tp_tensor *m, int64_t row);
 

@@ -15,9 +15,16 @@
 extern "C" {
 #endif
 
+struct tp_mesh;          /* dist.h */
+struct tp_module_tp;     /* a module's tensor-parallel state (models/tp_module.h) */
+struct tp_model_tp;      /* the model's plan resolution and mesh */
+
+/* A Linear module: y = x·Wᵀ + b.  Under TP the tensors are this rank's
+ * shards and `tp` says how the module's forward runs (its style). */
 typedef struct {
-    tp_tensor weight;   /* [out, in] */
+    tp_tensor weight;   /* [out, in] (local) */
     tp_tensor bias;     /* [out] or empty (data == NULL) */
+    struct tp_module_tp *tp;   /* NULL: a plain local module */
 } tp_linear;
 
 typedef struct {
@@ -30,10 +37,12 @@ typedef struct {
 typedef struct tp_model {
     tp_model_config cfg;
     tp_dtype weight_dtype;         /* f32 or bf16 */
-    tp_tensor embed_tokens;        /* [vocab, hidden] */
+    tp_linear embed_tokens;        /* weight [vocab, hidden] (an Embedding) */
     tp_layer *layers;
     tp_tensor norm;                /* [hidden] */
-    tp_tensor lm_head;             /* [vocab, hidden]; borrows embed_tokens when tied */
+    tp_linear lm_head;             /* weight [vocab, hidden]; borrows embed_tokens' when tied */
+    struct tp_model_tp *tp;        /* NULL on a single rank without a plan */
+    uint64_t bytes_read;           /* checkpoint bytes this rank read */
     double *inv_freq;              /* [head_dim / 2] */
     tp_threadpool *pool;
 } tp_model;
@@ -43,6 +52,10 @@ typedef struct {
     tp_dtype weight_dtype;
     int threads;                   /* 0 = 1 */
     int show_progress;             /* progress bar on stderr (terminal only) */
+    /* Tensor parallelism: the 1-D TP mesh (NULL: one rank) and the plan
+     * ("auto" or NULL: the model type's built-in plan; else a JSON file). */
+    const struct tp_mesh *mesh;
+    const char *tp_plan;
 } tp_model_options;
 
 /* ---- parameters ------------------------------------------------------ */
@@ -55,6 +68,7 @@ typedef struct {
     int ndim;
     int64_t shape[2];        /* global shape */
     tp_tensor *slot;         /* where the model keeps it (NULL without a model) */
+    tp_linear *module;       /* the Linear/Embedding it belongs to, or NULL */
 } tp_param_desc;
 
 /* Every parameter of the model described by cfg, in checkpoint order.  With
@@ -62,7 +76,11 @@ typedef struct {
  * lm_head.weight is absent when embeddings are tied.  Free *out with free(). */
 tp_status tp_model_params(const tp_model_config *cfg, tp_model *m, tp_param_desc **out, size_t *n);
 
+/* Loads a model.  Under TP the plan is resolved and validated before any
+ * weight is read, then each rank reads only its own slices (shard-on-read). */
 tp_status tp_model_load(tp_model **out, const char *model_dir, const tp_model_options *opt);
+/* Bytes of tensor data this rank read from the checkpoint while loading. */
+uint64_t tp_model_bytes_read(const tp_model *m);
 void tp_model_free(tp_model *m);
 
 /* One layer's keys and values for every position so far, f32. */

@@ -120,8 +120,9 @@ int64_t tp_sampler_next(tp_sampler *sp, float *logits);
 
 /* Receives each piece of newly completed text (stop strings held back). */
 typedef void (*tp_text_callback)(void *ctx, const char *text, size_t len);
-/* Lets the caller replace the sampled id (TP: rank 0's id, broadcast). */
-typedef int64_t (*tp_choose_callback)(void *ctx, int64_t sampled);
+/* Lets the caller replace the sampled id in place (under TP: every rank
+ * takes TP rank 0's id, broadcast; tp-semantics.md §10.7). */
+typedef tp_status (*tp_choose_callback)(void *ctx, int64_t *id);
 
 typedef struct {
     tp_sampling sampling;
@@ -132,8 +133,9 @@ typedef struct {
     int n_stop;
     const tp_tokenizer *tok;      /* NULL: no text, no stop strings */
     tp_text_callback on_text;
+    void *ctx;                    /* for on_text */
     tp_choose_callback choose;
-    void *ctx;
+    void *choose_ctx;
 } tp_generate_options;
 
 typedef struct {

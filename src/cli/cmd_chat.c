@@ -17,6 +17,7 @@ typedef struct {
     int n;
     char *reply;          /* the assistant's text being streamed */
     size_t reply_len;
+    int speaker;          /* rank 0 prints */
 } history;
 
 static void on_text(void *ctx, const char *text, size_t len)
@@ -29,8 +30,10 @@ static void on_text(void *ctx, const char *text, size_t len)
         r[h->reply_len] = '\0';
         h->reply = r;
     }
-    fwrite(text, 1, len, stdout);
-    fflush(stdout);
+    if (h->speaker) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+    }
 }
 
 static int add_turn(history *h, const char *role, const char *content)
@@ -63,9 +66,11 @@ static int reply(session *s, history *h)
     if (h->reply) h->reply[0] = '\0';
     tp_generate_stats st;
     if (!rc && (!out || tp_generate(s->model, &s->kv, ids, np, &s->opts, out, &n_out, &st))) rc = -1;
-    if (!rc) {
+    if (!rc && h->speaker) {
         printf("\n");
         session_print_stats(&st);
+    }
+    if (!rc) {
         rc = add_turn(h, "assistant", h->reply ? h->reply : "");
     }
     free(out);
@@ -75,7 +80,7 @@ static int reply(session *s, history *h)
     return rc;
 }
 
-static char *read_line(int interactive)
+static char *read_local_line(int interactive)
 {
     if (interactive) {
         char *line = readline("> ");
@@ -90,16 +95,31 @@ static char *read_line(int interactive)
     return line;
 }
 
+/* Rank 0 reads the terminal; under TP the other ranks receive each line
+ * (length first, -1 for end of input) so that all run the same turns. */
+static char *read_line(session *s, int interactive)
+{
+    if (!s->tp.world) return read_local_line(interactive);
+    char *line = s->tp.rank == 0 ? read_local_line(interactive) : NULL;
+    int64_t len = line ? (int64_t)strlen(line) : -1;
+    if (tp_comm_broadcast(s->tp.world, &len, 1, TP_I64, 0)) { free(line); return NULL; }
+    if (len < 0) return NULL;
+    if (!line && !(line = calloc((size_t)len + 1, 1))) return NULL;
+    if (tp_comm_broadcast(s->tp.world, line, (size_t)len, TP_U8, 0)) { free(line); return NULL; }
+    return line;
+}
+
 static int chat_loop(session *s, const char *system)
 {
     history h = {0};
+    h.speaker = s->tp.rank == 0;
     s->opts.on_text = on_text;
     s->opts.ctx = &h;
-    int interactive = isatty(0), rc = 0;
+    int interactive = isatty(0) && s->tp.rank == 0, rc = 0;
     if (system && add_turn(&h, "system", system)) rc = -1;
     if (interactive && !rc) fprintf(stderr, "Chatting with the model; Ctrl-D exits.\n");
     char *line;
-    while (!rc && (line = read_line(interactive)) != NULL) {
+    while (!rc && (line = read_line(s, interactive)) != NULL) {
         if (*line) rc = add_turn(&h, "user", line);
         if (*line && !rc) rc = reply(s, &h);
         free(line);
@@ -110,12 +130,13 @@ static int chat_loop(session *s, const char *system)
 
 int cmd_chat(int argc, char **argv)
 {
-    cli_option o[N_OWN + SESSION_N_SAMPLING] = {
+    cli_option o[N_OWN + SESSION_N_SAMPLING + CLI_TP_N_OPTIONS] = {
         {"--model", "DIR", "model directory with tokenizer files (required)", 0, {0}},
         {"--system", "TEXT", "system message", 0, {0}},
     };
     memcpy(o + N_OWN, session_sampling_options, sizeof session_sampling_options);
-    int n = N_OWN + SESSION_N_SAMPLING;
+    memcpy(o + N_OWN + SESSION_N_SAMPLING, cli_tp_options, sizeof cli_tp_options);
+    int n = N_OWN + SESSION_N_SAMPLING + CLI_TP_N_OPTIONS;
     int rc = cli_parse(argc, argv, o, n, "tensorpar chat --model DIR [--system TEXT] [options]",
                        "An interactive chat through the model's chat template, keeping the history.\n"
                        "Each line you type is a user turn; Ctrl-D exits.", NULL, NULL);
@@ -125,8 +146,11 @@ int cmd_chat(int argc, char **argv)
         fprintf(stderr, "tensorpar chat: error: --model is required (see --help)\n");
         return 2;
     }
+    cli_tp tp;
+    int launched = cli_tp_begin(argc, argv, o, n, &tp, &rc);
+    if (launched) { cli_tp_end(&tp); return launched > 0 ? rc : cli_report("chat"); }
     session s;
-    if (session_open(&s, dir, o, n, 1) || !s.tpl ||
+    if (session_open(&s, dir, o, n, 1, &tp) || !s.tpl ||
         chat_loop(&s, cli_value(o, n, "--system"))) {
         if (!s.tpl && !tp_error()[0]) tp_fail(TP_ERR_INVALID, "%s: the tokenizer has no chat_template", dir);
         session_close(&s);

@@ -41,8 +41,8 @@ static int run(session *s, const cli_option *o, int n)
 {
     int64_t *ids = NULL, np = 0, n_out = 0;
     if (prompt_ids(s, o, n, &ids, &np)) return -1;
-    int text_mode = cli_value(o, n, "--prompt") != NULL;
-    s->opts.on_text = text_mode ? print_text : NULL;
+    int text_mode = cli_value(o, n, "--prompt") != NULL, speaker = s->tp.rank == 0;
+    s->opts.on_text = text_mode && speaker ? print_text : NULL;
     s->opts.tok = text_mode ? s->tok : NULL;
     int64_t *out = malloc(((size_t)s->opts.max_new_tokens + 1) * sizeof *out);
     tp_generate_stats st;
@@ -50,7 +50,9 @@ static int run(session *s, const cli_option *o, int n)
     if (out && !tp_kv_cache_init(&s->kv, s->model, np + s->opts.max_new_tokens) &&
         !tp_generate(s->model, &s->kv, ids, np, &s->opts, out, &n_out, &st)) {
         rc = 0;
-        if (text_mode) {
+        if (!speaker) {
+            /* every rank generated the same ids; rank 0 alone prints them */
+        } else if (text_mode) {
             printf("\n");
             session_print_stats(&st);
         } else {
@@ -66,7 +68,7 @@ static int run(session *s, const cli_option *o, int n)
 
 int cmd_generate(int argc, char **argv)
 {
-    cli_option o[N_OWN + SESSION_N_SAMPLING] = {
+    cli_option o[N_OWN + SESSION_N_SAMPLING + CLI_TP_N_OPTIONS] = {
         {"--model", "DIR", "model directory (required)", 0, {0}},
         {"--tokens", "IDS", "prompt as comma-separated token ids; prints new ids as JSON", 0, {0}},
         {"--prompt", "TEXT", "prompt as text (needs tokenizer.json beside the weights); streams text", 0, {0}},
@@ -75,7 +77,8 @@ int cmd_generate(int argc, char **argv)
         {"--verbose", NULL, "print timing also for --tokens", 0, {0}},
     };
     memcpy(o + N_OWN, session_sampling_options, sizeof session_sampling_options);
-    int n = N_OWN + SESSION_N_SAMPLING;
+    memcpy(o + N_OWN + SESSION_N_SAMPLING, cli_tp_options, sizeof cli_tp_options);
+    int n = N_OWN + SESSION_N_SAMPLING + CLI_TP_N_OPTIONS;
     int rc = cli_parse(argc, argv, o, n,
                        "tensorpar generate --model DIR (--tokens 1,2,3 | --prompt TEXT [--chat]) [options]",
                        "Generates a continuation. With --tokens the new ids are printed as a JSON array;\n"
@@ -92,8 +95,11 @@ int cmd_generate(int argc, char **argv)
         fprintf(stderr, "tensorpar generate: error: --chat needs --prompt\n");
         return 2;
     }
+    cli_tp tp;
+    int launched = cli_tp_begin(argc, argv, o, n, &tp, &rc);
+    if (launched) { cli_tp_end(&tp); return launched > 0 ? rc : cli_report("generate"); }
     session s;
-    if (session_open(&s, dir, o, n, has_prompt) || run(&s, o, n)) {
+    if (session_open(&s, dir, o, n, has_prompt, &tp) || run(&s, o, n)) {
         session_close(&s);
         return cli_report("generate");
     }

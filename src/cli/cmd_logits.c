@@ -1,9 +1,12 @@
 /* tensorpar logits: one forward pass over given token ids, logits to .npy. */
-#include "cli.h"
+#include "tp_cli.h"
 #include "tensorpar/models.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
+
+#define N_OWN 7
 
 /* Feeds the tokens one at a time through the KV cache (the decode path),
  * keeping each step's logits: must equal the full forward at every row. */
@@ -17,18 +20,47 @@ static tp_status forward_incremental(tp_model *m, tp_kv_cache *kv, const int64_t
     return TP_OK;
 }
 
+/* "%r" in the output path stands for the rank: then every rank writes its
+ * own copy (tests compare them bit for bit). */
+static int per_rank_path(const char *out, int rank, char *buf, size_t cap)
+{
+    const char *at = strstr(out, "%r");
+    if (!at) { snprintf(buf, cap, "%s", out); return 0; }
+    snprintf(buf, cap, "%.*s%d%s", (int)(at - out), out, rank, at + 2);
+    return 1;
+}
+
+static tp_status run(tp_model *m, const int64_t *ids, int nt, int incremental, const char *out, int writer)
+{
+    tp_kv_cache kv;
+    float *logits = malloc((size_t)nt * (size_t)m->cfg.vocab_size * sizeof(float));
+    tp_status s = logits ? tp_kv_cache_init(&kv, m, nt) : tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!s) {
+        s = incremental ? forward_incremental(m, &kv, ids, nt, logits) : tp_model_forward(m, &kv, ids, nt, logits, 1);
+        tp_kv_cache_release(&kv);
+    }
+    if (!s && writer) {   /* every rank has the logits; rank 0 writes them once */
+        int64_t shape[2] = {nt, m->cfg.vocab_size};
+        s = tp_npy_write_f32(out, logits, 2, shape);
+    }
+    free(logits);
+    return s;
+}
+
 int cmd_logits(int argc, char **argv)
 {
-    cli_option o[] = {
+    cli_option o[N_OWN + CLI_TP_N_OPTIONS] = {
         {"--model", "DIR", "model directory (required)", 0, {0}},
         {"--tokens", "IDS", "comma-separated token ids (required)", 0, {0}},
-        {"--out", "FILE.npy", "output file: float32 [T, vocab] (required)", 0, {0}},
+        {"--out", "FILE.npy", "output file: float32 [T, vocab] (required); %r = rank: every rank writes", 0, {0}},
         {"--dtype", "f32|bf16", "weight dtype in memory (default: as stored)", 0, {0}},
         {"--threads", "N", "threads (default 1)", 0, {0}},
         {"--incremental", NULL, "feed tokens one at a time through the KV cache", 0, {0}},
+        {"--bytes-read", NULL, "print the checkpoint bytes each rank read (stderr)", 0, {0}},
     };
-    int n = (int)(sizeof o / sizeof o[0]);
-    int rc = cli_parse(argc, argv, o, n, "tensorpar logits --model DIR --tokens 1,2,3 --out FILE.npy",
+    memcpy(o + N_OWN, cli_tp_options, sizeof cli_tp_options);
+    int n = N_OWN + CLI_TP_N_OPTIONS;
+    int rc = cli_parse(argc, argv, o, n, "tensorpar logits --model DIR --tokens 1,2,3 --out FILE.npy [--tp N]",
                        "Runs the model over the tokens and writes the logits of every position.", NULL, NULL);
     if (rc) return rc == 1 ? 0 : 2;
     const char *dir = cli_value(o, n, "--model"), *toks = cli_value(o, n, "--tokens"), *out = cli_value(o, n, "--out");
@@ -39,28 +71,28 @@ int cmd_logits(int argc, char **argv)
     int64_t *ids;
     int nt;
     long long threads = 1;
-    tp_model_options mo = {TP_DTYPE_COUNT, 1, isatty(2)};
+    tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .threads = 1, .show_progress = isatty(2)};
     const char *dt = cli_value(o, n, "--dtype");
     if (cli_parse_ids(toks, &ids, &nt) || cli_int(o, n, "--threads", &threads) ||
         (dt && tp_dtype_parse(dt, &mo.weight_dtype)))
         return cli_report("logits");
+    cli_tp tp;
+    int launched = cli_tp_begin(argc, argv, o, n, &tp, &rc);
+    if (launched) { free(ids); cli_tp_end(&tp); return launched > 0 ? rc : cli_report("logits"); }
     mo.threads = (int)threads;
+    mo.mesh = tp.mesh;
+    mo.tp_plan = tp.plan;
     tp_model *m;
-    if (tp_model_load(&m, dir, &mo)) { free(ids); return cli_report("logits"); }
-    tp_kv_cache kv;
-    float *logits = malloc((size_t)nt * (size_t)m->cfg.vocab_size * sizeof(float));
-    tp_status s = logits ? tp_kv_cache_init(&kv, m, nt) : tp_fail(TP_ERR_NOMEM, "out of memory");
+    tp_status s = tp_model_load(&m, dir, &mo);
     if (!s) {
-        s = cli_flag(o, n, "--incremental") ? forward_incremental(m, &kv, ids, nt, logits)
-                                            : tp_model_forward(m, &kv, ids, nt, logits, 1);
-        tp_kv_cache_release(&kv);
+        if (cli_flag(o, n, "--bytes-read"))
+            fprintf(stderr, "rank %d read %llu bytes\n", tp.rank, (unsigned long long)tp_model_bytes_read(m));
+        char path[4096];
+        int every_rank = per_rank_path(out, tp.rank, path, sizeof path);
+        s = run(m, ids, nt, cli_flag(o, n, "--incremental"), path, every_rank || tp.rank == 0);
+        tp_model_free(m);
     }
-    if (!s) {
-        int64_t shape[2] = {nt, m->cfg.vocab_size};
-        s = tp_npy_write_f32(out, logits, 2, shape);
-    }
-    free(logits);
     free(ids);
-    tp_model_free(m);
+    cli_tp_end(&tp);
     return s ? cli_report("logits") : 0;
 }

@@ -60,11 +60,13 @@ static int exists(const char *p)
     return stat(p, &st) == 0;
 }
 
-int session_open(session *s, const char *dir, const cli_option *o, int n, int need_tokenizer)
+int session_open(session *s, const char *dir, const cli_option *o, int n, int need_tokenizer, const cli_tp *tp)
 {
     memset(s, 0, sizeof *s);
+    s->tp = *tp;
     long long threads = 1;
-    tp_model_options mo = {TP_DTYPE_COUNT, 1, isatty(2)};
+    tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .threads = 1, .show_progress = isatty(2),
+                           .mesh = s->tp.mesh, .tp_plan = s->tp.plan};
     const char *dt = cli_value(o, n, "--dtype");
     if (cli_int(o, n, "--threads", &threads) || (dt && tp_dtype_parse(dt, &mo.weight_dtype))) return -1;
     mo.threads = (int)threads;
@@ -86,6 +88,10 @@ int session_open(session *s, const char *dir, const cli_option *o, int n, int ne
     if (tp_generation_config_load(&s->gen, dir, &s->model->cfg)) return -1;
     if (session_read_options(s, o, n)) return -1;
     s->opts.tok = s->tok;
+    if (s->tp.world) {   /* rank 0 chooses every token and broadcasts it */
+        s->opts.choose = cli_tp_choose;
+        s->opts.choose_ctx = &s->tp;
+    }
     return 0;
 }
 
@@ -93,6 +99,7 @@ void session_close(session *s)
 {
     if (s->kv.k) tp_kv_cache_release(&s->kv);
     tp_model_free(s->model);
+    cli_tp_end(&s->tp);
     if (s->tok) tp_tokenizer_free(s->tok);
     if (s->tpl) tp_chat_template_free(s->tpl);
     memset(s, 0, sizeof *s);

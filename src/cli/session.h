@@ -3,6 +3,7 @@
 #define TP_CLI_SESSION_H
 
 #include "cli.h"
+#include "tp_cli.h"
 #include "tensorpar/models.h"
 #include "tensorpar/text.h"
 
@@ -16,10 +17,12 @@ typedef struct {
     tp_generation_config gen;
     tp_generate_options opts;
     tp_kv_cache kv;
+    cli_tp tp;                   /* the job's ranks (size 1 without --tp) */
 } session;
 
 /* Loads model, tokenizer, template and options.  Returns 0 or -1 (tp_error). */
-int session_open(session *s, const char *dir, const cli_option *o, int n, int need_tokenizer);
+/* tp comes from cli_tp_begin; the session owns it from here on. */
+int session_open(session *s, const char *dir, const cli_option *o, int n, int need_tokenizer, const cli_tp *tp);
 void session_close(session *s);
 int session_read_options(session *s, const cli_option *o, int n);
 int session_encode(session *s, const char *text, int add_special, int64_t **ids, int64_t *n);

@@ -163,13 +163,20 @@ static tp_status twoshot(tp_group *g, const char *send, char *recv, size_t count
     for (size_t off = 0; off < count; off += per) {
         size_t m = min_size(per, count - off), lo, hi;
         share(m, es, me, n, &lo, &hi);
-        /* Step A: publish the chunk; reduce my share. */
+        /* Step A: publish the others' shares of the chunk (mine is read
+         * straight from `send`); reduce my share. */
         tp_status st = step_begin(g, 1, "all_reduce");
         if (st) return st;
-        memcpy(slot(s, me, s->step + 1), send + off * es, m * es);
+        char *mine = slot(s, me, s->step + 1);
+        for (int p = 0; p < n; p++) {
+            size_t plo, phi;
+            share(m, es, p, n, &plo, &phi);
+            if (p != me) memcpy(mine + plo * es, send + (off + plo) * es, (phi - plo) * es);
+        }
         step_post(g);
         if ((st = step_wait_all(g, "all_reduce"))) return st;
-        for (int p = 0; p < n; p++) sc->ptr[p] = slot(s, p, s->step + 1) + lo * es;
+        for (int p = 0; p < n; p++)
+            sc->ptr[p] = p == me ? send + (off + lo) * es : slot(s, p, s->step + 1) + lo * es;
         tp_comm_reduce_ordered(recv + (off + lo) * es, sc->ptr, n, hi - lo, dt, op);
         step_end(g);
         /* Step B: publish my reduced share; copy everyone else's. */

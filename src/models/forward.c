@@ -1,104 +1,153 @@
 /* The decoder forward pass, shared by the four model types: they differ only
  * in flags (q/k/v biases, q/k norms, sliding window) that the config sets.
  *
- * Head counts come from the local weight shapes, not from the config, so the
- * same code runs on a rank that holds a slice of the heads. */
+ * Every Linear and the embedding run through tp_module_* (tp_module.c), which
+ * applies the module's TP style; the code here is the same on one rank and
+ * on many.  Head counts come from the width of the local activations, not
+ * from the config, so a rank computes exactly the heads its shards hold. */
 #include "tensorpar/models.h"
 #include "tensorpar/kernels.h"
+#include "tp_module.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-typedef struct {
-    float *x, *h, *q, *k, *v, *attn, *gate, *up;
-} scratch;
-
-static void scratch_free(scratch *s)
-{
-    free(s->x); free(s->h); free(s->q); free(s->k); free(s->v);
-    free(s->attn); free(s->gate); free(s->up);
-}
-
-static tp_status scratch_alloc(scratch *s, const tp_model *m, int64_t T)
-{
-    const tp_layer *L = &m->layers[0];
-    size_t H = (size_t)m->cfg.hidden_size, t = (size_t)T;
-    size_t q = (size_t)L->q_proj.weight.shape[0], kv = (size_t)L->k_proj.weight.shape[0];
-    size_t inter = (size_t)L->gate_proj.weight.shape[0];
-    memset(s, 0, sizeof *s);
-    s->x = malloc(t * H * sizeof(float));
-    s->h = malloc(t * H * sizeof(float));
-    s->q = malloc(t * q * sizeof(float));
-    s->k = malloc(t * kv * sizeof(float));
-    s->v = malloc(t * kv * sizeof(float));
-    s->attn = malloc(t * q * sizeof(float));
-    s->gate = malloc(t * inter * sizeof(float));
-    s->up = malloc(t * inter * sizeof(float));
-    if (!s->x || !s->h || !s->q || !s->k || !s->v || !s->attn || !s->gate || !s->up) {
-        scratch_free(s);
-        return tp_fail(TP_ERR_NOMEM, "out of memory for activations of %lld tokens", (long long)T);
-    }
-    return TP_OK;
-}
 
 static void add_into(float *x, const float *y, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) x[i] += y[i];
 }
 
+/* Adds a module's output to the residual stream, which every rank holds in
+ * full: the output must have come back replicated. */
+static tp_status add_residual(float *x, const tp_act *y, int64_t H, const char *what)
+{
+    if (y->width != H || y->pl.kind != TP_REPLICATE)
+        return tp_fail(TP_ERR_INVALID, "the output of %s is not replicated (%lld of %lld features on this rank); "
+                       "the plan must reduce it before the residual add", what, (long long)y->width, (long long)H);
+    add_into(x, y->data, y->T * H);
+    return TP_OK;
+}
+
+/* The first global head of a head-sliced activation (q, k or v). */
+static int64_t first_head(const tp_model *m, const tp_linear *proj, const tp_act *a, int64_t D)
+{
+    if (proj->tp && proj->tp->kv_rep > 1) return m->tp->rank / proj->tp->kv_rep;
+    return tp_act_offset(m, a) / D;
+}
+
+/* Local query head h must read local KV head h / (nq / nkv), which is what
+ * the attention kernel does; check that the plan's layout gives exactly
+ * that (it does for colwise q/k/v, gathered q/k/v, and KV replication). */
+static tp_status check_head_layout(const tp_model_config *c, int64_t q0, int64_t nq, int64_t k0, int64_t nkv,
+                                   const char *layer)
+{
+    int64_t group = c->num_attention_heads / c->num_key_value_heads;
+    int ok = nq > 0 && nkv > 0 && nq % nkv == 0;
+    for (int64_t h = 0; ok && h < nq; h++) ok = (q0 + h) / group - k0 == h / (nq / nkv);
+    if (!ok)
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: this rank's query heads [%lld, %lld) do not line up with its "
+                       "KV heads [%lld, %lld); shard q_proj, k_proj and v_proj alike",
+                       layer, (long long)q0, (long long)(q0 + nq), (long long)k0, (long long)(k0 + nkv));
+    return TP_OK;
+}
+
+typedef struct {
+    tp_act q, k, v, o;
+} attn_acts;
+
+static void attn_release(attn_acts *a)
+{
+    tp_act_release(&a->q); tp_act_release(&a->k); tp_act_release(&a->v); tp_act_release(&a->o);
+}
+
+static tp_status project_qkv(tp_model *m, const tp_layer *L, const float *h, int64_t T, attn_acts *a)
+{
+    int64_t H = m->cfg.hidden_size;
+    tp_status s;
+    if ((s = tp_module_linear(m, &L->q_proj, h, T, H, &a->q)) ||
+        (s = tp_module_linear(m, &L->k_proj, h, T, H, &a->k)) ||
+        (s = tp_module_linear(m, &L->v_proj, h, T, H, &a->v)))
+        return s;
+    if (a->k.width != a->v.width)
+        return tp_fail(TP_ERR_UNSUPPORTED, "k_proj and v_proj give %lld and %lld features on this rank; "
+                       "shard them alike", (long long)a->k.width, (long long)a->v.width);
+    return TP_OK;
+}
+
 static tp_status attention_block(tp_model *m, const tp_layer *L, tp_kv_cache *cache, int64_t layer,
-                                 scratch *s, int64_t T)
+                                 float *x, float *h, int64_t T)
 {
     const tp_model_config *c = &m->cfg;
     int64_t D = c->head_dim, H = c->hidden_size, pos0 = cache->length;
-    int64_t nh = L->q_proj.weight.shape[0] / D, nkv = L->k_proj.weight.shape[0] / D;
-    tp_status st;
-    tp_rmsnorm(s->h, s->x, &L->input_layernorm, T, H, c->rms_norm_eps);
-    if ((st = tp_matmul(s->q, s->h, T, &L->q_proj.weight, &L->q_proj.bias, m->pool)) ||
-        (st = tp_matmul(s->k, s->h, T, &L->k_proj.weight, &L->k_proj.bias, m->pool)) ||
-        (st = tp_matmul(s->v, s->h, T, &L->v_proj.weight, &L->v_proj.bias, m->pool)))
-        return st;
-    if (c->qk_norm) {   /* Qwen3 normalises each head before the rotation */
-        tp_rmsnorm(s->q, s->q, &L->q_norm, T * nh, D, c->rms_norm_eps);
-        tp_rmsnorm(s->k, s->k, &L->k_norm, T * nkv, D, c->rms_norm_eps);
+    attn_acts a = {0};
+    tp_rmsnorm(h, x, &L->input_layernorm, T, H, c->rms_norm_eps);
+    tp_status st = project_qkv(m, L, h, T, &a);
+    int64_t nq = a.q.width / D, nkv = a.k.width / D;
+    char where[48];
+    snprintf(where, sizeof where, "layer %lld", (long long)layer);
+    if (!st) st = check_head_layout(c, first_head(m, &L->q_proj, &a.q, D), nq, first_head(m, &L->k_proj, &a.k, D),
+                                    nkv, where);
+    if (!st && nkv != cache->n_kv)
+        st = tp_fail(TP_ERR_INVALID, "%s has %lld KV heads on this rank; the cache was made for %lld",
+                     where, (long long)nkv, (long long)cache->n_kv);
+    if (!st) {
+        if (c->qk_norm) {   /* Qwen3 normalises each head before the rotation */
+            tp_rmsnorm(a.q.data, a.q.data, &L->q_norm, T * nq, D, c->rms_norm_eps);
+            tp_rmsnorm(a.k.data, a.k.data, &L->k_norm, T * nkv, D, c->rms_norm_eps);
+        }
+        tp_rope_apply(a.q.data, T, nq, D, m->inv_freq, pos0);
+        tp_rope_apply(a.k.data, T, nkv, D, m->inv_freq, pos0);
+        size_t row = (size_t)(nkv * D);
+        memcpy(cache->k[layer] + (size_t)pos0 * row, a.k.data, (size_t)T * row * sizeof(float));
+        memcpy(cache->v[layer] + (size_t)pos0 * row, a.v.data, (size_t)T * row * sizeof(float));
+        float *attn = malloc((size_t)(T * nq * D) * sizeof(float) + 1);
+        if (!attn) st = tp_fail(TP_ERR_NOMEM, "out of memory");
+        else {
+            tp_attention(attn, a.q.data, cache->k[layer], cache->v[layer], T, pos0, nq, nkv, D,
+                         c->sliding_window, m->pool);
+            st = tp_module_linear(m, &L->o_proj, attn, T, nq * D, &a.o);
+            free(attn);
+        }
     }
-    tp_rope_apply(s->q, T, nh, D, m->inv_freq, pos0);
-    tp_rope_apply(s->k, T, nkv, D, m->inv_freq, pos0);
-    size_t row = (size_t)(nkv * D);
-    memcpy(cache->k[layer] + (size_t)pos0 * row, s->k, (size_t)T * row * sizeof(float));
-    memcpy(cache->v[layer] + (size_t)pos0 * row, s->v, (size_t)T * row * sizeof(float));
-    tp_attention(s->attn, s->q, cache->k[layer], cache->v[layer], T, pos0, nh, nkv, D,
-                 c->sliding_window, m->pool);
-    if ((st = tp_matmul(s->h, s->attn, T, &L->o_proj.weight, &L->o_proj.bias, m->pool))) return st;
-    add_into(s->x, s->h, T * H);
-    return TP_OK;
+    if (!st) st = add_residual(x, &a.o, H, "o_proj");
+    attn_release(&a);
+    return st;
 }
 
-static tp_status mlp_block(tp_model *m, const tp_layer *L, scratch *s, int64_t T)
+static tp_status mlp_block(tp_model *m, const tp_layer *L, float *x, float *h, int64_t T)
 {
     const tp_model_config *c = &m->cfg;
-    int64_t H = c->hidden_size, I = L->gate_proj.weight.shape[0];
+    int64_t H = c->hidden_size;
+    tp_act gate = {0}, up = {0}, down = {0};
+    tp_rmsnorm(h, x, &L->post_attention_layernorm, T, H, c->rms_norm_eps);
     tp_status st;
-    tp_rmsnorm(s->h, s->x, &L->post_attention_layernorm, T, H, c->rms_norm_eps);
-    if ((st = tp_matmul(s->gate, s->h, T, &L->gate_proj.weight, NULL, m->pool)) ||
-        (st = tp_matmul(s->up, s->h, T, &L->up_proj.weight, NULL, m->pool)))
-        return st;
-    tp_silu_mul(s->gate, s->up, T * I);
-    if ((st = tp_matmul(s->h, s->gate, T, &L->down_proj.weight, NULL, m->pool))) return st;
-    add_into(s->x, s->h, T * H);
-    return TP_OK;
+    if (!(st = tp_module_linear(m, &L->gate_proj, h, T, H, &gate)) &&
+        !(st = tp_module_linear(m, &L->up_proj, h, T, H, &up))) {
+        if (gate.width != up.width)
+            st = tp_fail(TP_ERR_UNSUPPORTED, "gate_proj and up_proj give %lld and %lld features on this rank; "
+                         "shard them alike", (long long)gate.width, (long long)up.width);
+        else {
+            tp_silu_mul(gate.data, up.data, T * gate.width);
+            st = tp_module_linear(m, &L->down_proj, gate.data, T, gate.width, &down);
+        }
+    }
+    if (!st) st = add_residual(x, &down, H, "down_proj");
+    tp_act_release(&gate); tp_act_release(&up); tp_act_release(&down);
+    return st;
 }
 
-static tp_status embed(const tp_model *m, const int64_t *tokens, int64_t T, float *x)
+static tp_status head(tp_model *m, const float *x, int64_t rows, float *h, float *logits)
 {
-    int64_t V = m->embed_tokens.shape[0], H = m->cfg.hidden_size;
-    for (int64_t t = 0; t < T; t++) {
-        if (tokens[t] < 0 || tokens[t] >= V)
-            return tp_fail(TP_ERR_INVALID, "token id %lld at position %lld is outside the vocabulary [0, %lld)",
-                           (long long)tokens[t], (long long)t, (long long)V);
-        tp_row_to_f32(x + t * H, &m->embed_tokens, tokens[t]);
-    }
-    return TP_OK;
+    int64_t H = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    tp_act out = {0};
+    tp_rmsnorm(h, x, &m->norm, rows, H, m->cfg.rms_norm_eps);
+    tp_status st = tp_module_linear(m, &m->lm_head, h, rows, H, &out);
+    if (!st && (out.width != V || out.pl.kind != TP_REPLICATE))
+        st = tp_fail(TP_ERR_INVALID, "lm_head gives %lld of %lld logits on this rank; the plan must gather them "
+                     "(colwise_gather_output)", (long long)out.width, (long long)V);
+    if (!st) memcpy(logits, out.data, (size_t)(rows * V) * sizeof(float));
+    tp_act_release(&out);
+    return st;
 }
 
 tp_status tp_model_forward(tp_model *m, tp_kv_cache *cache, const int64_t *tokens, int64_t T,
@@ -109,21 +158,25 @@ tp_status tp_model_forward(tp_model *m, tp_kv_cache *cache, const int64_t *token
         return tp_fail(TP_ERR_INVALID, "the KV cache holds %lld positions; %lld are needed",
                        (long long)cache->capacity, (long long)(cache->length + T));
     int64_t H = m->cfg.hidden_size;
-    scratch s;
-    tp_status st = scratch_alloc(&s, m, T);
-    if (st) return st;
-    if ((st = embed(m, tokens, T, s.x))) { scratch_free(&s); return st; }
+    tp_act x = {0};
+    tp_status st = tp_module_embedding(m, tokens, T, &x);
+    if (!st && (x.width != H || x.pl.kind != TP_REPLICATE))
+        st = tp_fail(TP_ERR_INVALID, "the embedding output is not replicated; the plan must gather it");
+    float *h = st ? NULL : malloc((size_t)(T * H) * sizeof(float));
+    if (!st && !h) st = tp_fail(TP_ERR_NOMEM, "out of memory for activations of %lld tokens", (long long)T);
     for (int64_t l = 0; l < m->cfg.num_hidden_layers && !st; l++) {
-        st = attention_block(m, &m->layers[l], cache, l, &s, T);
-        if (!st) st = mlp_block(m, &m->layers[l], &s, T);
+        st = attention_block(m, &m->layers[l], cache, l, x.data, h, T);
+        if (!st) st = mlp_block(m, &m->layers[l], x.data, h, T);
     }
     if (!st) {
         int64_t first = all_logits ? 0 : T - 1;
-        tp_rmsnorm(s.h, s.x + first * H, &m->norm, T - first, H, m->cfg.rms_norm_eps);
-        st = tp_matmul(logits, s.h, T - first, &m->lm_head, NULL, m->pool);
+        st = head(m, x.data + first * H, T - first, h, logits);
+    }
+    if (!st) {
         memcpy(cache->tokens + cache->length, tokens, (size_t)T * sizeof *tokens);
         cache->length += T;
     }
-    scratch_free(&s);
+    free(h);
+    tp_act_release(&x);
     return st;
 }

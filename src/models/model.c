@@ -2,6 +2,7 @@
  * read from the checkpoint with its shape checked against the config. */
 #include "tensorpar/models.h"
 #include "tensorpar/kernels.h"
+#include "tp_module.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -19,12 +20,43 @@ static tp_dtype param_dtype(const tp_param_desc *p, tp_dtype weight_dtype)
     return p->kind == TP_PARAM_WEIGHT || p->kind == TP_PARAM_EMBEDDING ? weight_dtype : TP_F32;
 }
 
-static tp_status load_param(tp_checkpoint *ck, const tp_param_desc *p, tp_dtype dt)
+/* Reads the ranges of a slice along dimension 1: each range arrives as a
+ * [rows, len] block and is placed at its column offset (StridedShard). */
+static tp_status read_columns(tp_checkpoint *ck, const tp_param_desc *p, const tp_param_slice *sl,
+                              tp_dtype dt, tp_tensor *t)
+{
+    size_t es = tp_dtype_size(dt);
+    int64_t rows = p->shape[0], width = t->shape[1], col = 0;
+    for (int i = 0; i < sl->n; i++) {
+        void *tmp = malloc((size_t)(rows * sl->len[i]) * es + 1);
+        if (!tmp) return tp_fail(TP_ERR_NOMEM, "out of memory reading %s", p->name);
+        tp_status s = tp_checkpoint_read_slice(ck, p->name, 1, sl->start[i], sl->len[i], dt, tmp);
+        for (int64_t r = 0; !s && r < rows; r++)
+            memcpy((char *)t->data + (size_t)(r * width + col) * es, (char *)tmp + (size_t)(r * sl->len[i]) * es,
+                   (size_t)sl->len[i] * es);
+        free(tmp);
+        if (s) return s;
+        col += sl->len[i];
+    }
+    return TP_OK;
+}
+
+/* Shard-on-read (tp-semantics.md §6.2): only this rank's ranges of the
+ * tensor are read; along dimension 0 they are consecutive in the buffer. */
+static tp_status load_param(tp_checkpoint *ck, const tp_param_desc *p, const tp_param_slice *sl, tp_dtype dt)
 {
     tp_status s = tp_checkpoint_expect(ck, p->name, p->ndim, p->shape);
     if (s) return s;
-    if ((s = tp_tensor_init(p->slot, dt, p->ndim, p->shape))) return s;
-    return tp_checkpoint_read(ck, p->name, dt, p->slot->data);
+    if ((s = tp_tensor_init(p->slot, dt, sl->ndim, sl->local_shape))) return s;
+    if (sl->dim < 0) return tp_checkpoint_read(ck, p->name, dt, p->slot->data);
+    if (sl->dim == 1) return read_columns(ck, p, sl, dt, p->slot);
+    size_t row_bytes = (size_t)(p->ndim == 2 ? p->shape[1] : 1) * tp_dtype_size(dt);
+    char *dst = p->slot->data;
+    for (int i = 0; i < sl->n && !s; i++) {
+        s = tp_checkpoint_read_slice(ck, p->name, 0, sl->start[i], sl->len[i], dt, dst);
+        dst += (size_t)sl->len[i] * row_bytes;
+    }
+    return s;
 }
 
 static void warn_unused(const tp_checkpoint *ck, const tp_param_desc *params, size_t n)
@@ -53,10 +85,13 @@ static tp_status load_weights(tp_model *m, const char *dir, int show_progress)
     tp_progress bar;
     if (show_progress) tp_progress_begin(&bar, "loading", n);
     for (size_t i = 0; i < n && !s; i++) {
-        s = load_param(ck, &params[i], param_dtype(&params[i], m->weight_dtype));
+        tp_param_slice sl;
+        s = tp_model_param_slice(m, i, &params[i], &sl);
+        if (!s) s = load_param(ck, &params[i], &sl, param_dtype(&params[i], m->weight_dtype));
         if (show_progress) tp_progress_advance(&bar, 1);
     }
     if (show_progress) tp_progress_end(&bar);
+    m->bytes_read = tp_checkpoint_bytes_read(ck);
     if (!s) warn_unused(ck, params, n);
     tp_checkpoint_close(ck);
     free(params);
@@ -78,11 +113,14 @@ tp_status tp_model_load(tp_model **out, const char *model_dir, const tp_model_op
     const tp_rope_scaling *rs = &c->rope_scaling;
     tp_rope_inv_freq(m->inv_freq, c->head_dim, c->rope_theta, (int)rs->kind, rs->factor,
                      rs->low_freq_factor, rs->high_freq_factor, rs->original_max_position_embeddings);
+    /* The plan is resolved and checked before any weight is read. */
+    if ((s = tp_model_tp_setup(m, opt))) { tp_model_free(m); return s; }
     if ((s = load_weights(m, model_dir, opt && opt->show_progress))) { tp_model_free(m); return s; }
     if (c->tie_word_embeddings) {
-        m->lm_head = m->embed_tokens;
-        m->lm_head.owns_data = 0;
+        m->lm_head.weight = m->embed_tokens.weight;
+        m->lm_head.weight.owns_data = 0;
     }
+    if (m->tp) tp_plan_log_coverage(m->tp->res, m->tp->mesh ? tp_mesh_world_rank(m->tp->mesh) : 0);
     int threads = opt && opt->threads > 0 ? opt->threads : 1;
     if ((s = tp_threadpool_create(&m->pool, threads))) { tp_model_free(m); return s; }
     *out = m;
@@ -94,6 +132,8 @@ static void release_linear(tp_linear *l)
     tp_tensor_release(&l->weight);
     tp_tensor_release(&l->bias);
 }
+
+uint64_t tp_model_bytes_read(const tp_model *m) { return m->bytes_read; }
 
 void tp_model_free(tp_model *m)
 {
@@ -107,8 +147,9 @@ void tp_model_free(tp_model *m)
         tp_tensor_release(&L->q_norm); tp_tensor_release(&L->k_norm);
     }
     free(m->layers);
-    tp_tensor_release(&m->lm_head);
-    tp_tensor_release(&m->embed_tokens);
+    release_linear(&m->lm_head);
+    release_linear(&m->embed_tokens);
+    tp_model_tp_free(m);
     tp_tensor_release(&m->norm);
     free(m->inv_freq);
     tp_threadpool_destroy(m->pool);

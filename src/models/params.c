@@ -12,7 +12,7 @@ typedef struct {
     size_t n, cap;
 } table;
 
-static tp_status add(table *t, tp_tensor *slot, tp_param_kind kind, int64_t d0, int64_t d1,
+static tp_status add(table *t, tp_tensor *slot, tp_linear *module, tp_param_kind kind, int64_t d0, int64_t d1,
                      const char *fmt, ...)
 {
     if (t->n == t->cap) {
@@ -33,6 +33,7 @@ static tp_status add(table *t, tp_tensor *slot, tp_param_kind kind, int64_t d0, 
     p->shape[0] = d0;
     p->shape[1] = d1 > 0 ? d1 : 0;
     p->slot = slot;
+    p->module = module;
     return TP_OK;
 }
 
@@ -41,10 +42,10 @@ static tp_status add(table *t, tp_tensor *slot, tp_param_kind kind, int64_t d0, 
 static tp_status add_linear(table *t, tp_model *m, tp_linear *lin, int bias, int64_t out, int64_t in,
                             int64_t layer, const char *name)
 {
-    tp_status s = add(t, lin ? &lin->weight : NULL, TP_PARAM_WEIGHT, out, in,
+    tp_status s = add(t, lin ? &lin->weight : NULL, lin, TP_PARAM_WEIGHT, out, in,
                       "model.layers.%lld.%s.weight", (long long)layer, name);
     if (!s && bias)
-        s = add(t, lin ? &lin->bias : NULL, TP_PARAM_BIAS, out, 0,
+        s = add(t, lin ? &lin->bias : NULL, lin, TP_PARAM_BIAS, out, 0,
                 "model.layers.%lld.%s.bias", (long long)layer, name);
     (void)m;
     return s;
@@ -57,7 +58,7 @@ static tp_status add_layer(table *t, const tp_model_config *c, tp_model *m, int6
     int64_t qdim = c->num_attention_heads * D, kvdim = c->num_key_value_heads * D;
     int qkv_bias = c->attention_bias || c->qkv_bias;
     tp_status s;
-    if ((s = add(t, L ? &L->input_layernorm : NULL, TP_PARAM_NORM, H, 0,
+    if ((s = add(t, L ? &L->input_layernorm : NULL, NULL, TP_PARAM_NORM, H, 0,
                  "model.layers.%lld.input_layernorm.weight", (long long)i)) ||
         (s = add_linear(t, m, L ? &L->q_proj : NULL, qkv_bias, qdim, H, i, "self_attn.q_proj")) ||
         (s = add_linear(t, m, L ? &L->k_proj : NULL, qkv_bias, kvdim, H, i, "self_attn.k_proj")) ||
@@ -65,10 +66,10 @@ static tp_status add_layer(table *t, const tp_model_config *c, tp_model *m, int6
         (s = add_linear(t, m, L ? &L->o_proj : NULL, c->attention_bias, H, qdim, i, "self_attn.o_proj")))
         return s;
     if (c->qk_norm &&
-        ((s = add(t, L ? &L->q_norm : NULL, TP_PARAM_NORM, D, 0, "model.layers.%lld.self_attn.q_norm.weight", (long long)i)) ||
-         (s = add(t, L ? &L->k_norm : NULL, TP_PARAM_NORM, D, 0, "model.layers.%lld.self_attn.k_norm.weight", (long long)i))))
+        ((s = add(t, L ? &L->q_norm : NULL, NULL, TP_PARAM_NORM, D, 0, "model.layers.%lld.self_attn.q_norm.weight", (long long)i)) ||
+         (s = add(t, L ? &L->k_norm : NULL, NULL, TP_PARAM_NORM, D, 0, "model.layers.%lld.self_attn.k_norm.weight", (long long)i))))
         return s;
-    if ((s = add(t, L ? &L->post_attention_layernorm : NULL, TP_PARAM_NORM, H, 0,
+    if ((s = add(t, L ? &L->post_attention_layernorm : NULL, NULL, TP_PARAM_NORM, H, 0,
                  "model.layers.%lld.post_attention_layernorm.weight", (long long)i)) ||
         (s = add_linear(t, m, L ? &L->gate_proj : NULL, 0, I, H, i, "mlp.gate_proj")) ||
         (s = add_linear(t, m, L ? &L->up_proj : NULL, 0, I, H, i, "mlp.up_proj")) ||
@@ -80,12 +81,13 @@ static tp_status add_layer(table *t, const tp_model_config *c, tp_model *m, int6
 tp_status tp_model_params(const tp_model_config *c, tp_model *m, tp_param_desc **out, size_t *n)
 {
     table t = {0};
-    tp_status s = add(&t, SLOT(m->embed_tokens), TP_PARAM_EMBEDDING, c->vocab_size, c->hidden_size,
-                      "model.embed_tokens.weight");
+    tp_status s = add(&t, SLOT(m->embed_tokens.weight), m ? &m->embed_tokens : NULL, TP_PARAM_EMBEDDING,
+                      c->vocab_size, c->hidden_size, "model.embed_tokens.weight");
     for (int64_t i = 0; !s && i < c->num_hidden_layers; i++) s = add_layer(&t, c, m, i);
-    if (!s) s = add(&t, SLOT(m->norm), TP_PARAM_NORM, c->hidden_size, 0, "model.norm.weight");
+    if (!s) s = add(&t, SLOT(m->norm), NULL, TP_PARAM_NORM, c->hidden_size, 0, "model.norm.weight");
     if (!s && !c->tie_word_embeddings)
-        s = add(&t, SLOT(m->lm_head), TP_PARAM_WEIGHT, c->vocab_size, c->hidden_size, "lm_head.weight");
+        s = add(&t, SLOT(m->lm_head.weight), m ? &m->lm_head : NULL, TP_PARAM_WEIGHT, c->vocab_size,
+                c->hidden_size, "lm_head.weight");
     if (s) { free(t.v); return s; }
     *out = t.v;
     *n = t.n;

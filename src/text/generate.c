@@ -159,7 +159,7 @@ tp_status tp_generate(tp_model *m, tp_kv_cache *kv, const int64_t *prompt, int64
     st->stop_reason = "length";
     while (!s && *n_out < o->max_new_tokens) {
         int64_t id = tp_sampler_next(&g.sampler, g.logits);
-        if (o->choose) id = o->choose(o->ctx, id);   /* e.g. TP rank 0's choice, broadcast */
+        if (o->choose && (s = o->choose(o->choose_ctx, &id))) break;
         out[(*n_out)++] = id;
         tp_sampler_observe(&g.sampler, &id, 1);
         if ((s = stream_token(&g, id, &stopped))) break;

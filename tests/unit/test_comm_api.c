@@ -75,9 +75,9 @@ static void test_self_group(void)
     /* A failed argument check does not poison the group. */
     CHECK(tp_comm_barrier(g) == TP_OK);
     int zero = 0, one = 1;
-    tp_group *sub = NULL, *split = NULL;
+    tp_group *sub = NULL, *split = NULL, *bad = NULL;
     CHECK(tp_group_new_sub(g, &zero, 1, &sub) == TP_OK && sub && tp_group_size(sub) == 1);
-    CHECK(tp_group_new_sub(g, &one, 1, &sub) == TP_ERR_INVALID);
+    CHECK(tp_group_new_sub(g, &one, 1, &bad) == TP_ERR_INVALID && bad == NULL);
     CHECK(tp_group_split(g, 5, 0, &split) == TP_OK && split && tp_group_size(split) == 1);
     tp_group *none = (tp_group *)&zero;
     CHECK(tp_group_split(g, -1, 0, &none) == TP_OK && none == NULL);

@@ -1,0 +1,57 @@
+/* The tensor-parallel side of a model (private to models/): each module's
+ * style and shard, and the executor that runs a module's forward through its
+ * style's hooks (tp-semantics.md §3.2): pre_forward -> local computation ->
+ * post_forward.  All communication happens inside those hooks, through
+ * dist's redistribute. */
+#ifndef TP_MODELS_TP_MODULE_H
+#define TP_MODELS_TP_MODULE_H
+
+#include "tensorpar/dist.h"
+#include "tensorpar/models.h"
+#include "tensorpar/parallel.h"
+
+struct tp_module_tp {
+    char name[96];                 /* "model.layers.0.self_attn.q_proj"  */
+    tp_module_kind kind;
+    const tp_module_plan *plan;    /* NULL: no module-level rule          */
+    int64_t in_features, out_features;  /* global activation widths       */
+    tp_param_slice weight_slice;   /* this rank's slice of the weight     */
+    int kv_rep;                    /* > 1: k/v projection under KV-head replication */
+};
+
+struct tp_model_tp {
+    const tp_mesh *mesh;           /* 1-D TP mesh; NULL for validation only */
+    int rank, size;
+    tp_plan_resolution *res;
+    struct tp_module_tp *modules;  /* every Linear and Embedding          */
+    size_t n_modules;
+};
+
+/* An activation [T, width] of a feature dimension of `gwidth` columns, of
+ * which this rank holds `width` under placement `pl` (Replicate or
+ * Shard(1)); `data` is owned. */
+typedef struct {
+    float *data;
+    int64_t T, width, gwidth;
+    tp_placement pl;
+} tp_act;
+
+void tp_act_release(tp_act *a);
+/* Global index of this rank's first column of a. */
+int64_t tp_act_offset(const tp_model *m, const tp_act *a);
+
+/* Resolves the plan (before any weight is read) and attaches each module's
+ * TP state; m->cfg and the layer array must exist. */
+tp_status tp_model_tp_setup(tp_model *m, const tp_model_options *opt);
+void tp_model_tp_free(tp_model *m);
+/* This rank's slice of parameter i of the parameter table (whole when the
+ * model is not split). */
+tp_status tp_model_param_slice(const tp_model *m, size_t i, const tp_param_desc *p, tp_param_slice *out);
+
+/* A Linear module on input x [T, x_width]. */
+tp_status tp_module_linear(tp_model *m, const tp_linear *lin, const float *x, int64_t T, int64_t x_width,
+                           tp_act *y);
+/* The embedding lookup of T token ids (ids outside [0, vocab) are an error). */
+tp_status tp_module_embedding(tp_model *m, const int64_t *ids, int64_t T, tp_act *y);
+
+#endif

@@ -1,0 +1,132 @@
+/* Applying a TP plan to a model: resolve and validate the plan for this TP
+ * size before any weight is read (tp-semantics.md §5.6), check that every
+ * rank resolved the same plan, and give each Linear/Embedding its style and
+ * its shard. */
+#include "tp_module.h"
+
+#include "tensorpar/comm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* All ranks must have resolved the same plan (§4.4 step 9). */
+static tp_status check_same_plan(const struct tp_model_tp *tp)
+{
+    if (!tp->mesh || tp->size == 1) return TP_OK;
+    uint64_t mine = tp_plan_digest(tp->res);
+    uint64_t *all = calloc((size_t)tp->size, sizeof *all);
+    if (!all) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    tp_status s = tp_comm_all_gather(tp_mesh_group(tp->mesh, 0), &mine, all, 1, TP_I64);
+    for (int r = 1; !s && r < tp->size; r++)
+        if (all[r] != all[0]) s = tp_plan_fail_disagree(0, r);
+    free(all);
+    return s;
+}
+
+static tp_status resolve(struct tp_model_tp *tp, const tp_model_config *cfg, const char *spec)
+{
+    tp_plan plan = {0};
+    tp_status s = tp_plan_load(spec, cfg, &plan);
+    if (!s) s = tp_plan_resolve(cfg, &plan, tp->size, NULL, &tp->res);
+    tp_plan_free(&plan);
+    if (s) return s;
+    int global_rank = tp->mesh ? tp_mesh_world_rank(tp->mesh) : 0;
+    tp_plan_log_pattern_warnings(tp->res, global_rank);
+    return check_same_plan(tp);
+}
+
+static void module_name(const char *param, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s", param);
+    char *dot = strrchr(out, '.');
+    if (dot) *dot = '\0';
+}
+
+/* Fills a module's TP state from its weight's parameter record. */
+static tp_status attach(tp_model *m, tp_linear *lin, const tp_param_desc *p, const tp_param_plan *pp,
+                        size_t param_index, struct tp_module_tp *mt)
+{
+    struct tp_model_tp *tp = m->tp;
+    memset(mt, 0, sizeof *mt);
+    module_name(p->name, mt->name, sizeof mt->name);
+    mt->kind = p->kind == TP_PARAM_EMBEDDING ? TP_MODULE_EMBEDDING : TP_MODULE_LINEAR;
+    mt->plan = tp->res->applied ? tp_plan_find_module(tp->res, mt->name) : NULL;
+    mt->out_features = p->shape[0];
+    mt->in_features = p->shape[1];
+    mt->kv_rep = pp ? pp->kv_rep : 1;
+    tp_status s = tp->res->applied ? (pp == &tp->res->tied_head ? tp_plan_slice_of(tp->res, pp, tp->rank, &mt->weight_slice)
+                                                               : tp_plan_param_slice(tp->res, param_index, tp->rank, &mt->weight_slice))
+                                   : TP_OK;
+    if (!tp->res->applied) {
+        mt->weight_slice.dim = -1;
+        mt->weight_slice.ndim = 2;
+        mt->weight_slice.local_shape[0] = p->shape[0];
+        mt->weight_slice.local_shape[1] = p->shape[1];
+    }
+    lin->tp = mt;
+    return s;
+}
+
+static tp_status attach_modules(tp_model *m)
+{
+    struct tp_model_tp *tp = m->tp;
+    tp_param_desc *params;
+    size_t n;
+    tp_status s = tp_model_params(&m->cfg, m, &params, &n);
+    if (s) return s;
+    tp->modules = calloc(n + 1, sizeof *tp->modules);
+    if (!tp->modules) { free(params); return tp_fail(TP_ERR_NOMEM, "out of memory"); }
+    for (size_t i = 0; i < n && !s; i++) {
+        if (!params[i].module || params[i].slot != &params[i].module->weight) continue;
+        s = attach(m, params[i].module, &params[i], &tp->res->params[i], i, &tp->modules[tp->n_modules++]);
+    }
+    if (!s && m->cfg.tie_word_embeddings) {
+        /* The tied head is no parameter of its own: it runs on the
+         * embedding's shard, which the plan gave the same placement. */
+        tp_param_desc head = {.name = "lm_head.weight", .kind = TP_PARAM_WEIGHT, .ndim = 2,
+                              .shape = {m->cfg.vocab_size, m->cfg.hidden_size}};
+        const tp_param_plan *pp = tp->res->has_tied_head ? &tp->res->tied_head : NULL;
+        s = attach(m, &m->lm_head, &head, pp, n, &tp->modules[tp->n_modules++]);
+        if (!s && !pp) {
+            m->lm_head.tp->weight_slice = m->embed_tokens.tp->weight_slice;
+        }
+    }
+    free(params);
+    return s;
+}
+
+tp_status tp_model_tp_setup(tp_model *m, const tp_model_options *opt)
+{
+    if (!opt || (!opt->mesh && !opt->tp_plan)) return TP_OK;
+    struct tp_model_tp *tp = calloc(1, sizeof *tp);
+    if (!tp) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    m->tp = tp;
+    tp->mesh = opt->mesh;
+    tp->size = opt->mesh ? tp_mesh_size(opt->mesh, 0) : 1;
+    tp->rank = opt->mesh ? tp_mesh_coord(opt->mesh, 0) : 0;
+    if (opt->mesh && tp_mesh_ndim(opt->mesh) != 1)
+        return tp_fail(TP_ERR_UNSUPPORTED, "the model takes a 1-D tensor-parallel mesh");
+    tp_status s = resolve(tp, &m->cfg, opt->tp_plan);
+    if (!s) s = attach_modules(m);
+    return s;
+}
+
+void tp_model_tp_free(tp_model *m)
+{
+    if (!m->tp) return;
+    tp_plan_resolution_free(m->tp->res);
+    free(m->tp->modules);
+    free(m->tp);
+    m->tp = NULL;
+}
+
+tp_status tp_model_param_slice(const tp_model *m, size_t i, const tp_param_desc *p, tp_param_slice *out)
+{
+    if (m->tp && m->tp->res->applied) return tp_plan_param_slice(m->tp->res, i, m->tp->rank, out);
+    memset(out, 0, sizeof *out);
+    out->dim = -1;
+    out->ndim = p->ndim;
+    out->local_shape[0] = p->shape[0];
+    out->local_shape[1] = p->ndim == 2 ? p->shape[1] : 0;
+    return TP_OK;
+}

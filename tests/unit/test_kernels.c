@@ -1,0 +1,282 @@
+/* kernels/: every fast path against the scalar reference (or a double
+ * reference) on random inputs with awkward sizes.  Each path the CPU can
+ * run is forced in turn through the *_path functions and tp_matmul_ex. */
+#include "check.h"
+#include "tensorpar/kernels.h"
+#include "kernels/kern_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static tp_rng rng;
+
+static void fill(float *x, int64_t n, double scale)
+{
+    for (int64_t i = 0; i < n; i++) x[i] = (float)(scale * tp_rng_normal(&rng));
+}
+
+static const tp_kernel_path PATHS[] = {TP_KERNEL_SCALAR, TP_KERNEL_AVX2, TP_KERNEL_AVX512};
+
+/* ---- matmul ----------------------------------------------------------- */
+
+/* Max over outputs of |y - ref| / Σ|x·w|, with ref and Σ in double. */
+static double matmul_err(const float *y, const float *x, const float *wf, const float *b,
+                         int64_t T, int64_t n, int64_t k)
+{
+    double worst = 0;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t r = 0; r < n; r++) {
+            double ref = b ? b[r] : 0, mag = b ? fabs(b[r]) : 0;
+            for (int64_t i = 0; i < k; i++) {
+                double pr = (double)x[t * k + i] * wf[r * k + i];
+                ref += pr;
+                mag += fabs(pr);
+            }
+            double e = fabs(y[t * n + r] - ref) / (mag > 0 ? mag : 1);
+            if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
+        }
+    return worst;
+}
+
+static double worst_exact[4], worst_dot;
+
+static void check_matmul(tp_threadpool *pool, int64_t T, int64_t n, int64_t k, tp_dtype wt, int with_bias)
+{
+    float *x = malloc((size_t)(T * k + 1) * sizeof(float));
+    float *wf = malloc((size_t)(n * k + 1) * sizeof(float));
+    float *y = malloc((size_t)(T * n + 1) * sizeof(float));
+    float *b = malloc((size_t)n * sizeof(float));
+    tp_tensor W = {0}, B = {0};
+    int64_t ws[2] = {n, k}, bs[1] = {n};
+    if (!x || !wf || !y || !b || tp_tensor_init(&W, wt, 2, ws) || tp_tensor_init(&B, TP_F32, 1, bs)) {
+        CHECK(!"out of memory");
+        goto done;
+    }
+    fill(x, T * k, 1.0);
+    fill(wf, n * k, 0.5);
+    fill(b, n, 1.0);
+    if (wt == TP_BF16) {   /* the reference uses the exact bf16 values */
+        for (int64_t i = 0; i < n * k; i++) {
+            ((uint16_t *)W.data)[i] = tp_bf16_from_f32(wf[i]);
+            wf[i] = tp_f32_from_bf16(((uint16_t *)W.data)[i]);
+        }
+    } else {
+        memcpy(W.data, wf, (size_t)(n * k) * sizeof(float));
+    }
+    memcpy(B.data, b, (size_t)n * sizeof(float));
+    for (int pi = 0; pi < 3; pi++) {
+        if (!tp_kernel_path_supported(PATHS[pi])) continue;
+        for (int dot = 0; dot < 2; dot++) {
+            if (dot && (wt != TP_BF16 || PATHS[pi] != TP_KERNEL_AVX512 || !tp_kernel_has_bf16_dot())) continue;
+            tp_matmul_opts o = {PATHS[pi], dot, 0};
+            for (int64_t i = 0; i < T * n; i++) y[i] = NAN;
+            CHECK(tp_matmul_ex(y, x, T, &W, with_bias ? &B : NULL, pool, &o) == TP_OK);
+            double e = matmul_err(y, x, wf, with_bias ? b : NULL, T, n, k);
+            if (dot) {
+                /* x rounded to bf16 (8 significant bits): each product off by <= 2^-8 relative. */
+                if (e > worst_dot) worst_dot = e;
+                if (getenv("TK_DEBUG")) printf("dot T=%lld n=%lld k=%lld err %.3g\n", (long long)T, (long long)n, (long long)k, e);
+                CHECK_MSG(e <= 0x1p-8 + 1e-6, "bf16-dot T=%lld n=%lld k=%lld err %.3g", (long long)T, (long long)n, (long long)k, e);
+            } else {
+                if (e > worst_exact[PATHS[pi]]) worst_exact[PATHS[pi]] = e;
+                CHECK_MSG(e <= 1e-6, "%s %s T=%lld n=%lld k=%lld bias=%d err %.3g", tp_kernel_path_name(PATHS[pi]),
+                          tp_dtype_name(wt), (long long)T, (long long)n, (long long)k, with_bias, e);
+            }
+        }
+    }
+done:
+    tp_tensor_release(&W);
+    tp_tensor_release(&B);
+    free(x); free(wf); free(y); free(b);
+}
+
+static void test_matmul(tp_threadpool *pool)
+{
+    static const int64_t Ts[] = {1, 2, 3, 4, 5, 7, 13, 17, 64};
+    static const int64_t NK[][2] = {{1, 1}, {7, 129}, {129, 7}, {33, 31}, {40, 1025}, {65, 300}, {3, 513}};
+    for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
+        for (size_t c = 0; c < sizeof NK / sizeof *NK; c++)
+            for (int wt = 0; wt < 2; wt++)
+                check_matmul(pool, Ts[a], NK[c][0], NK[c][1], wt ? TP_BF16 : TP_F32, (int)((a + c) & 1));
+    check_matmul(pool, 1, 1025, 64, TP_BF16, 1);
+    check_matmul(pool, 129, 97, 260, TP_F32, 0);
+    check_matmul(pool, 129, 97, 261, TP_BF16, 1);
+    printf("matmul max |err| / sum|x*w|: scalar %.2g, avx2 %.2g, avx512 %.2g, avx512 bf16-dot %.2g\n",
+           worst_exact[TP_KERNEL_SCALAR], worst_exact[TP_KERNEL_AVX2], worst_exact[TP_KERNEL_AVX512], worst_dot);
+}
+
+/* ---- element-wise ----------------------------------------------------- */
+
+static const int64_t SIZES[] = {1, 7, 15, 16, 17, 129, 1025};
+#define NSIZES (sizeof SIZES / sizeof *SIZES)
+
+static double max_rel(const float *a, const float *ref, int64_t n, double floor)
+{
+    double w = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - ref[i]) / (fabs(ref[i]) > floor ? fabs(ref[i]) : floor);
+        if (!(e <= w)) w = isnan(e) ? INFINITY : e;
+    }
+    return w;
+}
+
+static void test_elementwise(void)
+{
+    float *a = malloc(4 * 1025 * sizeof(float)), *b = malloc(4 * 1025 * sizeof(float));
+    float *r = malloc(4 * 1025 * sizeof(float)), *o = malloc(4 * 1025 * sizeof(float));
+    float *w = malloc(1025 * sizeof(float));
+    if (!a || !b || !r || !o || !w) { CHECK(!"oom"); goto done; }
+    for (size_t si = 0; si < NSIZES; si++) {
+        int64_t n = SIZES[si];
+        for (int pi = 1; pi < 3; pi++) {
+            tp_kernel_path p = PATHS[pi];
+            if (!tp_kernel_path_supported(p)) continue;
+            /* silu·mul, including large |a| where exp over/underflows */
+            fill(a, n, 4.0);
+            if (n > 3) { a[0] = 100.0f; a[1] = -100.0f; a[2] = 0.0f; }
+            fill(b, n, 1.0);
+            memcpy(r, a, (size_t)n * sizeof(float));
+            memcpy(o, a, (size_t)n * sizeof(float));
+            tp_silu_mul_path(TP_KERNEL_SCALAR, r, b, n);
+            tp_silu_mul_path(p, o, b, n);
+            double e = max_rel(o, r, n, 1e-30);
+            CHECK_MSG(e <= 2e-6, "silu_mul %s n=%lld err %.3g", tp_kernel_path_name(p), (long long)n, e);
+            /* softmax */
+            fill(a, n, 5.0);
+            memcpy(r, a, (size_t)n * sizeof(float));
+            memcpy(o, a, (size_t)n * sizeof(float));
+            tp_softmax_path(TP_KERNEL_SCALAR, r, n);
+            tp_softmax_path(p, o, n);
+            e = max_rel(o, r, n, 1e-30);
+            CHECK_MSG(e <= 2e-6, "softmax %s n=%lld err %.3g", tp_kernel_path_name(p), (long long)n, e);
+            /* rmsnorm over 3 rows */
+            fill(a, 3 * n, 2.0);
+            fill(w, n, 1.0);
+            tp_rmsnorm_path(TP_KERNEL_SCALAR, r, a, w, 3, n, 1e-6);
+            tp_rmsnorm_path(p, o, a, w, 3, n, 1e-6);
+            e = max_rel(o, r, 3 * n, 1e-30);
+            CHECK_MSG(e <= 1e-6, "rmsnorm %s n=%lld err %.3g", tp_kernel_path_name(p), (long long)n, e);
+        }
+    }
+    /* tp_add_rmsnorm == add, then tp_rmsnorm (bf16 weight) */
+    {
+        int64_t n = 129;
+        tp_tensor wt = {0};
+        int64_t s[1] = {n};
+        if (tp_tensor_init(&wt, TP_BF16, 1, s) == TP_OK) {
+            for (int64_t i = 0; i < n; i++) ((uint16_t *)wt.data)[i] = tp_bf16_from_f32((float)tp_rng_normal(&rng));
+            fill(a, 2 * n, 1.0);
+            fill(b, 2 * n, 1.0);
+            memcpy(r, a, (size_t)(2 * n) * sizeof(float));
+            for (int64_t i = 0; i < 2 * n; i++) r[i] += b[i];
+            float *ref = malloc((size_t)(2 * n) * sizeof(float));
+            if (ref) {
+                tp_rmsnorm(ref, r, &wt, 2, n, 1e-5);
+                tp_add_rmsnorm(a, b, o, &wt, 2, n, 1e-5);
+                CHECK(memcmp(a, r, (size_t)(2 * n) * sizeof(float)) == 0);
+                CHECK(memcmp(o, ref, (size_t)(2 * n) * sizeof(float)) == 0);
+                free(ref);
+            }
+            tp_tensor_release(&wt);
+        }
+    }
+done:
+    free(a); free(b); free(r); free(o); free(w);
+}
+
+static void test_rope(void)
+{
+    static const int64_t dims[] = {2, 16, 18, 64, 128};
+    for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
+        int64_t D = dims[di], T = 17, H = 3, pos0 = 5;
+        double inv[64];
+        tp_rope_inv_freq(inv, D, 10000.0, 0, 1, 1, 4, 8192);
+        float *x = malloc((size_t)(T * H * D) * sizeof(float)), *ref = malloc((size_t)(T * H * D) * sizeof(float));
+        float *y = malloc((size_t)(T * H * D) * sizeof(float)), *tab = malloc((size_t)(T * D) * sizeof(float));
+        if (!x || !ref || !y || !tab) { CHECK(!"oom"); free(x); free(ref); free(y); free(tab); return; }
+        fill(x, T * H * D, 1.0);
+        memcpy(ref, x, (size_t)(T * H * D) * sizeof(float));
+        tp_rope_apply(ref, T, H, D, inv, pos0);
+        tp_rope_table(tab, T, D, inv, pos0);
+        for (int pi = 0; pi < 3; pi++) {
+            if (!tp_kernel_path_supported(PATHS[pi])) continue;
+            memcpy(y, x, (size_t)(T * H * D) * sizeof(float));
+            tp_rope_apply_table_path(PATHS[pi], y, T, H, D, tab);
+            CHECK_MSG(memcmp(y, ref, (size_t)(T * H * D) * sizeof(float)) == 0, "rope %s D=%lld not bit-exact",
+                      tp_kernel_path_name(PATHS[pi]), (long long)D);
+        }
+        free(x); free(ref); free(y); free(tab);
+    }
+}
+
+static void test_attention(tp_threadpool *pool)
+{
+    static const int64_t Ts[] = {1, 3, 17, 64, 100};
+    static const int64_t Ds[] = {16, 7, 64};
+    double worst = 0;
+    for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++)
+        for (size_t di = 0; di < sizeof Ds / sizeof *Ds; di++)
+            for (int pc = 0; pc < 2; pc++)
+                for (int win = 0; win < 2; win++) {
+                    int64_t T = Ts[ti], D = Ds[di], pos0 = pc ? 70 : 0, nh = 4, nkv = 2;
+                    int64_t window = win ? 9 : 0, L = pos0 + T;
+                    float *q = malloc((size_t)(T * nh * D) * sizeof(float));
+                    float *k = malloc((size_t)(L * nkv * D) * sizeof(float));
+                    float *v = malloc((size_t)(L * nkv * D) * sizeof(float));
+                    float *r = malloc((size_t)(T * nh * D) * sizeof(float));
+                    float *o = malloc((size_t)(T * nh * D) * sizeof(float));
+                    if (!q || !k || !v || !r || !o) { CHECK(!"oom"); goto next; }
+                    fill(q, T * nh * D, 1.0);
+                    fill(k, L * nkv * D, 1.0);
+                    fill(v, L * nkv * D, 1.0);
+                    tp_attention_path(TP_KERNEL_SCALAR, r, q, k, v, T, pos0, nh, nkv, D, window, pool);
+                    for (int pi = 1; pi < 3; pi++) {
+                        if (!tp_kernel_path_supported(PATHS[pi])) continue;
+                        tp_attention_path(PATHS[pi], o, q, k, v, T, pos0, nh, nkv, D, window, pool);
+                        /* outputs are convex combinations of v (|v| ~ 1): absolute error */
+                        double e = 0;
+                        for (int64_t i = 0; i < T * nh * D; i++) {
+                            double d = fabs((double)o[i] - r[i]);
+                            if (!(d <= e)) e = isnan(d) ? INFINITY : d;
+                        }
+                        if (e > worst) worst = e;
+                        CHECK_MSG(e <= 2e-6, "attention %s T=%lld D=%lld pos0=%lld window=%lld err %.3g",
+                                  tp_kernel_path_name(PATHS[pi]), (long long)T, (long long)D, (long long)pos0,
+                                  (long long)window, e);
+                    }
+                next:
+                    free(q); free(k); free(v); free(r); free(o);
+                }
+    printf("attention max |flash - reference| %.2g\n", worst);
+}
+
+static void test_paths(void)
+{
+    tp_kernel_path p;
+    CHECK(tp_kernel_path_parse("avx2", &p) == TP_OK && p == TP_KERNEL_AVX2);
+    CHECK(tp_kernel_path_parse("nope", &p) != TP_OK);
+    CHECK(tp_kernel_path_supported(TP_KERNEL_SCALAR));
+    CHECK(tp_kernel_resolve(TP_KERNEL_AUTO) == tp_kernel_path_default());
+    printf("kernel path: default %s (avx2 %s, avx512 %s, bf16 dot %s)\n",
+           tp_kernel_path_name(tp_kernel_path_default()),
+           tp_kernel_path_supported(TP_KERNEL_AVX2) ? "yes" : "no",
+           tp_kernel_path_supported(TP_KERNEL_AVX512) ? "yes" : "no",
+           tp_kernel_has_bf16_dot() ? "yes" : "no");
+}
+
+int main(void)
+{
+    tp_rng_seed(&rng, 1234);
+    tp_threadpool *pool3 = NULL;
+    CHECK(tp_threadpool_create(&pool3, 3) == TP_OK);
+    test_paths();
+    test_matmul(NULL);
+    test_matmul(pool3);
+    test_elementwise();
+    test_rope();
+    test_attention(NULL);
+    test_attention(pool3);
+    tp_threadpool_destroy(pool3);
+    return check_summary();
+}
