@@ -86,7 +86,8 @@ void tp_model_free(tp_model *m);
 /* One layer's keys and values for every position so far, f32. */
 typedef struct {
     int64_t capacity, length;
-    int64_t n_layers, n_kv, head_dim;
+    int64_t n_layers, head_dim;
+    int64_t *n_kv;                 /* per layer: KV heads on this rank */
     float **k, **v;                /* per layer: [capacity, n_kv, head_dim] */
     int64_t *tokens;               /* [capacity] the ids behind each position */
 } tp_kv_cache;

@@ -50,8 +50,9 @@ static void detect(void)
 #if defined(__clang__) && __clang_major__ < 16
     /* clang 14 does not know the "avx512bf16" feature name: ask cpuid. */
     {
-        unsigned a = 7, b = 1, cc = 0, d = 0;
+        unsigned a = 7, b = 0, cc = 1, d = 0;   /* leaf 7, subleaf 1: EAX bit 5 */
         __asm__("cpuid" : "+a"(a), "=b"(b), "+c"(cc), "=d"(d));
+        (void)b; (void)d;
         c->has_bf16 = c->has_avx512 && ((a >> 5) & 1);
     }
 #else

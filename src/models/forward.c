@@ -87,9 +87,9 @@ static tp_status attention_block(tp_model *m, const tp_layer *L, tp_kv_cache *ca
     snprintf(where, sizeof where, "layer %lld", (long long)layer);
     if (!st) st = check_head_layout(c, first_head(m, &L->q_proj, &a.q, D), nq, first_head(m, &L->k_proj, &a.k, D),
                                     nkv, where);
-    if (!st && nkv != cache->n_kv)
+    if (!st && nkv != cache->n_kv[layer])
         st = tp_fail(TP_ERR_INVALID, "%s has %lld KV heads on this rank; the cache was made for %lld",
-                     where, (long long)nkv, (long long)cache->n_kv);
+                     where, (long long)nkv, (long long)cache->n_kv[layer]);
     if (!st) {
         if (c->qk_norm) {   /* Qwen3 normalises each head before the rotation */
             tp_rmsnorm(a.q.data, a.q.data, &L->q_norm, T * nq, D, c->rms_norm_eps);

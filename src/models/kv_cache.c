@@ -1,6 +1,7 @@
 /* The KV cache: for each layer, the rotated keys and the values of every
  * position processed so far, for this rank's KV heads only. */
 #include "tensorpar/models.h"
+#include "tp_module.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -10,14 +11,17 @@ tp_status tp_kv_cache_init(tp_kv_cache *c, const tp_model *m, int64_t capacity)
     memset(c, 0, sizeof *c);
     c->capacity = capacity;
     c->n_layers = m->cfg.num_hidden_layers;
-    c->n_kv = m->layers[0].k_proj.weight.shape[0] / m->cfg.head_dim;
     c->head_dim = m->cfg.head_dim;
     c->k = calloc((size_t)c->n_layers, sizeof(float *));
     c->v = calloc((size_t)c->n_layers, sizeof(float *));
+    c->n_kv = calloc((size_t)c->n_layers, sizeof(int64_t));
     c->tokens = calloc((size_t)(capacity > 0 ? capacity : 1), sizeof(int64_t));
-    if (!c->k || !c->v || !c->tokens) { tp_kv_cache_release(c); return tp_fail(TP_ERR_NOMEM, "out of memory for the KV cache"); }
-    size_t bytes = (size_t)(capacity * c->n_kv * c->head_dim) * sizeof(float);
+    if (!c->k || !c->v || !c->tokens || !c->n_kv) { tp_kv_cache_release(c); return tp_fail(TP_ERR_NOMEM, "out of memory for the KV cache"); }
     for (int64_t l = 0; l < c->n_layers; l++) {
+        /* The heads k_proj's output holds on this rank: its shard's heads,
+         * or all of them when the plan gathers the output. */
+        c->n_kv[l] = tp_module_out_width(m, &m->layers[l].k_proj) / m->cfg.head_dim;
+        size_t bytes = (size_t)(capacity * c->n_kv[l] * c->head_dim) * sizeof(float);
         c->k[l] = tp_alloc(bytes);
         c->v[l] = tp_alloc(bytes);
         if (!c->k[l] || !c->v[l]) {
@@ -37,6 +41,7 @@ void tp_kv_cache_release(tp_kv_cache *c)
     free(c->k);
     free(c->v);
     free(c->tokens);
+    free(c->n_kv);
     memset(c, 0, sizeof *c);
 }
 

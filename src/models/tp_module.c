@@ -80,6 +80,17 @@ static int64_t output_width(const tp_model *m, const struct tp_module_tp *mt, co
     return mt->kv_rep > 1 ? lin->weight.shape[0] * m->tp->size : mt->out_features;
 }
 
+int64_t tp_module_out_width(const tp_model *m, const tp_linear *lin)
+{
+    const struct tp_module_tp *mt = lin->tp;
+    if (!mt || !mt->plan || !mt->plan->fwd.installed || !m->tp->mesh) return lin->weight.shape[0];
+    tp_placement out = mt->plan->fwd.output;
+    int64_t global = output_width(m, mt, lin), start, size;
+    if (out.kind == TP_REPLICATE) return global;
+    tp_chunk_range(global, m->tp->size, m->tp->rank, &start, &size);
+    return size;
+}
+
 tp_status tp_module_linear(tp_model *m, const tp_linear *lin, const float *x, int64_t T, int64_t x_width,
                            tp_act *y)
 {

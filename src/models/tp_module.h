@@ -51,6 +51,8 @@ tp_status tp_model_param_slice(const tp_model *m, size_t i, const tp_param_desc 
 /* A Linear module on input x [T, x_width]. */
 tp_status tp_module_linear(tp_model *m, const tp_linear *lin, const float *x, int64_t T, int64_t x_width,
                            tp_act *y);
+/* The width of the module's output on this rank, before running it. */
+int64_t tp_module_out_width(const tp_model *m, const tp_linear *lin);
 /* The embedding lookup of T token ids (ids outside [0, vocab) are an error). */
 tp_status tp_module_embedding(tp_model *m, const int64_t *ids, int64_t T, tp_act *y);
 

@@ -1,0 +1,234 @@
+#!/usr/bin/python3
+"""End-to-end: tensor-parallel inference equals the unsplit model.
+
+For every model type, TP = 2, 3 and 4 (where the heads allow) must give the
+TP = 1 logits within 1e-5 relative, bitwise identical logits on every rank, and
+the same greedy tokens; on the shared-memory backend and on MPI.  User plans
+that differ from the built-in one must give the same logits, invalid plans
+their messages, and each rank must read exactly its own bytes."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tpe2e import BIN, run  # noqa: E402
+
+os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+
+TOL = 1e-5
+TOKENS = "1,5,9,42,7,3,11,200,17,99,4,8,300,12,6,77"
+WORK = None
+# 6 heads / 3 KV heads so that TP = 3 divides them; vocab 510 divides by 2 and 3.
+TP3 = ["--set", "hidden_size=96", "--set", "num_attention_heads=6", "--set", "num_key_value_heads=3",
+       "--set", "vocab_size=510"]
+
+
+def setUpModule():
+    global WORK
+    WORK = tempfile.mkdtemp(prefix="tp-e2e-tp-")
+
+
+def tearDownModule():
+    shutil.rmtree(WORK, ignore_errors=True)
+
+
+def make(name, arch, *extra):
+    d = os.path.join(WORK, name)
+    if not os.path.exists(d):
+        run("make-model", "--arch", arch, "--preset", "tiny", "--qk-std", "0.25", "--seed", "3", *extra, "--out", d)
+    return d
+
+
+def logits(model, tp=1, *extra, tokens=TOKENS):
+    """Rank 0's logits, after checking that every rank's are bitwise equal."""
+    out = os.path.join(WORK, "logits-%r.npy")
+    run("logits", "--model", model, "--tokens", tokens, "--out", out, "--tp", tp, *extra)
+    ranks = [np.load(out.replace("%r", str(r))) for r in range(tp)]
+    for r in range(1, tp):
+        assert np.array_equal(ranks[0], ranks[r]), f"rank {r}'s logits differ from rank 0's"
+    return ranks[0]
+
+
+def rel(a, b):
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def generate(model, tp=1, *extra):
+    return json.loads(run("generate", "--model", model, "--tokens", "1,2,3", "--max-new-tokens", "64",
+                          "--greedy", "--tp", tp, *extra).stdout)
+
+
+def write_plan(name, plan):
+    path = os.path.join(WORK, name + ".json")
+    with open(path, "w") as f:
+        json.dump(plan, f)
+    return path
+
+
+AUTO = {
+    "lm_head": "colwise_gather_output",
+    "model.layers.*.self_attn.q_proj": "colwise",
+    "model.layers.*.self_attn.k_proj": "colwise",
+    "model.layers.*.self_attn.v_proj": "colwise",
+    "model.layers.*.self_attn.o_proj": "rowwise",
+    "model.layers.*.mlp.gate_proj": "colwise",
+    "model.layers.*.mlp.up_proj": "colwise",
+    "model.layers.*.mlp.down_proj": "rowwise",
+}
+
+
+class EveryArch(unittest.TestCase):
+    def check(self, model, sizes, backend="shm"):
+        ref = logits(model)
+        for tp in sizes:
+            err = rel(logits(model, tp, "--backend", backend), ref)
+            self.assertLessEqual(err, TOL, f"{model} TP={tp} {backend}: {err}")
+
+    def test_llama(self):
+        self.check(make("llama", "llama"), (2, 4))              # TP 4 > 2 KV heads: KV replication
+        self.check(make("llama3", "llama", *TP3), (3,))
+
+    def test_mistral(self):
+        self.check(make("mistral", "mistral"), (2, 4))
+
+    def test_qwen2(self):
+        self.check(make("qwen2", "qwen2"), (2, 4))              # q/k/v biases split with the heads
+        self.check(make("qwen2-3", "qwen2", *TP3), (3,))
+
+    def test_qwen3(self):
+        self.check(make("qwen3", "qwen3", "--set", "tie_word_embeddings=true"), (2, 4))
+        self.check(make("qwen3-3", "qwen3", *TP3), (3,))
+
+    def test_bf16_and_mqa(self):
+        self.check(make("llama-bf16", "llama", "--dtype", "bf16", "--set", "num_key_value_heads=1"), (2, 4))
+
+    def test_mpi_backend(self):
+        self.check(make("llama", "llama"), (2,), backend="mpi")
+        self.check(make("qwen2-3", "qwen2", *TP3), (3,), backend="mpi")
+
+
+class Generation(unittest.TestCase):
+    def test_greedy_64_tokens_identical(self):
+        for arch in ("llama", "qwen3"):
+            model = make(arch, arch) if arch == "llama" else make("qwen3", "qwen3", "--set", "tie_word_embeddings=true")
+            ref = generate(model)
+            self.assertEqual(len(ref), 64)
+            for tp in (2, 4):
+                self.assertEqual(generate(model, tp), ref, f"{arch} TP={tp}")
+        self.assertEqual(generate(make("llama", "llama"), 2, "--backend", "mpi"), generate(make("llama", "llama")))
+
+    def test_sampling_agrees_across_ranks(self):
+        model = make("llama", "llama")
+        a = run("generate", "--model", model, "--tokens", "1,2,3", "--max-new-tokens", "16", "--do-sample",
+                "--seed", "5", "--tp", "2").stdout
+        b = run("generate", "--model", model, "--tokens", "1,2,3", "--max-new-tokens", "16", "--do-sample",
+                "--seed", "5").stdout
+        self.assertEqual(a, b)
+
+
+class UserPlans(unittest.TestCase):
+    def test_gathered_qkv_with_split_input(self):
+        plan = dict(AUTO)
+        for k in ("q_proj", "k_proj", "v_proj"):
+            plan["model.layers.*.self_attn." + k] = "colwise_gather_output"
+        plan["model.layers.*.self_attn.o_proj"] = "rowwise_split_input"
+        model = make("llama", "llama")
+        self.assertLessEqual(rel(logits(model, 2, "--tp-plan", write_plan("gathered", plan)), logits(model)), TOL)
+
+    def test_indexed_override(self):
+        plan = dict(AUTO)
+        for k in ("gate_proj", "up_proj", "down_proj"):
+            plan["model.layers.0.mlp." + k] = "replicate"
+        model = make("llama", "llama")
+        path = write_plan("indexed", plan)
+        self.assertLessEqual(rel(logits(model, 2, "--tp-plan", path), logits(model)), TOL)
+        report = json.loads(run("plan", "--model", model, "--tp", "2", "--tp-plan", path, "--json").stdout)
+        shapes = {p["name"]: p["local_shape"] for p in report["parameters"]}
+        self.assertEqual(shapes["model.layers.0.mlp.up_proj.weight"], [160, 64])
+        self.assertEqual(shapes["model.layers.1.mlp.up_proj.weight"], [80, 64])
+
+    def test_indexed_attention_override(self):
+        # layer 0's attention unsplit, layer 1's split: the KV cache differs per layer
+        plan = dict(AUTO)
+        for k in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            plan["model.layers.0.self_attn." + k] = "replicate"
+        model = make("qwen3", "qwen3", "--set", "tie_word_embeddings=true")
+        path = write_plan("indexed-attn", plan)
+        self.assertLessEqual(rel(logits(model, 2, "--tp-plan", path), logits(model)), TOL)
+        self.assertEqual(generate(model, 2, "--tp-plan", path), generate(model))
+
+    def test_uneven_vocabulary(self):
+        model = make("llama-v", "llama", "--set", "vocab_size=509")
+        p = run("logits", "--model", model, "--tokens", "1,2", "--out", os.path.join(WORK, "x.npy"),
+                "--tp", "2", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("must be divisible by the tensor parallel size (2) when gathering a colwise output", p.stderr)
+        plan = {k: v for k, v in AUTO.items() if k != "lm_head"}
+        plan["model.embed_tokens"] = "embedding_rowwise"      # 509 over 2: 255, 254 rows
+        ids = "1,2,508,300,255,254,256,253,0"
+        ref = logits(model, tokens=ids)
+        got = logits(model, 2, "--tp-plan", write_plan("vocab", plan), tokens=ids)
+        self.assertLessEqual(rel(got, ref), TOL)
+
+    def test_custom_style_example(self):
+        exe = os.path.join(os.environ.get("TENSORPAR_EXAMPLES", os.path.join(os.path.dirname(BIN), "examples")),
+                           "custom_style")
+        p = subprocess.run([BIN, "launch", "-n", "2", "--", exe, make("llama", "llama")], capture_output=True,
+                           text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("max |logits - built-in plan| = 0", p.stdout)
+
+
+class InvalidPlans(unittest.TestCase):
+    def fails(self, *args, model=None):
+        p = run("logits", "--model", model or make("llama", "llama"), "--tokens", "1,2", "--out",
+                os.path.join(WORK, "bad.npy"), *args, check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertNotIn("read", p.stdout)
+        return p.stderr
+
+    def test_unknown_styles(self):
+        plan = dict(AUTO)
+        plan["model.layers.*.mlp.up_proj"] = "invalid_style"
+        plan["model.layers.*.mlp.down_proj"] = "bad_style_2"
+        err = self.fails("--tp", "2", "--bytes-read", "--tp-plan", write_plan("bad", plan))
+        self.assertIn("'invalid_style'", err)
+        self.assertIn("'bad_style_2'", err)
+        self.assertIn("Supported styles are", err)
+        self.assertNotIn("read ", err)          # failed before any weight was read
+
+    def test_not_an_object(self):
+        self.assertIn("Can only set a dictionary as `tp_plan`", self.fails("--tp", "2", "--tp-plan",
+                                                                            write_plan("list", ["colwise"])))
+
+    def test_heads_do_not_divide(self):
+        err = self.fails("--tp", "3", model=make("llama-510", "llama", "--set", "vocab_size=510"))
+        self.assertRegex(err, r"num_attention_heads|attention heads")
+        self.assertIn("4", err)
+
+
+class ShardOnRead(unittest.TestCase):
+    def test_each_rank_reads_its_bytes(self):
+        model = make("qwen3", "qwen3", "--set", "tie_word_embeddings=true")
+        report = json.loads(run("plan", "--model", model, "--tp", "2", "--json").stdout)
+        p = run("logits", "--model", model, "--tokens", "1,2", "--out", os.path.join(WORK, "b.npy"), "--tp", "2",
+                "--bytes-read")
+        got = {int(r): int(b) for r, b in re.findall(r"rank (\d+) read (\d+) bytes", p.stderr)}
+        self.assertEqual(sorted(got), [0, 1])
+        total = os.path.getsize(os.path.join(model, "model.safetensors"))
+        for r in (0, 1):
+            self.assertEqual(got[r], report["bytes_per_rank"][r])
+            self.assertLess(got[r], 0.6 * total)
+
+
+if __name__ == "__main__":
+    unittest.main()
