@@ -161,6 +161,7 @@ class UserPlans(unittest.TestCase):
         plan = dict(AUTO)
         for k in ("q_proj", "k_proj", "v_proj", "o_proj"):
             plan["model.layers.0.self_attn." + k] = "replicate"
+        plan["model.embed_tokens"] = "embedding_rowwise"       # tied embeddings
         model = make("qwen3", "qwen3", "--set", "tie_word_embeddings=true")
         path = write_plan("indexed-attn", plan)
         self.assertLessEqual(rel(logits(model, 2, "--tp-plan", path), logits(model)), TOL)
