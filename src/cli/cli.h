@@ -37,6 +37,7 @@ int cmd_make_model(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
+int cmd_bench_load(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_chat_template(int argc, char **argv);

@@ -11,6 +11,7 @@ typedef struct {
 
 static const bench benches[] = {
     {"comm", cmd_bench_comm, "latency and bandwidth of the collectives (shm and mpi side by side)"},
+    {"load", cmd_bench_load, "per-rank load time, bytes read and peak memory, TP=1 against TP=N"},
 };
 
 static void usage(FILE *f)
