@@ -22,6 +22,10 @@
  *     empty ones); pieces are laid out contiguously in rank order.
  *   - send == recv (in place) is allowed for all_reduce; for the gathers and
  *     scatters the buffers must not overlap.
+ *   - tp_comm_init is called once per process, and the comm API is used by
+ *     one thread at a time (the rank's main thread, typically).
+ *   - Point-to-point messages between two processes are matched in issue
+ *     order, whatever group they were sent through.
  *   - A dead or silent peer makes the collective fail within seconds with
  *     TP_ERR_COMM or TP_ERR_TIMEOUT and a message naming the global rank;
  *     a group that failed must not be used again except to free it.

@@ -11,6 +11,7 @@ typedef struct {
 
 static const bench benches[] = {
     {"comm", cmd_bench_comm, "latency and bandwidth of the collectives (shm and mpi side by side)"},
+    {"tokenize", cmd_bench_tokenize, "tokenizer load time and encoding throughput"},
     {"load", cmd_bench_load, "per-rank load time, bytes read and peak memory, TP=1 against TP=N"},
 };
 

@@ -19,6 +19,7 @@ typedef struct {
     uint64_t seed;
     int verbose;
     long checks, failures;
+    uint64_t hash;            /* of the non-integer results, for --out-dir */
     char where[160];
 } st_ctx;
 
@@ -141,6 +142,16 @@ static void fail(st_ctx *c, const tp_mesh *m, const tp_placement *a, const tp_pl
             pl_list(b, tp_mesh_ndim(m), y, sizeof y), what);
 }
 
+static int same_shapes_everywhere(const tp_placement *a, const tp_placement *b, int mnd, int ndim)
+{
+    for (int g = 0; g < mnd; g++) {
+        int sharded = a[g].kind == TP_SHARD || a[g].kind == TP_STRIDED_SHARD || b[g].kind == TP_SHARD ||
+                      b[g].kind == TP_STRIDED_SHARD;
+        if (sharded && !tp_placement_equal(a[g], b[g], ndim)) return 0;
+    }
+    return 1;
+}
+
 /* Redistributes src_pl -> dst_pl (through the DTensor API and, for the
  * in-place path, the raw-buffer one) and checks the result.  A collective
  * error is fatal: the groups are unusable afterwards. */
@@ -162,8 +173,9 @@ static tp_status check_pair(st_ctx *c, const tp_mesh *m, const tp_placement *src
             fail(c, m, src_pl, dst_pl, dt, ndim, gs, "wrong values");
         tp_dtensor_release(&out);
     }
-    /* In place, when the local shapes allow it: the per-layer path. */
-    if (!st && !memcmp(want_src.shape, want_dst.shape, sizeof want_src.shape)) {
+    /* In place, when the local shapes are equal on every rank (it is a
+     * collective: all ranks must agree to run it): the per-layer path. */
+    if (!st && same_shapes_everywhere(src_pl, dst_pl, tp_mesh_ndim(m), ndim)) {
         st = tp_redistribute_local(m, dt, ndim, gs, src_pl, want_src.data, dst_pl, want_src.data);
         c->checks++;
         if (!st && memcmp(want_src.data, want_dst.data, tp_tensor_nbytes(&want_dst)))
@@ -291,6 +303,7 @@ static tp_status check_bitwise(st_ctx *c, tp_group *world, const tp_mesh *m, tp_
     for (size_t i = 0; i < tp_tensor_nbytes(&x); i++)
         h = (int64_t)(((uint64_t)h ^ ((unsigned char *)x.data)[i]) * 1099511628211ull);
     if (!st) st = all ? tp_comm_all_gather(world, &h, all, 1, TP_I64) : TP_ERR_NOMEM;
+    c->hash = c->hash * 31u + (uint64_t)h;
     c->checks++;
     for (int r = 0; !st && r < W; r++)
         if (all[r] != h) {
@@ -323,11 +336,24 @@ static tp_status run_all(st_ctx *c, tp_group *world)
     return st;
 }
 
+/* The transport must not change results (§5.4): tests compare these files
+ * across backends. */
+static tp_status write_hash(const char *dir, int rank, uint64_t h)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/rank%d.hash", dir, rank);
+    FILE *f = fopen(path, "w");
+    if (!f) return tp_fail(TP_ERR_IO, "%s: cannot create", path);
+    fprintf(f, "%016llx\n", (unsigned long long)h);
+    return fclose(f) ? tp_fail(TP_ERR_IO, "%s: write failed", path) : TP_OK;
+}
+
 int cmd_selftest_dist(int argc, char **argv)
 {
     cli_option o[] = {
         {"--seed", "N", "seed of the test data (default 1)", 0, {0}},
         {"--verbose", NULL, "print the number of checks of every rank", 0, {0}},
+        {"--out-dir", "DIR", "write rank<R>.hash: a hash of the non-integer results", 0, {0}},
     };
     int n = (int)(sizeof o / sizeof o[0]);
     int rc = cli_parse(argc, argv, o, n, "tensorpar launch -n N -- tensorpar selftest-dist [--seed N]",
@@ -336,7 +362,7 @@ int cmd_selftest_dist(int argc, char **argv)
     if (rc) return rc == 1 ? 0 : 2;
     long long seed = 1;
     if (cli_int(o, n, "--seed", &seed)) return cli_report("selftest-dist");
-    st_ctx c = {(uint64_t)seed, cli_flag(o, n, "--verbose"), 0, 0, ""};
+    st_ctx c = {(uint64_t)seed, cli_flag(o, n, "--verbose"), 0, 0, 0, ""};
     tp_group *world;
     if (tp_comm_init(&world, NULL)) return cli_report("selftest-dist");
     tp_status st = run_all(&c, world);
@@ -345,6 +371,8 @@ int cmd_selftest_dist(int argc, char **argv)
     if (!st && c.failures == 0) st = tp_comm_barrier(world);
     tp_group_free(world);
     if (st) return cli_report("selftest-dist");
+    const char *dir = cli_value(o, n, "--out-dir");
+    if (dir && write_hash(dir, R, c.hash)) return cli_report("selftest-dist");
     if (c.verbose || (R == 0 && c.failures == 0))
         printf("selftest-dist: rank %d of %d (%s): %ld checks, %ld failed\n", R, W, backend, c.checks,
                c.failures);

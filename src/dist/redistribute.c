@@ -101,7 +101,7 @@ tp_status tp_redistribute_local(const tp_mesh *mesh, tp_dtype dtype, int ndim, c
 
 tp_status tp_redistribute(const tp_dtensor *src, const tp_placement *dst_pl, tp_dtensor *out)
 {
-    memset(out, 0, sizeof *out);
+    if (out == src) return tp_fail(TP_ERR_INVALID, "redistribute: out must not be src");
     tp_status st = tp_dtensor_init(out, src->mesh, dst_pl, src->local.dtype, src->ndim, src->shape);
     if (st) return st;
     st = tp_redistribute_local(src->mesh, src->local.dtype, src->ndim, src->shape, src->placements,

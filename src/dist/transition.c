@@ -198,8 +198,9 @@ static tp_status run(const tp_dist_step_ctx *c, const tp_redist_step *s, const v
         if (in != out) memcpy(out, in, n * c->es);
         return TP_OK;
     case TP_COLL_ZERO_NONROOT:
-        /* DTensor's Replicate -> Partial: the sum over the group must be
-         * the value, so one rank keeps it and the others hold zeros. */
+        /* The sum over the group must be the value: group rank 0 keeps it
+         * and the others hold zeros.  (PyTorch's DTensor divides by P
+         * instead, which is not exact; this split is, in every dtype.) */
         if (c->r != 0) memset(out, 0, n * c->es);
         else if (in != out) memcpy(out, in, n * c->es);
         return TP_OK;
@@ -221,6 +222,9 @@ static tp_status run(const tp_dist_step_ctx *c, const tp_redist_step *s, const v
 tp_status tp_dist_run_step(const tp_dist_step_ctx *c, const tp_redist_step *s,
                            const void *in, void *out)
 {
+    /* Per-rank counts only for the gathers and scatters: the per-layer
+     * all-reduce allocates nothing. */
+    if (tp_dist_step_in_place_ok(s->coll) || s->coll == TP_COLL_LOCAL_SLICE) return run(c, s, in, out, NULL);
     size_t *counts = malloc(2 * (size_t)c->P * sizeof *counts);
     if (!counts) return tp_fail(TP_ERR_NOMEM, "out of memory");
     tp_status st = run(c, s, in, out, counts);

@@ -77,6 +77,7 @@ static int ends_with(const char *s, const char *suffix)
 
 static int parse_st_dtype(const char *s, tp_dtype *out)
 {
+    *out = TP_DTYPE_COUNT;
     static const struct { const char *name; tp_dtype t; } table[] = {
         {"F64", TP_F64}, {"F32", TP_F32}, {"F16", TP_F16}, {"BF16", TP_BF16},
         {"I64", TP_I64}, {"I32", TP_I32}, {"I16", TP_I16}, {"I8", TP_I8},
@@ -344,7 +345,7 @@ static tp_status load_file(tp_checkpoint *ck, int fi)
         if (!strcmp(e->string, "__metadata__")) {
             s = add_metadata(ck, f, e);
         } else {
-            tp_st_info *t;
+            tp_st_info *t = NULL;
             s = push_info(ck, &t);
             if (s == TP_OK) s = parse_tensor(f, e, t);
             if (s == TP_OK) {
@@ -638,6 +639,19 @@ static tp_status convert_run(void *dst, tp_dtype want, const uint8_t *src, tp_dt
     return TP_OK;
 }
 
+/* Drops the map's pages of a span that has been copied out: the data now
+ * lives in the model's own buffers, and keeping the file pages mapped too
+ * would count every weight twice in the process's resident memory (and a
+ * rank's column slices would keep its neighbours' bytes resident).  The
+ * mapping is private and never written, so this only unmaps; the page
+ * cache keeps the file. */
+static void release_pages(const uint8_t *p, size_t len)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t b = (uintptr_t)p / page * page, e = ((uintptr_t)p + len + page - 1) / page * page;
+    madvise((void *)b, e - b, MADV_DONTNEED);
+}
+
 /* Copies `runs` runs of `run` elements, `stride` elements apart, starting
  * `first` elements into the tensor, densely into dst. */
 static tp_status read_runs(tp_checkpoint *ck, const tp_st_info *t, tp_dtype want, void *dst,
@@ -655,6 +669,7 @@ static tp_status read_runs(tp_checkpoint *ck, const tp_st_info *t, tp_dtype want
         if (s != TP_OK) return tp_fail_context(s, "%s: tensor '%s'", f->path, t->name);
     }
     atomic_fetch_add_explicit(&ck->bytes_read, (uint64_t)(runs * run * es), memory_order_relaxed);
+    release_pages(base, ((runs - 1) * stride + run) * es);
     return TP_OK;
 }
 
