@@ -127,6 +127,14 @@ void tp_parallel_run(tp_threadpool *pool, tp_parallel_fn fn, void *ctx);
 /* The [begin, end) share of n items that thread ti of nt takes. */
 void tp_split_range(int64_t n, int ti, int nt, int64_t *begin, int64_t *end);
 
+/* The number of CPUs this process may run on (its affinity mask), >= 1. */
+int tp_cpu_count(void);
+/* Pins thread i of the pool (the caller is thread 0) to the (first + i)-th
+ * allowed CPU, modulo their count: rank r of T threads passes r·T and gets
+ * cores [r·T, (r+1)·T) mod ncores.  The caller's thread stays pinned after
+ * the call. */
+tp_status tp_threadpool_pin(tp_threadpool *pool, int first);
+
 /* ---- random numbers --------------------------------------------------- */
 
 /* xoshiro256** seeded through splitmix64: small, fast, and the same stream

@@ -109,6 +109,16 @@ void tp_attention(float *out, const float *q, const float *k, const float *v,
  * fewer repetitions.  Takes ~1 minute on 2 cores. */
 tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick);
 
+/* The machine's own limits, the first part of tp_kernel_bench: AVX-512 FMA
+ * peak (registers only) and read bandwidth over 1 GiB of 2 MiB pages, on
+ * one thread and on the pool's threads; medians.  ~1 s with quick != 0. */
+typedef struct {
+    double fma_gflops_1, fma_gflops_n;   /* GFLOP/s */
+    double read_gbs_1, read_gbs_n;       /* GB/s */
+    int threads;                         /* the pool's size */
+} tp_machine_peaks;
+tp_status tp_machine_peaks_measure(tp_machine_peaks *out, tp_threadpool *pool, int quick);
+
 /* Converts row `row` of an f32/bf16 matrix [rows, n] to f32. */
 void tp_row_to_f32(float *dst, const tp_tensor *m, int64_t row);
 

@@ -45,12 +45,20 @@ typedef struct tp_model {
     uint64_t bytes_read;           /* checkpoint bytes this rank read */
     double *inv_freq;              /* [head_dim / 2] */
     tp_threadpool *pool;
+    /* Seconds this rank spent inside the TP styles' pre_forward and
+     * post_forward hooks (the collectives, and waiting there for slower
+     * ranks), summed over every forward since load; benchmarks read and
+     * reset it. */
+    double comm_seconds;
 } tp_model;
 
 typedef struct {
     /* TP_F32, TP_BF16, or TP_DTYPE_COUNT for "as stored" (f16 becomes f32). */
     tp_dtype weight_dtype;
     int threads;                   /* 0 = 1 */
+    /* pin_threads != 0: thread i of the pool runs on the (first_cpu + i)-th
+     * allowed CPU, modulo their count (tp_threadpool_pin); 0: unpinned. */
+    int pin_threads, first_cpu;
     int show_progress;             /* progress bar on stderr (terminal only) */
     /* Tensor parallelism: the 1-D TP mesh (NULL: one rank) and the plan
      * ("auto" or NULL: the model type's built-in plan; else a JSON file). */

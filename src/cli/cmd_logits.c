@@ -54,7 +54,7 @@ int cmd_logits(int argc, char **argv)
         {"--tokens", "IDS", "comma-separated token ids (required)", 0, {0}},
         {"--out", "FILE.npy", "output file: float32 [T, vocab] (required); %r = rank: every rank writes", 0, {0}},
         {"--dtype", "f32|bf16", "weight dtype in memory (default: as stored)", 0, {0}},
-        {"--threads", "N", "threads (default 1)", 0, {0}},
+        {"--threads", "N", "threads per rank (default: cores / local ranks)", 0, {0}},
         {"--incremental", NULL, "feed tokens one at a time through the KV cache", 0, {0}},
         {"--bytes-read", NULL, "print the checkpoint bytes each rank read (stderr)", 0, {0}},
     };
@@ -70,16 +70,14 @@ int cmd_logits(int argc, char **argv)
     }
     int64_t *ids;
     int nt;
-    long long threads = 1;
     tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .threads = 1, .show_progress = isatty(2)};
     const char *dt = cli_value(o, n, "--dtype");
-    if (cli_parse_ids(toks, &ids, &nt) || cli_int(o, n, "--threads", &threads) ||
-        (dt && tp_dtype_parse(dt, &mo.weight_dtype)))
+    if (cli_parse_ids(toks, &ids, &nt) || (dt && tp_dtype_parse(dt, &mo.weight_dtype)))
         return cli_report("logits");
     cli_tp tp;
     int launched = cli_tp_begin(argc, argv, o, n, &tp, &rc);
     if (launched) { free(ids); cli_tp_end(&tp); return launched > 0 ? rc : cli_report("logits"); }
-    mo.threads = (int)threads;
+    if (cli_tp_threads(o, n, &tp, &mo)) { free(ids); cli_tp_end(&tp); return cli_report("logits"); }
     mo.mesh = tp.mesh;
     mo.tp_plan = tp.plan;
     tp_model *m;

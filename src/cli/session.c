@@ -21,7 +21,7 @@ const cli_option session_sampling_options[SESSION_N_SAMPLING] = {
     {"--stop", "TEXT", "stop when TEXT is generated; repeatable", 0, {0}},
     {"--max-new-tokens", "N", "tokens to generate (default: generation_config.json, else 256)", 0, {0}},
     {"--dtype", "f32|bf16", "weight dtype in memory (default: as stored)", 0, {0}},
-    {"--threads", "N", "threads (default 1)", 0, {0}},
+    {"--threads", "N", "threads per rank (default: cores / local ranks)", 0, {0}},
 };
 
 int session_read_options(session *s, const cli_option *o, int n)
@@ -64,12 +64,10 @@ int session_open(session *s, const char *dir, const cli_option *o, int n, int ne
 {
     memset(s, 0, sizeof *s);
     s->tp = *tp;
-    long long threads = 1;
     tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .threads = 1, .show_progress = isatty(2),
                            .mesh = s->tp.mesh, .tp_plan = s->tp.plan};
     const char *dt = cli_value(o, n, "--dtype");
-    if (cli_int(o, n, "--threads", &threads) || (dt && tp_dtype_parse(dt, &mo.weight_dtype))) return -1;
-    mo.threads = (int)threads;
+    if (cli_tp_threads(o, n, &s->tp, &mo) || (dt && tp_dtype_parse(dt, &mo.weight_dtype))) return -1;
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     if (exists(path)) {

@@ -63,3 +63,23 @@ tp_status cli_tp_choose(void *ctx, int64_t *id)
     cli_tp *tp = ctx;
     return tp_comm_broadcast(tp->world, id, 1, TP_I64, 0);
 }
+
+int cli_tp_threads(const cli_option *o, int n, const cli_tp *tp, tp_model_options *mo)
+{
+    int cores = tp_cpu_count();
+    int local_rank = tp->world ? tp_group_local_rank(tp->world) : 0;
+    int local_size = tp->world ? tp_group_local_size(tp->world) : 1;
+    if (local_size < 1) local_size = 1;
+    long long threads = cores / local_size;
+    if (threads < 1) threads = 1;
+    if (cli_int(o, n, "--threads", &threads)) return -1;
+    if (threads < 1 || threads > 4096) { tp_fail(TP_ERR_INVALID, "--threads must be in [1, 4096]"); return -1; }
+    if (cli_value(o, n, "--threads") && threads * local_size > cores && local_rank == 0)
+        tp_log(TP_LOG_WARN, "%d rank(s) x %lld threads = %lld threads on %d cores: oversubscribed, expect it to "
+               "run slower than %d threads in all", local_size, threads, threads * local_size, cores, cores);
+    const char *pin = getenv("TENSORPAR_PIN");
+    mo->threads = (int)threads;
+    mo->pin_threads = !(pin && !strcmp(pin, "0"));
+    mo->first_cpu = (int)((long long)local_rank * threads % cores);
+    return 0;
+}

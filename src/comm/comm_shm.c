@@ -16,11 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Below this many bytes every rank reduces the whole message itself
- * (one step); above it each rank reduces 1/n and the pieces are gathered
- * (two steps per chunk).  Measured with `tensorpar bench comm`. */
-#define ONESHOT_MAX_BYTES (64u << 10)
-
 static shm_group *sg(tp_group *g) { return g->impl; }
 
 static char *slot(shm_group *s, int r, uint64_t step)
@@ -201,7 +196,10 @@ static tp_status shm_all_reduce(tp_group *g, const void *send, void *recv, size_
     scratch sc;
     tp_status st = scratch_init(&sc, g->size);
     if (st) return st;
-    if (count * tp_dtype_size(dt) <= ONESHOT_MAX_BYTES)
+    /* Small: every rank reduces the whole message itself (one step).
+     * Large: each reduces 1/n and the pieces are gathered (two steps per
+     * chunk), reading n times less of the others' data. */
+    if (count * tp_dtype_size(dt) <= sg(g)->oneshot_max)
         st = oneshot(g, send, recv, count, dt, op, &sc);
     else
         st = twoshot(g, send, recv, count, dt, op, &sc);

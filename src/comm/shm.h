@@ -30,6 +30,7 @@
                                              prefetcher shares pairs */
 #define SHM_AREAS 32
 #define SHM_SLOT_BYTES_DEFAULT (256u << 10)
+#define SHM_ONESHOT_MAX_DEFAULT (64u << 10)
 #define SHM_P2P_BYTES (64u << 10)
 
 enum { AREA_FREE = 0, AREA_INIT, AREA_READY };
@@ -71,6 +72,7 @@ typedef struct {
     int32_t creator_pid;
     uint64_t creator_start;
     uint64_t total_bytes, slot_bytes, p2p_bytes;
+    uint64_t oneshot_max;          /* all-reduce algorithm switch (bytes)  */
     uint64_t ranks_off, areas_off, area_bytes, area_data_off, p2p_off, p2p_stride;
     _Atomic uint64_t attached;
     _Atomic int32_t failed_rank;   /* -1, or a rank found dead            */
@@ -96,6 +98,7 @@ typedef struct {
     shm_counter *seq, *done;
     char *data;
     size_t slot_bytes;
+    size_t oneshot_max;
     uint64_t step;
 } shm_group;
 

@@ -19,15 +19,18 @@ void tp_shm_segment_name(char *buf, size_t cap, const char *rendezvous)
     snprintf(buf, cap, "/tensorpar-%u-%s", (unsigned)getuid(), rendezvous);
 }
 
-/* Slot size: TENSORPAR_SHM_SLOT_KB lets the benchmark try others; only the
- * creator reads it, and the ranks take it from the header. */
-static size_t slot_bytes(void)
+/* Tuning knobs for experiments (TENSORPAR_SHM_SLOT_KB, _ONESHOT_KB): only
+ * the creator reads them and the ranks take them from the header, so all
+ * ranks of a job always agree on the algorithms. */
+static size_t knob_kb(const char *name, long lo, size_t dflt)
 {
-    const char *s = getenv("TENSORPAR_SHM_SLOT_KB");
-    long kb = s ? strtol(s, NULL, 10) : 0;
-    if (kb >= 4 && kb <= (1L << 20)) return (size_t)kb << 10;
-    return SHM_SLOT_BYTES_DEFAULT;
+    const char *s = getenv(name);
+    long kb = s ? strtol(s, NULL, 10) : -1;
+    if (kb >= lo && kb <= (1L << 20)) return (size_t)kb << 10;
+    return dflt;
 }
+
+static size_t slot_bytes(void) { return knob_kb("TENSORPAR_SHM_SLOT_KB", 4, SHM_SLOT_BYTES_DEFAULT); }
 
 static void layout(shm_header *h, int n)
 {
@@ -68,6 +71,7 @@ static void header_init(shm_header *h, const char *rendezvous, int n)
     h->creator_start = tp_shm_proc_start(h->creator_pid, &state);
     h->slot_bytes = slot_bytes();
     h->p2p_bytes = SHM_P2P_BYTES;
+    h->oneshot_max = knob_kb("TENSORPAR_SHM_ONESHOT_KB", 0, SHM_ONESHOT_MAX_DEFAULT);
     layout(h, n);
     atomic_store(&h->attached, 0);
     atomic_store(&h->failed_rank, -1);
@@ -333,6 +337,7 @@ void tp_shm_group_view(shm_world *w, int area, shm_group *s)
     s->done = s->seq + w->world;
     s->data = base + w->h->area_data_off;
     s->slot_bytes = w->h->slot_bytes;
+    s->oneshot_max = w->h->oneshot_max;
     s->step = 0;
 }
 

@@ -104,34 +104,46 @@ static double time_matmul(float *y, const float *x, int64_t T, const tp_tensor *
     return median(t, reps);
 }
 
-tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick)
+tp_status tp_machine_peaks_measure(tp_machine_peaks *out, tp_threadpool *pool, int quick)
 {
+    memset(out, 0, sizeof *out);
     int nt = tp_threadpool_size(pool), reps = quick ? 3 : 7;
+    out->threads = nt;
     if (!tp_kernel_path_supported(TP_KERNEL_AVX512))
         return tp_fail(TP_ERR_UNSUPPORTED, "tp_kernel_bench: needs AVX-512");
     double t[REPS_MAX];
 
     /* FMA peak */
     fma_job fj;
-    double peak1, peakn;
     for (int r = 0; r < reps; r++) t[r] = time_run(NULL, fma512_worker, &fj);
-    peak1 = 2.0 * 16 * FMA_ITERS / 24 * 24 / median(t, reps) / 1e9;
+    out->fma_gflops_1 = 2.0 * 16 * FMA_ITERS / 24 * 24 / median(t, reps) / 1e9;
     for (int r = 0; r < reps; r++) t[r] = time_run(pool, fma512_worker, &fj);
-    peakn = nt * 2.0 * 16 * FMA_ITERS / 24 * 24 / median(t, reps) / 1e9;
-    fprintf(out, "FMA peak (AVX-512, registers only): %.1f GFLOP/s on 1 thread, %.1f on %d\n", peak1, peakn, nt);
+    out->fma_gflops_n = nt * 2.0 * 16 * FMA_ITERS / 24 * 24 / median(t, reps) / 1e9;
 
-    /* read bandwidth over 1 GiB of huge pages */
+    /* read bandwidth over 1 GiB of huge pages (the L3 may hold 300 MiB) */
     int64_t n = (int64_t)1 << 28;
     float *buf = tp_alloc((size_t)n * sizeof(float));
     if (!buf) return tp_fail(TP_ERR_NOMEM, "tp_kernel_bench: no memory for 1 GiB");
     for (int64_t i = 0; i < n; i++) buf[i] = 1.0f;
     bw_job bj = {buf, n, {0}};
     for (int r = 0; r < reps; r++) t[r] = time_run(NULL, bw_worker, &bj);
-    double bw1 = (double)n * 4 / median(t, reps) / 1e9;
+    out->read_gbs_1 = (double)n * 4 / median(t, reps) / 1e9;
     for (int r = 0; r < reps; r++) t[r] = time_run(pool, bw_worker, &bj);
-    double bwn = (double)n * 4 / median(t, reps) / 1e9;
+    out->read_gbs_n = (double)n * 4 / median(t, reps) / 1e9;
     tp_free(buf);
-    fprintf(out, "read bandwidth (1 GiB, 2 MiB pages): %.1f GB/s on 1 thread, %.1f on %d\n", bw1, bwn, nt);
+    return TP_OK;
+}
+
+tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick)
+{
+    int nt = tp_threadpool_size(pool), reps = quick ? 3 : 7;
+    tp_machine_peaks pk;
+    tp_status st0 = tp_machine_peaks_measure(&pk, pool, quick);
+    if (st0) return st0;
+    fprintf(out, "FMA peak (AVX-512, registers only): %.1f GFLOP/s on 1 thread, %.1f on %d\n", pk.fma_gflops_1,
+            pk.fma_gflops_n, nt);
+    fprintf(out, "read bandwidth (1 GiB, 2 MiB pages): %.1f GB/s on 1 thread, %.1f on %d\n", pk.read_gbs_1,
+            pk.read_gbs_n, nt);
 
     /* GEMM at the qwen3-0.6b prefill shapes */
     static const shape shapes[] = {

@@ -12,19 +12,43 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void add_into(float *x, const float *y, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++) x[i] += y[i];
-}
-
-/* Adds a module's output to the residual stream, which every rank holds in
+/* A module's output joins the residual stream, which every rank holds in
  * full: the output must have come back replicated. */
-static tp_status add_residual(float *x, const tp_act *y, int64_t H, const char *what)
+static tp_status check_replicated(const tp_act *y, int64_t H, const char *what)
 {
     if (y->width != H || y->pl.kind != TP_REPLICATE)
         return tp_fail(TP_ERR_INVALID, "the output of %s is not replicated (%lld of %lld features on this rank); "
                        "the plan must reduce it before the residual add", what, (long long)y->width, (long long)H);
-    add_into(x, y->data, y->T * H);
+    return TP_OK;
+}
+
+/* What one forward pass allocates once and every layer reuses.  The big
+ * buffers come from tp_alloc (2 MiB pages, no page faults after the first
+ * touch of each pass's buffers); the rope table is computed once per pass
+ * instead of once per layer and head. */
+typedef struct {
+    float *h;          /* [T, H] the normed residual stream, input of the next block */
+    float *attn;       /* [T, heads * head_dim] attention output (local heads) */
+    float *rope;       /* [T, head_dim] cos/sin of each position */
+} fwd_scratch;
+
+static void scratch_free(fwd_scratch *s)
+{
+    tp_free(s->h); tp_free(s->attn); tp_free(s->rope);
+}
+
+static tp_status scratch_init(fwd_scratch *s, const tp_model *m, int64_t T, int64_t pos0)
+{
+    const tp_model_config *c = &m->cfg;
+    s->h = tp_alloc((size_t)(T * c->hidden_size) * sizeof(float));
+    /* Local query heads never outnumber the global ones. */
+    s->attn = tp_alloc((size_t)(T * c->num_attention_heads * c->head_dim) * sizeof(float));
+    s->rope = tp_alloc((size_t)(T * c->head_dim) * sizeof(float));
+    if (!s->h || !s->attn || !s->rope) {
+        scratch_free(s);
+        return tp_fail(TP_ERR_NOMEM, "out of memory for activations of %lld tokens", (long long)T);
+    }
+    tp_rope_table(s->rope, T, c->head_dim, m->inv_freq, pos0);
     return TP_OK;
 }
 
@@ -74,14 +98,15 @@ static tp_status project_qkv(tp_model *m, const tp_layer *L, const float *h, int
     return TP_OK;
 }
 
+/* h holds input_layernorm(x); on return x has the attention output added
+ * and h holds post_attention_layernorm(x), fused in one pass. */
 static tp_status attention_block(tp_model *m, const tp_layer *L, tp_kv_cache *cache, int64_t layer,
-                                 float *x, float *h, int64_t T)
+                                 float *x, fwd_scratch *sc, int64_t T)
 {
     const tp_model_config *c = &m->cfg;
     int64_t D = c->head_dim, H = c->hidden_size, pos0 = cache->length;
     attn_acts a = {0};
-    tp_rmsnorm(h, x, &L->input_layernorm, T, H, c->rms_norm_eps);
-    tp_status st = project_qkv(m, L, h, T, &a);
+    tp_status st = project_qkv(m, L, sc->h, T, &a);
     int64_t nq = a.q.width / D, nkv = a.k.width / D;
     char where[48];
     snprintf(where, sizeof where, "layer %lld", (long long)layer);
@@ -95,31 +120,30 @@ static tp_status attention_block(tp_model *m, const tp_layer *L, tp_kv_cache *ca
             tp_rmsnorm(a.q.data, a.q.data, &L->q_norm, T * nq, D, c->rms_norm_eps);
             tp_rmsnorm(a.k.data, a.k.data, &L->k_norm, T * nkv, D, c->rms_norm_eps);
         }
-        tp_rope_apply(a.q.data, T, nq, D, m->inv_freq, pos0);
-        tp_rope_apply(a.k.data, T, nkv, D, m->inv_freq, pos0);
+        tp_rope_apply_table(a.q.data, T, nq, D, sc->rope);
+        tp_rope_apply_table(a.k.data, T, nkv, D, sc->rope);
         size_t row = (size_t)(nkv * D);
         memcpy(cache->k[layer] + (size_t)pos0 * row, a.k.data, (size_t)T * row * sizeof(float));
         memcpy(cache->v[layer] + (size_t)pos0 * row, a.v.data, (size_t)T * row * sizeof(float));
-        float *attn = malloc((size_t)(T * nq * D) * sizeof(float) + 1);
-        if (!attn) st = tp_fail(TP_ERR_NOMEM, "out of memory");
-        else {
-            tp_attention(attn, a.q.data, cache->k[layer], cache->v[layer], T, pos0, nq, nkv, D,
-                         c->sliding_window, m->pool);
-            st = tp_module_linear(m, &L->o_proj, attn, T, nq * D, &a.o);
-            free(attn);
-        }
+        tp_attention(sc->attn, a.q.data, cache->k[layer], cache->v[layer], T, pos0, nq, nkv, D,
+                     c->sliding_window, m->pool);
+        st = tp_module_linear(m, &L->o_proj, sc->attn, T, nq * D, &a.o);
     }
-    if (!st) st = add_residual(x, &a.o, H, "o_proj");
+    if (!st) st = check_replicated(&a.o, H, "o_proj");
+    if (!st) tp_add_rmsnorm(x, a.o.data, sc->h, &L->post_attention_layernorm, T, H, c->rms_norm_eps);
     attn_release(&a);
     return st;
 }
 
-static tp_status mlp_block(tp_model *m, const tp_layer *L, float *x, float *h, int64_t T)
+/* h holds post_attention_layernorm(x); on return x has the MLP output added
+ * and h holds next_norm(x): the next layer's input_layernorm, or the final
+ * norm after the last layer. */
+static tp_status mlp_block(tp_model *m, const tp_layer *L, const tp_tensor *next_norm, float *x, float *h,
+                           int64_t T)
 {
     const tp_model_config *c = &m->cfg;
     int64_t H = c->hidden_size;
     tp_act gate = {0}, up = {0}, down = {0};
-    tp_rmsnorm(h, x, &L->post_attention_layernorm, T, H, c->rms_norm_eps);
     tp_status st;
     if (!(st = tp_module_linear(m, &L->gate_proj, h, T, H, &gate)) &&
         !(st = tp_module_linear(m, &L->up_proj, h, T, H, &up))) {
@@ -131,16 +155,17 @@ static tp_status mlp_block(tp_model *m, const tp_layer *L, float *x, float *h, i
             st = tp_module_linear(m, &L->down_proj, gate.data, T, gate.width, &down);
         }
     }
-    if (!st) st = add_residual(x, &down, H, "down_proj");
+    if (!st) st = check_replicated(&down, H, "down_proj");
+    if (!st) tp_add_rmsnorm(x, down.data, h, next_norm, T, H, c->rms_norm_eps);
     tp_act_release(&gate); tp_act_release(&up); tp_act_release(&down);
     return st;
 }
 
-static tp_status head(tp_model *m, const float *x, int64_t rows, float *h, float *logits)
+/* h holds norm(x) of the rows whose logits are wanted. */
+static tp_status head(tp_model *m, const float *h, int64_t rows, float *logits)
 {
     int64_t H = m->cfg.hidden_size, V = m->cfg.vocab_size;
     tp_act out = {0};
-    tp_rmsnorm(h, x, &m->norm, rows, H, m->cfg.rms_norm_eps);
     tp_status st = tp_module_linear(m, &m->lm_head, h, rows, H, &out);
     if (!st && (out.width != V || out.pl.kind != TP_REPLICATE))
         st = tp_fail(TP_ERR_INVALID, "lm_head gives %lld of %lld logits on this rank; the plan must gather them "
@@ -157,26 +182,30 @@ tp_status tp_model_forward(tp_model *m, tp_kv_cache *cache, const int64_t *token
     if (cache->length + T > cache->capacity)
         return tp_fail(TP_ERR_INVALID, "the KV cache holds %lld positions; %lld are needed",
                        (long long)cache->capacity, (long long)(cache->length + T));
-    int64_t H = m->cfg.hidden_size;
+    int64_t H = m->cfg.hidden_size, nl = m->cfg.num_hidden_layers;
     tp_act x = {0};
+    fwd_scratch sc = {0};
     tp_status st = tp_module_embedding(m, tokens, T, &x);
     if (!st && (x.width != H || x.pl.kind != TP_REPLICATE))
         st = tp_fail(TP_ERR_INVALID, "the embedding output is not replicated; the plan must gather it");
-    float *h = st ? NULL : malloc((size_t)(T * H) * sizeof(float));
-    if (!st && !h) st = tp_fail(TP_ERR_NOMEM, "out of memory for activations of %lld tokens", (long long)T);
-    for (int64_t l = 0; l < m->cfg.num_hidden_layers && !st; l++) {
-        st = attention_block(m, &m->layers[l], cache, l, x.data, h, T);
-        if (!st) st = mlp_block(m, &m->layers[l], x.data, h, T);
+    if (!st) st = scratch_init(&sc, m, T, cache->length);
+    /* Each residual add is fused with the norm that follows it, so the
+     * stream x is read and written once per block. */
+    if (!st) tp_rmsnorm(sc.h, x.data, nl > 0 ? &m->layers[0].input_layernorm : &m->norm, T, H, m->cfg.rms_norm_eps);
+    for (int64_t l = 0; l < nl && !st; l++) {
+        st = attention_block(m, &m->layers[l], cache, l, x.data, &sc, T);
+        if (!st) st = mlp_block(m, &m->layers[l], l + 1 < nl ? &m->layers[l + 1].input_layernorm : &m->norm,
+                                x.data, sc.h, T);
     }
     if (!st) {
         int64_t first = all_logits ? 0 : T - 1;
-        st = head(m, x.data + first * H, T - first, h, logits);
+        st = head(m, sc.h + first * H, T - first, logits);
     }
     if (!st) {
         memcpy(cache->tokens + cache->length, tokens, (size_t)T * sizeof *tokens);
         cache->length += T;
     }
-    free(h);
+    scratch_free(&sc);
     tp_act_release(&x);
     return st;
 }

@@ -106,15 +106,24 @@ tp_status tp_module_linear(tp_model *m, const tp_linear *lin, const float *x, in
     (void)x_width;
     void *state = NULL;
     float *ybuf = NULL;
-    if (!(s = tp_style_pre_forward(mt->plan->style, &ctx, d, &xd)) &&
-        !(s = tp_style_context_enter(mt->plan->style, &ctx, &state))) {
+    /* All placement changes happen inside the two hooks, so the time spent
+     * there is the module's communication (including waiting for peers). */
+    double t0 = tp_now();
+    s = tp_style_pre_forward(mt->plan->style, &ctx, d, &xd);
+    m->comm_seconds += tp_now() - t0;
+    if (!s && !(s = tp_style_context_enter(mt->plan->style, &ctx, &state))) {
         s = linear_local(m, lin, mt, &xd, &ybuf);
         tp_style_context_leave(mt->plan->style, &ctx, state);
     }
     tp_dtensor_release(&xd);
     if (!s) s = tp_dtensor_from_local(&yd, m->tp->mesh, &d->local_output, TP_F32, 2, gout, ybuf);
-    if (!s && !(s = tp_style_post_forward(mt->plan->style, &ctx, d, &yd))) s = take_local(&yd, gout[1], y);
-    else if (!s) tp_dtensor_release(&yd);
+    if (!s) {
+        t0 = tp_now();
+        s = tp_style_post_forward(mt->plan->style, &ctx, d, &yd);
+        m->comm_seconds += tp_now() - t0;
+        if (!s) s = take_local(&yd, gout[1], y);
+        else tp_dtensor_release(&yd);
+    }
     free(ybuf);
     return s;
 }
@@ -165,8 +174,13 @@ tp_status tp_module_embedding(tp_model *m, const int64_t *ids, int64_t T, tp_act
     int64_t gout[2] = {T, mt->in_features};
     tp_dtensor yd;
     s = tp_dtensor_from_local(&yd, m->tp->mesh, &d->local_output, TP_F32, 2, gout, buf);
-    if (!s && !(s = tp_style_post_forward(mt->plan->style, &ctx, d, &yd))) s = take_local(&yd, gout[1], y);
-    else if (!s) tp_dtensor_release(&yd);
+    if (!s) {
+        double t0 = tp_now();
+        s = tp_style_post_forward(mt->plan->style, &ctx, d, &yd);
+        m->comm_seconds += tp_now() - t0;
+        if (!s) s = take_local(&yd, gout[1], y);
+        else tp_dtensor_release(&yd);
+    }
     free(buf);
     return s;
 }
