@@ -105,6 +105,15 @@ class TextGeneration(unittest.TestCase):
         self.assertNotIn("(0 reused)", stats[1])   # the first turn stays in the KV cache
         self.assertIn("tokens/s", stats[1])
 
+    def test_tensor_parallel_text_and_chat(self):
+        # rank 0 samples and broadcasts: the same text with sampling on, split or not
+        args = ("--do-sample", "--seed", "3", "--max-new-tokens", "10")
+        self.assertEqual(gen_text("Once upon", *args, "--tp", "2"), gen_text("Once upon", *args))
+        one = run("chat", "--model", MODEL, "--max-new-tokens", "6", "--greedy", input="Hi\nMore?\n")
+        two = run("chat", "--model", MODEL, "--max-new-tokens", "6", "--greedy", "--tp", "2", input="Hi\nMore?\n")
+        self.assertEqual(one.stdout, two.stdout)
+        self.assertEqual(len([l for l in two.stderr.splitlines() if "prompt tokens" in l]), 2)
+
     def test_errors(self):
         bare = os.path.join(WORK, "bare")
         run("make-model", "--arch", "llama", "--preset", "tiny", "--out", bare)
