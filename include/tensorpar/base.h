@@ -127,7 +127,8 @@ void tp_parallel_run(tp_threadpool *pool, tp_parallel_fn fn, void *ctx);
 /* The [begin, end) share of n items that thread ti of nt takes. */
 void tp_split_range(int64_t n, int ti, int nt, int64_t *begin, int64_t *end);
 
-/* The number of CPUs this process may run on (its affinity mask), >= 1. */
+/* The number of CPUs the calling thread may run on (its affinity mask,
+ * which processes it starts inherit), >= 1. */
 int tp_cpu_count(void);
 /* Pins thread i of the pool (the caller is thread 0) to the (first + i)-th
  * allowed CPU, modulo their count: rank r of T threads passes r·T and gets

@@ -13,6 +13,9 @@ static const bench benches[] = {
     {"comm", cmd_bench_comm, "latency and bandwidth of the collectives (shm and mpi side by side)"},
     {"tokenize", cmd_bench_tokenize, "tokenizer load time and encoding throughput"},
     {"load", cmd_bench_load, "per-rank load time, bytes read and peak memory, TP=1 against TP=N"},
+    {"forward", cmd_bench_forward, "one prefill forward pass, TP=1 against TP=N"},
+    {"decode", cmd_bench_decode, "decode tokens/s and weight bytes/s, TP=1 against TP=N"},
+    {"all", cmd_bench_all, "machine limits, then the model: the speed targets' ratios and a chart"},
 };
 
 static void usage(FILE *f)

@@ -78,6 +78,7 @@ int cmd_logits(int argc, char **argv)
     int launched = cli_tp_begin(argc, argv, o, n, &tp, &rc);
     if (launched) { free(ids); cli_tp_end(&tp); return launched > 0 ? rc : cli_report("logits"); }
     if (cli_tp_threads(o, n, &tp, &mo)) { free(ids); cli_tp_end(&tp); return cli_report("logits"); }
+    mo.show_progress = mo.show_progress && tp.rank == 0;   /* one bar, not one per rank */
     mo.mesh = tp.mesh;
     mo.tp_plan = tp.plan;
     tp_model *m;

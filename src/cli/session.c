@@ -64,7 +64,7 @@ int session_open(session *s, const char *dir, const cli_option *o, int n, int ne
 {
     memset(s, 0, sizeof *s);
     s->tp = *tp;
-    tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .threads = 1, .show_progress = isatty(2),
+    tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .threads = 1, .show_progress = isatty(2) && tp->rank == 0,
                            .mesh = s->tp.mesh, .tp_plan = s->tp.plan};
     const char *dt = cli_value(o, n, "--dtype");
     if (cli_tp_threads(o, n, &s->tp, &mo) || (dt && tp_dtype_parse(dt, &mo.weight_dtype))) return -1;

@@ -23,58 +23,107 @@ static inline float bf16_to_f32(uint16_t h)
     return f;
 }
 
+/* Branch-free (so that it vectorizes): NaN stays a quiet NaN. */
 static inline uint16_t f32_to_bf16(float f)
 {
     uint32_t u;
     memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t quiet = (u >> 16) | 0x0040u;
+    uint32_t nan = 0u - (uint32_t)((u & 0x7fffffffu) > 0x7f800000u);
+    return (uint16_t)((quiet & nan) | (rounded & ~nan));
 }
 
 /* NaN-propagating max, like torch.max. */
 static inline float maxf(float a, float b) { return (b > a || b != b) ? b : a; }
 static inline double maxd(double a, double b) { return (b > a || b != b) ? b : a; }
 
-static void reduce_f32(float *dst, const void *const *srcs, int n, size_t count, tp_reduce_op op)
+/* The hot loops get an AVX2 clone, picked at load time when the CPU has it
+ * (2.5x faster for bf16 on the development machine); baseline otherwise. */
+#if defined(__x86_64__) && (defined(__clang__) || __GNUC__ >= 6)
+#define HOT __attribute__((target_clones("avx2", "default")))
+#else
+#define HOT
+#endif
+
+/* Loops of constant length GROUP, which the compiler vectorizes (to 256
+ * bits in the AVX2 clone) even at -O2; lanes are independent elements, so
+ * the per-element order of additions is unchanged.  always_inline: a
+ * separate function would not be part of the clones. */
+#define GROUP 16
+#define INLINE static inline __attribute__((always_inline))
+
+/* acc[0..m) = a + s.  acc may be a or s (element i is read before it is
+ * written): each group goes through a local temporary, so the compiler
+ * needs no aliasing checks to vectorize. */
+INLINE void sum_f32(float *acc, const float *a, const float *s, size_t m)
+{
+    size_t g = m / GROUP * GROUP;
+    for (size_t i = 0; i < g; i += GROUP) {
+        float t[GROUP];
+        for (int j = 0; j < GROUP; j++) t[j] = a[i + j] + s[i + j];
+        memcpy(acc + i, t, sizeof t);
+    }
+    for (size_t i = g; i < m; i++) acc[i] = a[i] + s[i];
+}
+
+HOT static void reduce_f32(float *dst, const void *const *srcs, int n, size_t count, tp_reduce_op op)
 {
     float acc[BLOCK];
+    if (n == 1) { memmove(dst, srcs[0], count * sizeof(float)); return; }
     for (size_t b = 0; b < count; b += BLOCK) {
         size_t m = count - b < BLOCK ? count - b : BLOCK;
-        memcpy(acc, (const float *)srcs[0] + b, m * sizeof(float));
+        const float *s0 = (const float *)srcs[0] + b;
+        /* Two sources (the common TP=2 case) go straight to dst. */
+        float *out = n == 2 && op == TP_REDUCE_SUM ? dst + b : acc;
         for (int r = 1; r < n; r++) {
             const float *s = (const float *)srcs[r] + b;
-            if (op == TP_REDUCE_SUM)
-                for (size_t i = 0; i < m; i++) acc[i] += s[i];
-            else
+            if (op == TP_REDUCE_SUM) {
+                sum_f32(out, r == 1 ? s0 : out, s, m);
+            } else {
+                if (r == 1) memcpy(acc, s0, m * sizeof(float));
                 for (size_t i = 0; i < m; i++) acc[i] = maxf(acc[i], s[i]);
+            }
         }
-        memcpy(dst + b, acc, m * sizeof(float));
+        if (out == acc) memcpy(dst + b, acc, m * sizeof(float));
     }
 }
 
-static void reduce_half(uint16_t *dst, const void *const *srcs, int n, size_t count,
-                        tp_reduce_op op, int is_bf16)
+/* acc[0..m) = s, or acc += s; m a multiple of GROUP. */
+INLINE void bf16_sum_groups(float *acc, const uint16_t *s, size_t m, int first)
+{
+    if (first)
+        for (size_t i = 0; i + GROUP <= m; i += GROUP)
+            for (int j = 0; j < GROUP; j++) acc[i + j] = bf16_to_f32(s[i + j]);
+    else
+        for (size_t i = 0; i + GROUP <= m; i += GROUP)
+            for (int j = 0; j < GROUP; j++) acc[i + j] += bf16_to_f32(s[i + j]);
+}
+
+HOT static void reduce_half(uint16_t *dst, const void *const *srcs, int n, size_t count,
+                            tp_reduce_op op, int is_bf16)
 {
     float acc[BLOCK];
+    int fast = is_bf16 && op == TP_REDUCE_SUM;
     for (size_t b = 0; b < count; b += BLOCK) {
         size_t m = count - b < BLOCK ? count - b : BLOCK;
-        const uint16_t *s0 = (const uint16_t *)srcs[0] + b;
-        if (is_bf16) for (size_t i = 0; i < m; i++) acc[i] = bf16_to_f32(s0[i]);
-        else for (size_t i = 0; i < m; i++) acc[i] = tp_f32_from_f16(s0[i]);
-        for (int r = 1; r < n; r++) {
+        size_t vec = fast ? m / GROUP * GROUP : 0;   /* elements done by groups */
+        for (int r = 0; r < n; r++) {
             const uint16_t *s = (const uint16_t *)srcs[r] + b;
-            if (is_bf16 && op == TP_REDUCE_SUM) {
-                for (size_t i = 0; i < m; i++) acc[i] += bf16_to_f32(s[i]);
-                continue;
-            }
-            for (size_t i = 0; i < m; i++) {
+            if (fast) bf16_sum_groups(acc, s, vec, r == 0);
+            for (size_t i = vec; i < m; i++) {
                 float x = is_bf16 ? bf16_to_f32(s[i]) : tp_f32_from_f16(s[i]);
-                acc[i] = op == TP_REDUCE_SUM ? acc[i] + x : maxf(acc[i], x);
+                acc[i] = r == 0 ? x : op == TP_REDUCE_SUM ? acc[i] + x : maxf(acc[i], x);
             }
         }
-        for (size_t i = 0; i < m; i++)
-            dst[b + i] = is_bf16 ? f32_to_bf16(acc[i]) : tp_f16_from_f32(acc[i]);
+        uint16_t *d = dst + b;
+        if (is_bf16) {
+            for (size_t i = 0; i + GROUP <= m; i += GROUP)
+                for (int j = 0; j < GROUP; j++) d[i + j] = f32_to_bf16(acc[i + j]);
+            for (size_t i = m / GROUP * GROUP; i < m; i++) d[i] = f32_to_bf16(acc[i]);
+        } else {
+            for (size_t i = 0; i < m; i++) d[i] = tp_f16_from_f32(acc[i]);
+        }
     }
 }
 

@@ -15,7 +15,7 @@
 #include <string.h>
 #include <time.h>
 
-#define SPIN_S 30e-6          /* busy-wait this long first               */
+#define SPIN_S 5e-6           /* busy-wait this long first               */
 #define YIELD_S 2e-3          /* then sched_yield until this much passed */
 #define SLEEP_MIN_NS 20000L
 #define SLEEP_MAX_NS 500000L

@@ -87,11 +87,12 @@ AUTO = {
 
 
 class EveryArch(unittest.TestCase):
-    def check(self, model, sizes, backend="shm"):
+    def check(self, model, sizes, backends=("shm", "mpi")):
         ref = logits(model)
-        for tp in sizes:
-            err = rel(logits(model, tp, "--backend", backend), ref)
-            self.assertLessEqual(err, TOL, f"{model} TP={tp} {backend}: {err}")
+        for backend in backends:
+            for tp in sizes:
+                err = rel(logits(model, tp, "--backend", backend), ref)
+                self.assertLessEqual(err, TOL, f"{model} TP={tp} {backend}: {err}")
 
     def test_llama(self):
         self.check(make("llama", "llama"), (2, 4))              # TP 4 > 2 KV heads: KV replication
@@ -99,6 +100,7 @@ class EveryArch(unittest.TestCase):
 
     def test_mistral(self):
         self.check(make("mistral", "mistral"), (2, 4))
+        self.check(make("mistral-3", "mistral", *TP3), (3,))
 
     def test_qwen2(self):
         self.check(make("qwen2", "qwen2"), (2, 4))              # q/k/v biases split with the heads
@@ -110,10 +112,6 @@ class EveryArch(unittest.TestCase):
 
     def test_bf16_and_mqa(self):
         self.check(make("llama-bf16", "llama", "--dtype", "bf16", "--set", "num_key_value_heads=1"), (2, 4))
-
-    def test_mpi_backend(self):
-        self.check(make("llama", "llama"), (2,), backend="mpi")
-        self.check(make("qwen2-3", "qwen2", *TP3), (3,), backend="mpi")
 
 
 class Generation(unittest.TestCase):

@@ -1,0 +1,604 @@
+/* tensorpar bench forward | decode | all: how fast the model runs, and how
+ * close that comes to the machine's own limits.
+ *
+ * Every figure of TP = 1 and TP = N is measured side by side in one run:
+ * the command re-launches itself once per configuration (as bench load
+ * does), each rank measures the median of several repetitions and writes
+ * one line to REPORT.<rank>, and the first process compares.  A fresh
+ * process per configuration keeps one configuration's memory and page
+ * cache state out of the next one's figures. */
+#include "tp_cli.h"
+#include "tensorpar/kernels.h"
+#include "tensorpar/models.h"
+
+#include <math.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MAX_REPS 64
+#define MAX_TP_POINTS 8
+
+/* ---- as one rank ------------------------------------------------------ */
+
+typedef enum { MODE_FORWARD, MODE_DECODE } bench_mode;
+
+typedef struct {
+    bench_mode mode;
+    int64_t seq;          /* forward: tokens of the prefill; decode: the prompt */
+    int64_t new_tokens;   /* decode only */
+    int reps;
+} work;
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(const double *v, int n)
+{
+    double s[MAX_REPS];
+    memcpy(s, v, (size_t)n * sizeof *v);
+    qsort(s, (size_t)n, sizeof *s, cmp_double);
+    return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+}
+
+static uint64_t linear_bytes(const tp_linear *l)
+{
+    return tp_tensor_nbytes(&l->weight) + (l->bias.data ? tp_tensor_nbytes(&l->bias) : 0);
+}
+
+/* The weight bytes this rank streams per decoded token: every Linear and
+ * norm of the layers, the final norm and the (local) lm_head.  The
+ * embedding costs one row per token and is left out, unless it is the
+ * lm_head (tied), where it is counted once as the lm_head. */
+static double weight_bytes_per_token(const tp_model *m)
+{
+    uint64_t b = linear_bytes(&m->lm_head) + tp_tensor_nbytes(&m->norm);
+    for (int64_t i = 0; i < m->cfg.num_hidden_layers; i++) {
+        const tp_layer *L = &m->layers[i];
+        b += linear_bytes(&L->q_proj) + linear_bytes(&L->k_proj) + linear_bytes(&L->v_proj) +
+             linear_bytes(&L->o_proj) + linear_bytes(&L->gate_proj) + linear_bytes(&L->up_proj) +
+             linear_bytes(&L->down_proj) + tp_tensor_nbytes(&L->input_layernorm) +
+             tp_tensor_nbytes(&L->post_attention_layernorm);
+        if (L->q_norm.data) b += tp_tensor_nbytes(&L->q_norm) + tp_tensor_nbytes(&L->k_norm);
+    }
+    return (double)b;
+}
+
+/* One repetition: a prefill of w->seq tokens, or (decode) a prefill of the
+ * prompt, untimed, then w->new_tokens steps of one token each, timed. */
+static tp_status one_rep(tp_model *m, tp_kv_cache *kv, const int64_t *ids, int64_t new_tokens, const work *w,
+                         float *logits, double *secs, double *comm)
+{
+    tp_kv_cache_reset(kv);
+    tp_status s = TP_OK;
+    if (w->mode == MODE_DECODE) s = tp_model_forward(m, kv, ids, w->seq, logits, 0);
+    m->comm_seconds = 0;
+    double t0 = tp_now();
+    if (w->mode == MODE_FORWARD) s = tp_model_forward(m, kv, ids, w->seq, logits, 0);
+    for (int64_t i = 0; i < new_tokens && !s; i++) s = tp_model_forward(m, kv, ids + w->seq + i, 1, logits, 0);
+    *secs = tp_now() - t0;
+    *comm = m->comm_seconds;
+    return s;
+}
+
+static tp_status run_reps(tp_model *m, const cli_tp *tp, const work *w, double *secs, double *comm)
+{
+    int64_t total = w->seq + (w->mode == MODE_DECODE ? w->new_tokens : 0);
+    tp_kv_cache kv;
+    tp_status s = tp_kv_cache_init(&kv, m, total);
+    if (s) return s;
+    int64_t *ids = malloc((size_t)total * sizeof *ids);
+    float *logits = malloc((size_t)m->cfg.vocab_size * sizeof(float));
+    if (!ids || !logits) s = tp_fail(TP_ERR_NOMEM, "out of memory");
+    /* The same ids on every rank (same seed): the ranks run one sequence. */
+    tp_rng rng;
+    tp_rng_seed(&rng, 1234);
+    for (int64_t i = 0; !s && i < total; i++) ids[i] = (int64_t)(tp_rng_next(&rng) % (uint64_t)m->cfg.vocab_size);
+    double t[MAX_REPS], c[MAX_REPS], ws, wc;
+    /* One warm-up (first touch of the scratch buffers, the KV cache, the
+     * caches); decode warms up on a few tokens only. */
+    int64_t warm = w->mode == MODE_DECODE ? (w->new_tokens < 8 ? w->new_tokens : 8) : 0;
+    if (!s) s = one_rep(m, &kv, ids, warm, w, logits, &ws, &wc);
+    for (int r = 0; r < w->reps && !s; r++) {
+        /* Start together, so that no rank's clock includes waiting for a
+         * peer that is still finishing the previous repetition. */
+        if (tp->world && (s = tp_comm_barrier(tp->world))) break;
+        s = one_rep(m, &kv, ids, w->mode == MODE_DECODE ? w->new_tokens : 0, w, logits, &t[r], &c[r]);
+    }
+    if (!s) {
+        *secs = median(t, w->reps);
+        *comm = median(c, w->reps);
+    }
+    free(ids);
+    free(logits);
+    tp_kv_cache_release(&kv);
+    return s;
+}
+
+static int measure_as_rank(const char *dir, const char *report, const work *w, const cli_option *o, int n,
+                           int argc, char **argv, const char *cmd)
+{
+    cli_tp tp;
+    int rc = 0;
+    if (cli_tp_begin(argc, argv, o, n, &tp, &rc)) return cli_report(cmd);
+    tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .mesh = tp.mesh, .tp_plan = tp.plan};
+    const char *dt = cli_value(o, n, "--dtype");
+    tp_model *m = NULL;
+    double secs = 0, comm = 0;
+    if (cli_tp_threads(o, n, &tp, &mo) || (dt && tp_dtype_parse(dt, &mo.weight_dtype)) ||
+        tp_model_load(&m, dir, &mo) || run_reps(m, &tp, w, &secs, &comm)) {
+        tp_model_free(m);
+        cli_tp_end(&tp);
+        return cli_report(cmd);
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s.%d", report, tp.rank);
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fprintf(f, "%.9f %.9f %.0f\n", secs, comm, weight_bytes_per_token(m));
+        fclose(f);
+    }
+    tp_model_free(m);
+    cli_tp_end(&tp);
+    return f ? 0 : 1;
+}
+
+/* ---- the first process: launching configurations ---------------------- */
+
+typedef struct {
+    int tp, threads;
+    const char *dtype;     /* NULL: as stored */
+} config;
+
+typedef struct {
+    double seconds;        /* the slowest rank's median */
+    double comm_share;     /* mean over ranks of comm seconds / seconds */
+    double weight_bytes;   /* per token, summed over ranks */
+} figures;
+
+typedef struct {
+    const char *dir, *plan, *report;
+    int64_t seq, new_tokens;
+    int reps;
+} job;
+
+static int measure(const job *j, bench_mode mode, const config *c, figures *out)
+{
+    char nbuf[16], tbuf[16], sbuf[32], kbuf[32], rbuf[16];
+    snprintf(nbuf, sizeof nbuf, "%d", c->tp);
+    snprintf(tbuf, sizeof tbuf, "%d", c->threads);
+    snprintf(sbuf, sizeof sbuf, "%lld", (long long)j->seq);
+    snprintf(kbuf, sizeof kbuf, "%lld", (long long)j->new_tokens);
+    snprintf(rbuf, sizeof rbuf, "%d", j->reps);
+    char *argv[24];
+    int k = 0;
+    argv[k++] = "tensorpar";
+    argv[k++] = "bench";
+    argv[k++] = mode == MODE_FORWARD ? "forward" : "decode";
+    argv[k++] = "--model"; argv[k++] = (char *)j->dir;
+    argv[k++] = "--report"; argv[k++] = (char *)j->report;
+    argv[k++] = "--tp"; argv[k++] = nbuf;
+    argv[k++] = "--threads"; argv[k++] = tbuf;
+    argv[k++] = "--reps"; argv[k++] = rbuf;
+    if (mode == MODE_FORWARD) { argv[k++] = "--seq"; argv[k++] = sbuf; }
+    else { argv[k++] = "--prompt"; argv[k++] = sbuf; argv[k++] = "--new-tokens"; argv[k++] = kbuf; }
+    if (c->dtype) { argv[k++] = "--dtype"; argv[k++] = (char *)c->dtype; }
+    if (j->plan) { argv[k++] = "--tp-plan"; argv[k++] = (char *)j->plan; }
+    argv[k] = NULL;
+    int rc = 0;
+    if (tp_launch_self(c->tp, TP_BACKEND_AUTO, argv, &rc)) return -1;
+    if (rc) { tp_fail(TP_ERR_INTERNAL, "TP=%d x %d threads: a rank exited with %d", c->tp, c->threads, rc); return -1; }
+    memset(out, 0, sizeof *out);
+    for (int r = 0; r < c->tp; r++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s.%d", j->report, r);
+        FILE *f = fopen(path, "r");
+        double secs = 0, comm = 0, bytes = 0;
+        int ok = f && fscanf(f, "%lf %lf %lf", &secs, &comm, &bytes) == 3;
+        if (f) fclose(f);
+        remove(path);
+        if (!ok) { tp_fail(TP_ERR_IO, "rank %d left no report", r); return -1; }
+        if (secs > out->seconds) out->seconds = secs;
+        out->comm_share += (secs > 0 ? comm / secs : 0) / c->tp;
+        out->weight_bytes += bytes;
+    }
+    return 0;
+}
+
+/* The FLOPs of one prefill of T tokens (all ranks together): 2 per weight
+ * and token for the layers' Linears, the causal attention (q·k and p·v, 2
+ * FLOPs per multiply-add, each query against its visible keys), and the
+ * lm_head on the last row only, which is all a prefill computes. */
+static double prefill_flops(const tp_model_config *c, int64_t T)
+{
+    double H = (double)c->hidden_size, D = (double)c->head_dim, I = (double)c->intermediate_size;
+    double nq = (double)c->num_attention_heads, nkv = (double)c->num_key_value_heads;
+    double per_layer = H * nq * D * 2 + H * nkv * D * 2 + 3 * H * I;
+    double keys = 0;
+    for (int64_t t = 0; t < T; t++)
+        keys += (double)(c->sliding_window > 0 && t + 1 > c->sliding_window ? c->sliding_window : t + 1);
+    double attn = 4 * D * nq * keys;
+    return (double)c->num_hidden_layers * (2 * (double)T * per_layer + attn) + 2 * (double)c->vocab_size * H;
+}
+
+/* A temporary report prefix; the ranks append ".<rank>". */
+static int report_prefix(char *tmpl)
+{
+    int fd = mkstemp(tmpl);
+    if (fd < 0) { tp_fail(TP_ERR_IO, "cannot create a report file"); return -1; }
+    close(fd);
+    return 0;
+}
+
+static int default_threads(int ranks)
+{
+    int t = tp_cpu_count() / ranks;
+    return t < 1 ? 1 : t;
+}
+
+static const char *dtype_label(const config *c, const tp_model_config *mc)
+{
+    return c->dtype ? c->dtype : tp_dtype_name(mc->dtype == TP_BF16 ? TP_BF16 : TP_F32);
+}
+
+/* ---- options shared by forward and decode ------------------------------ */
+
+enum { N_OWN = 9 };
+static const cli_option pair_options[N_OWN] = {
+    {"--model", "DIR", "model directory (required)", 0, {0}},
+    {"--seq", "N", "forward: tokens of the prefill (default 512)", 0, {0}},
+    {"--prompt", "N", "decode: tokens of the untimed prompt (default 16)", 0, {0}},
+    {"--new-tokens", "N", "decode: tokens generated one at a time (default 128)", 0, {0}},
+    {"--threads", "T", "threads per rank (default: cores / ranks, for each TP size)", 0, {0}},
+    {"--reps", "R", "repetitions; the median is reported (default 5)", 0, {0}},
+    {"--dtype", "f32|bf16", "weight dtype in memory (default: as stored)", 0, {0}},
+    {"--json", NULL, "print one JSON object", 0, {0}},
+    {"--report", "FILE", "(internal) where a rank writes its figures", 0, {0}},
+};
+
+static int read_common(const cli_option *o, int n, const char *cmd, job *j, long long *tp, long long *threads,
+                       bench_mode mode)
+{
+    long long seq = mode == MODE_FORWARD ? 512 : 16, newt = 128, reps = 5;
+    j->dir = cli_value(o, n, "--model");
+    j->plan = cli_value(o, n, "--tp-plan");
+    j->report = cli_value(o, n, "--report");
+    if (!j->dir) { fprintf(stderr, "tensorpar %s: error: --model is required\n", cmd); return 2; }
+    if (cli_int(o, n, mode == MODE_FORWARD ? "--seq" : "--prompt", &seq) || cli_int(o, n, "--new-tokens", &newt) ||
+        cli_int(o, n, "--reps", &reps) || cli_int(o, n, "--tp", tp) || cli_int(o, n, "--threads", threads))
+        return cli_report(cmd);
+    if (seq < 1 || newt < 1 || reps < 1 || reps > MAX_REPS || *tp < 1) {
+        tp_fail(TP_ERR_INVALID, "--seq/--prompt and --new-tokens must be >= 1, --reps in [1, %d], --tp >= 1",
+                MAX_REPS);
+        return cli_report(cmd);
+    }
+    j->seq = seq;
+    j->new_tokens = newt;
+    j->reps = (int)reps;
+    return 0;
+}
+
+static int load_config(const char *dir, tp_model_config *mc, const char *cmd)
+{
+    return tp_config_load(mc, dir) ? cli_report(cmd) : 0;
+}
+
+/* bench forward and bench decode: TP = 1 and TP = N, side by side. */
+static int bench_pair(int argc, char **argv, bench_mode mode)
+{
+    const char *cmd = mode == MODE_FORWARD ? "bench forward" : "bench decode";
+    cli_option o[N_OWN + CLI_TP_N_OPTIONS];
+    memcpy(o, pair_options, sizeof pair_options);
+    memcpy(o + N_OWN, cli_tp_options, sizeof cli_tp_options);
+    int n = N_OWN + CLI_TP_N_OPTIONS;
+    const char *usage = mode == MODE_FORWARD
+        ? "tensorpar bench forward --model DIR [--seq 512] [--tp N] [--threads T] [--reps R] [--dtype D] [--json]"
+        : "tensorpar bench decode --model DIR [--new-tokens 128] [--tp N] [--threads T] [--reps R] [--dtype D] [--json]";
+    const char *summary = mode == MODE_FORWARD
+        ? "Times one prefill forward pass of --seq tokens (median of --reps) at TP = 1 and at\n"
+          "TP = N (default 2), each in its own processes, and reports the FLOP rate, the\n"
+          "share of time in communication and the speedup."
+        : "Times --new-tokens decode steps of one token each after a --prompt-token prefill\n"
+          "(median of --reps) at TP = 1 and at TP = N (default 2), and reports tokens/s and\n"
+          "the weight bytes streamed per second (local weight bytes per token x tokens/s,\n"
+          "summed over ranks).";
+    int rc = cli_parse(argc, argv, o, n, usage, summary, NULL, NULL);
+    if (rc) return rc == 1 ? 0 : 2;
+    job j;
+    long long tp = 2, threads = 0;
+    if ((rc = read_common(o, n, cmd, &j, &tp, &threads, mode))) return rc;
+    work w = {mode, j.seq, j.new_tokens, j.reps};
+    if (j.report) return measure_as_rank(j.dir, j.report, &w, o, n, argc, argv, cmd);
+    tp_model_config mc;
+    if ((rc = load_config(j.dir, &mc, cmd))) return rc;
+    char tmpl[] = "/tmp/tp-bench-model-XXXXXX";
+    if (report_prefix(tmpl)) return cli_report(cmd);
+    j.report = tmpl;
+    const char *dt = cli_value(o, n, "--dtype");
+    config c1 = {1, threads ? (int)threads : default_threads(1), dt};
+    config cn = {(int)tp, threads ? (int)threads : default_threads((int)tp), dt};
+    figures f1, fn;
+    int bad = measure(&j, mode, &c1, &f1) || measure(&j, mode, &cn, &fn);
+    remove(tmpl);
+    if (bad) return cli_report(cmd);
+    double speedup = f1.seconds / fn.seconds;
+    if (mode == MODE_FORWARD) {
+        double fl = prefill_flops(&mc, j.seq);
+        if (cli_flag(o, n, "--json")) {
+            printf("{\"bench\": \"forward\", \"seq\": %lld, \"dtype\": \"%s\", \"flops\": %.0f, "
+                   "\"tp1\": {\"tp\": 1, \"threads\": %d, \"seconds\": %.6f, \"gflops\": %.3f, \"comm_share\": %.4f}, "
+                   "\"tpN\": {\"tp\": %d, \"threads\": %d, \"seconds\": %.6f, \"gflops\": %.3f, \"comm_share\": %.4f}, "
+                   "\"speedup\": %.4f}\n",
+                   (long long)j.seq, dtype_label(&c1, &mc), fl, c1.threads, f1.seconds, fl / f1.seconds / 1e9,
+                   f1.comm_share, cn.tp, cn.threads, fn.seconds, fl / fn.seconds / 1e9, fn.comm_share, speedup);
+            return 0;
+        }
+        printf("forward pass of %lld tokens, %s weights, median of %d (%.1f GFLOP per pass)\n\n", (long long)j.seq,
+               dtype_label(&c1, &mc), j.reps, fl / 1e9);
+        printf("%-16s %10s %10s %10s %11s\n", "config", "seconds", "tokens/s", "GFLOP/s", "comm share");
+        const config *cs[2] = {&c1, &cn};
+        const figures *fs[2] = {&f1, &fn};
+        for (int i = 0; i < 2; i++)
+            printf("TP=%d x %d thr%*s %10.4f %10.1f %10.1f %10.1f%%\n", cs[i]->tp, cs[i]->threads,
+                   cs[i]->threads >= 10 ? 3 : 4, "", fs[i]->seconds, (double)j.seq / fs[i]->seconds,
+                   fl / fs[i]->seconds / 1e9, 100 * fs[i]->comm_share);
+        printf("\nspeedup of TP=%d x %d over TP=1 x %d: %.3f\n", cn.tp, cn.threads, c1.threads, speedup);
+        return 0;
+    }
+    double tok1 = (double)j.new_tokens / f1.seconds, tokn = (double)j.new_tokens / fn.seconds;
+    if (cli_flag(o, n, "--json")) {
+        printf("{\"bench\": \"decode\", \"new_tokens\": %lld, \"dtype\": \"%s\", "
+               "\"tp1\": {\"tp\": 1, \"threads\": %d, \"tokens_per_s\": %.4f, \"weight_bytes_per_token\": %.0f, "
+               "\"weight_bytes_per_s\": %.0f, \"comm_share\": %.4f}, "
+               "\"tpN\": {\"tp\": %d, \"threads\": %d, \"tokens_per_s\": %.4f, \"weight_bytes_per_token\": %.0f, "
+               "\"weight_bytes_per_s\": %.0f, \"comm_share\": %.4f}, \"speedup\": %.4f}\n",
+               (long long)j.new_tokens, dtype_label(&c1, &mc), c1.threads, tok1, f1.weight_bytes,
+               f1.weight_bytes * tok1, f1.comm_share, cn.tp, cn.threads, tokn, fn.weight_bytes, fn.weight_bytes * tokn,
+               fn.comm_share, speedup);
+        return 0;
+    }
+    printf("decode of %lld tokens after a %lld-token prompt, %s weights, median of %d\n\n", (long long)j.new_tokens,
+           (long long)j.seq, dtype_label(&c1, &mc), j.reps);
+    printf("%-16s %10s %16s %12s %11s\n", "config", "tokens/s", "weight MB/token", "weight GB/s", "comm share");
+    const config *cs[2] = {&c1, &cn};
+    const figures *fs[2] = {&f1, &fn};
+    double toks[2] = {tok1, tokn};
+    for (int i = 0; i < 2; i++)
+        printf("TP=%d x %d thr%*s %10.2f %16.1f %12.2f %10.1f%%\n", cs[i]->tp, cs[i]->threads,
+               cs[i]->threads >= 10 ? 3 : 4, "", toks[i], fs[i]->weight_bytes / 1e6,
+               fs[i]->weight_bytes * toks[i] / 1e9, 100 * fs[i]->comm_share);
+    printf("\n(weight MB/token and GB/s are summed over the ranks: each rank streams its own shards)\n");
+    printf("speedup of TP=%d x %d over TP=1 x %d: %.3f\n", cn.tp, cn.threads, c1.threads, speedup);
+    return 0;
+}
+
+int cmd_bench_forward(int argc, char **argv) { return bench_pair(argc, argv, MODE_FORWARD); }
+int cmd_bench_decode(int argc, char **argv) { return bench_pair(argc, argv, MODE_DECODE); }
+
+/* ---- bench all ---------------------------------------------------------- */
+
+typedef struct {
+    tp_machine_peaks pk;
+    double flops;
+    figures f11, f12, f21, b12, d12, d21;   /* prefill f32 1x1, 1x2, 2x1; prefill bf16 1x2; decode bf16 1x2, 2x1 */
+    int npoints;
+    int tp_sizes[MAX_TP_POINTS];
+    double speedup[MAX_TP_POINTS];        /* t(1x1) / t(k x 1), f32 prefill */
+} all_figures;
+
+static int machine_peaks(tp_machine_peaks *pk)
+{
+    tp_threadpool *pool;
+    if (tp_threadpool_create(&pool, 2)) return -1;
+    /* Pinned like a TP=1 x 2 rank, so the figures compare like with like;
+     * this thread's own mask is restored afterwards, since the ranks
+     * launched next inherit it and would see a single core. */
+    cpu_set_t mine;
+    int saved = sched_getaffinity(0, sizeof mine, &mine) == 0;
+    if (tp_threadpool_pin(pool, 0)) tp_log(TP_LOG_WARN, "threads not pinned: %s", tp_error());
+    tp_status s = tp_machine_peaks_measure(pk, pool, 1);
+    tp_threadpool_destroy(pool);
+    if (saved) sched_setaffinity(0, sizeof mine, &mine);
+    return s ? -1 : 0;
+}
+
+/* Writes the chart of forward-pass speedup against TP size with gnuplot. */
+static int draw_png(const all_figures *a, const job *j, const char *png, const char *model_name)
+{
+    char dir[] = "/tmp/tp-bench-plot-XXXXXX";
+    if (!mkdtemp(dir)) { tp_fail(TP_ERR_IO, "cannot create a temporary folder"); return -1; }
+    char data[64], script[64];
+    snprintf(data, sizeof data, "%s/speedup.dat", dir);
+    snprintf(script, sizeof script, "%s/plot.gp", dir);
+    int cores = tp_cpu_count(), rc = -1;
+    FILE *f = fopen(data, "w");
+    if (f) {
+        for (int i = 0; i < a->npoints; i++)
+            fprintf(f, "%d %.4f %d\n", a->tp_sizes[i], a->speedup[i], a->tp_sizes[i] > cores);
+        fclose(f);
+    }
+    int max_tp = a->npoints ? a->tp_sizes[a->npoints - 1] : 2;
+    double ymax = cores < max_tp ? cores : max_tp;
+    for (int i = 0; i < a->npoints; i++)
+        if (a->speedup[i] > ymax) ymax = a->speedup[i];
+    ymax = ymax * 1.2 + 0.1;   /* room for the value labels */
+    /* pngcairo draws better; the plain png terminal is the fallback. */
+    for (int attempt = 0; attempt < 2 && rc; attempt++) {
+        FILE *g = fopen(script, "w");
+        if (!g) break;
+        fprintf(g,
+                "set terminal %s size 800,520\n"
+                "set output '%s'\n"
+                "set title \"forward pass speedup against TP size: %s, seq %lld, 1 thread per rank\\n"
+                "TP=2 x 1 is %.2fx TP=1 x 1 and %.2fx TP=1 x 2 threads\"\n"
+                "set xlabel 'TP size (ranks)'\nset ylabel 'speedup over TP=1 x 1 thread'\n"
+                "set xrange [0.5:%d.5]\nset yrange [0:%.2f]\nset xtics 1\nset grid\n"
+                "set key outside bottom center horizontal\n"
+                "set style fill solid 0.6\nset boxwidth 0.5\n"
+                "set arrow from %d.5, graph 0 to %d.5, graph 1 nohead dt 2 lc rgb 'gray40'\n"
+                "set label \"more ranks than\\nthe %d cores:\\noversubscribed\" at %d.6, graph 0.9 tc rgb 'gray30'\n"
+                "plot '%s' using 1:($3 == 0 ? $2 : 1/0) with boxes lc rgb '#3070b0' title 'measured', "
+                "'' using 1:($3 == 1 ? $2 : 1/0) with boxes lc rgb '#c05050' title 'measured (oversubscribed)', "
+                "'' using 1:2:(sprintf('%%.2fx', $2)) with labels offset 0,0.8 notitle, "
+                "[x=1:%d] (x < %d ? x : %d) with lines dt 3 lc rgb 'black' title 'ideal (one core per rank)'\n",
+                attempt == 0 ? "pngcairo" : "png", png, model_name, (long long)j->seq,
+                a->f11.seconds / a->f21.seconds, a->f12.seconds / a->f21.seconds, max_tp, ymax, cores, cores, cores,
+                cores, data, max_tp, cores, cores);
+        fclose(g);
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "gnuplot '%s' 2>/dev/null", script);
+        int st = system(cmd);
+        if (st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0) rc = 0;
+    }
+    remove(data);
+    remove(script);
+    rmdir(dir);
+    if (rc) tp_fail(TP_ERR_IO, "gnuplot could not draw %s (is gnuplot installed?)", png);
+    return rc;
+}
+
+static const char *base_name(const char *path)
+{
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    const char *b = path;
+    for (size_t i = 0; i + 1 < n; i++)
+        if (path[i] == '/') b = path + i + 1;
+    return b;
+}
+
+int cmd_bench_all(int argc, char **argv)
+{
+    const char *cmd = "bench all";
+    enum { N_ALL = 9 };
+    cli_option o[N_ALL + CLI_TP_N_OPTIONS] = {
+        {"--model", "DIR", "model directory (required)", 0, {0}},
+        {"--seq", "N", "tokens of the prefill (default 512)", 0, {0}},
+        {"--new-tokens", "N", "decode steps (default 128)", 0, {0}},
+        {"--reps", "R", "repetitions per figure; medians (default 3)", 0, {0}},
+        {"--max-tp", "N", "largest TP size of the chart (powers of 2; default 4)", 0, {0}},
+        {"--json", NULL, "print one JSON object", 0, {0}},
+        {"--png", "FILE", "draw the speedup chart (gnuplot)", 0, {0}},
+        {"--prompt", "N", "tokens of the untimed decode prompt (default 16)", 0, {0}},
+        {"--threads", "T", "(not used: bench all picks the threads per figure)", 0, {0}},
+    };
+    memcpy(o + N_ALL, cli_tp_options, sizeof cli_tp_options);
+    int n = N_ALL + CLI_TP_N_OPTIONS;
+    int rc = cli_parse(argc, argv, o, n,
+                       "tensorpar bench all --model DIR [--seq 512] [--new-tokens 128] [--reps 3] [--json] [--png FILE]",
+                       "Measures the machine's limits (FMA peak, read bandwidth; 2 threads) and then the\n"
+                       "model: prefill at TP=1x1, TP=1x2 and TP=2x1 (f32 weights), TP=1x2 with bf16 weights,\n"
+                       "decode with bf16 weights at TP=1x2 and TP=2x1, and the chart's TP sizes, each in\n"
+                       "its own processes; prints the ratios of the speed issue's targets.  The weights\n"
+                       "are converted to the dtype at load, whatever the checkpoint stores.",
+                       NULL, NULL);
+    if (rc) return rc == 1 ? 0 : 2;
+    job j;
+    long long tp = 2, threads = 0, max_tp = 4;
+    if ((rc = read_common(o, n, cmd, &j, &tp, &threads, MODE_DECODE))) return rc;
+    long long seq = 512, reps = 3;
+    if (cli_int(o, n, "--seq", &seq) || cli_int(o, n, "--reps", &reps) || cli_int(o, n, "--max-tp", &max_tp))
+        return cli_report(cmd);
+    if (seq < 1 || reps < 1 || reps > MAX_REPS || max_tp < 2) {
+        tp_fail(TP_ERR_INVALID, "--seq >= 1, --reps in [1, %d], --max-tp >= 2", MAX_REPS);
+        return cli_report(cmd);
+    }
+    job jf = j, jd = j;
+    jf.seq = seq;
+    jf.reps = jd.reps = (int)reps;
+    tp_model_config mc;
+    if ((rc = load_config(j.dir, &mc, cmd))) return rc;
+    all_figures a;
+    memset(&a, 0, sizeof a);
+    if (machine_peaks(&a.pk)) return cli_report(cmd);
+    char tmpl[] = "/tmp/tp-bench-all-XXXXXX";
+    if (report_prefix(tmpl)) return cli_report(cmd);
+    jf.report = jd.report = tmpl;
+    const config c11 = {1, 1, "f32"}, c12 = {1, 2, "f32"}, c21 = {2, 1, "f32"}, b12 = {1, 2, "bf16"},
+                 d12 = {1, 2, "bf16"}, d21 = {2, 1, "bf16"};
+    int bad = measure(&jf, MODE_FORWARD, &c11, &a.f11) || measure(&jf, MODE_FORWARD, &c12, &a.f12) ||
+              measure(&jf, MODE_FORWARD, &c21, &a.f21) || measure(&jf, MODE_FORWARD, &b12, &a.b12) ||
+              measure(&jd, MODE_DECODE, &d12, &a.d12) || measure(&jd, MODE_DECODE, &d21, &a.d21);
+    a.tp_sizes[0] = 1; a.speedup[0] = 1;
+    a.tp_sizes[1] = 2; a.speedup[1] = bad ? 0 : a.f11.seconds / a.f21.seconds;
+    a.npoints = 2;
+    for (long long k = 4; !bad && k <= max_tp && a.npoints < MAX_TP_POINTS; k *= 2) {
+        config ck = {(int)k, 1, "f32"};
+        figures fk;
+        /* A TP size the model's heads do not divide is left off the chart. */
+        if (measure(&jf, MODE_FORWARD, &ck, &fk)) {
+            tp_log(TP_LOG_WARN, "TP=%lld left off the chart: %s", k, tp_error());
+            continue;
+        }
+        a.tp_sizes[a.npoints] = (int)k;
+        a.speedup[a.npoints++] = a.f11.seconds / fk.seconds;
+    }
+    remove(tmpl);
+    if (bad) return cli_report(cmd);
+    a.flops = prefill_flops(&mc, jf.seq);
+    double bw = a.pk.read_gbs_n * 1e9, peak = a.pk.fma_gflops_n * 1e9;
+    double tok12 = (double)jd.new_tokens / a.d12.seconds, tok21 = (double)jd.new_tokens / a.d21.seconds;
+    struct { const char *key, *what, *target; double v; } r[] = {
+        {"prefill_fma_ratio", "prefill f32 FLOP rate / FMA peak (TP=1x2)", ">= 0.60", a.flops / a.f12.seconds / peak},
+        {"prefill_fma_ratio_tp2x1", "prefill f32 FLOP rate / FMA peak (TP=2x1)", "", a.flops / a.f21.seconds / peak},
+        {"bf16_over_f32", "prefill rate bf16 / f32 weights (TP=1x2)", ">= 1.5", a.f12.seconds / a.b12.seconds},
+        {"tp2x1_over_tp1x1", "prefill TP=2x1 / TP=1x1", ">= 1.9", a.f11.seconds / a.f21.seconds},
+        {"tp2x1_over_tp1x2", "prefill TP=2x1 / TP=1x2", ">= 0.95", a.f12.seconds / a.f21.seconds},
+        {"decode_bw_ratio_tp1x2", "decode bf16 weight bytes/s / read bw (TP=1x2)", ">= 0.90",
+         a.d12.weight_bytes * tok12 / bw},
+        {"decode_bw_ratio_tp2x1", "decode bf16 weight bytes/s / read bw (TP=2x1)", ">= 0.90",
+         a.d21.weight_bytes * tok21 / bw},
+        {"comm_share_tp2", "share of a prefill in communication (TP=2x1)", "", a.f21.comm_share},
+        {"comm_share_tp2_decode", "share of a decode step in communication (TP=2x1)", "", a.d21.comm_share},
+    };
+    int nr = (int)(sizeof r / sizeof r[0]);
+    const char *png = cli_value(o, n, "--png");
+    if (png && draw_png(&a, &jf, png, base_name(j.dir))) return cli_report(cmd);
+    double load[3] = {0, 0, 0};
+    if (getloadavg(load, 3) < 0) load[0] = -1;
+    if (cli_flag(o, n, "--json")) {
+        printf("{\"bench\": \"all\", \"seq\": %lld, \"new_tokens\": %lld, \"reps\": %d, \"loadavg\": %.2f, ",
+               (long long)jf.seq, (long long)jd.new_tokens, jf.reps, load[0]);
+        for (int i = 0; i < nr; i++) printf("\"%s\": %.4f, ", r[i].key, r[i].v);
+        printf("\"fma_gflops_1\": %.2f, \"fma_gflops_2\": %.2f, \"read_gbs_1\": %.2f, \"read_gbs_2\": %.2f, ",
+               a.pk.fma_gflops_1, a.pk.fma_gflops_n, a.pk.read_gbs_1, a.pk.read_gbs_n);
+        printf("\"prefill_flops\": %.0f, \"prefill_seconds\": {\"f32_tp1x1\": %.6f, \"f32_tp1x2\": %.6f, "
+               "\"f32_tp2x1\": %.6f, \"bf16_tp1x2\": %.6f}, ",
+               a.flops, a.f11.seconds, a.f12.seconds, a.f21.seconds, a.b12.seconds);
+        printf("\"decode_tokens_per_s\": {\"bf16_tp1x2\": %.4f, \"bf16_tp2x1\": %.4f}, "
+               "\"decode_weight_bytes_per_token\": {\"bf16_tp1x2\": %.0f, \"bf16_tp2x1\": %.0f}, \"speedup_by_tp\": {",
+               tok12, tok21, a.d12.weight_bytes, a.d21.weight_bytes);
+        for (int i = 0; i < a.npoints; i++) printf("%s\"%d\": %.4f", i ? ", " : "", a.tp_sizes[i], a.speedup[i]);
+        printf("}}\n");
+        return 0;
+    }
+    printf("machine (2 threads, pinned): FMA peak %.1f GFLOP/s (%.1f on 1 thread), read bandwidth %.1f GB/s "
+           "(%.1f on 1 thread)\n", a.pk.fma_gflops_n, a.pk.fma_gflops_1, a.pk.read_gbs_n, a.pk.read_gbs_1);
+    printf("model %s: prefill of %lld tokens = %.1f GFLOP; medians of %d; load average %.2f\n\n", base_name(j.dir),
+           (long long)jf.seq, a.flops / 1e9, jf.reps, load[0]);
+    printf("%-28s %10s %10s %11s\n", "prefill", "seconds", "GFLOP/s", "comm share");
+    const char *names[4] = {"f32  TP=1 x 1 thread", "f32  TP=1 x 2 threads", "f32  TP=2 x 1 thread",
+                            "bf16 TP=1 x 2 threads"};
+    const figures *pf[4] = {&a.f11, &a.f12, &a.f21, &a.b12};
+    for (int i = 0; i < 4; i++)
+        printf("%-28s %10.4f %10.1f %10.1f%%\n", names[i], pf[i]->seconds, a.flops / pf[i]->seconds / 1e9,
+               100 * pf[i]->comm_share);
+    printf("\n%-28s %10s %10s %11s\n", "decode (bf16)", "tokens/s", "GB/s", "comm share");
+    printf("%-28s %10.2f %10.2f %10.1f%%\n", "TP=1 x 2 threads", tok12, a.d12.weight_bytes * tok12 / 1e9,
+           100 * a.d12.comm_share);
+    printf("%-28s %10.2f %10.2f %10.1f%%\n", "TP=2 x 1 thread", tok21, a.d21.weight_bytes * tok21 / 1e9,
+           100 * a.d21.comm_share);
+    printf("\nforward speedup over TP=1 x 1 (1 thread per rank):");
+    for (int i = 0; i < a.npoints; i++)
+        printf("  TP=%d %.2fx%s", a.tp_sizes[i], a.speedup[i], a.tp_sizes[i] > tp_cpu_count() ? " (oversubscribed)" : "");
+    printf("\n\n%-50s %10s %8s\n", "ratio", "measured", "target");
+    for (int i = 0; i < nr; i++) printf("%-50s %10.3f %8s\n", r[i].what, r[i].v, r[i].target);
+    if (png) printf("\nchart: %s\n", png);
+    return 0;
+}

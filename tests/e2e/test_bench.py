@@ -1,0 +1,100 @@
+#!/usr/bin/python3
+"""End-to-end: the model benchmarks run and say what they should.
+
+CI runs each of `bench forward`, `bench decode`, `bench load` and
+`bench all --json --png` once on a tiny model, only to prove that they
+work: the JSON has its keys with positive numbers and the chart is a PNG.
+Timings are never asserted (the machines are shared and noisy)."""
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tpe2e import run  # noqa: E402
+
+WORK = None
+MODEL = None
+
+ALL_KEYS = ["prefill_fma_ratio", "bf16_over_f32", "tp2x1_over_tp1x1", "tp2x1_over_tp1x2",
+            "decode_bw_ratio_tp1x2", "decode_bw_ratio_tp2x1", "comm_share_tp2"]
+
+
+def setUpModule():
+    global WORK, MODEL
+    WORK = tempfile.mkdtemp(prefix="tp-e2e-bench-")
+    MODEL = os.path.join(WORK, "tiny")
+    run("make-model", "--arch", "qwen3", "--preset", "tiny", "--out", MODEL)
+
+
+def tearDownModule():
+    shutil.rmtree(WORK, ignore_errors=True)
+
+
+def positive(test, obj, key):
+    test.assertIn(key, obj)
+    test.assertIsInstance(obj[key], (int, float), key)
+    test.assertGreater(obj[key], 0, key)
+
+
+class BenchTest(unittest.TestCase):
+    def test_forward(self):
+        p = run("bench", "forward", "--model", MODEL, "--seq", "16", "--reps", "1", "--tp", "2", "--json")
+        j = json.loads(p.stdout)
+        self.assertEqual(j["bench"], "forward")
+        for side in ("tp1", "tpN"):
+            for k in ("seconds", "gflops"):
+                positive(self, j[side], k)
+        self.assertEqual(j["tpN"]["tp"], 2)
+        positive(self, j["tpN"], "comm_share")   # TP=2 communicates
+        positive(self, j, "speedup")
+        # The table form names both configurations.
+        p = run("bench", "forward", "--model", MODEL, "--seq", "8", "--reps", "1", "--threads", "1")
+        self.assertIn("TP=1 x 1", p.stdout)
+        self.assertIn("TP=2 x 1", p.stdout)
+
+    def test_decode(self):
+        p = run("bench", "decode", "--model", MODEL, "--new-tokens", "4", "--reps", "1", "--dtype", "bf16", "--json")
+        j = json.loads(p.stdout)
+        self.assertEqual(j["dtype"], "bf16")
+        for side in ("tp1", "tpN"):
+            for k in ("tokens_per_s", "weight_bytes_per_token", "weight_bytes_per_s"):
+                positive(self, j[side], k)
+        # Each rank streams about half the weights; summed, about all of them.
+        ratio = j["tpN"]["weight_bytes_per_token"] / j["tp1"]["weight_bytes_per_token"]
+        self.assertGreater(ratio, 0.9)
+        self.assertLess(ratio, 1.2)
+
+    def test_load(self):
+        p = run("bench", "load", "--model", MODEL, "--tp", "2", "--json")
+        j = json.loads(p.stdout)
+        positive(self, j["tp1"], "seconds")
+        positive(self, j["tpN"], "bytes_read")
+
+    def test_all(self):
+        png = os.path.join(WORK, "speedup.png")
+        p = run("bench", "all", "--model", MODEL, "--seq", "16", "--new-tokens", "4", "--reps", "1",
+                "--json", "--png", png, timeout=120)
+        j = json.loads(p.stdout)
+        for k in ALL_KEYS:
+            positive(self, j, k)
+        for k in ("fma_gflops_2", "read_gbs_2"):
+            positive(self, j, k)
+        self.assertIn("1", j["speedup_by_tp"])
+        self.assertIn("2", j["speedup_by_tp"])
+        with open(png, "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+    def test_bad_options(self):
+        p = run("bench", "forward", "--model", MODEL, "--seq", "0", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--seq", p.stderr)
+        p = run("bench", "forward", check=False)
+        self.assertEqual(p.returncode, 2)
+
+
+if __name__ == "__main__":
+    unittest.main()
