@@ -392,7 +392,7 @@ typedef struct {
     double speedup[MAX_TP_POINTS];        /* t(1x1) / t(k x 1), f32 prefill */
 } all_figures;
 
-static int machine_peaks(tp_machine_peaks *pk)
+static int machine_peaks(tp_machine_peaks *pk, int smoke)
 {
     tp_threadpool *pool;
     if (tp_threadpool_create(&pool, 2)) return -1;
@@ -402,7 +402,7 @@ static int machine_peaks(tp_machine_peaks *pk)
     cpu_set_t mine;
     int saved = sched_getaffinity(0, sizeof mine, &mine) == 0;
     if (tp_threadpool_pin(pool, 0)) tp_log(TP_LOG_WARN, "threads not pinned: %s", tp_error());
-    tp_status s = tp_machine_peaks_measure(pk, pool, 1);
+    tp_status s = tp_machine_peaks_measure(pk, pool, smoke ? 2 : 1);
     tp_threadpool_destroy(pool);
     if (saved) sched_setaffinity(0, sizeof mine, &mine);
     return s ? -1 : 0;
@@ -476,7 +476,7 @@ static const char *base_name(const char *path)
 int cmd_bench_all(int argc, char **argv)
 {
     const char *cmd = "bench all";
-    enum { N_ALL = 9 };
+    enum { N_ALL = 10 };
     cli_option o[N_ALL + CLI_TP_N_OPTIONS] = {
         {"--model", "DIR", "model directory (required)", 0, {0}},
         {"--seq", "N", "tokens of the prefill (default 512)", 0, {0}},
@@ -485,6 +485,7 @@ int cmd_bench_all(int argc, char **argv)
         {"--max-tp", "N", "largest TP size of the chart (powers of 2; default 4)", 0, {0}},
         {"--json", NULL, "print one JSON object", 0, {0}},
         {"--png", "FILE", "draw the speedup chart (gnuplot)", 0, {0}},
+        {"--smoke", NULL, "measure the machine's limits only roughly (tests: proves the bench runs)", 0, {0}},
         {"--prompt", "N", "tokens of the untimed decode prompt (default 16)", 0, {0}},
         {"--threads", "T", "(not used: bench all picks the threads per figure)", 0, {0}},
     };
@@ -516,7 +517,7 @@ int cmd_bench_all(int argc, char **argv)
     if ((rc = load_config(j.dir, &mc, cmd))) return rc;
     all_figures a;
     memset(&a, 0, sizeof a);
-    if (machine_peaks(&a.pk)) return cli_report(cmd);
+    if (machine_peaks(&a.pk, cli_flag(o, n, "--smoke"))) return cli_report(cmd);
     char tmpl[] = "/tmp/tp-bench-all-XXXXXX";
     if (report_prefix(tmpl)) return cli_report(cmd);
     jf.report = jd.report = tmpl;

@@ -9,8 +9,9 @@
  *   header   magic, layout, job hash, failure flag, the area table
  *   ranks    per global rank: pid, start time (against pid reuse), state
  *   areas    SHM_AREAS group areas; area 0 is the world.  Each holds the
- *            members' global ranks, per member a `seq` and a `done` counter
- *            on their own cache lines, and per member two slot buffers
+ *            members' global ranks, per member a `seq` line (the step
+ *            counter plus what the step is: see shm_step_info), and per
+ *            member two slot buffers
  *   p2p      per ordered pair of global ranks: posted/consumed counters and
  *            a buffer for point-to-point messages
  *
@@ -25,28 +26,53 @@
 #include <stdint.h>
 
 #define SHM_MAGIC 0x74656e736f72706dull   /* "tensorpm" */
-#define SHM_VERSION 1u
+#define SHM_VERSION 2u
 #define SHM_LINE 128                      /* two lines: the adjacent-line
                                              prefetcher shares pairs */
 #define SHM_AREAS 32
 #define SHM_SLOT_BYTES_DEFAULT (256u << 10)
 #define SHM_ONESHOT_MAX_DEFAULT (64u << 10)
 #define SHM_P2P_BYTES (64u << 10)
+/* Smallest all-reduce / all-gather / reduce-scatter that reads the peers'
+ * buffers directly (process_vm_readv) instead of going through the slots. */
+#define SHM_CMA_MIN_DEFAULT (64u << 10)
 
 enum { AREA_FREE = 0, AREA_INIT, AREA_READY };
 enum { RANK_ABSENT = 0, RANK_ALIVE, RANK_LEFT };
 
+/* What a step belongs to, written by each rank before it publishes the step:
+ * a rank that reads a peer's step compares it with its own, so that ranks
+ * calling different collectives (or different counts) fail with a message
+ * naming both calls instead of exchanging garbage.  `send`/`recv` are the
+ * caller's buffer addresses, for the single-copy (CMA) algorithms. */
 typedef struct {
-    _Atomic uint64_t v;
-    char pad[SHM_LINE - sizeof(uint64_t)];
-} shm_counter;
+    uint32_t kind;            /* shm_kind | dtype << 8 | op << 16          */
+    int32_t root;
+    uint64_t count;           /* elements (the whole tensor)               */
+    uint64_t hash;            /* of the per-rank counts of "v" collectives */
+    uint64_t send, recv;
+} shm_step_info;
+
+/* A member's step counter and, on the same lines, the descriptions of its
+ * last two steps (one per slot buffer parity: a peer may still read step k
+ * while this rank already describes step k+1). */
+typedef struct {
+    _Atomic uint64_t seq;
+    shm_step_info info[2];
+    char pad[SHM_LINE - sizeof(uint64_t) - 2 * sizeof(shm_step_info)];
+} shm_seq;
 
 typedef struct {
     _Atomic int32_t pid;
     _Atomic int32_t state;
     uint64_t start_time;      /* /proc/<pid>/stat field 22 */
-    char pad[SHM_LINE - 16];
+    uint64_t probe_addr;      /* a word peers read to test process_vm_readv */
+    _Atomic int32_t cma;      /* 0 unknown, 1 could read every peer, -1 not */
+    char pad[SHM_LINE - 28];
 } shm_rank_info;
+
+_Static_assert(sizeof(shm_seq) == SHM_LINE, "shm_seq is one line pair");
+_Static_assert(sizeof(shm_rank_info) == SHM_LINE, "shm_rank_info is one line pair");
 
 typedef struct {
     _Atomic uint32_t state;
@@ -73,6 +99,7 @@ typedef struct {
     uint64_t creator_start;
     uint64_t total_bytes, slot_bytes, p2p_bytes;
     uint64_t oneshot_max;          /* all-reduce algorithm switch (bytes)  */
+    uint64_t cma_min;              /* single-copy switch (bytes); UINT64_MAX: off */
     uint64_t ranks_off, areas_off, area_bytes, area_data_off, p2p_off, p2p_stride;
     _Atomic uint64_t attached;
     _Atomic int32_t failed_rank;   /* -1, or a rank found dead            */
@@ -86,6 +113,9 @@ typedef struct {
     size_t bytes;
     int world, me;
     int refs;                       /* tp_groups using this view          */
+    int cma;                        /* every rank can process_vm_readv every other */
+    double spin_s;                  /* busy-wait this long before yielding */
+    uint64_t probe;                 /* what peers read in the CMA probe    */
     struct { uint64_t hash; int count; } *occ;   /* sub-group creations  */
     int nocc, capocc;
 } shm_world;
@@ -95,10 +125,12 @@ typedef struct {
     shm_world *w;
     int area;
     int32_t *members;
-    shm_counter *seq, *done;
+    shm_seq *seq;
+    uint64_t *seen;                 /* the highest seq read of each member */
+    int *pid;                       /* each member's pid (for CMA)         */
     char *data;
     size_t slot_bytes;
-    size_t oneshot_max;
+    size_t oneshot_max, cma_min;
     uint64_t step;
 } shm_group;
 
@@ -109,7 +141,8 @@ void tp_shm_detach(shm_world *w);
 tp_status tp_shm_area_open(shm_world *w, tp_group *g, const int32_t *members, int n,
                            uint64_t key, int leader, int *area_out);
 void tp_shm_area_close(shm_world *w, int area);
-void tp_shm_group_view(shm_world *w, int area, shm_group *s);
+tp_status tp_shm_group_view(shm_world *w, int area, int n, shm_group *s);
+void tp_shm_group_view_free(shm_group *s);
 shm_p2p *tp_shm_p2p(shm_world *w, int from, int to, char **buf);
 
 /* ---- waiting (shm_wait.c) ---- */

@@ -5,10 +5,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -38,9 +40,9 @@ static void layout(shm_header *h, int n)
     h->ranks_off = off;
     off = round_up(off + (size_t)n * sizeof(shm_rank_info), 4096);
     h->areas_off = off;
-    /* members, then seq[n] and done[n], then 2n slots. */
+    /* members, then seq[n], then 2n slots. */
     h->area_data_off = round_up(round_up((size_t)n * sizeof(int32_t), SHM_LINE) +
-                                2 * (size_t)n * sizeof(shm_counter), 4096);
+                                (size_t)n * sizeof(shm_seq), 4096);
     h->area_bytes = h->area_data_off + 2 * (size_t)n * h->slot_bytes;
     off += SHM_AREAS * h->area_bytes;
     h->p2p_off = off;
@@ -57,8 +59,11 @@ static char *area_base(shm_world *w, int area)
 static void area_init(shm_header *h, char *base, const int32_t *members, int n)
 {
     memcpy(base, members, (size_t)n * sizeof(int32_t));
-    shm_counter *c = (shm_counter *)(base + round_up((size_t)h->world * sizeof(int32_t), SHM_LINE));
-    for (int i = 0; i < 2 * h->world; i++) atomic_store_explicit(&c[i].v, 0, memory_order_relaxed);
+    shm_seq *c = (shm_seq *)(base + round_up((size_t)h->world * sizeof(int32_t), SHM_LINE));
+    for (int i = 0; i < h->world; i++) {
+        atomic_store_explicit(&c[i].seq, 0, memory_order_relaxed);
+        memset(c[i].info, 0, sizeof c[i].info);
+    }
 }
 
 static void header_init(shm_header *h, const char *rendezvous, int n)
@@ -72,6 +77,10 @@ static void header_init(shm_header *h, const char *rendezvous, int n)
     h->slot_bytes = slot_bytes();
     h->p2p_bytes = SHM_P2P_BYTES;
     h->oneshot_max = knob_kb("TENSORPAR_SHM_ONESHOT_KB", 0, SHM_ONESHOT_MAX_DEFAULT);
+    /* TENSORPAR_SHM_CMA=0 turns the single-copy algorithms off (to compare,
+     * or where process_vm_readv is unwelcome). */
+    const char *cma = getenv("TENSORPAR_SHM_CMA");
+    h->cma_min = cma && !strcmp(cma, "0") ? UINT64_MAX : knob_kb("TENSORPAR_SHM_CMA_KB", 0, SHM_CMA_MIN_DEFAULT);
     layout(h, n);
     atomic_store(&h->attached, 0);
     atomic_store(&h->failed_rank, -1);
@@ -212,6 +221,7 @@ static void register_me(shm_world *w)
     shm_rank_info *ri = (shm_rank_info *)((char *)w->h + w->h->ranks_off) + w->me;
     char state;
     ri->start_time = tp_shm_proc_start((int)getpid(), &state);
+    ri->probe_addr = (uint64_t)(uintptr_t)&w->probe;
     atomic_store_explicit(&ri->pid, (int32_t)getpid(), memory_order_release);
     atomic_store_explicit(&ri->state, RANK_ALIVE, memory_order_release);
 }
@@ -234,6 +244,39 @@ static tp_status wait_all_attached(shm_world *w, double timeout_s)
     return TP_OK;
 }
 
+/* Can this rank read every other rank's memory with process_vm_readv (same
+ * uid, not forbidden by Yama, seccomp or PR_SET_DUMPABLE)?  Each rank tries
+ * and publishes its verdict; all then wait for all verdicts, so that every
+ * rank takes the same decision and picks the same algorithms. */
+static tp_status probe_cma(shm_world *w, double timeout_s)
+{
+    shm_rank_info *ri = (shm_rank_info *)((char *)w->h + w->h->ranks_off);
+    int ok = 1;
+    for (int r = 0; r < w->world && ok; r++) {
+        if (r == w->me) continue;
+        uint64_t v = 0;
+        struct iovec l = {&v, sizeof v};
+        struct iovec rem = {(void *)(uintptr_t)ri[r].probe_addr, sizeof v};
+        ok = process_vm_readv(atomic_load(&ri[r].pid), &l, 1, &rem, 1, 0) == (ssize_t)sizeof v &&
+             v == (SHM_MAGIC ^ (uint64_t)r);
+    }
+    atomic_store_explicit(&ri[w->me].cma, ok ? 1 : -1, memory_order_release);
+    tp_group fake = {.timeout_s = timeout_s};
+    shm_backoff b;
+    tp_shm_backoff_init(&b);
+    int all = 1;
+    for (int r = 0; r < w->world; r++) {
+        int v;
+        while ((v = atomic_load_explicit(&ri[r].cma, memory_order_acquire)) == 0) {
+            tp_status st = tp_shm_backoff(&b, w, &fake, r, "all ranks to join");
+            if (st) return st;
+        }
+        all &= v == 1;
+    }
+    w->cma = all && w->h->cma_min != UINT64_MAX;
+    return TP_OK;
+}
+
 tp_status tp_shm_attach(shm_world **out, const tp_comm_env *e, double timeout_s)
 {
     *out = NULL;
@@ -245,6 +288,11 @@ tp_status tp_shm_attach(shm_world **out, const tp_comm_env *e, double timeout_s)
     w->world = e->world_size;
     w->me = e->rank;
     w->refs = 1;
+    w->probe = SHM_MAGIC ^ (uint64_t)e->rank;
+    /* Spinning pays when every rank has a core; otherwise the peer we wait
+     * for may need ours, and we yield early. */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    w->spin_s = cores >= e->world_size ? 100e-6 : 5e-6;
     char name[256];
     tp_shm_segment_name(name, sizeof name, e->rendezvous);
     tp_status st;
@@ -260,6 +308,7 @@ tp_status tp_shm_attach(shm_world **out, const tp_comm_env *e, double timeout_s)
      * lives only as long as the ranks that map it. */
     if (named && n == (uint64_t)w->world) shm_unlink(name);
     st = wait_all_attached(w, timeout_s);
+    if (st == TP_OK) st = probe_cma(w, timeout_s);
     if (st) {
         if (named) shm_unlink(name);
         tp_shm_detach(w);
@@ -327,18 +376,35 @@ void tp_shm_area_close(shm_world *w, int area)
     if (atomic_fetch_sub(&t->refs, 1) == 1) atomic_store_explicit(&t->state, AREA_FREE, memory_order_release);
 }
 
-void tp_shm_group_view(shm_world *w, int area, shm_group *s)
+tp_status tp_shm_group_view(shm_world *w, int area, int n, shm_group *s)
 {
     char *base = area_base(w, area);
     s->w = w;
     s->area = area;
     s->members = (int32_t *)base;
-    s->seq = (shm_counter *)(base + round_up((size_t)w->world * sizeof(int32_t), SHM_LINE));
-    s->done = s->seq + w->world;
+    s->seq = (shm_seq *)(base + round_up((size_t)w->world * sizeof(int32_t), SHM_LINE));
     s->data = base + w->h->area_data_off;
     s->slot_bytes = w->h->slot_bytes;
     s->oneshot_max = w->h->oneshot_max;
+    s->cma_min = w->cma ? w->h->cma_min : UINT64_MAX;
     s->step = 0;
+    s->seen = calloc((size_t)n, sizeof *s->seen);
+    s->pid = calloc((size_t)n, sizeof *s->pid);
+    if (!s->seen || !s->pid) {
+        tp_shm_group_view_free(s);
+        return tp_fail(TP_ERR_NOMEM, "out of memory");
+    }
+    shm_rank_info *ri = (shm_rank_info *)((char *)w->h + w->h->ranks_off);
+    for (int i = 0; i < n; i++) s->pid[i] = atomic_load(&ri[s->members[i]].pid);
+    return TP_OK;
+}
+
+void tp_shm_group_view_free(shm_group *s)
+{
+    free(s->seen);
+    free(s->pid);
+    s->seen = NULL;
+    s->pid = NULL;
 }
 
 shm_p2p *tp_shm_p2p(shm_world *w, int from, int to, char **buf)

@@ -15,7 +15,6 @@
 #include <string.h>
 #include <time.h>
 
-#define SPIN_S 5e-6           /* busy-wait this long first               */
 #define YIELD_S 2e-3          /* then sched_yield until this much passed */
 #define SLEEP_MIN_NS 20000L
 #define SLEEP_MAX_NS 500000L
@@ -111,7 +110,7 @@ tp_status tp_shm_backoff(shm_backoff *b, shm_world *w, const tp_group *g, int pe
     }
     double now = tp_now();
     double waited = now - b->start;
-    if (waited < SPIN_S) {
+    if (waited < w->spin_s) {   /* see tp_shm_attach */
         cpu_relax();
     } else if (waited < YIELD_S) {
         sched_yield();

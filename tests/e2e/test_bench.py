@@ -77,7 +77,7 @@ class BenchTest(unittest.TestCase):
     def test_all(self):
         png = os.path.join(WORK, "speedup.png")
         p = run("bench", "all", "--model", MODEL, "--seq", "16", "--new-tokens", "4", "--reps", "1",
-                "--json", "--png", png, timeout=120)
+                "--smoke", "--json", "--png", png, timeout=300)
         j = json.loads(p.stdout)
         for k in ALL_KEYS:
             positive(self, j, k)

@@ -133,6 +133,31 @@ class Generation(unittest.TestCase):
         self.assertEqual(a, b)
 
 
+class JoinWithoutLauncher(unittest.TestCase):
+    """Ranks started by mpirun, or by hand with torchrun's variables, join the
+    job themselves and give the launcher's results."""
+
+    def test_mpirun_and_torchrun_variables(self):
+        model = make("llama", "llama")
+        ref = logits(model)
+        out = os.path.join(WORK, "join-%r.npy")
+        env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")
+        p = subprocess.run(["mpirun", "--oversubscribe", "-n", "2", BIN, "logits", "--model", model, "--tokens",
+                            TOKENS, "--out", out], capture_output=True, text=True, timeout=120, env=env)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertLessEqual(rel(np.load(out.replace("%r", "1")), ref), TOL)
+        out = os.path.join(WORK, "torchrun-%r.npy")
+        procs = [subprocess.Popen([BIN, "logits", "--model", model, "--tokens", TOKENS, "--out", out],
+                                  env=dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
+                                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29400 + os.getpid() % 500)),
+                                  stderr=subprocess.PIPE, text=True) for r in range(2)]
+        for proc in procs:
+            _, err = proc.communicate(timeout=120)
+            self.assertEqual(proc.returncode, 0, err)
+        for r in range(2):
+            self.assertLessEqual(rel(np.load(out.replace("%r", str(r))), ref), TOL)
+
+
 class UserPlans(unittest.TestCase):
     def test_gathered_qkv_with_split_input(self):
         plan = dict(AUTO)

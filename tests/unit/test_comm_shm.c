@@ -26,6 +26,10 @@ static void rank_reductions(tp_group *g, size_t count)
     float *y = malloc(count * sizeof(float) + 4);
     CHECK(tp_comm_all_reduce(g, x, y, count, TP_F32, TP_REDUCE_SUM) == TP_OK);
     CHECK(memcmp(y, want, count * sizeof(float)) == 0);
+    /* In place, which the single-copy path must handle too. */
+    memcpy(y, x, count * sizeof(float));
+    CHECK(tp_comm_all_reduce(g, y, y, count, TP_F32, TP_REDUCE_SUM) == TP_OK);
+    CHECK(memcmp(y, want, count * sizeof(float)) == 0);
     size_t *counts = calloc((size_t)n, sizeof(size_t)), off = 0;
     counts[n - 1] = count;                   /* everything to the last rank */
     CHECK(tp_comm_reduce_scatterv(g, x, y, counts, TP_F32, TP_REDUCE_SUM) == TP_OK);
@@ -59,8 +63,27 @@ static void rank_gathers(tp_group *g, size_t count)
     free(mine); free(all);
 }
 
+/* Rank 0 calls all_reduce while the others call all_gather: everyone
+ * must fail with a message that names both calls. */
+static int rank_mismatch(void)
+{
+    tp_group *world;
+    if (tp_comm_init(&world, NULL) != TP_OK) return 1;
+    float x[1000] = {0}, y[4000];
+    tp_status st = tp_group_rank(world) == 0
+                       ? tp_comm_all_reduce(world, x, y, 1000, TP_F32, TP_REDUCE_SUM)
+                       : tp_comm_all_gather(world, x, y, 1000, TP_F32);
+    CHECK(st != TP_OK);
+    const char *e = tp_error();
+    CHECK_MSG(strstr(e, "called all_gather(") && strstr(e, "called all_reduce(1000 x f32, sum)"),
+              "message: %s", e);
+    tp_group_free(world);
+    return check_failed ? 1 : 0;
+}
+
 static int rank_main(void)
 {
+    if (getenv("TEST_MISMATCH")) return rank_mismatch();
     tp_group *world;
     if (tp_comm_init(&world, NULL) != TP_OK) {
         fprintf(stderr, "rank: %s\n", tp_error());
@@ -113,10 +136,26 @@ int main(int argc, char **argv)
         CHECK(tp_launch_self(n, TP_BACKEND_SHM, argv, &code) == TP_OK);
         CHECK_MSG(code == 0, "%d ranks: exit code %d", n, code);
     }
-    setenv("TENSORPAR_SHM_SLOT_KB", "4", 1);
+    /* Everything through the slots, as where process_vm_readv is denied. */
+    setenv("TENSORPAR_SHM_CMA", "0", 1);
     int code = -1;
+    CHECK(tp_launch_self(2, TP_BACKEND_SHM, argv, &code) == TP_OK);
+    CHECK_MSG(code == 0, "2 ranks without CMA: exit code %d", code);
+    unsetenv("TENSORPAR_SHM_CMA");
+    /* Single copy from the smallest message on, in 4 KiB slots (so 8 KiB
+     * scratch chunks), and everything through chunked slots. */
+    setenv("TENSORPAR_SHM_SLOT_KB", "4", 1);
+    setenv("TENSORPAR_SHM_CMA_KB", "0", 1);
+    CHECK(tp_launch_self(3, TP_BACKEND_SHM, argv, &code) == TP_OK);
+    CHECK_MSG(code == 0, "3 ranks, CMA always, 4 KiB slots: exit code %d", code);
+    unsetenv("TENSORPAR_SHM_CMA_KB");
     CHECK(tp_launch_self(3, TP_BACKEND_SHM, argv, &code) == TP_OK);
     CHECK_MSG(code == 0, "3 ranks with 4 KiB slots: exit code %d", code);
+    unsetenv("TENSORPAR_SHM_SLOT_KB");
+    setenv("TEST_MISMATCH", "1", 1);
+    CHECK(tp_launch_self(2, TP_BACKEND_SHM, argv, &code) == TP_OK);
+    CHECK_MSG(code == 0, "mismatched collectives: exit code %d", code);
+    unsetenv("TEST_MISMATCH");
     CHECK(count_job_segments() == 0);
     return check_summary();
 }
