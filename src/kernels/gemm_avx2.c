@@ -19,21 +19,6 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ---- packing ---------------------------------------------------------- */
 
-/* x[0:T, k0:k0+kc] → panels [T/MR][kc][MR], rows past T zero. */
-static void pack_a(float *dst, const float *x, int64_t T, int64_t ldx, int64_t k0, int64_t kc)
-{
-    for (int64_t p = 0; p < T; p += MR) {
-        for (int i = 0; i < MR; i++) {
-            float *d = dst + p * kc + i;
-            if (p + i < T) {
-                const float *s = x + (p + i) * ldx + k0;
-                for (int64_t k = 0; k < kc; k++) d[k * MR] = s[k];
-            } else {
-                for (int64_t k = 0; k < kc; k++) d[k * MR] = 0.0f;
-            }
-        }
-    }
-}
 
 /* W[n0:n0+NR, k0:k0+kc] → dst[kc][NR] f32, columns past n zero. */
 static void pack_b(float *dst, const void *w, tp_dtype wt, int64_t n, int64_t ldw,
@@ -112,7 +97,7 @@ static void gemm_worker(void *p, int ti, int nt)
     float *bp = (float *)(j->buf + (size_t)ti * j->buf_stride + j->a_bytes);
     for (int64_t k0 = 0; k0 < j->k; k0 += KC) {
         int64_t kc = min64(KC, j->k - k0);
-        pack_a(ap, j->x, j->T, j->k, k0, kc);
+        tp_gemm_pack_a(ap, j->x, j->T, j->k, k0, kc, MR);
         for (int64_t nb = b0; nb < b1; nb++) {
             int64_t n0 = nb * NR;
             pack_b(bp, j->w, j->wt, j->n, j->k, n0, k0, kc);

@@ -39,23 +39,8 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ---- packing ---------------------------------------------------------- */
 
-/* x[0:T, k0:k0+kc] → panels [T/MR][kc][MR], rows past T zero. */
-static void pack_a_f32(float *dst, const float *x, int64_t T, int64_t ldx, int64_t k0, int64_t kc)
-{
-    for (int64_t p = 0; p < T; p += MR) {
-        for (int i = 0; i < MR; i++) {
-            float *d = dst + p * kc + i;
-            if (p + i < T) {
-                const float *s = x + (p + i) * ldx + k0;
-                for (int64_t k = 0; k < kc; k++) d[k * MR] = s[k];
-            } else {
-                for (int64_t k = 0; k < kc; k++) d[k * MR] = 0.0f;
-            }
-        }
-    }
-}
 
-/* As pack_a_f32, but each lane is the bf16 pair (x[2kk], x[2kk+1]) rounded
+/* As tp_gemm_pack_a, but each lane is the bf16 pair (x[2kk], x[2kk+1]) rounded
  * to nearest even by vcvtneps2bf16; an odd tail pairs with 0.  row is a
  * scratch of kc + 16 uint16. */
 T512BF static void pack_a_dot(uint32_t *dst, const float *x, int64_t T, int64_t ldx, int64_t k0,
@@ -226,7 +211,7 @@ static void gemm_worker(void *p, int ti, int nt)
     for (int64_t k0 = 0; k0 < j->k; k0 += kcmax) {
         int64_t kc = min64(kcmax, j->k - k0), kp = (kc + 1) / 2;
         if (j->dot) pack_a_dot(ap, j->x, j->T, j->k, k0, kc, row);
-        else pack_a_f32(ap, j->x, j->T, j->k, k0, kc);
+        else tp_gemm_pack_a(ap, j->x, j->T, j->k, k0, kc, MR);
         for (int64_t nb = b0; nb < b1; nb++) {
             int64_t n0 = nb * NR;
             int nr = (int)min64(NR, j->n - n0);

@@ -40,6 +40,9 @@ void tp_attention_path(tp_kernel_path p, float *out, const float *q, const float
                        const float *v, int64_t T, int64_t pos0, int64_t n_heads, int64_t n_kv,
                        int64_t d, int64_t window, tp_threadpool *pool);
 
+/* x[0:T, k0:k0+kc] -> panels [T/mr][kc][mr], rows past T zero (gemm_pack.c). */
+void tp_gemm_pack_a(float *dst, const float *x, int64_t T, int64_t ldx, int64_t k0, int64_t kc, int mr);
+
 /* The largest T the GEMV handles. */
 #define TP_GEMV_MAX_T 4
 
