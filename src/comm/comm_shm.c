@@ -14,7 +14,7 @@
  * release/acquire pairs on seq.  Messages larger than a slot go through in
  * chunks.
  *
- * From cma_min bytes on (64 KiB by default), all-reduce, all-gather and
+ * From cma_min bytes on (16 KiB by default), all-reduce, all-gather and
  * reduce-scatter read the peers' buffers directly with process_vm_readv
  * (cross-memory attach: one copy instead of two through the slots); the
  * steps then only publish addresses and say when a phase is over.  Whether

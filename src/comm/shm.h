@@ -35,7 +35,7 @@
 #define SHM_P2P_BYTES (64u << 10)
 /* Smallest all-reduce / all-gather / reduce-scatter that reads the peers'
  * buffers directly (process_vm_readv) instead of going through the slots. */
-#define SHM_CMA_MIN_DEFAULT (64u << 10)
+#define SHM_CMA_MIN_DEFAULT (16u << 10)
 
 enum { AREA_FREE = 0, AREA_INIT, AREA_READY };
 enum { RANK_ABSENT = 0, RANK_ALIVE, RANK_LEFT };
