@@ -19,24 +19,16 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tpe2e import Checks, job_env  # noqa: E402
+
 BIN = os.environ["TENSORPAR_BIN"]
 MPIRUN = shutil.which("mpirun")
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1")
-for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TENSORPAR_BACKEND",
-          "TENSORPAR_RENDEZVOUS", "MASTER_ADDR", "MASTER_PORT"):
-    ENV.pop(k, None)
+ENV = job_env()
+MPI_ENV = job_env(mpi=True)
 
-# OpenMPI leaks a little at exit by design; under ASan that is not ours.
-MPI_ENV = dict(ENV, ASAN_OPTIONS=":".join(filter(None, [ENV.get("ASAN_OPTIONS"), "detect_leaks=0"])))
-
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-        print("FAIL:", msg, file=sys.stderr)
+check = Checks()
+failures = check.failures
 
 
 def hashes(d, n):

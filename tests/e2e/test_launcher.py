@@ -19,19 +19,15 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tpe2e import Checks, job_env  # noqa: E402
+
 BIN = os.environ["TENSORPAR_BIN"]
-ENV = dict(os.environ)
-for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TENSORPAR_BACKEND",
-          "TENSORPAR_RENDEZVOUS", "MASTER_ADDR", "MASTER_PORT", "TENSORPAR_COMM_TIMEOUT"):
-    ENV.pop(k, None)
+ENV = job_env()
+ENV.pop("TENSORPAR_COMM_TIMEOUT", None)
 
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-        print("FAIL:", msg, file=sys.stderr)
+check = Checks()
+failures = check.failures
 
 
 def alive(pid):

@@ -3,6 +3,7 @@ are, and running the CLI with a clear failure message."""
 
 import os
 import subprocess
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -24,6 +25,35 @@ def shared_dir():
 
 
 BIN = find_bin()
+
+
+# Variables that make a process a rank of some job: a test's own commands
+# must not inherit them from the shell that runs the tests.
+JOB_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TENSORPAR_BACKEND",
+            "TENSORPAR_RENDEZVOUS", "MASTER_ADDR", "MASTER_PORT")
+
+
+def job_env(mpi=False):
+    """A clean environment for launching jobs; mpi=True adds what mpirun
+    needs here (root, oversubscription, no leak checks under ASan)."""
+    env = {k: v for k, v in os.environ.items() if k not in JOB_VARS}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1")
+    if mpi:
+        env["ASAN_OPTIONS"] = ":".join(filter(None, [env.get("ASAN_OPTIONS"), "detect_leaks=0"]))
+    return env
+
+
+class Checks:
+    """Collects failures instead of stopping at the first (script-style tests)."""
+
+    def __init__(self):
+        self.failures = []
+
+    def __call__(self, cond, msg):
+        if not cond:
+            self.failures.append(msg)
+            print("FAIL:", msg, file=sys.stderr)
 
 
 def mpi_env():
