@@ -4,7 +4,7 @@
 # measures the machine's limits and every configuration side by side and
 # draws the speedup chart.  Usage: bench/model/run.sh [BUILD_DIR] [OUT_DIR]
 set -eu
-BUILD=${1:-build-perf}
+BUILD=${1:-build}
 OUT=${2:-/tmp/tp-bench-model}
 MODEL=$OUT/qwen3-0.6b
 mkdir -p "$OUT"
