@@ -124,6 +124,13 @@ int tp_threadpool_size(const tp_threadpool *pool);
 /* Runs fn on every thread (the caller is thread 0) and waits for all.
  * pool may be NULL: fn then runs once on the caller with nt = 1. */
 void tp_parallel_run(tp_threadpool *pool, tp_parallel_fn fn, void *ctx);
+/* How long an idle thread of the pool (and the caller waiting for them)
+ * spins before it sleeps on a condition variable.  The default is 100 µs
+ * when the pool's threads fit on the CPUs the process may use, else 0.
+ * Spinning makes a parallel region cost ~1 µs instead of a futex round
+ * trip, but burns the core meanwhile: set 0 when several processes (ranks)
+ * together run more threads than there are cores. */
+void tp_threadpool_set_spin(tp_threadpool *pool, double seconds);
 /* The [begin, end) share of n items that thread ti of nt takes. */
 void tp_split_range(int64_t n, int ti, int nt, int64_t *begin, int64_t *end);
 

@@ -31,6 +31,10 @@ tp_kernel_path tp_kernel_path_default(void);
 int tp_kernel_path_supported(tp_kernel_path p);
 /* Whether the CPU has AVX512_BF16 (vdpbf16ps). */
 int tp_kernel_has_bf16_dot(void);
+/* Whether the AMX bf16 GEMM can run: the CPU has AMX-TILE and AMX-BF16 (and
+ * AVX512_BF16), and the Linux kernel granted the tile state to this process.
+ * It runs on the AVX-512 path only. */
+int tp_kernel_has_amx(void);
 const char *tp_kernel_path_name(tp_kernel_path p);
 /* Parses "scalar", "avx2", "avx512" or "auto". */
 tp_status tp_kernel_path_parse(const char *s, tp_kernel_path *out);
@@ -46,11 +50,19 @@ typedef struct {
                             widened to f32 in registers, products exact. */
     int blas;            /* 1: T > 4 goes to OpenBLAS sgemm (bf16 widened by
                             blocks) instead of the own GEMM. */
+    int amx;             /* bf16 weights, T > 4, AVX-512 path, where
+                            tp_kernel_has_amx(): 1 = the AMX tile GEMM.  x is
+                            split into three bf16 parts, so products stay
+                            exact (the exact path's error class); with
+                            bf16_dot one part (x rounded to bf16, fastest).
+                            2 = two parts (~2^-18 per product; experiment).
+                            0 = the AVX-512 GEMM.  blas takes precedence. */
 } tp_matmul_opts;
 
 /* The process defaults: path from tp_kernel_path_default(), bf16_dot from
- * TENSORPAR_BF16_DOT=1, blas from TENSORPAR_BLAS=1 (both default 0; read
- * once, like TENSORPAR_KERNEL). */
+ * TENSORPAR_BF16_DOT=1, blas from TENSORPAR_BLAS=1 (both default 0), amx
+ * from TENSORPAR_AMX (default 1; 0 turns it off, 2 the two-part split);
+ * read once, like TENSORPAR_KERNEL. */
 void tp_matmul_opts_default(tp_matmul_opts *o);
 
 /* y[T, out] = x[T, in] · W[out, in]ᵀ (+ bias[out] if bias != NULL).

@@ -1,28 +1,78 @@
 /* A fixed pool of worker threads that run one parallel function at a time.
  *
  * The caller participates as thread 0, so a pool of size 1 has no workers
- * and costs nothing.  Workers wait on a condition variable between jobs:
- * ranks may outnumber cores, and spinning idle threads would steal the
- * cores that other ranks compute on. */
+ * and costs nothing.  Between jobs a worker first spins on the job counter
+ * for a short while (spin_s), then sleeps on a condition variable; the
+ * caller waits for the workers the same way.  A decode step runs ~10
+ * parallel regions per layer a few microseconds apart, and a condvar round
+ * trip (futex wake, reschedule) costs tens of microseconds each time, so
+ * the spin is what makes short regions worth threading.  But ranks may
+ * outnumber cores, and a spinning idle thread steals the core another rank
+ * computes on: the spin is bounded, and 0 (sleep at once) where the caller
+ * says the threads outnumber the cores (tp_threadpool_set_spin). */
 #include "tensorpar/base.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
+
+/* The default spin: long enough to bridge the serial gaps between the
+ * parallel regions of a forward pass (norms, rope, a small all-reduce),
+ * short enough that an idle pool stops costing CPU within 0.1 ms. */
+#define DEFAULT_SPIN_S 100e-6
 
 struct tp_threadpool {
     int n;
     pthread_t *threads;
-    pthread_mutex_t mu;
-    pthread_cond_t wake, done;
-    uint64_t generation;   /* bumped for each job */
-    int pending;           /* workers still running the current job */
-    int stop;
+    _Atomic double spin_s;         /* seconds an idle thread spins before sleeping */
+    /* The job: fn and ctx are written before generation is bumped (release)
+     * and read after it is seen (acquire). */
     tp_parallel_fn fn;
     void *ctx;
+    _Atomic uint64_t generation;   /* bumped for each job */
+    atomic_int pending;            /* workers still running the current job */
+    atomic_int sleepers;           /* workers inside (or entering) the condvar wait */
+    atomic_int caller_sleeps;      /* the caller waits on `done` */
+    atomic_int stop;
+    /* The sleeping side.  A waker bumps the counter it publishes, then looks
+     * at the sleeper count; a sleeper counts itself, then re-checks the
+     * counter under the mutex: with sequentially consistent atomics one of
+     * the two sees the other, so no wake-up is lost. */
+    pthread_mutex_t mu;
+    pthread_cond_t wake, done;
 };
 
 typedef struct { tp_threadpool *pool; int index; } worker_arg;
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Spins until generation != seen or stop, for at most spin_s seconds;
+ * returns whether it saw the change. */
+static int spin_for_job(tp_threadpool *pool, uint64_t seen)
+{
+    double spin_s = atomic_load_explicit(&pool->spin_s, memory_order_relaxed);
+    if (spin_s <= 0) return 0;
+    double deadline = 0;
+    for (unsigned i = 0;; i++) {
+        if (atomic_load_explicit(&pool->generation, memory_order_acquire) != seen ||
+            atomic_load_explicit(&pool->stop, memory_order_relaxed))
+            return 1;
+        cpu_relax();
+        if ((i & 63) == 63) {   /* the clock costs ~20 ns: read it now and then */
+            double now = tp_now();
+            if (deadline == 0) deadline = now + spin_s;
+            else if (now > deadline) return 0;
+        }
+    }
+}
 
 static void *worker_main(void *p)
 {
@@ -30,19 +80,24 @@ static void *worker_main(void *p)
     free(p);
     tp_threadpool *pool = arg.pool;
     uint64_t seen = 0;
-    pthread_mutex_lock(&pool->mu);
     for (;;) {
-        while (!pool->stop && pool->generation == seen) pthread_cond_wait(&pool->wake, &pool->mu);
-        if (pool->stop) break;
-        seen = pool->generation;
-        tp_parallel_fn fn = pool->fn;
-        void *ctx = pool->ctx;
-        pthread_mutex_unlock(&pool->mu);
-        fn(ctx, arg.index, pool->n);
-        pthread_mutex_lock(&pool->mu);
-        if (--pool->pending == 0) pthread_cond_signal(&pool->done);
+        if (!spin_for_job(pool, seen)) {
+            pthread_mutex_lock(&pool->mu);
+            atomic_fetch_add(&pool->sleepers, 1);
+            while (!atomic_load(&pool->stop) && atomic_load(&pool->generation) == seen)
+                pthread_cond_wait(&pool->wake, &pool->mu);
+            atomic_fetch_sub(&pool->sleepers, 1);
+            pthread_mutex_unlock(&pool->mu);
+        }
+        if (atomic_load(&pool->stop)) break;
+        seen = atomic_load_explicit(&pool->generation, memory_order_acquire);
+        pool->fn(pool->ctx, arg.index, pool->n);
+        if (atomic_fetch_sub(&pool->pending, 1) == 1 && atomic_load(&pool->caller_sleeps)) {
+            pthread_mutex_lock(&pool->mu);
+            pthread_cond_signal(&pool->done);
+            pthread_mutex_unlock(&pool->mu);
+        }
     }
-    pthread_mutex_unlock(&pool->mu);
     return NULL;
 }
 
@@ -53,6 +108,13 @@ tp_status tp_threadpool_create(tp_threadpool **out, int nthreads)
     tp_threadpool *pool = calloc(1, sizeof *pool);
     if (!pool) return tp_fail(TP_ERR_NOMEM, "out of memory creating thread pool");
     pool->n = nthreads;
+    /* One process alone: spin when its threads fit on the cores it may use. */
+    atomic_init(&pool->spin_s, nthreads <= tp_cpu_count() ? DEFAULT_SPIN_S : 0.0);
+    atomic_init(&pool->generation, 0);
+    atomic_init(&pool->pending, 0);
+    atomic_init(&pool->sleepers, 0);
+    atomic_init(&pool->caller_sleeps, 0);
+    atomic_init(&pool->stop, 0);
     pthread_mutex_init(&pool->mu, NULL);
     pthread_cond_init(&pool->wake, NULL);
     pthread_cond_init(&pool->done, NULL);
@@ -72,11 +134,16 @@ tp_status tp_threadpool_create(tp_threadpool **out, int nthreads)
     return TP_OK;
 }
 
+void tp_threadpool_set_spin(tp_threadpool *pool, double seconds)
+{
+    if (pool) atomic_store(&pool->spin_s, seconds > 0 ? seconds : 0.0);
+}
+
 void tp_threadpool_destroy(tp_threadpool *pool)
 {
     if (!pool) return;
     pthread_mutex_lock(&pool->mu);
-    pool->stop = 1;
+    atomic_store(&pool->stop, 1);
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->mu);
     for (int i = 1; i < pool->n; i++) pthread_join(pool->threads[i], NULL);
@@ -92,17 +159,32 @@ int tp_threadpool_size(const tp_threadpool *pool) { return pool ? pool->n : 1; }
 void tp_parallel_run(tp_threadpool *pool, tp_parallel_fn fn, void *ctx)
 {
     if (!pool || pool->n == 1) { fn(ctx, 0, 1); return; }
-    pthread_mutex_lock(&pool->mu);
     pool->fn = fn;
     pool->ctx = ctx;
-    pool->pending = pool->n - 1;
-    pool->generation++;
-    pthread_cond_broadcast(&pool->wake);
-    pthread_mutex_unlock(&pool->mu);
+    atomic_store(&pool->pending, pool->n - 1);
+    atomic_fetch_add(&pool->generation, 1);   /* publishes fn, ctx, pending */
+    if (atomic_load(&pool->sleepers) > 0) {
+        pthread_mutex_lock(&pool->mu);
+        pthread_cond_broadcast(&pool->wake);
+        pthread_mutex_unlock(&pool->mu);
+    }
     fn(ctx, 0, pool->n);
-    pthread_mutex_lock(&pool->mu);
-    while (pool->pending > 0) pthread_cond_wait(&pool->done, &pool->mu);
-    pthread_mutex_unlock(&pool->mu);
+    /* Wait for the workers: spin (they usually finish within the spin),
+     * then sleep until the last one signals. */
+    double deadline = 0, spin_s = atomic_load_explicit(&pool->spin_s, memory_order_relaxed);
+    for (unsigned i = 0; atomic_load_explicit(&pool->pending, memory_order_acquire) > 0; i++) {
+        cpu_relax();
+        if ((i & 63) != 63) continue;
+        double now = tp_now();
+        if (deadline == 0) { deadline = now + spin_s; continue; }
+        if (now <= deadline) continue;
+        pthread_mutex_lock(&pool->mu);
+        atomic_store(&pool->caller_sleeps, 1);
+        while (atomic_load(&pool->pending) > 0) pthread_cond_wait(&pool->done, &pool->mu);
+        atomic_store(&pool->caller_sleeps, 0);
+        pthread_mutex_unlock(&pool->mu);
+        break;
+    }
 }
 
 void tp_split_range(int64_t n, int ti, int nt, int64_t *begin, int64_t *end)

@@ -50,21 +50,54 @@ static double time_run(tp_threadpool *pool, tp_parallel_fn fn, void *ctx)
 
 /* ---- read bandwidth ---------------------------------------------------- */
 
-typedef struct { const float *buf; int64_t n; float sink[64]; } bw_job;
+/* A sum over the buffer with 8 independent accumulators (a chain of adds
+ * would be latency-bound), optionally with a software prefetch BW_PF_BYTES
+ * ahead.  Both are measured and the better one counts: on these machines
+ * the hardware streamers alone leave about a quarter of one core's
+ * bandwidth unused (they restart at every 4 KiB page), and the GEMV
+ * prefetches too, so a plain loop would understate what a reader gets. */
+#define BW_PF_BYTES 8192
+
+typedef struct { const float *buf; int64_t n; int prefetch; float sink[64]; } bw_job;
 
 TP_T512 static void bw_worker(void *p, int ti, int nt)
 {
     bw_job *j = p;
     int64_t b, e;
-    tp_split_range(j->n / 64, ti, nt, &b, &e);
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    for (int64_t i = b * 64; i < e * 64; i += 64) {
-        s0 = _mm512_add_ps(s0, _mm512_load_ps(j->buf + i));
-        s1 = _mm512_add_ps(s1, _mm512_load_ps(j->buf + i + 16));
-        s2 = _mm512_add_ps(s2, _mm512_load_ps(j->buf + i + 32));
-        s3 = _mm512_add_ps(s3, _mm512_load_ps(j->buf + i + 48));
+    tp_split_range(j->n / 128, ti, nt, &b, &e);
+    __m512 s[8];
+    for (int u = 0; u < 8; u++) s[u] = _mm512_setzero_ps();
+    const char *q = (const char *)j->buf;
+    int64_t end = e * 512, pf_last = end - 64;   /* prefetch only this thread's share */
+    if (j->prefetch) {
+        for (int64_t i = b * 512; i < end; i += 512)
+#pragma GCC unroll 8
+            for (int u = 0; u < 8; u++) {
+                int64_t f = i + BW_PF_BYTES + 64 * u;
+                _mm_prefetch(q + (f < pf_last ? f : pf_last), _MM_HINT_T0);
+                s[u] = _mm512_add_ps(s[u], _mm512_load_ps(q + i + 64 * u));
+            }
+    } else {
+        for (int64_t i = b * 512; i < end; i += 512)
+#pragma GCC unroll 8
+            for (int u = 0; u < 8; u++) s[u] = _mm512_add_ps(s[u], _mm512_load_ps(q + i + 64 * u));
     }
-    j->sink[ti % 64] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+    for (int u = 1; u < 8; u++) s[0] = _mm512_add_ps(s[0], s[u]);
+    j->sink[ti % 64] = _mm512_reduce_add_ps(s[0]);
+}
+
+/* GB/s of the plain and the prefetching loop, median of reps each; the runs
+ * alternate so that a busy neighbour slows both alike. */
+static void read_bw(const float *buf, int64_t n, tp_threadpool *pool, int reps, double *plain, double *pf)
+{
+    double t[2][REPS_MAX];
+    for (int r = 0; r < reps; r++)
+        for (int v = 0; v < 2; v++) {
+            bw_job bj = {buf, n, v, {0}};
+            t[v][r] = time_run(pool, bw_worker, &bj);
+        }
+    *plain = (double)n * 4 / median(t[0], reps) / 1e9;
+    *pf = (double)n * 4 / median(t[1], reps) / 1e9;
 }
 
 /* ---- matmul ------------------------------------------------------------ */
@@ -87,9 +120,11 @@ static tp_status make_weight(tp_tensor *w, tp_dtype dt, int64_t n, int64_t k, tp
     return TP_OK;
 }
 
-enum { V_F32, V_BF16, V_BF16DOT, V_AVX2_F32, V_BLAS_F32, V_BLAS_BF16, NVAR };
-static const char *const var_names[NVAR] = {"avx512 f32", "avx512 bf16", "avx512 bf16-dot",
-                                            "avx2 f32", "openblas f32", "openblas bf16"};
+/* AMX: x split into 3 bf16 parts (exact products), 2 parts, 1 (bf16-dot). */
+enum { V_F32, V_BF16, V_BF16DOT, V_AMX3, V_AMX2, V_AMX1, V_AVX2_F32, V_BLAS_F32, V_BLAS_BF16, NVAR };
+static const char *const var_names[NVAR] = {"avx512 f32", "avx512 bf16", "avx512 bf16-dot", "amx bf16 x3",
+                                            "amx bf16 x2", "amx bf16-dot", "avx2 f32", "openblas f32",
+                                            "openblas bf16"};
 
 static double time_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, tp_threadpool *pool,
                           const tp_matmul_opts *o, int reps)
@@ -104,7 +139,9 @@ static double time_matmul(float *y, const float *x, int64_t T, const tp_tensor *
     return median(t, reps);
 }
 
-tp_status tp_machine_peaks_measure(tp_machine_peaks *out, tp_threadpool *pool, int quick)
+/* tp_machine_peaks_measure; plain_gbs, if not NULL, gets the plain loop's
+ * bandwidth on 1 and on the pool's threads. */
+static tp_status measure_peaks(tp_machine_peaks *out, tp_threadpool *pool, int quick, double *plain_gbs)
 {
     memset(out, 0, sizeof *out);
     /* quick = 2 is a smoke run (tests, sanitizers): one repetition over a
@@ -127,12 +164,78 @@ tp_status tp_machine_peaks_measure(tp_machine_peaks *out, tp_threadpool *pool, i
     float *buf = tp_alloc((size_t)n * sizeof(float));
     if (!buf) return tp_fail(TP_ERR_NOMEM, "tp_kernel_bench: no memory for 1 GiB");
     for (int64_t i = 0; i < n; i++) buf[i] = 1.0f;
-    bw_job bj = {buf, n, {0}};
-    for (int r = 0; r < reps; r++) t[r] = time_run(NULL, bw_worker, &bj);
-    out->read_gbs_1 = (double)n * 4 / median(t, reps) / 1e9;
-    for (int r = 0; r < reps; r++) t[r] = time_run(pool, bw_worker, &bj);
-    out->read_gbs_n = (double)n * 4 / median(t, reps) / 1e9;
+    double plain[2], pf[2];
+    read_bw(buf, n, NULL, reps, &plain[0], &pf[0]);
+    read_bw(buf, n, pool, reps, &plain[1], &pf[1]);
+    out->read_gbs_1 = plain[0] > pf[0] ? plain[0] : pf[0];
+    out->read_gbs_n = plain[1] > pf[1] ? plain[1] : pf[1];
+    if (plain_gbs) { plain_gbs[0] = plain[0]; plain_gbs[1] = plain[1]; }
     tp_free(buf);
+    return TP_OK;
+}
+
+tp_status tp_machine_peaks_measure(tp_machine_peaks *out, tp_threadpool *pool, int quick)
+{
+    return measure_peaks(out, pool, quick, NULL);
+}
+
+/* GEMV at the qwen3-0.6b decode shapes (T = 1, bf16) with cold weights: a
+ * decode step reads ~1.2 GB of weights, so no matrix is still cached when it
+ * comes round again.  Copies of W, 512 MiB in all (more than the L3), are
+ * used in turn.  GB/s of weights on 1 thread and on the pool's, and the share
+ * of the read bandwidth measured on as many threads. */
+static tp_status gemv_cold(FILE *out, tp_threadpool *pool, const tp_machine_peaks *pk, int quick, const float *x,
+                           float *y)
+{
+    static const shape dshapes[] = {{"q_proj", 1, 2048, 1024},  {"k/v_proj", 1, 1024, 1024},
+                                    {"o_proj", 1, 1024, 2048},  {"gate/up", 1, 3072, 1024},
+                                    {"down", 1, 1024, 3072},    {"lm_head", 1, 151936, 1024},
+                                    {"lm_head/2", 1, 75968, 1024}};
+    int reps = quick ? 3 : 5;
+    size_t total = quick > 1 ? (size_t)16 << 20 : (size_t)512 << 20;
+    fprintf(out, "\nGEMV, bf16 weights cold (copies cycled through %zu MiB), T=1, GB/s of weights and share of "
+            "the read bandwidth:\n%-14s %12s %8s %10s %-2d %8s\n", total >> 20, "shape", "1 thread", "share",
+            "threads:", tp_threadpool_size(pool), "share");
+    tp_matmul_opts o;
+    tp_matmul_opts_default(&o);
+    o.path = TP_KERNEL_AVX512;
+    o.bf16_dot = 0;
+    for (size_t s = 0; s < sizeof dshapes / sizeof *dshapes; s++) {
+        const shape *sh = &dshapes[s];
+        size_t bytes = (size_t)(sh->n * sh->k) * 2;
+        int m = (int)((total + bytes - 1) / bytes);
+        if (m < 2) m = 2;
+        tp_tensor *w = calloc((size_t)m, sizeof *w);
+        if (!w) return tp_fail(TP_ERR_NOMEM, "tp_kernel_bench: no memory");
+        int64_t shp[2] = {sh->n, sh->k};
+        tp_status st = TP_OK;
+        for (int c = 0; c < m && !st; c++) {
+            st = tp_tensor_init(&w[c], TP_BF16, 2, shp);
+            if (!st) {   /* any bit pattern of finite weights will do */
+                uint16_t *d = w[c].data;
+                for (int64_t i = 0; i < sh->n * sh->k; i++) d[i] = (uint16_t)(0x3c00u + ((uint64_t)i * 2654435761u >> 20) % 512);
+            }
+        }
+        double gbs[2];
+        for (int th = 0; th < 2 && !st; th++) {
+            tp_threadpool *p = th ? pool : NULL;
+            double t[REPS_MAX];
+            for (int c = 0; c < m && !st; c++) st = tp_matmul_ex(y, x, 1, &w[c], NULL, p, &o);   /* warm up */
+            for (int r = 0; r < reps && !st; r++) {
+                double t0 = tp_now();
+                for (int c = 0; c < m && !st; c++) st = tp_matmul_ex(y, x, 1, &w[c], NULL, p, &o);
+                t[r] = (tp_now() - t0) / m;
+            }
+            gbs[th] = (double)bytes / median(t, reps) / 1e9;
+        }
+        if (!st)
+            fprintf(out, "%-14s %12.1f %7.0f%% %12.1f %7.0f%%\n", sh->name, gbs[0], 100 * gbs[0] / pk->read_gbs_1,
+                    gbs[1], 100 * gbs[1] / pk->read_gbs_n);
+        for (int c = 0; c < m; c++) tp_tensor_release(&w[c]);
+        free(w);
+        if (st) return st;
+        fflush(out);
+    }
     return TP_OK;
 }
 
@@ -140,12 +243,13 @@ tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick)
 {
     int nt = tp_threadpool_size(pool), reps = quick ? 3 : 7;
     tp_machine_peaks pk;
-    tp_status st0 = tp_machine_peaks_measure(&pk, pool, quick);
+    double plain[2];
+    tp_status st0 = measure_peaks(&pk, pool, quick, plain);
     if (st0) return st0;
     fprintf(out, "FMA peak (AVX-512, registers only): %.1f GFLOP/s on 1 thread, %.1f on %d\n", pk.fma_gflops_1,
             pk.fma_gflops_n, nt);
-    fprintf(out, "read bandwidth (1 GiB, 2 MiB pages): %.1f GB/s on 1 thread, %.1f on %d\n", pk.read_gbs_1,
-            pk.read_gbs_n, nt);
+    fprintf(out, "read bandwidth (1 GiB, 2 MiB pages): %.1f GB/s on 1 thread, %.1f on %d "
+            "(without software prefetch: %.1f, %.1f)\n", pk.read_gbs_1, pk.read_gbs_n, nt, plain[0], plain[1]);
 
     /* GEMM at the qwen3-0.6b prefill shapes */
     static const shape shapes[] = {
@@ -173,10 +277,15 @@ tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick)
         fprintf(out, "%-14s", sh->name);
         int r = sh->n > 100000 ? (reps < 3 ? reps : 3) : reps;
         for (int v = 0; v < NVAR; v++) {
-            tp_matmul_opts o = {TP_KERNEL_AVX512, 0, 0};
+            tp_matmul_opts o = {TP_KERNEL_AVX512, 0, 0, 0};
             const tp_tensor *W = &wf;
-            if (v == V_BF16 || v == V_BF16DOT || v == V_BLAS_BF16) W = &wb;
+            if (v == V_BF16 || v == V_BF16DOT || v == V_BLAS_BF16 || (v >= V_AMX3 && v <= V_AMX1)) W = &wb;
             if (v == V_BF16DOT) { if (!tp_kernel_has_bf16_dot()) { fprintf(out, " %16s", "-"); continue; } o.bf16_dot = 1; }
+            if (v >= V_AMX3 && v <= V_AMX1) {
+                if (!tp_kernel_has_amx()) { fprintf(out, " %16s", "-"); continue; }
+                o.amx = v == V_AMX2 ? 2 : 1;
+                o.bf16_dot = v == V_AMX1;
+            }
             if (v == V_AVX2_F32) o.path = TP_KERNEL_AVX2;
             if (v == V_BLAS_F32 || v == V_BLAS_BF16) o.blas = 1;
             double sec = time_matmul(y, x, sh->T, W, pool, &o, r);
@@ -203,7 +312,7 @@ tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick)
         }
         fprintf(out, "%-14s", sh->name);
         for (int v = 0; v < 3; v++) {
-            tp_matmul_opts o = {TP_KERNEL_AVX512, v == 2, 0};
+            tp_matmul_opts o = {TP_KERNEL_AVX512, v == 2, 0, 0};
             const tp_tensor *W = v ? &wb : &wf;
             double sec = time_matmul(y, x, sh->T, W, pool, &o, reps);
             fprintf(out, " %*.1f", v == 2 ? 16 : 12, (double)tp_tensor_nbytes(W) / sec / 1e9);
@@ -212,6 +321,7 @@ tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick)
         tp_tensor_release(&wf);
         tp_tensor_release(&wb);
     }
+    if (!st) st = gemv_cold(out, pool, &pk, quick, x, y);
     free(x);
     tp_free(y);
     return st;

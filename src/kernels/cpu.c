@@ -1,5 +1,6 @@
 /* Which kernel path to run: decided once per process from cpuid and the
- * environment (TENSORPAR_KERNEL, TENSORPAR_BF16_DOT, TENSORPAR_BLAS).
+ * environment (TENSORPAR_KERNEL, TENSORPAR_BF16_DOT, TENSORPAR_BLAS,
+ * TENSORPAR_AMX).
  *
  * The decision lives in a function-local static filled under pthread_once,
  * so it is computed exactly once, thread-safely, and never changes after. */
@@ -8,12 +9,20 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* Linux: asm/prctl.h and the xstate number of the AMX tile data. */
+#define ARCH_GET_XCOMP_PERM 0x1022
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
 
 typedef struct {
     int has_avx2, has_avx512, has_bf16;
+    int has_amx;              /* AMX-TILE + AMX-BF16, and the kernel let us use them */
     tp_kernel_path best;      /* the CPU's best path */
     tp_kernel_path dflt;      /* after TENSORPAR_KERNEL */
-    int bf16_dot, blas;
+    int bf16_dot, blas, amx;
 } cpu_info;
 
 static const char *const path_names[] = {"auto", "scalar", "avx2", "avx512"};
@@ -34,6 +43,22 @@ static int env_flag(const char *name)
 {
     const char *v = getenv(name);
     return v && *v && strcmp(v, "0") != 0;
+}
+
+/* AMX tile data is a large xstate component the kernel hands out only on
+ * request (arch_prctl, Linux 5.16+); without the grant the first tile
+ * instruction faults.  The grant is per process and permanent, so asking
+ * once here, under pthread_once, covers every thread. */
+static int amx_usable(int has_bf16)
+{
+    unsigned a = 7, b = 0, c = 0, d = 0;   /* leaf 7, subleaf 0: EDX 22 AMX-BF16, 24 AMX-TILE */
+    __asm__("cpuid" : "+a"(a), "=b"(b), "+c"(c), "=d"(d));
+    (void)b;
+    if (!has_bf16 || !((d >> 22) & 1) || !((d >> 24) & 1)) return 0;
+    unsigned long perm = 0;
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) return 0;
+    if (syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &perm) != 0) return 0;
+    return (perm >> XFEATURE_XTILEDATA) & 1;
 }
 
 static cpu_info g_info;   /* written once under pthread_once, read-only after */
@@ -73,6 +98,11 @@ static void detect(void)
     }
     c->bf16_dot = env_flag("TENSORPAR_BF16_DOT");
     c->blas = env_flag("TENSORPAR_BLAS");
+    /* The AMX GEMM splits x with vcvtneps2bf16, hence has_bf16. */
+    c->has_amx = amx_usable(c->has_bf16);
+    /* TENSORPAR_AMX: unset = on, 0 = off, 2 = the two-pass split (experiment). */
+    const char *amx = getenv("TENSORPAR_AMX");
+    c->amx = !amx || !*amx ? 1 : strcmp(amx, "0") == 0 ? 0 : strcmp(amx, "2") == 0 ? 2 : 1;
 }
 
 static const cpu_info *info(void)
@@ -83,6 +113,7 @@ static const cpu_info *info(void)
 
 tp_kernel_path tp_kernel_path_default(void) { return info()->dflt; }
 int tp_kernel_has_bf16_dot(void) { return info()->has_bf16; }
+int tp_kernel_has_amx(void) { return info()->has_amx; }
 
 int tp_kernel_path_supported(tp_kernel_path p)
 {
@@ -109,4 +140,5 @@ void tp_matmul_opts_default(tp_matmul_opts *o)
     o->path = c->dflt;
     o->bf16_dot = c->bf16_dot;
     o->blas = c->blas;
+    o->amx = c->amx;
 }

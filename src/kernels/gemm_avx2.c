@@ -133,7 +133,19 @@ typedef struct {
     int64_t T, n, k, kp;
 } gemv_job;
 
+/* Rows per block: 4 for T = 1, 2 for T > 1 (R·T accumulators of 16 ymm). */
+#define GEMV_ROWS_T1 4
 #define GEMV_ROWS 2
+#define GEMV_MAX_ROWS 4
+
+/* Software prefetch GEMV_PF_BYTES of W ahead of every row stream, as in
+ * gemm_avx512.c (read the reasons and the offsets there). */
+#define GEMV_PF_BYTES 16384
+#define GEMV_PREFETCH(r, pos)                                                        \
+    do {                                                                             \
+        int64_t o_ = (r) * kb + (pos) + ((pos) + pf_rem < kb ? pf_near : pf_far);    \
+        _mm_prefetch(wb + (o_ < lim ? o_ : lim), _MM_HINT_T0);                       \
+    } while (0)
 
 TAVX2 static float hsum(__m256 v)
 {
@@ -143,17 +155,23 @@ TAVX2 static float hsum(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
+/* lim: the byte offset of the thread's last byte of W, from row r0. */
 static inline __attribute__((always_inline)) TAVX2 void
-gemv_block(const gemv_job *j, int64_t r0, const int R, const int T)
+gemv_block(const gemv_job *j, int64_t r0, const int R, const int T, int64_t lim)
 {
-    __m256 acc[GEMV_ROWS][TP_GEMV_MAX_T];
+    __m256 acc[GEMV_MAX_ROWS][TP_GEMV_MAX_T];
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     int64_t k = j->k, i = 0;
+    const int64_t kb = k * (j->wt == TP_F32 ? 4 : 2);
+    const char *wb = (const char *)j->w + r0 * kb;
+    const int64_t pf_row = GEMV_PF_BYTES / R, pf_blocks = pf_row / kb, pf_rem = pf_row - pf_blocks * kb;
+    const int64_t pf_near = pf_blocks * R * kb + pf_rem, pf_far = pf_near + (R - 1) * kb;
     if (j->wt == TP_F32) {
         const float *w = (const float *)j->w + r0 * k;
         for (; i + 8 <= k; i += 8)
             for (int r = 0; r < R; r++) {
+                if (i % 16 == 0) GEMV_PREFETCH(r, 4 * i);   /* once per 64-byte line */
                 __m256 wv = _mm256_loadu_ps(w + r * k + i);
                 for (int t = 0; t < T; t++)
                     acc[r][t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(j->x + t * k + i), acc[r][t]);
@@ -174,6 +192,7 @@ gemv_block(const gemv_job *j, int64_t r0, const int R, const int T)
             for (int r = 0; r < R; r++) {
                 __m256i v;
                 if (k - i >= 16) {
+                    if (i % 32 == 0) GEMV_PREFETCH(r, 2 * i);
                     v = _mm256_loadu_si256((const __m256i *)(w + r * k + i));
                 } else {   /* tail: copy what exists, zeros after */
                     uint16_t tmp[16] = {0};
@@ -193,22 +212,55 @@ gemv_block(const gemv_job *j, int64_t r0, const int R, const int T)
         for (int t = 0; t < T; t++) j->y[t * j->n + r0 + r] = hsum(acc[r][t]);
 }
 
-#define GEMV_CASES(R)                                  \
-    switch (j->T) {                                    \
-    case 1: gemv_block(j, r0, R, 1); break;            \
-    case 2: gemv_block(j, r0, R, 2); break;            \
-    case 3: gemv_block(j, r0, R, 3); break;            \
-    default: gemv_block(j, r0, R, 4); break;           \
-    }
+/* All blocks of R rows in [r0, r1), then single rows. */
+#define GEMV_RUN(R, T)                                                                    \
+    do {                                                                                  \
+        for (; r0 + (R) <= r1; r0 += (R)) gemv_block(j, r0, (R), (T), last - r0 * row_bytes); \
+        for (; r0 < r1; r0++) gemv_block(j, r0, 1, (T), last - r0 * row_bytes);           \
+    } while (0)
+
+/* Rows per unit of the thread split, as in gemm_avx512.c: whole blocks, and
+ * whole 4 KiB pages where that still shares the rows evenly. */
+static int64_t gemv_split_unit(int64_t n, int64_t row_bytes, int R, int nt)
+{
+    int64_t g = 4096;
+    while ((R * row_bytes) % g) g /= 2;
+    int64_t u = R * (4096 / g);
+    return u * nt * 16 <= n ? u : R;
+}
 
 TAVX2 static void gemv_worker(void *p, int ti, int nt)
 {
     const gemv_job *j = p;
-    int64_t g0, g1;
-    tp_split_range((j->n + GEMV_ROWS - 1) / GEMV_ROWS, ti, nt, &g0, &g1);
-    int64_t r1 = min64(g1 * GEMV_ROWS, j->n), r0 = g0 * GEMV_ROWS;
-    for (; r0 + GEMV_ROWS <= r1; r0 += GEMV_ROWS) GEMV_CASES(GEMV_ROWS)
-    for (; r0 < r1; r0++) GEMV_CASES(1)
+    int64_t row_bytes = j->k * (j->wt == TP_F32 ? 4 : 2);
+    int64_t u = gemv_split_unit(j->n, row_bytes, j->T == 1 ? GEMV_ROWS_T1 : GEMV_ROWS, nt), g0, g1;
+    tp_split_range((j->n + u - 1) / u, ti, nt, &g0, &g1);
+    int64_t r1 = min64(g1 * u, j->n), r0 = g0 * u;
+    if (r0 >= r1) return;
+    int64_t last = r1 * row_bytes - 1;   /* this thread's last byte of W */
+    switch (j->T) {
+    case 1: GEMV_RUN(GEMV_ROWS_T1, 1); break;
+    case 2: GEMV_RUN(GEMV_ROWS, 2); break;
+    case 3: GEMV_RUN(GEMV_ROWS, 3); break;
+    default: GEMV_RUN(GEMV_ROWS, 4); break;
+    }
+}
+
+/* tp_gemv_permute_x for blocks of 16 without its per-element divisions:
+ * shufps picks the evens (odds) of each 128-bit half, vpermpd puts the
+ * halves in order. */
+TAVX2 static void permute_x(float *dst, const float *x, int64_t T, int64_t k, int64_t kp)
+{
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < kp; i += 16) {
+            const float *s = x + t * k + i;
+            __m256 a = _mm256_maskload_ps(s, lane_mask((int)min64(k - i, 8)));
+            __m256 b = _mm256_maskload_ps(s + 8, lane_mask((int)min64(k - i - 8, 8)));
+            __m256 ev = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+            __m256 od = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+            _mm256_store_ps(dst + t * kp + i, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(ev), 0xd8)));
+            _mm256_store_ps(dst + t * kp + i + 8, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(od), 0xd8)));
+        }
 }
 
 tp_status tp_gemv_avx2(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
@@ -220,7 +272,7 @@ tp_status tp_gemv_avx2(float *y, const float *x, int64_t T, const void *W, tp_dt
         j.kp = (k + 15) / 16 * 16;
         tmp = tp_alloc((size_t)(T * j.kp) * sizeof(float));
         if (!tmp) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for GEMV");
-        tp_gemv_permute_x(tmp, x, T, k, j.kp, 16);
+        permute_x(tmp, x, T, k, j.kp);
         j.x = tmp;
     }
     tp_parallel_run(pool, gemv_worker, &j);

@@ -16,11 +16,13 @@
  * as one 32-bit lane and uses vdpbf16ps, which does two k steps per
  * instruction; the activations are rounded to bf16 for it — not exact.
  *
- * GEMV (decode, T <= 4) streams W once: each thread takes a range of rows,
- * 4 rows at a time, dot products along k with horizontal sums at the end.
+ * GEMV (decode, T <= 4) streams W once: each thread takes a contiguous range
+ * of rows, 8 rows at a time for T = 1 (4 for T > 1: the x registers are shared
+ * by the rows of a block), dot products along k with horizontal sums at the
+ * end, and a software prefetch GEMV_PF_BYTES ahead of every row stream.
  * bf16 rows are widened in registers: one 64-byte load is 32 weights, the
  * even ones are (lane << 16), the odd ones (lane & 0xffff0000); x is
- * permuted once to match (tp_gemv_permute_x). */
+ * permuted once per call to match (as tp_gemv_permute_x). */
 #include "kernels/kern_internal.h"
 
 #include <immintrin.h>
@@ -254,24 +256,55 @@ typedef struct {
     int dot;
 } gemv_job;
 
+/* Rows per block: T = 1 takes 8 rows (8 accumulators), T > 1 takes 4
+ * (4·T accumulators plus 2·T x registers fit the 32 zmm). */
+#define GEMV_ROWS_T1 8
 #define GEMV_ROWS 4
+#define GEMV_MAX_ROWS 8
+
+/* Software prefetch distance, in bytes of W still to be read.  Without it
+ * one thread read W at ~0.75 of a plain sum loop over memory, with it at or
+ * above the loop (bench/README.md, "Kernels"); 8–16 KiB measured alike, 4 KiB
+ * less well.  Likely cause: the hardware streamers stop at every 4 KiB page
+ * and need a few misses to start again. */
+#define GEMV_PF_BYTES 16384
+
+/* Prefetch for row r of a block at byte pos of the row: the line that this
+ * row stream will read GEMV_PF_BYTES of W later.  The block's R rows are read
+ * side by side, so that is pf_row = GEMV_PF_BYTES / R bytes further along the
+ * rows, counted across blocks: pf_near when it stays in the same row, pf_far
+ * when it passes the row's end into a later block (see gemv_block).  Offsets
+ * are from the block's first byte and clamped to the thread's last byte
+ * (lim), so nothing outside its rows is touched. */
+#define GEMV_PREFETCH(r, pos)                                                        \
+    do {                                                                             \
+        int64_t o_ = (r) * kb + (pos) + ((pos) + pf_rem < kb ? pf_near : pf_far);    \
+        _mm_prefetch(wb + (o_ < lim ? o_ : lim), _MM_HINT_T0);                       \
+    } while (0)
 
 /* y[t, r0..r0+R) for T activations; R and T are compile-time constants in
- * every inlined call, so acc stays in registers. */
+ * every inlined call, so acc stays in registers.  lim: the byte offset of the
+ * last byte of the thread's rows, from row r0. */
 static inline __attribute__((always_inline)) T512BF void
-gemv_block(const gemv_job *j, int64_t r0, const int R, const int T)
+gemv_block(const gemv_job *j, int64_t r0, const int R, const int T, int64_t lim)
 {
-    __m512 acc[GEMV_ROWS][TP_GEMV_MAX_T];
+    __m512 acc[GEMV_MAX_ROWS][TP_GEMV_MAX_T];
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
-    int64_t k = j->k;
+    const int64_t k = j->k, kb = k * (j->wt == TP_F32 ? 4 : 2);
+    const char *wb = (const char *)j->w + r0 * kb;
+    /* pf_row = whole rows (blocks of R·kb bytes further) + pf_rem bytes. */
+    const int64_t pf_row = GEMV_PF_BYTES / R, pf_blocks = pf_row / kb, pf_rem = pf_row - pf_blocks * kb;
+    const int64_t pf_near = pf_blocks * R * kb + pf_rem, pf_far = pf_near + (R - 1) * kb;
     if (j->wt == TP_F32) {
         const float *w = (const float *)j->w + r0 * k;
         for (int64_t i = 0; i < k; i += 16) {
-            __mmask16 m = k - i >= 16 ? 0xffff : (__mmask16)((1u << (k - i)) - 1);
+            int full = k - i >= 16;
+            __mmask16 m = full ? 0xffff : (__mmask16)((1u << (k - i)) - 1);
             __m512 xv[TP_GEMV_MAX_T];
             for (int t = 0; t < T; t++) xv[t] = _mm512_maskz_loadu_ps(m, j->x + t * k + i);
             for (int r = 0; r < R; r++) {
+                if (full) GEMV_PREFETCH(r, 4 * i);
                 __m512 wv = _mm512_maskz_loadu_ps(m, w + r * k + i);
                 for (int t = 0; t < T; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
             }
@@ -280,13 +313,15 @@ gemv_block(const gemv_job *j, int64_t r0, const int R, const int T)
         const uint16_t *w = (const uint16_t *)j->w + r0 * k;
         const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
         for (int64_t i = 0; i < k; i += 32) {
-            __mmask32 m = k - i >= 32 ? 0xffffffffu : (__mmask32)((1u << (k - i)) - 1);
+            int full = k - i >= 32;
+            __mmask32 m = full ? 0xffffffffu : (__mmask32)((1u << (k - i)) - 1);
             __m512 xe[TP_GEMV_MAX_T], xo[TP_GEMV_MAX_T];
             for (int t = 0; t < T; t++) {
                 xe[t] = _mm512_load_ps(j->x + t * j->kp + i);
                 xo[t] = _mm512_load_ps(j->x + t * j->kp + i + 16);
             }
             for (int r = 0; r < R; r++) {
+                if (full) GEMV_PREFETCH(r, 2 * i);
                 __m512i v = _mm512_maskz_loadu_epi16(m, w + r * k + i);
                 __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
                 __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
@@ -300,10 +335,12 @@ gemv_block(const gemv_job *j, int64_t r0, const int R, const int T)
         const uint16_t *w = (const uint16_t *)j->w + r0 * k;
         const uint16_t *xb = (const uint16_t *)j->x;
         for (int64_t i = 0; i < k; i += 32) {
-            __mmask32 m = k - i >= 32 ? 0xffffffffu : (__mmask32)((1u << (k - i)) - 1);
+            int full = k - i >= 32;
+            __mmask32 m = full ? 0xffffffffu : (__mmask32)((1u << (k - i)) - 1);
             __m512bh xv[TP_GEMV_MAX_T];
             for (int t = 0; t < T; t++) xv[t] = (__m512bh)_mm512_load_si512(xb + t * j->kp + i);
             for (int r = 0; r < R; r++) {
+                if (full) GEMV_PREFETCH(r, 2 * i);
                 __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w + r * k + i);
                 for (int t = 0; t < T; t++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], xv[t], wv);
             }
@@ -313,23 +350,40 @@ gemv_block(const gemv_job *j, int64_t r0, const int R, const int T)
         for (int t = 0; t < T; t++) j->y[t * j->n + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
-#define GEMV_CASES(R)                                  \
-    switch (j->T) {                                    \
-    case 1: gemv_block(j, r0, R, 1); break;            \
-    case 2: gemv_block(j, r0, R, 2); break;            \
-    case 3: gemv_block(j, r0, R, 3); break;            \
-    default: gemv_block(j, r0, R, 4); break;           \
-    }
+/* All blocks of R rows in [r0, r1), then single rows. */
+#define GEMV_RUN(R, T)                                                                    \
+    do {                                                                                  \
+        for (; r0 + (R) <= r1; r0 += (R)) gemv_block(j, r0, (R), (T), last - r0 * row_bytes); \
+        for (; r0 < r1; r0++) gemv_block(j, r0, 1, (T), last - r0 * row_bytes);           \
+    } while (0)
+
+/* Rows per unit of the thread split: whole blocks of R rows, and if possible
+ * a whole number of 4 KiB pages, so that no page is read by two threads (each
+ * core's streamer then owns its pages).  Plain blocks where page-sized units
+ * would be too coarse to share the rows evenly. */
+static int64_t gemv_split_unit(int64_t n, int64_t row_bytes, int R, int nt)
+{
+    int64_t g = 4096;
+    while ((R * row_bytes) % g) g /= 2;
+    int64_t u = R * (4096 / g);
+    return u * nt * 16 <= n ? u : R;   /* keeps the threads' shares within 1/16 */
+}
 
 T512BF static void gemv_worker(void *p, int ti, int nt)
 {
     const gemv_job *j = p;
-    int64_t g0, g1;
-    tp_split_range((j->n + GEMV_ROWS - 1) / GEMV_ROWS, ti, nt, &g0, &g1);
-    int64_t r1 = min64(g1 * GEMV_ROWS, j->n);
-    int64_t r0 = g0 * GEMV_ROWS;
-    for (; r0 + GEMV_ROWS <= r1; r0 += GEMV_ROWS) GEMV_CASES(GEMV_ROWS)
-    for (; r0 < r1; r0++) GEMV_CASES(1)
+    int64_t row_bytes = j->k * (j->wt == TP_F32 ? 4 : 2);
+    int64_t u = gemv_split_unit(j->n, row_bytes, j->T == 1 ? GEMV_ROWS_T1 : GEMV_ROWS, nt), g0, g1;
+    tp_split_range((j->n + u - 1) / u, ti, nt, &g0, &g1);
+    int64_t r1 = min64(g1 * u, j->n), r0 = g0 * u;
+    if (r0 >= r1) return;
+    int64_t last = r1 * row_bytes - 1;   /* this thread's last byte of W */
+    switch (j->T) {
+    case 1: GEMV_RUN(GEMV_ROWS_T1, 1); break;
+    case 2: GEMV_RUN(GEMV_ROWS, 2); break;
+    case 3: GEMV_RUN(GEMV_ROWS, 3); break;
+    default: GEMV_RUN(GEMV_ROWS, 4); break;
+    }
 }
 
 /* x rounded to bf16 (nearest even), rows zero-padded to kp. */
@@ -343,6 +397,23 @@ T512BF static void x_to_bf16(uint16_t *dst, const float *x, int64_t T, int64_t k
         }
 }
 
+/* tp_gemv_permute_x for blocks of 32 with two vpermt2ps per block: the
+ * generic loop divides per element and cost ~4 µs per call at k = 1024,
+ * serial before the threads start. */
+T512 static void permute_x(float *dst, const float *x, int64_t T, int64_t k, int64_t kp)
+{
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < kp; i += 32) {
+            __mmask16 m0 = col_mask(k - i), m1 = col_mask(k - i - 16);
+            __m512 a = _mm512_maskz_loadu_ps(m0, x + t * k + i);
+            __m512 b = _mm512_maskz_loadu_ps(m1, x + t * k + i + 16);
+            _mm512_store_ps(dst + t * kp + i, _mm512_permutex2var_ps(a, ev, b));
+            _mm512_store_ps(dst + t * kp + i + 16, _mm512_permutex2var_ps(a, od, b));
+        }
+}
+
 tp_status tp_gemv_avx512(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
                          int64_t n, int64_t k, int bf16_dot, tp_threadpool *pool)
 {
@@ -353,7 +424,7 @@ tp_status tp_gemv_avx512(float *y, const float *x, int64_t T, const void *W, tp_
         tmp = tp_alloc((size_t)(T * j.kp) * sizeof(float));
         if (!tmp) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for GEMV");
         if (j.dot) x_to_bf16(tmp, x, T, k, j.kp);
-        else tp_gemv_permute_x(tmp, x, T, k, j.kp, 32);
+        else permute_x(tmp, x, T, k, j.kp);
         j.x = tmp;
     }
     tp_parallel_run(pool, gemv_worker, &j);

@@ -22,6 +22,10 @@ tp_status tp_gemm_avx512(float *y, const float *x, int64_t T, const void *W, tp_
                     int64_t n, int64_t k, int bf16_dot, tp_threadpool *pool);
 tp_status tp_gemv_avx512(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
                     int64_t n, int64_t k, int bf16_dot, tp_threadpool *pool);
+/* bf16 W only; the caller has checked tp_kernel_has_amx().  x is split into
+ * `passes` (1..3) bf16 parts, see gemm_amx.c. */
+tp_status tp_gemm_amx(float *y, const float *x, int64_t T, const uint16_t *W, int64_t n, int64_t k,
+                      int passes, tp_threadpool *pool);
 tp_status tp_gemm_avx2(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
                   int64_t n, int64_t k, tp_threadpool *pool);
 tp_status tp_gemv_avx2(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,

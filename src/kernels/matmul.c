@@ -4,7 +4,8 @@
  *   T <= 4 (decode): a GEMV that streams W exactly once at memory bandwidth;
  *                    the threads split the rows of W.
  *   T > 4 (prefill): a tiled, packed GEMM (gemm_avx512.c, gemm_avx2.c), or
- *                    OpenBLAS when opts->blas asks for it.
+ *                    OpenBLAS when opts->blas asks for it; bf16 weights on
+ *                    CPUs with AMX: the tile GEMM (gemm_amx.c, opts->amx).
  *   SCALAR:          the plain loops below — the reference the tests use.
  * The bias is added in one pass at the end. */
 #include "kernels/kern_internal.h"
@@ -147,6 +148,9 @@ tp_status tp_matmul_ex(float *y, const float *x, int64_t T, const tp_tensor *W,
         else st = tp_gemv_avx2(y, x, T, W->data, W->dtype, n, k, pool);
     } else if (opts->blas && !bf16_dot) {
         matmul_blas(y, x, T, W->data, W->dtype, n, k, pool);
+    } else if (path == TP_KERNEL_AVX512 && opts->amx && W->dtype == TP_BF16 && tp_kernel_has_amx()) {
+        /* x split into 3 bf16 parts keeps products exact; bf16_dot: 1 part. */
+        st = tp_gemm_amx(y, x, T, W->data, n, k, bf16_dot ? 1 : opts->amx == 2 ? 2 : 3, pool);
     } else {
         if (path == TP_KERNEL_AVX512) st = tp_gemm_avx512(y, x, T, W->data, W->dtype, n, k, bf16_dot, pool);
         else st = tp_gemm_avx2(y, x, T, W->data, W->dtype, n, k, pool);

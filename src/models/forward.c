@@ -52,6 +52,86 @@ static tp_status scratch_init(fwd_scratch *s, const tp_model *m, int64_t T, int6
     return TP_OK;
 }
 
+/* ---- the element-wise kernels over the pool ----------------------------
+ * Norms, rope and the activation are row-wise (or element-wise), so each
+ * thread takes a contiguous range of rows and calls the kernel on it: the
+ * result is bitwise the same for any thread count.  With one thread, or a
+ * single row (decode), the kernel runs directly on the caller. */
+
+typedef enum { ROWS_RMSNORM, ROWS_ADD_RMSNORM, ROWS_ROPE, ROWS_SILU_MUL } rows_op;
+
+typedef struct {
+    rows_op op;
+    float *x, *out;            /* x: rmsnorm input / residual / rope target / silu's a */
+    const float *y;            /* add_rmsnorm's addend, silu_mul's b */
+    const tp_tensor *w;
+    const float *table;        /* rope */
+    int64_t rows, n;           /* n: row length (rope: heads; silu: elements per row) */
+    int64_t head_dim;
+    double eps;
+} rows_job;
+
+static void rows_range(const rows_job *j, int64_t b, int64_t e)
+{
+    int64_t r = e - b;
+    if (r <= 0) return;
+    switch (j->op) {
+    case ROWS_RMSNORM: tp_rmsnorm(j->out + b * j->n, j->x + b * j->n, j->w, r, j->n, j->eps); break;
+    case ROWS_ADD_RMSNORM:
+        tp_add_rmsnorm(j->x + b * j->n, j->y + b * j->n, j->out + b * j->n, j->w, r, j->n, j->eps);
+        break;
+    case ROWS_ROPE:
+        tp_rope_apply_table(j->x + b * j->n * j->head_dim, r, j->n, j->head_dim, j->table + b * j->head_dim);
+        break;
+    case ROWS_SILU_MUL: tp_silu_mul(j->x + b * j->n, j->y + b * j->n, r * j->n); break;
+    }
+}
+
+static void rows_worker(void *p, int ti, int nt)
+{
+    const rows_job *j = p;
+    int64_t b, e;
+    tp_split_range(j->rows, ti, nt, &b, &e);
+    rows_range(j, b, e);
+}
+
+/* Below this many floats a parallel region costs more than it saves. */
+#define MIN_PARALLEL_FLOATS 16384
+
+static void run_rows(tp_model *m, const rows_job *j)
+{
+    int64_t floats = j->rows * j->n * (j->op == ROWS_ROPE ? j->head_dim : 1);
+    if (j->rows < 2 || floats < MIN_PARALLEL_FLOATS || tp_threadpool_size(m->pool) == 1) rows_range(j, 0, j->rows);
+    else tp_parallel_run(m->pool, rows_worker, (void *)j);
+}
+
+static void par_rmsnorm(tp_model *m, float *out, const float *x, const tp_tensor *w, int64_t rows, int64_t n)
+{
+    rows_job j = {.op = ROWS_RMSNORM, .x = (float *)x, .out = out, .w = w, .rows = rows, .n = n,
+                  .eps = m->cfg.rms_norm_eps};
+    run_rows(m, &j);
+}
+
+static void par_add_rmsnorm(tp_model *m, float *x, const float *y, float *out, const tp_tensor *w, int64_t rows,
+                            int64_t n)
+{
+    rows_job j = {.op = ROWS_ADD_RMSNORM, .x = x, .y = y, .out = out, .w = w, .rows = rows, .n = n,
+                  .eps = m->cfg.rms_norm_eps};
+    run_rows(m, &j);
+}
+
+static void par_rope(tp_model *m, float *x, int64_t T, int64_t heads, int64_t D, const float *table)
+{
+    rows_job j = {.op = ROWS_ROPE, .x = x, .table = table, .rows = T, .n = heads, .head_dim = D};
+    run_rows(m, &j);
+}
+
+static void par_silu_mul(tp_model *m, float *a, const float *b, int64_t T, int64_t width)
+{
+    rows_job j = {.op = ROWS_SILU_MUL, .x = a, .y = b, .rows = T, .n = width};
+    run_rows(m, &j);
+}
+
 /* The first global head of a head-sliced activation (q, k or v). */
 static int64_t first_head(const tp_model *m, const tp_linear *proj, const tp_act *a, int64_t D)
 {
@@ -117,11 +197,11 @@ static tp_status attention_block(tp_model *m, const tp_layer *L, tp_kv_cache *ca
                      where, (long long)nkv, (long long)cache->n_kv[layer]);
     if (!st) {
         if (c->qk_norm) {   /* Qwen3 normalises each head before the rotation */
-            tp_rmsnorm(a.q.data, a.q.data, &L->q_norm, T * nq, D, c->rms_norm_eps);
-            tp_rmsnorm(a.k.data, a.k.data, &L->k_norm, T * nkv, D, c->rms_norm_eps);
+            par_rmsnorm(m, a.q.data, a.q.data, &L->q_norm, T * nq, D);
+            par_rmsnorm(m, a.k.data, a.k.data, &L->k_norm, T * nkv, D);
         }
-        tp_rope_apply_table(a.q.data, T, nq, D, sc->rope);
-        tp_rope_apply_table(a.k.data, T, nkv, D, sc->rope);
+        par_rope(m, a.q.data, T, nq, D, sc->rope);
+        par_rope(m, a.k.data, T, nkv, D, sc->rope);
         size_t row = (size_t)(nkv * D);
         memcpy(cache->k[layer] + (size_t)pos0 * row, a.k.data, (size_t)T * row * sizeof(float));
         memcpy(cache->v[layer] + (size_t)pos0 * row, a.v.data, (size_t)T * row * sizeof(float));
@@ -130,7 +210,7 @@ static tp_status attention_block(tp_model *m, const tp_layer *L, tp_kv_cache *ca
         st = tp_module_linear(m, &L->o_proj, sc->attn, T, nq * D, &a.o);
     }
     if (!st) st = check_replicated(&a.o, H, "o_proj");
-    if (!st) tp_add_rmsnorm(x, a.o.data, sc->h, &L->post_attention_layernorm, T, H, c->rms_norm_eps);
+    if (!st) par_add_rmsnorm(m, x, a.o.data, sc->h, &L->post_attention_layernorm, T, H);
     attn_release(&a);
     return st;
 }
@@ -151,12 +231,12 @@ static tp_status mlp_block(tp_model *m, const tp_layer *L, const tp_tensor *next
             st = tp_fail(TP_ERR_UNSUPPORTED, "gate_proj and up_proj give %lld and %lld features on this rank; "
                          "shard them alike", (long long)gate.width, (long long)up.width);
         else {
-            tp_silu_mul(gate.data, up.data, T * gate.width);
+            par_silu_mul(m, gate.data, up.data, T, gate.width);
             st = tp_module_linear(m, &L->down_proj, gate.data, T, gate.width, &down);
         }
     }
     if (!st) st = check_replicated(&down, H, "down_proj");
-    if (!st) tp_add_rmsnorm(x, down.data, h, next_norm, T, H, c->rms_norm_eps);
+    if (!st) par_add_rmsnorm(m, x, down.data, h, next_norm, T, H);
     tp_act_release(&gate); tp_act_release(&up); tp_act_release(&down);
     return st;
 }
@@ -191,7 +271,7 @@ tp_status tp_model_forward(tp_model *m, tp_kv_cache *cache, const int64_t *token
     if (!st) st = scratch_init(&sc, m, T, cache->length);
     /* Each residual add is fused with the norm that follows it, so the
      * stream x is read and written once per block. */
-    if (!st) tp_rmsnorm(sc.h, x.data, nl > 0 ? &m->layers[0].input_layernorm : &m->norm, T, H, m->cfg.rms_norm_eps);
+    if (!st) par_rmsnorm(m, sc.h, x.data, nl > 0 ? &m->layers[0].input_layernorm : &m->norm, T, H);
     for (int64_t l = 0; l < nl && !st; l++) {
         st = attention_block(m, &m->layers[l], cache, l, x.data, &sc, T);
         if (!st) st = mlp_block(m, &m->layers[l], l + 1 < nl ? &m->layers[l + 1].input_layernorm : &m->norm,

@@ -123,6 +123,9 @@ tp_status tp_model_load(tp_model **out, const char *model_dir, const tp_model_op
     if (m->tp) tp_plan_log_coverage(m->tp->res, m->tp->mesh ? tp_mesh_world_rank(m->tp->mesh) : 0);
     int threads = opt && opt->threads > 0 ? opt->threads : 1;
     if ((s = tp_threadpool_create(&m->pool, threads))) { tp_model_free(m); return s; }
+    /* Idle threads spin only while every rank's threads have a core of
+     * their own (ranks of one TP group share a host). */
+    if (m->tp && (int64_t)m->tp->size * threads > tp_cpu_count()) tp_threadpool_set_spin(m->pool, 0);
     /* Pinning is a speed matter only: a refusal (a narrower cpuset than
      * expected, a sandbox) leaves the threads where the scheduler puts them. */
     if (opt && opt->pin_threads && tp_threadpool_pin(m->pool, opt->first_cpu))

@@ -29,10 +29,20 @@ static tp_module_ctx module_ctx(const tp_model *m, const struct tp_module_tp *mt
     return c;
 }
 
-/* Takes the local buffer of a DTensor as an owned activation. */
-static tp_status take_local(tp_dtensor *d, int64_t gwidth, tp_act *y)
+/* Takes the local buffer of a DTensor as an owned activation.  When the
+ * style's hook left the result in *mine (a local computation's output that
+ * needed no collective, or an all-reduce done in place), that buffer is
+ * handed over as it is and *mine becomes NULL: no copy of a [T, width]
+ * activation per module. */
+static tp_status take_local(tp_dtensor *d, int64_t gwidth, float **mine, tp_act *y)
 {
     int64_t T = d->local.shape[0], width = d->local.shape[1];
+    if (mine && *mine && d->local.data == *mine && !d->local.owns_data) {
+        *y = (tp_act){*mine, T, width, gwidth, d->placements[0]};
+        *mine = NULL;
+        tp_dtensor_release(d);
+        return TP_OK;
+    }
     float *data = malloc((size_t)(T * width > 0 ? T * width : 1) * sizeof(float));
     if (!data) { tp_dtensor_release(d); return tp_fail(TP_ERR_NOMEM, "out of memory"); }
     memcpy(data, d->local.data, (size_t)(T * width) * sizeof(float));
@@ -121,7 +131,7 @@ tp_status tp_module_linear(tp_model *m, const tp_linear *lin, const float *x, in
         t0 = tp_now();
         s = tp_style_post_forward(mt->plan->style, &ctx, d, &yd);
         m->comm_seconds += tp_now() - t0;
-        if (!s) s = take_local(&yd, gout[1], y);
+        if (!s) s = take_local(&yd, gout[1], &ybuf, y);
         else tp_dtensor_release(&yd);
     }
     free(ybuf);
@@ -178,7 +188,7 @@ tp_status tp_module_embedding(tp_model *m, const int64_t *ids, int64_t T, tp_act
         double t0 = tp_now();
         s = tp_style_post_forward(mt->plan->style, &ctx, d, &yd);
         m->comm_seconds += tp_now() - t0;
-        if (!s) s = take_local(&yd, gout[1], y);
+        if (!s) s = take_local(&yd, gout[1], &buf, y);
         else tp_dtensor_release(&yd);
     }
     free(buf);

@@ -69,7 +69,7 @@ static void check_matmul(tp_threadpool *pool, int64_t T, int64_t n, int64_t k, t
         if (!tp_kernel_path_supported(PATHS[pi])) continue;
         for (int dot = 0; dot < 2; dot++) {
             if (dot && (wt != TP_BF16 || PATHS[pi] != TP_KERNEL_AVX512 || !tp_kernel_has_bf16_dot())) continue;
-            tp_matmul_opts o = {PATHS[pi], dot, 0};
+            tp_matmul_opts o = {PATHS[pi], dot, 0, 0};
             for (int64_t i = 0; i < T * n; i++) y[i] = NAN;
             CHECK(tp_matmul_ex(y, x, T, &W, with_bias ? &B : NULL, pool, &o) == TP_OK);
             double e = matmul_err(y, x, wf, with_bias ? b : NULL, T, n, k);
@@ -104,6 +104,19 @@ static void test_matmul(tp_threadpool *pool)
     check_matmul(pool, 129, 97, 261, TP_BF16, 1);
     printf("matmul max |err| / sum|x*w|: scalar %.2g, avx2 %.2g, avx512 %.2g, avx512 bf16-dot %.2g\n",
            worst_exact[TP_KERNEL_SCALAR], worst_exact[TP_KERNEL_AVX2], worst_exact[TP_KERNEL_AVX512], worst_dot);
+}
+
+/* GEMV shapes that the small ones above miss: enough rows for the thread
+ * split to cut at 4 KiB pages (rows of 2304 bytes: a block of rows is not a
+ * whole number of pages), a remainder of single rows after the blocks, and
+ * decode's k. */
+static void test_gemv_split(tp_threadpool *pool)
+{
+    for (int64_t T = 1; T <= TP_GEMV_MAX_T; T++) {
+        check_matmul(pool, T, 803, 1152, TP_BF16, (int)(T & 1));
+        check_matmul(pool, T, 803, 576, TP_F32, 0);
+        check_matmul(pool, T, 517, 1024, TP_BF16, 0);
+    }
 }
 
 /* ---- element-wise ----------------------------------------------------- */
@@ -273,6 +286,8 @@ int main(void)
     test_paths();
     test_matmul(NULL);
     test_matmul(pool3);
+    test_gemv_split(NULL);
+    test_gemv_split(pool3);
     test_elementwise();
     test_rope();
     test_attention(NULL);

@@ -1,0 +1,116 @@
+/* kernels/gemm_amx.c: the AMX-BF16 GEMM against a double reference on
+ * awkward sizes (T, n, k not multiples of the 32×32 block or 32-wide k step,
+ * odd k, several K blocks), for each split of x:
+ *   3 parts: products exact, error of f32 accumulation (the exact bound);
+ *   2 parts: products off by <= 2^-18 relative;
+ *   1 part:  x rounded to bf16, products off by <= 2^-9 (the bf16-dot bound).
+ * And tp_matmul_ex's dispatch: amx = 1 runs the three-part GEMM (bitwise the
+ * same output), bf16_dot with amx the one-part one.  Machines without AMX
+ * print "skipped: no AMX" and pass. */
+#include "check.h"
+#include "tensorpar/kernels.h"
+#include "kernels/kern_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static tp_rng rng;
+
+/* Max over outputs of |y - ref| / Σ|x·w|, in double (as test_kernels.c). */
+static double gemm_err(const float *y, const float *x, const float *wf, const float *b, int64_t T,
+                       int64_t n, int64_t k)
+{
+    double worst = 0;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t r = 0; r < n; r++) {
+            double ref = b ? b[r] : 0, mag = b ? fabs(b[r]) : 0;
+            for (int64_t i = 0; i < k; i++) {
+                double pr = (double)x[t * k + i] * wf[r * k + i];
+                ref += pr;
+                mag += fabs(pr);
+            }
+            double e = fabs(y[t * n + r] - ref) / (mag > 0 ? mag : 1);
+            if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
+        }
+    return worst;
+}
+
+static const double BOUND[4] = {0, 0x1p-8 + 1e-6, 0x1p-17 + 1e-6, 1e-6};
+static double worst[4];
+
+static void check_amx(tp_threadpool *pool, int64_t T, int64_t n, int64_t k)
+{
+    float *x = malloc((size_t)(T * k) * sizeof(float));
+    float *wf = malloc((size_t)(n * k) * sizeof(float));
+    float *y = malloc((size_t)(T * n) * sizeof(float));
+    float *y2 = malloc((size_t)(T * n) * sizeof(float));
+    float *b = malloc((size_t)n * sizeof(float));
+    tp_tensor W = {0}, B = {0};
+    int64_t ws[2] = {n, k}, bs[1] = {n};
+    if (!x || !wf || !y || !y2 || !b || tp_tensor_init(&W, TP_BF16, 2, ws) || tp_tensor_init(&B, TP_F32, 1, bs)) {
+        CHECK(!"out of memory");
+        goto done;
+    }
+    for (int64_t i = 0; i < T * k; i++) x[i] = (float)tp_rng_normal(&rng);
+    for (int64_t i = 0; i < n; i++) ((float *)B.data)[i] = b[i] = (float)tp_rng_normal(&rng);
+    uint16_t *w = W.data;
+    for (int64_t i = 0; i < n * k; i++) {   /* the reference uses the exact bf16 values */
+        w[i] = tp_bf16_from_f32((float)(0.5 * tp_rng_normal(&rng)));
+        wf[i] = tp_f32_from_bf16(w[i]);
+    }
+    for (int passes = 1; passes <= 3; passes++) {
+        for (int64_t i = 0; i < T * n; i++) y[i] = NAN;
+        CHECK(tp_gemm_amx(y, x, T, w, n, k, passes, pool) == TP_OK);
+        double e = gemm_err(y, x, wf, NULL, T, n, k);
+        if (e > worst[passes]) worst[passes] = e;
+        CHECK_MSG(e <= BOUND[passes], "amx x%d T=%lld n=%lld k=%lld err %.3g", passes, (long long)T,
+                  (long long)n, (long long)k, e);
+    }
+    /* Dispatch: exact AMX = the three-part GEMM, bitwise. */
+    tp_matmul_opts o = {TP_KERNEL_AVX512, 0, 0, 1};
+    CHECK(tp_gemm_amx(y, x, T, w, n, k, 3, pool) == TP_OK);
+    CHECK(tp_matmul_ex(y2, x, T, &W, NULL, pool, &o) == TP_OK);
+    CHECK_MSG(memcmp(y, y2, (size_t)(T * n) * sizeof(float)) == 0, "dispatch amx=1 T=%lld n=%lld k=%lld",
+              (long long)T, (long long)n, (long long)k);
+    /* With bias, and the bf16-dot (one-part) variant. */
+    for (int dot = 0; dot < 2; dot++) {
+        o.bf16_dot = dot;
+        CHECK(tp_matmul_ex(y2, x, T, &W, &B, pool, &o) == TP_OK);
+        double e = gemm_err(y2, x, wf, b, T, n, k);
+        CHECK_MSG(e <= BOUND[dot ? 1 : 3], "matmul amx dot=%d T=%lld n=%lld k=%lld err %.3g", dot, (long long)T,
+                  (long long)n, (long long)k, e);
+    }
+done:
+    tp_tensor_release(&W);
+    tp_tensor_release(&B);
+    free(x); free(wf); free(y); free(y2); free(b);
+}
+
+static void test_amx(tp_threadpool *pool)
+{
+    static const int64_t Ts[] = {5, 17, 64, 129};
+    static const int64_t NK[][2] = {{1, 1}, {7, 129}, {129, 7}, {33, 31}, {40, 1025}, {65, 300}, {3, 513}, {97, 261}};
+    for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
+        for (size_t c = 0; c < sizeof NK / sizeof *NK; c++) check_amx(pool, Ts[a], NK[c][0], NK[c][1]);
+    /* K past one block: T=129 pads to 160 rows, 3 parts → KC = 1632. */
+    check_amx(pool, 129, 50, 2100);
+    check_amx(pool, 512, 64, 1024);
+}
+
+int main(void)
+{
+    if (!tp_kernel_has_amx()) {
+        printf("skipped: no AMX (or the kernel did not grant the tile state)\n");
+        return check_summary();
+    }
+    tp_rng_seed(&rng, 99);
+    tp_threadpool *pool3 = NULL;
+    CHECK(tp_threadpool_create(&pool3, 3) == TP_OK);
+    test_amx(NULL);
+    test_amx(pool3);
+    tp_threadpool_destroy(pool3);
+    printf("amx max |err| / sum|x*w|: x3 %.2g (bound %.2g), x2 %.2g (%.2g), x1 %.2g (%.2g)\n", worst[3], BOUND[3],
+           worst[2], BOUND[2], worst[1], BOUND[1]);
+    return check_summary();
+}
