@@ -6,7 +6,9 @@
  * does), each rank measures the median of several repetitions and writes
  * one line to REPORT.<rank>, and the first process compares.  A fresh
  * process per configuration keeps one configuration's memory and page
- * cache state out of the next one's figures. */
+ * cache state out of the next one's figures.  bench all measures in
+ * rounds of every configuration once (see there), since the machine
+ * drifts during a run. */
 #include "tp_cli.h"
 #include "tensorpar/kernels.h"
 #include "tensorpar/models.h"
@@ -383,13 +385,53 @@ int cmd_bench_decode(int argc, char **argv) { return bench_pair(argc, argv, MODE
 
 /* ---- bench all ---------------------------------------------------------- */
 
+/* The machine drifts (a VM on a shared host: ~15 % between runs), so bench
+ * all measures in rounds: each round measures the machine's limits and then
+ * every configuration once, close together in time, and each ratio is taken
+ * within one round.  The ratios reported are the medians over the rounds. */
+
+/* The configurations of one round: the six behind the targets, then the
+ * chart's TP sizes beyond 2 (f32 prefill, 1 thread per rank). */
+enum { F11, F12, F21, B12, D12, D21, N_FIXED, MAX_CONFIGS = N_FIXED + MAX_TP_POINTS };
+
+typedef struct {
+    bench_mode mode;
+    config c;
+    int live;              /* 0: a chart TP size left off (the model's heads do not divide it) */
+} slot;
+
+/* Everything one round measures. */
 typedef struct {
     tp_machine_peaks pk;
+    figures f[MAX_CONFIGS];
+} round_figures;
+
+/* The ratios of the speed issue's targets, in the order printed. */
+enum { R_FMA12, R_FMA21, R_BF16, R_TP21_11, R_TP21_12, R_BW12, R_BW21, R_COMM, R_COMM_DEC, N_RATIOS };
+static const struct { const char *key, *what, *target; } ratio_info[N_RATIOS] = {
+    {"prefill_fma_ratio", "prefill f32 FLOP rate / FMA peak (TP=1x2)", ">= 0.60"},
+    {"prefill_fma_ratio_tp2x1", "prefill f32 FLOP rate / FMA peak (TP=2x1)", ""},
+    {"bf16_over_f32", "prefill rate bf16 / f32 weights (TP=1x2)", ">= 1.5"},
+    {"tp2x1_over_tp1x1", "prefill TP=2x1 / TP=1x1", ">= 1.9"},
+    {"tp2x1_over_tp1x2", "prefill TP=2x1 / TP=1x2", ">= 0.95"},
+    {"decode_bw_ratio_tp1x2", "decode bf16 weight bytes/s / read bw (TP=1x2)", ">= 0.90"},
+    {"decode_bw_ratio_tp2x1", "decode bf16 weight bytes/s / read bw (TP=2x1)", ">= 0.90"},
+    {"comm_share_tp2", "share of a prefill in communication (TP=2x1)", ""},
+    {"comm_share_tp2_decode", "share of a decode step in communication (TP=2x1)", ""},
+};
+
+typedef struct {
+    double med, lo, hi;
+} spread;
+
+typedef struct {
+    int rounds;
     double flops;
-    figures f11, f12, f21, b12, d12, d21;   /* prefill f32 1x1, 1x2, 2x1; prefill bf16 1x2; decode bf16 1x2, 2x1 */
+    round_figures med;                    /* each figure's own median over the rounds (the tables) */
+    spread ratio[N_RATIOS];               /* over the rounds of the per-round ratios */
     int npoints;
     int tp_sizes[MAX_TP_POINTS];
-    double speedup[MAX_TP_POINTS];        /* t(1x1) / t(k x 1), f32 prefill */
+    double speedup[MAX_TP_POINTS];        /* median over rounds of t(1x1) / t(k x 1), f32 prefill */
 } all_figures;
 
 static int machine_peaks(tp_machine_peaks *pk, int smoke)
@@ -406,6 +448,110 @@ static int machine_peaks(tp_machine_peaks *pk, int smoke)
     tp_threadpool_destroy(pool);
     if (saved) sched_setaffinity(0, sizeof mine, &mine);
     return s ? -1 : 0;
+}
+
+static int make_slots(slot *s, long long max_tp)
+{
+    const slot fixed[N_FIXED] = {
+        [F11] = {MODE_FORWARD, {1, 1, "f32"}, 1}, [F12] = {MODE_FORWARD, {1, 2, "f32"}, 1},
+        [F21] = {MODE_FORWARD, {2, 1, "f32"}, 1}, [B12] = {MODE_FORWARD, {1, 2, "bf16"}, 1},
+        [D12] = {MODE_DECODE, {1, 2, "bf16"}, 1}, [D21] = {MODE_DECODE, {2, 1, "bf16"}, 1},
+    };
+    memcpy(s, fixed, sizeof fixed);
+    int n = N_FIXED;
+    /* The chart has TP = 1 and 2 from the fixed ones, then these. */
+    for (long long k = 4; k <= max_tp && n - N_FIXED + 2 < MAX_TP_POINTS; k *= 2)
+        s[n++] = (slot){MODE_FORWARD, {(int)k, 1, "f32"}, 1};
+    return n;
+}
+
+/* One round: the machine's limits, then every configuration once, each in
+ * its own launch that loads the model and warms up untimed and then times
+ * one repetition. */
+static int run_round(const job *jf, const job *jd, slot *s, int nconf, int smoke, round_figures *g)
+{
+    if (machine_peaks(&g->pk, smoke)) return -1;
+    for (int i = 0; i < nconf; i++) {
+        if (!s[i].live || !measure(s[i].mode == MODE_FORWARD ? jf : jd, s[i].mode, &s[i].c, &g->f[i])) continue;
+        if (i < N_FIXED) return -1;
+        /* A TP size the model's heads do not divide is left off the chart
+         * (and not tried again in the later rounds). */
+        tp_log(TP_LOG_WARN, "TP=%d left off the chart: %s", s[i].c.tp, tp_error());
+        s[i].live = 0;
+    }
+    return 0;
+}
+
+/* One round's ratios, from that round's own figures only, so that a drift
+ * of the machine between rounds moves each ratio's two sides together. */
+static void round_ratios(const round_figures *g, double flops, int64_t new_tokens, double *v)
+{
+    const figures *f = g->f;
+    double bw = g->pk.read_gbs_n * 1e9, peak = g->pk.fma_gflops_n * 1e9, nt = (double)new_tokens;
+    v[R_FMA12] = flops / f[F12].seconds / peak;
+    v[R_FMA21] = flops / f[F21].seconds / peak;
+    v[R_BF16] = f[F12].seconds / f[B12].seconds;
+    v[R_TP21_11] = f[F11].seconds / f[F21].seconds;
+    v[R_TP21_12] = f[F12].seconds / f[F21].seconds;
+    v[R_BW12] = f[D12].weight_bytes * nt / f[D12].seconds / bw;
+    v[R_BW21] = f[D21].weight_bytes * nt / f[D21].seconds / bw;
+    v[R_COMM] = f[F21].comm_share;
+    v[R_COMM_DEC] = f[D21].comm_share;
+}
+
+static spread spread_of(const double *v, int n)
+{
+    spread s = {median(v, n), v[0], v[0]};
+    for (int i = 1; i < n; i++) {
+        if (v[i] < s.lo) s.lo = v[i];
+        if (v[i] > s.hi) s.hi = v[i];
+    }
+    return s;
+}
+
+/* Each figure's median over the rounds on its own, for the tables. */
+static void median_figures(const round_figures *g, int rounds, int nconf, round_figures *m)
+{
+    double v[MAX_REPS];
+#define MEDIAN_OF(field)                                      \
+    do {                                                      \
+        for (int r = 0; r < rounds; r++) v[r] = g[r].field;   \
+        m->field = median(v, rounds);                         \
+    } while (0)
+    MEDIAN_OF(pk.fma_gflops_1);
+    MEDIAN_OF(pk.fma_gflops_n);
+    MEDIAN_OF(pk.read_gbs_1);
+    MEDIAN_OF(pk.read_gbs_n);
+    m->pk.threads = g[0].pk.threads;
+    for (int i = 0; i < nconf; i++) {
+        MEDIAN_OF(f[i].seconds);
+        MEDIAN_OF(f[i].comm_share);
+        m->f[i].weight_bytes = g[0].f[i].weight_bytes;   /* the same in every round */
+    }
+#undef MEDIAN_OF
+}
+
+static void summarise(const round_figures *g, int rounds, const slot *s, int nconf, int64_t new_tokens,
+                      all_figures *a)
+{
+    double v[N_RATIOS][MAX_REPS], sp[MAX_REPS];
+    a->rounds = rounds;
+    median_figures(g, rounds, nconf, &a->med);
+    for (int r = 0; r < rounds; r++) {
+        double one[N_RATIOS];
+        round_ratios(&g[r], a->flops, new_tokens, one);
+        for (int i = 0; i < N_RATIOS; i++) v[i][r] = one[i];
+    }
+    for (int i = 0; i < N_RATIOS; i++) a->ratio[i] = spread_of(v[i], rounds);
+    a->tp_sizes[0] = 1; a->speedup[0] = 1;
+    a->tp_sizes[1] = 2; a->speedup[1] = a->ratio[R_TP21_11].med;
+    a->npoints = 2;
+    for (int i = N_FIXED; i < nconf; i++) {
+        if (!s[i].live) continue;
+        for (int r = 0; r < rounds; r++) sp[r] = g[r].f[F11].seconds / g[r].f[i].seconds;
+        a->tp_sizes[a->npoints] = s[i].c.tp;
+        a->speedup[a->npoints++] = median(sp, rounds);
+    }
 }
 
 /* Writes the chart of forward-pass speedup against TP size with gnuplot. */
@@ -448,7 +594,7 @@ static int draw_png(const all_figures *a, const job *j, const char *png, const c
                 "'' using 1:2:(sprintf('%%.2fx', $2)) with labels offset 0,0.8 notitle, "
                 "[x=1:%d] (x < %d ? x : %d) with lines dt 3 lc rgb 'black' title 'ideal (one core per rank)'\n",
                 attempt == 0 ? "pngcairo" : "png", png, model_name, (long long)j->seq,
-                a->f11.seconds / a->f21.seconds, a->f12.seconds / a->f21.seconds, max_tp, ymax, cores, cores, cores,
+                a->ratio[R_TP21_11].med, a->ratio[R_TP21_12].med, max_tp, ymax, cores, cores, cores,
                 cores, data, max_tp, cores, cores);
         fclose(g);
         char cmd[256];
@@ -473,6 +619,77 @@ static const char *base_name(const char *path)
     return b;
 }
 
+static void print_json(const all_figures *a, const job *jf, const job *jd, double load)
+{
+    const figures *f = a->med.f;
+    const tp_machine_peaks *pk = &a->med.pk;
+    double tok12 = (double)jd->new_tokens / f[D12].seconds, tok21 = (double)jd->new_tokens / f[D21].seconds;
+    printf("{\"bench\": \"all\", \"seq\": %lld, \"new_tokens\": %lld, \"reps\": %d, \"rounds\": %d, "
+           "\"loadavg\": %.2f, ", (long long)jf->seq, (long long)jd->new_tokens, a->rounds, a->rounds, load);
+    for (int i = 0; i < N_RATIOS; i++) printf("\"%s\": %.4f, ", ratio_info[i].key, a->ratio[i].med);
+    printf("\"ratio_ranges\": {");
+    for (int i = 0; i < N_RATIOS; i++)
+        printf("%s\"%s\": [%.4f, %.4f]", i ? ", " : "", ratio_info[i].key, a->ratio[i].lo, a->ratio[i].hi);
+    printf("}, \"fma_gflops_1\": %.2f, \"fma_gflops_2\": %.2f, \"read_gbs_1\": %.2f, \"read_gbs_2\": %.2f, ",
+           pk->fma_gflops_1, pk->fma_gflops_n, pk->read_gbs_1, pk->read_gbs_n);
+    printf("\"prefill_flops\": %.0f, \"prefill_seconds\": {\"f32_tp1x1\": %.6f, \"f32_tp1x2\": %.6f, "
+           "\"f32_tp2x1\": %.6f, \"bf16_tp1x2\": %.6f}, ",
+           a->flops, f[F11].seconds, f[F12].seconds, f[F21].seconds, f[B12].seconds);
+    printf("\"decode_tokens_per_s\": {\"bf16_tp1x2\": %.4f, \"bf16_tp2x1\": %.4f}, "
+           "\"decode_weight_bytes_per_token\": {\"bf16_tp1x2\": %.0f, \"bf16_tp2x1\": %.0f}, \"speedup_by_tp\": {",
+           tok12, tok21, f[D12].weight_bytes, f[D21].weight_bytes);
+    for (int i = 0; i < a->npoints; i++) printf("%s\"%d\": %.4f", i ? ", " : "", a->tp_sizes[i], a->speedup[i]);
+    printf("}}\n");
+}
+
+static void print_tables(const all_figures *a, const job *jf, const job *jd, const char *model, double load)
+{
+    const figures *f = a->med.f;
+    const tp_machine_peaks *pk = &a->med.pk;
+    double tok12 = (double)jd->new_tokens / f[D12].seconds, tok21 = (double)jd->new_tokens / f[D21].seconds;
+    printf("machine (2 threads, pinned): FMA peak %.1f GFLOP/s (%.1f on 1 thread), read bandwidth %.1f GB/s "
+           "(%.1f on 1 thread)\n", pk->fma_gflops_n, pk->fma_gflops_1, pk->read_gbs_n, pk->read_gbs_1);
+    printf("model %s: prefill of %lld tokens = %.1f GFLOP; medians of %d rounds (each: the machine, then every "
+           "configuration once); load average %.2f\n\n", model, (long long)jf->seq, a->flops / 1e9, a->rounds, load);
+    printf("%-28s %10s %10s %11s\n", "prefill", "seconds", "GFLOP/s", "comm share");
+    const char *names[4] = {"f32  TP=1 x 1 thread", "f32  TP=1 x 2 threads", "f32  TP=2 x 1 thread",
+                            "bf16 TP=1 x 2 threads"};
+    const int pf[4] = {F11, F12, F21, B12};
+    for (int i = 0; i < 4; i++)
+        printf("%-28s %10.4f %10.1f %10.1f%%\n", names[i], f[pf[i]].seconds, a->flops / f[pf[i]].seconds / 1e9,
+               100 * f[pf[i]].comm_share);
+    printf("\n%-28s %10s %10s %11s\n", "decode (bf16)", "tokens/s", "GB/s", "comm share");
+    printf("%-28s %10.2f %10.2f %10.1f%%\n", "TP=1 x 2 threads", tok12, f[D12].weight_bytes * tok12 / 1e9,
+           100 * f[D12].comm_share);
+    printf("%-28s %10.2f %10.2f %10.1f%%\n", "TP=2 x 1 thread", tok21, f[D21].weight_bytes * tok21 / 1e9,
+           100 * f[D21].comm_share);
+    printf("\nforward speedup over TP=1 x 1 (1 thread per rank):");
+    for (int i = 0; i < a->npoints; i++)
+        printf("  TP=%d %.2fx%s", a->tp_sizes[i], a->speedup[i],
+               a->tp_sizes[i] > tp_cpu_count() ? " (oversubscribed)" : "");
+    printf("\n\n%-50s %10s %8s  %s\n", "ratio (median of the rounds' own ratios)", "measured", "target",
+           "min..max over rounds");
+    for (int i = 0; i < N_RATIOS; i++)
+        printf("%-50s %10.3f %8s  %.3f..%.3f\n", ratio_info[i].what, a->ratio[i].med, ratio_info[i].target,
+               a->ratio[i].lo, a->ratio[i].hi);
+}
+
+/* All the rounds; *a gets their summary. */
+static int measure_all(const job *jf, const job *jd, long long max_tp, int rounds, int smoke, all_figures *a)
+{
+    slot s[MAX_CONFIGS];
+    int nconf = make_slots(s, max_tp), bad = 0;
+    round_figures *g = calloc((size_t)rounds, sizeof *g);
+    if (!g) {
+        tp_fail(TP_ERR_NOMEM, "out of memory");
+        return -1;
+    }
+    for (int r = 0; r < rounds && !bad; r++) bad = run_round(jf, jd, s, nconf, smoke, &g[r]);
+    if (!bad) summarise(g, rounds, s, nconf, jd->new_tokens, a);
+    free(g);
+    return bad;
+}
+
 int cmd_bench_all(int argc, char **argv)
 {
     const char *cmd = "bench all";
@@ -481,7 +698,7 @@ int cmd_bench_all(int argc, char **argv)
         {"--model", "DIR", "model directory (required)", 0, {0}},
         {"--seq", "N", "tokens of the prefill (default 512)", 0, {0}},
         {"--new-tokens", "N", "decode steps (default 128)", 0, {0}},
-        {"--reps", "R", "repetitions per figure; medians (default 3)", 0, {0}},
+        {"--reps", "R", "rounds, each measuring every figure once; medians (default 3)", 0, {0}},
         {"--max-tp", "N", "largest TP size of the chart (powers of 2; default 4)", 0, {0}},
         {"--json", NULL, "print one JSON object", 0, {0}},
         {"--png", "FILE", "draw the speedup chart (gnuplot)", 0, {0}},
@@ -493,11 +710,13 @@ int cmd_bench_all(int argc, char **argv)
     int n = N_ALL + CLI_TP_N_OPTIONS;
     int rc = cli_parse(argc, argv, o, n,
                        "tensorpar bench all --model DIR [--seq 512] [--new-tokens 128] [--reps 3] [--json] [--png FILE]",
-                       "Measures the machine's limits (FMA peak, read bandwidth; 2 threads) and then the\n"
-                       "model: prefill at TP=1x1, TP=1x2 and TP=2x1 (f32 weights), TP=1x2 with bf16 weights,\n"
-                       "decode with bf16 weights at TP=1x2 and TP=2x1, and the chart's TP sizes, each in\n"
-                       "its own processes; prints the ratios of the speed issue's targets.  The weights\n"
-                       "are converted to the dtype at load, whatever the checkpoint stores.",
+                       "Measures, in each of --reps rounds, the machine's limits (FMA peak, read bandwidth;\n"
+                       "2 threads) and then once each: prefill at TP=1x1, TP=1x2 and TP=2x1 (f32 weights),\n"
+                       "TP=1x2 with bf16 weights, decode with bf16 weights at TP=1x2 and TP=2x1, and the\n"
+                       "chart's TP sizes, each in its own processes.  Each ratio of the speed issue's\n"
+                       "targets is taken within a round (the machine drifts between rounds); the median\n"
+                       "over the rounds is printed, with the range.  The weights are converted to the\n"
+                       "dtype at load, whatever the checkpoint stores.",
                        NULL, NULL);
     if (rc) return rc == 1 ? 0 : 2;
     job j;
@@ -512,94 +731,25 @@ int cmd_bench_all(int argc, char **argv)
     }
     job jf = j, jd = j;
     jf.seq = seq;
-    jf.reps = jd.reps = (int)reps;
+    /* One timed repetition per launch: the repetitions are the rounds. */
+    jf.reps = jd.reps = 1;
     tp_model_config mc;
     if ((rc = load_config(j.dir, &mc, cmd))) return rc;
     all_figures a;
     memset(&a, 0, sizeof a);
-    if (machine_peaks(&a.pk, cli_flag(o, n, "--smoke"))) return cli_report(cmd);
+    a.flops = prefill_flops(&mc, jf.seq);
     char tmpl[] = "/tmp/tp-bench-all-XXXXXX";
     if (report_prefix(tmpl)) return cli_report(cmd);
     jf.report = jd.report = tmpl;
-    const config c11 = {1, 1, "f32"}, c12 = {1, 2, "f32"}, c21 = {2, 1, "f32"}, b12 = {1, 2, "bf16"},
-                 d12 = {1, 2, "bf16"}, d21 = {2, 1, "bf16"};
-    int bad = measure(&jf, MODE_FORWARD, &c11, &a.f11) || measure(&jf, MODE_FORWARD, &c12, &a.f12) ||
-              measure(&jf, MODE_FORWARD, &c21, &a.f21) || measure(&jf, MODE_FORWARD, &b12, &a.b12) ||
-              measure(&jd, MODE_DECODE, &d12, &a.d12) || measure(&jd, MODE_DECODE, &d21, &a.d21);
-    a.tp_sizes[0] = 1; a.speedup[0] = 1;
-    a.tp_sizes[1] = 2; a.speedup[1] = bad ? 0 : a.f11.seconds / a.f21.seconds;
-    a.npoints = 2;
-    for (long long k = 4; !bad && k <= max_tp && a.npoints < MAX_TP_POINTS; k *= 2) {
-        config ck = {(int)k, 1, "f32"};
-        figures fk;
-        /* A TP size the model's heads do not divide is left off the chart. */
-        if (measure(&jf, MODE_FORWARD, &ck, &fk)) {
-            tp_log(TP_LOG_WARN, "TP=%lld left off the chart: %s", k, tp_error());
-            continue;
-        }
-        a.tp_sizes[a.npoints] = (int)k;
-        a.speedup[a.npoints++] = a.f11.seconds / fk.seconds;
-    }
+    int bad = measure_all(&jf, &jd, max_tp, (int)reps, cli_flag(o, n, "--smoke"), &a);
     remove(tmpl);
     if (bad) return cli_report(cmd);
-    a.flops = prefill_flops(&mc, jf.seq);
-    double bw = a.pk.read_gbs_n * 1e9, peak = a.pk.fma_gflops_n * 1e9;
-    double tok12 = (double)jd.new_tokens / a.d12.seconds, tok21 = (double)jd.new_tokens / a.d21.seconds;
-    struct { const char *key, *what, *target; double v; } r[] = {
-        {"prefill_fma_ratio", "prefill f32 FLOP rate / FMA peak (TP=1x2)", ">= 0.60", a.flops / a.f12.seconds / peak},
-        {"prefill_fma_ratio_tp2x1", "prefill f32 FLOP rate / FMA peak (TP=2x1)", "", a.flops / a.f21.seconds / peak},
-        {"bf16_over_f32", "prefill rate bf16 / f32 weights (TP=1x2)", ">= 1.5", a.f12.seconds / a.b12.seconds},
-        {"tp2x1_over_tp1x1", "prefill TP=2x1 / TP=1x1", ">= 1.9", a.f11.seconds / a.f21.seconds},
-        {"tp2x1_over_tp1x2", "prefill TP=2x1 / TP=1x2", ">= 0.95", a.f12.seconds / a.f21.seconds},
-        {"decode_bw_ratio_tp1x2", "decode bf16 weight bytes/s / read bw (TP=1x2)", ">= 0.90",
-         a.d12.weight_bytes * tok12 / bw},
-        {"decode_bw_ratio_tp2x1", "decode bf16 weight bytes/s / read bw (TP=2x1)", ">= 0.90",
-         a.d21.weight_bytes * tok21 / bw},
-        {"comm_share_tp2", "share of a prefill in communication (TP=2x1)", "", a.f21.comm_share},
-        {"comm_share_tp2_decode", "share of a decode step in communication (TP=2x1)", "", a.d21.comm_share},
-    };
-    int nr = (int)(sizeof r / sizeof r[0]);
     const char *png = cli_value(o, n, "--png");
     if (png && draw_png(&a, &jf, png, base_name(j.dir))) return cli_report(cmd);
     double load[3] = {0, 0, 0};
     if (getloadavg(load, 3) < 0) load[0] = -1;
-    if (cli_flag(o, n, "--json")) {
-        printf("{\"bench\": \"all\", \"seq\": %lld, \"new_tokens\": %lld, \"reps\": %d, \"loadavg\": %.2f, ",
-               (long long)jf.seq, (long long)jd.new_tokens, jf.reps, load[0]);
-        for (int i = 0; i < nr; i++) printf("\"%s\": %.4f, ", r[i].key, r[i].v);
-        printf("\"fma_gflops_1\": %.2f, \"fma_gflops_2\": %.2f, \"read_gbs_1\": %.2f, \"read_gbs_2\": %.2f, ",
-               a.pk.fma_gflops_1, a.pk.fma_gflops_n, a.pk.read_gbs_1, a.pk.read_gbs_n);
-        printf("\"prefill_flops\": %.0f, \"prefill_seconds\": {\"f32_tp1x1\": %.6f, \"f32_tp1x2\": %.6f, "
-               "\"f32_tp2x1\": %.6f, \"bf16_tp1x2\": %.6f}, ",
-               a.flops, a.f11.seconds, a.f12.seconds, a.f21.seconds, a.b12.seconds);
-        printf("\"decode_tokens_per_s\": {\"bf16_tp1x2\": %.4f, \"bf16_tp2x1\": %.4f}, "
-               "\"decode_weight_bytes_per_token\": {\"bf16_tp1x2\": %.0f, \"bf16_tp2x1\": %.0f}, \"speedup_by_tp\": {",
-               tok12, tok21, a.d12.weight_bytes, a.d21.weight_bytes);
-        for (int i = 0; i < a.npoints; i++) printf("%s\"%d\": %.4f", i ? ", " : "", a.tp_sizes[i], a.speedup[i]);
-        printf("}}\n");
-        return 0;
-    }
-    printf("machine (2 threads, pinned): FMA peak %.1f GFLOP/s (%.1f on 1 thread), read bandwidth %.1f GB/s "
-           "(%.1f on 1 thread)\n", a.pk.fma_gflops_n, a.pk.fma_gflops_1, a.pk.read_gbs_n, a.pk.read_gbs_1);
-    printf("model %s: prefill of %lld tokens = %.1f GFLOP; medians of %d; load average %.2f\n\n", base_name(j.dir),
-           (long long)jf.seq, a.flops / 1e9, jf.reps, load[0]);
-    printf("%-28s %10s %10s %11s\n", "prefill", "seconds", "GFLOP/s", "comm share");
-    const char *names[4] = {"f32  TP=1 x 1 thread", "f32  TP=1 x 2 threads", "f32  TP=2 x 1 thread",
-                            "bf16 TP=1 x 2 threads"};
-    const figures *pf[4] = {&a.f11, &a.f12, &a.f21, &a.b12};
-    for (int i = 0; i < 4; i++)
-        printf("%-28s %10.4f %10.1f %10.1f%%\n", names[i], pf[i]->seconds, a.flops / pf[i]->seconds / 1e9,
-               100 * pf[i]->comm_share);
-    printf("\n%-28s %10s %10s %11s\n", "decode (bf16)", "tokens/s", "GB/s", "comm share");
-    printf("%-28s %10.2f %10.2f %10.1f%%\n", "TP=1 x 2 threads", tok12, a.d12.weight_bytes * tok12 / 1e9,
-           100 * a.d12.comm_share);
-    printf("%-28s %10.2f %10.2f %10.1f%%\n", "TP=2 x 1 thread", tok21, a.d21.weight_bytes * tok21 / 1e9,
-           100 * a.d21.comm_share);
-    printf("\nforward speedup over TP=1 x 1 (1 thread per rank):");
-    for (int i = 0; i < a.npoints; i++)
-        printf("  TP=%d %.2fx%s", a.tp_sizes[i], a.speedup[i], a.tp_sizes[i] > tp_cpu_count() ? " (oversubscribed)" : "");
-    printf("\n\n%-50s %10s %8s\n", "ratio", "measured", "target");
-    for (int i = 0; i < nr; i++) printf("%-50s %10.3f %8s\n", r[i].what, r[i].v, r[i].target);
-    if (png) printf("\nchart: %s\n", png);
+    if (cli_flag(o, n, "--json")) print_json(&a, &jf, &jd, load[0]);
+    else print_tables(&a, &jf, &jd, base_name(j.dir), load[0]);
+    if (png && !cli_flag(o, n, "--json")) printf("\nchart: %s\n", png);
     return 0;
 }

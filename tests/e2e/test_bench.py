@@ -2,7 +2,7 @@
 """End-to-end: the model benchmarks run and say what they should.
 
 CI runs each of `bench forward`, `bench decode`, `bench load` and
-`bench all --json --png` once on a tiny model, only to prove that they
+`bench all --json --png` (two rounds) once on a tiny model, only to prove that they
 work: the JSON has its keys with positive numbers and the chart is a PNG.
 Timings are never asserted (the machines are shared and noisy)."""
 
@@ -76,11 +76,17 @@ class BenchTest(unittest.TestCase):
 
     def test_all(self):
         png = os.path.join(WORK, "speedup.png")
-        p = run("bench", "all", "--model", MODEL, "--seq", "16", "--new-tokens", "4", "--reps", "1",
+        # Two rounds, so that the per-round ratios' median and range are
+        # taken over more than one value.
+        p = run("bench", "all", "--model", MODEL, "--seq", "16", "--new-tokens", "4", "--reps", "2",
                 "--smoke", "--json", "--png", png, timeout=300)
         j = json.loads(p.stdout)
+        self.assertEqual(j["rounds"], 2)
         for k in ALL_KEYS:
             positive(self, j, k)
+            lo, hi = j["ratio_ranges"][k]
+            self.assertLessEqual(lo, j[k] + 1e-3, k)   # the JSON rounds to 4 decimals
+            self.assertGreaterEqual(hi, j[k] - 1e-3, k)
         for k in ("fma_gflops_2", "read_gbs_2"):
             positive(self, j, k)
         self.assertIn("1", j["speedup_by_tp"])
