@@ -11,5 +11,5 @@ mkdir -p "$OUT"
 [ -f "$MODEL/config.json" ] ||
     "$BUILD/tensorpar" make-model --arch qwen3 --preset qwen3-0.6b --dtype bf16 --out "$MODEL"
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-"$BUILD/tensorpar" bench all --model "$MODEL" --seq 512 --new-tokens 128 --png "$OUT/speedup.png" | tee "$OUT/all.txt"
+"$BUILD/tensorpar" bench all --model "$MODEL" --seq 512 --new-tokens 128 --reps "${REPS:-5}" --png "$OUT/speedup.png" | tee "$OUT/all.txt"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
