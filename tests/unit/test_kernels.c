@@ -2,6 +2,7 @@
  * reference) on random inputs with awkward sizes.  Each path the CPU can
  * run is forced in turn through the *_path functions and tp_matmul_ex. */
 #include "check.h"
+#include "matmul_err.h"
 #include "tensorpar/kernels.h"
 #include "kernels/kern_internal.h"
 
@@ -20,24 +21,6 @@ static const tp_kernel_path PATHS[] = {TP_KERNEL_SCALAR, TP_KERNEL_AVX2, TP_KERN
 
 /* ---- matmul ----------------------------------------------------------- */
 
-/* Max over outputs of |y - ref| / Σ|x·w|, with ref and Σ in double. */
-static double matmul_err(const float *y, const float *x, const float *wf, const float *b,
-                         int64_t T, int64_t n, int64_t k)
-{
-    double worst = 0;
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t r = 0; r < n; r++) {
-            double ref = b ? b[r] : 0, mag = b ? fabs(b[r]) : 0;
-            for (int64_t i = 0; i < k; i++) {
-                double pr = (double)x[t * k + i] * wf[r * k + i];
-                ref += pr;
-                mag += fabs(pr);
-            }
-            double e = fabs(y[t * n + r] - ref) / (mag > 0 ? mag : 1);
-            if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
-        }
-    return worst;
-}
 
 static double worst_exact[4], worst_dot;
 

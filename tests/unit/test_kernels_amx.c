@@ -8,6 +8,7 @@
  * same output), bf16_dot with amx the one-part one.  Machines without AMX
  * print "skipped: no AMX" and pass. */
 #include "check.h"
+#include "matmul_err.h"
 #include "tensorpar/kernels.h"
 #include "kernels/kern_internal.h"
 
@@ -17,24 +18,6 @@
 
 static tp_rng rng;
 
-/* Max over outputs of |y - ref| / Σ|x·w|, in double (as test_kernels.c). */
-static double gemm_err(const float *y, const float *x, const float *wf, const float *b, int64_t T,
-                       int64_t n, int64_t k)
-{
-    double worst = 0;
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t r = 0; r < n; r++) {
-            double ref = b ? b[r] : 0, mag = b ? fabs(b[r]) : 0;
-            for (int64_t i = 0; i < k; i++) {
-                double pr = (double)x[t * k + i] * wf[r * k + i];
-                ref += pr;
-                mag += fabs(pr);
-            }
-            double e = fabs(y[t * n + r] - ref) / (mag > 0 ? mag : 1);
-            if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
-        }
-    return worst;
-}
 
 static const double BOUND[4] = {0, 0x1p-8 + 1e-6, 0x1p-17 + 1e-6, 1e-6};
 static double worst[4];
@@ -62,7 +45,7 @@ static void check_amx(tp_threadpool *pool, int64_t T, int64_t n, int64_t k)
     for (int passes = 1; passes <= 3; passes++) {
         for (int64_t i = 0; i < T * n; i++) y[i] = NAN;
         CHECK(tp_gemm_amx(y, x, T, w, n, k, passes, pool) == TP_OK);
-        double e = gemm_err(y, x, wf, NULL, T, n, k);
+        double e = matmul_err(y, x, wf, NULL, T, n, k);
         if (e > worst[passes]) worst[passes] = e;
         CHECK_MSG(e <= BOUND[passes], "amx x%d T=%lld n=%lld k=%lld err %.3g", passes, (long long)T,
                   (long long)n, (long long)k, e);
@@ -77,7 +60,7 @@ static void check_amx(tp_threadpool *pool, int64_t T, int64_t n, int64_t k)
     for (int dot = 0; dot < 2; dot++) {
         o.bf16_dot = dot;
         CHECK(tp_matmul_ex(y2, x, T, &W, &B, pool, &o) == TP_OK);
-        double e = gemm_err(y2, x, wf, b, T, n, k);
+        double e = matmul_err(y2, x, wf, b, T, n, k);
         CHECK_MSG(e <= BOUND[dot ? 1 : 3], "matmul amx dot=%d T=%lld n=%lld k=%lld err %.3g", dot, (long long)T,
                   (long long)n, (long long)k, e);
     }
