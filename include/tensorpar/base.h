@@ -112,6 +112,19 @@ void tp_tensor_release(tp_tensor *t);
 /* Writes "[a, b, c]" into buf. */
 const char *tp_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap);
 
+/* ---- spinning ---------------------------------------------------------- */
+
+/* The pause hint for spin-wait loops (thread pool, shared-memory waits):
+ * eases the sibling hyperthread and the memory bus while polling. */
+static inline void tp_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 /* ---- thread pool ------------------------------------------------------ */
 
 typedef struct tp_threadpool tp_threadpool;

@@ -45,15 +45,6 @@ struct tp_threadpool {
 
 typedef struct { tp_threadpool *pool; int index; } worker_arg;
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
 /* Spins until generation != seen or stop, for at most spin_s seconds;
  * returns whether it saw the change. */
 static int spin_for_job(tp_threadpool *pool, uint64_t seen)
@@ -65,7 +56,7 @@ static int spin_for_job(tp_threadpool *pool, uint64_t seen)
         if (atomic_load_explicit(&pool->generation, memory_order_acquire) != seen ||
             atomic_load_explicit(&pool->stop, memory_order_relaxed))
             return 1;
-        cpu_relax();
+        tp_cpu_relax();
         if ((i & 63) == 63) {   /* the clock costs ~20 ns: read it now and then */
             double now = tp_now();
             if (deadline == 0) deadline = now + spin_s;
@@ -173,7 +164,7 @@ void tp_parallel_run(tp_threadpool *pool, tp_parallel_fn fn, void *ctx)
      * then sleep until the last one signals. */
     double deadline = 0, spin_s = atomic_load_explicit(&pool->spin_s, memory_order_relaxed);
     for (unsigned i = 0; atomic_load_explicit(&pool->pending, memory_order_acquire) > 0; i++) {
-        cpu_relax();
+        tp_cpu_relax();
         if ((i & 63) != 63) continue;
         double now = tp_now();
         if (deadline == 0) { deadline = now + spin_s; continue; }

@@ -21,15 +21,6 @@
 #define SLEEP_MAX_NS 500000L
 #define CHECK_EVERY_S 0.05
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
 uint64_t tp_shm_proc_start(int pid, char *state)
 {
     char path[64], buf[1024];
@@ -106,13 +97,13 @@ tp_status tp_shm_backoff(shm_backoff *b, shm_world *w, const tp_group *g, int pe
     b->iter++;
     if ((b->iter & 63) != 0) {
         /* Cheap phase: most waits end here, without looking at the clock. */
-        cpu_relax();
+        tp_cpu_relax();
         return TP_OK;
     }
     double now = tp_now();
     double waited = now - b->start;
     if (waited < w->spin_s) {   /* see tp_shm_attach */
-        cpu_relax();
+        tp_cpu_relax();
     } else if (waited < YIELD_S) {
         sched_yield();
     } else {

@@ -357,25 +357,12 @@ gemv_block(const gemv_job *j, int64_t r0, const int R, const int T, int64_t lim)
         for (; r0 < r1; r0++) gemv_block(j, r0, 1, (T), last - r0 * row_bytes);           \
     } while (0)
 
-/* Rows per unit of the thread split: whole blocks of R rows, and if possible
- * a whole number of 4 KiB pages, so that no page is read by two threads (each
- * core's streamer then owns its pages).  Plain blocks where page-sized units
- * would be too coarse to share the rows evenly. */
-static int64_t gemv_split_unit(int64_t n, int64_t row_bytes, int R, int nt)
-{
-    int64_t g = 4096;
-    while ((R * row_bytes) % g) g /= 2;
-    int64_t u = R * (4096 / g);
-    return u * nt * 16 <= n ? u : R;   /* keeps the threads' shares within 1/16 */
-}
-
 T512BF static void gemv_worker(void *p, int ti, int nt)
 {
     const gemv_job *j = p;
     int64_t row_bytes = j->k * (j->wt == TP_F32 ? 4 : 2);
-    int64_t u = gemv_split_unit(j->n, row_bytes, j->T == 1 ? GEMV_ROWS_T1 : GEMV_ROWS, nt), g0, g1;
-    tp_split_range((j->n + u - 1) / u, ti, nt, &g0, &g1);
-    int64_t r1 = min64(g1 * u, j->n), r0 = g0 * u;
+    int64_t r0, r1;
+    tp_gemv_thread_rows(j->n, row_bytes, j->T == 1 ? GEMV_ROWS_T1 : GEMV_ROWS, ti, nt, &r0, &r1);
     if (r0 >= r1) return;
     int64_t last = r1 * row_bytes - 1;   /* this thread's last byte of W */
     switch (j->T) {

@@ -44,8 +44,12 @@ void tp_attention_path(tp_kernel_path p, float *out, const float *q, const float
                        const float *v, int64_t T, int64_t pos0, int64_t n_heads, int64_t n_kv,
                        int64_t d, int64_t window, tp_threadpool *pool);
 
-/* x[0:T, k0:k0+kc] -> panels [T/mr][kc][mr], rows past T zero (gemm_pack.c). */
+/* x[0:T, k0:k0+kc] -> panels [T/mr][kc][mr], rows past T zero (gemm_shared.c). */
 void tp_gemm_pack_a(float *dst, const float *x, int64_t T, int64_t ldx, int64_t k0, int64_t kc, int mr);
+
+/* Thread ti's rows [*r0, *r1) of an n-row GEMV with blocks of R rows
+ * (gemm_shared.c). */
+void tp_gemv_thread_rows(int64_t n, int64_t row_bytes, int R, int ti, int nt, int64_t *r0, int64_t *r1);
 
 /* The largest T the GEMV handles. */
 #define TP_GEMV_MAX_T 4
