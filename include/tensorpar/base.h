@@ -155,6 +155,8 @@ int tp_cpu_count(void);
  * cores [r·T, (r+1)·T) mod ncores.  The caller's thread stays pinned after
  * the call. */
 tp_status tp_threadpool_pin(tp_threadpool *pool, int first);
+/* Pins the calling thread to the index-th allowed CPU (modulo their count). */
+tp_status tp_pin_thread(int index);
 
 /* ---- random numbers --------------------------------------------------- */
 

@@ -36,14 +36,28 @@ typedef struct {
     int failed[CPU_SETSIZE];   /* per thread: errno of pthread_setaffinity_np */
 } pin_job;
 
+static int pin_to(int cpu)
+{
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    return pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
 static void pin_worker(void *p, int ti, int nt)
 {
     (void)nt;
     pin_job *j = p;
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(j->cpus[(j->first + ti) % j->ncpus], &set);
-    j->failed[ti % CPU_SETSIZE] = pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+    j->failed[ti % CPU_SETSIZE] = pin_to(j->cpus[(j->first + ti) % j->ncpus]);
+}
+
+tp_status tp_pin_thread(int index)
+{
+    int cpus[CPU_SETSIZE];
+    int n = allowed_cpus(cpus, CPU_SETSIZE);
+    if (n <= 0) return tp_fail(TP_ERR_INTERNAL, "sched_getaffinity: %s", strerror(errno));
+    int err = pin_to(cpus[(index < 0 ? 0 : index) % n]);
+    return err ? tp_fail(TP_ERR_INTERNAL, "pthread_setaffinity_np: %s", strerror(err)) : TP_OK;
 }
 
 tp_status tp_threadpool_pin(tp_threadpool *pool, int first)

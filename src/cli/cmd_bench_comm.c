@@ -87,6 +87,11 @@ static int worker(const bench_cfg *cfg, FILE *out)
     tp_group *g;
     if (tp_comm_init(&g, NULL)) return cli_report("bench comm");
     int n = tp_group_size(g), me = tp_group_rank(g);
+    /* One core per rank, as the model commands do: a rank the scheduler
+     * moves, or puts beside its peer, measures the scheduler. */
+    const char *pin = getenv("TENSORPAR_PIN");
+    if (!(pin && !strcmp(pin, "0")) && tp_pin_thread(tp_group_local_rank(g)))
+        tp_log(TP_LOG_WARN, "rank %d not pinned: %s", me, tp_error());
     size_t cap = cfg->max_bytes + 64 * (size_t)n;
     float *in = tp_alloc(cap), *buf = tp_alloc(cap);
     tp_status st = in && buf ? TP_OK : TP_ERR_NOMEM;

@@ -2,7 +2,8 @@
  *
  * Every collective is a sequence of numbered steps on the group's area.  In
  * step k each rank may write its slot buffer k%2, describes the step in
- * seq[me].info[k%2] (which collective, dtype, counts, its buffer addresses),
+ * seq[me].check[k%2] (which collective, dtype, counts; its buffer addresses
+ * in seq[me].addr[k%2] when peers will read them),
  * publishes seq[me] = k with one release store, and reads the slots of the
  * ranks it needs once their seq reaches k.  Before rewriting buffer k%2 a
  * rank needs every member to have finished step k-2, the last reader of it;
@@ -63,7 +64,7 @@ static shm_step_info describe(uint32_t kind, tp_dtype dt, tp_reduce_op op, int r
     return i;
 }
 
-static void format_info(char *buf, size_t cap, const shm_step_info *i)
+static void format_info(char *buf, size_t cap, const shm_step_check *i)
 {
     uint32_t k = i->kind & 0xff;
     const char *dt = tp_dtype_name((tp_dtype)(i->kind >> 8 & 0xff));
@@ -76,9 +77,9 @@ static void format_info(char *buf, size_t cap, const shm_step_info *i)
 }
 
 /* Fails if member p's current step is not part of the same call as ours. */
-static tp_status check_info(tp_group *g, int p, const shm_step_info *theirs)
+static tp_status check_info(tp_group *g, int p, const shm_step_check *theirs)
 {
-    const shm_step_info *mine = &sg(g)->seq[g->rank].info[(sg(g)->step + 1) & 1];
+    const shm_step_check *mine = &sg(g)->seq[g->rank].check[(sg(g)->step + 1) & 1];
     if (theirs->kind == mine->kind && theirs->root == mine->root && theirs->count == mine->count &&
         theirs->hash == mine->hash)
         return TP_OK;
@@ -89,6 +90,12 @@ static tp_status check_info(tp_group *g, int p, const shm_step_info *theirs)
     return tp_fail(TP_ERR_INVALID, "rank %d called %s while rank %d called %s%s: every rank must call "
                    "the same collectives in the same order", g->global[p], a, g->global[g->rank], b,
                    !strcmp(a, b) ? " with other per-rank counts" : "");
+}
+
+/* Member p's buffer addresses for the current step (single-copy paths). */
+static const shm_step_addr *peer_addr(tp_group *g, int p)
+{
+    return &sg(g)->seq[p].addr[(sg(g)->step + 1) & 1];
 }
 
 /* ---- steps ------------------------------------------------------------ */
@@ -110,7 +117,7 @@ static tp_status wait_seq(tp_group *g, int p, uint64_t target, const char *op)
 }
 
 /* Starts step k: waits until every member has finished step k-2 (the last
- * reader of buffer k%2 and info[k%2]), then describes the step. */
+ * reader of buffer k%2 and check[k%2]), then describes the step. */
 static tp_status step_begin(tp_group *g, const shm_step_info *info)
 {
     shm_group *s = sg(g);
@@ -121,7 +128,9 @@ static tp_status step_begin(tp_group *g, const shm_step_info *info)
             tp_status st = wait_seq(g, p, k - 1, kind_name(info->kind & 0xff));
             if (st) return st;
         }
-    s->seq[g->rank].info[k & 1] = *info;
+    shm_seq *mine = &s->seq[g->rank];
+    mine->check[k & 1] = (shm_step_check){info->kind, info->root, info->count, info->hash};
+    if (info->send || info->recv) mine->addr[k & 1] = (shm_step_addr){info->send, info->recv};
     return TP_OK;
 }
 
@@ -137,7 +146,7 @@ static tp_status step_wait(tp_group *g, int p, const char *op)
     shm_group *s = sg(g);
     tp_status st = wait_seq(g, p, s->step + 1, op);
     if (st) return st;
-    return check_info(g, p, &s->seq[p].info[(s->step + 1) & 1]);
+    return check_info(g, p, &s->seq[p].check[(s->step + 1) & 1]);
 }
 
 static tp_status step_wait_all(tp_group *g, const char *op)
@@ -232,6 +241,23 @@ static size_t part(size_t total, size_t c, size_t per)
 
 /* ---- all-reduce ------------------------------------------------------- */
 
+/* Asks for write ownership of the lines of our next slot buffer now, while
+ * the caller computes, instead of at the next copy.  The peers read those
+ * lines two steps ago, so every store of the copy would otherwise wait for
+ * their copies to be invalidated, and the step's counter — which follows the
+ * copy in store order — would become visible only after all of them.  A
+ * hint only: nobody reads the buffer until we publish the next step. */
+static void claim_lines(char *p, size_t bytes)
+{
+#if defined(__x86_64__)
+    /* prefetchw: in the 0F 0D space every x86-64 decodes (a no-op where
+     * unsupported); spelled in asm so no -mprfchw is needed. */
+    for (size_t i = 0; i < bytes; i += 64) __asm__ volatile("prefetchw %0" ::"m"(p[i]));
+#else
+    for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 1, 3);
+#endif
+}
+
 /* Every rank copies its chunk in, then reduces the whole chunk itself. */
 static tp_status oneshot(tp_group *g, const char *send, char *recv, size_t count, tp_dtype dt,
                          tp_reduce_op op, scratch *sc, const shm_step_info *info)
@@ -249,6 +275,7 @@ static tp_status oneshot(tp_group *g, const char *send, char *recv, size_t count
             sc->ptr[p] = p == g->rank ? send + off * es : slot(s, p, s->step + 1);
         tp_comm_reduce_ordered(recv + off * es, sc->ptr, g->size, m, dt, op);
         step_end(g);
+        claim_lines(slot(s, g->rank, s->step + 1), m * es);
     }
     return TP_OK;
 }
@@ -381,7 +408,6 @@ static tp_status cma_reduce_piece(tp_group *g, const size_t *peer_send, const si
 static tp_status cma_all_reduce(tp_group *g, const char *send, char *recv, size_t count, tp_dtype dt,
                                 tp_reduce_op op, scratch *sc, const shm_step_info *info)
 {
-    shm_group *s = sg(g);
     int n = g->size;
     size_t es = tp_dtype_size(dt), lo, hi;
     size_t *peer_send = sc->size, *peer_recv = sc->aux;
@@ -390,8 +416,8 @@ static tp_status cma_all_reduce(tp_group *g, const char *send, char *recv, size_
     step_post(g);
     if ((st = step_wait_all(g, "all_reduce"))) return st;
     for (int p = 0; p < n; p++) {
-        peer_send[p] = s->seq[p].info[(s->step + 1) & 1].send;
-        peer_recv[p] = s->seq[p].info[(s->step + 1) & 1].recv;
+        peer_send[p] = peer_addr(g, p)->send;
+        peer_recv[p] = peer_addr(g, p)->recv;
     }
     share(count, es, g->rank, n, &lo, &hi);
     st = cma_reduce_piece(g, peer_send, peer_recv, send, recv + lo * es, lo, hi - lo, dt, op, sc);
@@ -408,13 +434,15 @@ static tp_status shm_all_reduce(tp_group *g, const void *send, void *recv, size_
     if (st) return st;
     shm_group *s = sg(g);
     size_t bytes = count * tp_dtype_size(dt);
-    shm_step_info info = describe(K_ALL_REDUCE, dt, op, 0, count, NULL, 0, send, recv);
+    int single_copy = bytes >= s->cma_min;
+    shm_step_info info = describe(K_ALL_REDUCE, dt, op, 0, count, NULL, 0, single_copy ? send : NULL,
+                                  single_copy ? recv : NULL);
     /* Small: every rank reduces the whole message itself (one step).
      * Large: each reduces 1/n and the pieces are gathered, reading the
      * peers' buffers directly when allowed, through the slots otherwise. */
     if (bytes <= s->oneshot_max && bytes < s->cma_min)
         st = oneshot(g, send, recv, count, dt, op, &sc, &info);
-    else if (bytes >= s->cma_min)
+    else if (single_copy)
         st = cma_all_reduce(g, send, recv, count, dt, op, &sc, &info);
     else
         st = twoshot(g, send, recv, count, dt, op, &sc, &info);
@@ -455,14 +483,13 @@ static tp_status gatherv_steps(tp_group *g, const char *send, char *recv, const 
 static tp_status cma_gatherv(tp_group *g, char *recv, const size_t *bytes, const size_t *displ,
                              const shm_step_info *info)
 {
-    shm_group *s = sg(g);
     tp_status st = step_begin(g, info);
     if (st) return st;
     step_post(g);
     if ((st = step_wait_all(g, "all_gather"))) return st;
     for (int p = 0; p < g->size && st == TP_OK; p++)
         if (p != g->rank)
-            st = cma_read(g, p, recv + displ[p], s->seq[p].info[(s->step + 1) & 1].send, bytes[p]);
+            st = cma_read(g, p, recv + displ[p], peer_addr(g, p)->send, bytes[p]);
     if (st) return st;
     step_end(g);
     return step_sync(g, info, "all_gather");
@@ -481,9 +508,11 @@ static tp_status shm_all_gatherv(tp_group *g, const void *send, void *recv, cons
         displ[p] = d;
         d += sc.size[p];
     }
-    shm_step_info info = describe(K_ALL_GATHER, dt, 0, 0, d / (es ? es : 1), counts, g->size, send, recv);
+    int single_copy = d > 0 && d >= sg(g)->cma_min;
+    shm_step_info info = describe(K_ALL_GATHER, dt, 0, 0, d / (es ? es : 1), counts, g->size,
+                                  single_copy ? send : NULL, single_copy ? recv : NULL);
     memcpy((char *)recv + displ[g->rank], send, sc.size[g->rank]);
-    if (d > 0 && d >= sg(g)->cma_min) st = cma_gatherv(g, recv, sc.size, displ, &info);
+    if (single_copy) st = cma_gatherv(g, recv, sc.size, displ, &info);
     else st = gatherv_steps(g, send, recv, sc.size, displ, &info);
     scratch_free(&sc);
     return st;
@@ -534,17 +563,18 @@ static tp_status shm_reduce_scatterv(tp_group *g, const void *send, void *recv, 
     size_t d = 0, es = tp_dtype_size(dt);
     size_t *displ = sc.aux;   /* sc.size: the peers' send addresses (CMA) */
     for (int q = 0; q < n; q++) { displ[q] = d; d += counts[q]; }
-    shm_step_info info = describe(K_REDUCE_SCATTER, dt, op, 0, d, counts, n, send, recv);
-    if (d > 0 && d * es >= sg(g)->cma_min) {
+    int single_copy = d > 0 && d * es >= sg(g)->cma_min;
+    shm_step_info info = describe(K_REDUCE_SCATTER, dt, op, 0, d, counts, n, single_copy ? send : NULL,
+                                  single_copy ? recv : NULL);
+    if (single_copy) {
         /* Step A publishes the inputs and each rank reduces its piece
          * reading the peers' inputs in place; step B keeps them alive. */
-        shm_group *s = sg(g);
         if ((st = step_begin(g, &info)) == TP_OK) {
             step_post(g);
             st = step_wait_all(g, "reduce_scatter");
         }
         if (st == TP_OK) {
-            for (int p = 0; p < n; p++) sc.size[p] = s->seq[p].info[(s->step + 1) & 1].send;
+            for (int p = 0; p < n; p++) sc.size[p] = peer_addr(g, p)->send;
             st = cma_reduce_piece(g, sc.size, NULL, send, recv, displ[g->rank], counts[g->rank], dt, op, &sc);
         }
         if (st == TP_OK) {
@@ -629,7 +659,7 @@ static tp_status shm_all_to_allv(tp_group *g, const void *send, const size_t *se
         return tp_fail(TP_ERR_UNSUPPORTED, "all_to_all over %d ranks needs larger shm slots", n);
     size_t most, es = tp_dtype_size(dt);
     /* Counts differ per rank here; exchange_counts checks them. */
-    shm_step_info info = describe(K_ALL_TO_ALL, dt, 0, 0, 0, NULL, 0, send, recv);
+    shm_step_info info = describe(K_ALL_TO_ALL, dt, 0, 0, 0, NULL, 0, NULL, NULL);
     tp_status st = exchange_counts(g, send_counts, recv_counts, &most, &info);
     if (st) return st;
     scratch sc;

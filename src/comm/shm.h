@@ -44,22 +44,37 @@ enum { RANK_ABSENT = 0, RANK_ALIVE, RANK_LEFT };
  * a rank that reads a peer's step compares it with its own, so that ranks
  * calling different collectives (or different counts) fail with a message
  * naming both calls instead of exchanging garbage.  `send`/`recv` are the
- * caller's buffer addresses, for the single-copy (CMA) algorithms. */
+ * caller's buffer addresses, for the single-copy (CMA) algorithms only. */
 typedef struct {
     uint32_t kind;            /* shm_kind | dtype << 8 | op << 16          */
     int32_t root;
     uint64_t count;           /* elements (the whole tensor)               */
     uint64_t hash;            /* of the per-rank counts of "v" collectives */
-    uint64_t send, recv;
+    uint64_t send, recv;      /* 0 unless the step reads peers' buffers    */
 } shm_step_info;
 
-/* A member's step counter and, on the same lines, the descriptions of its
- * last two steps (one per slot buffer parity: a peer may still read step k
- * while this rank already describes step k+1). */
+typedef struct {
+    uint32_t kind;
+    int32_t root;
+    uint64_t count, hash;
+} shm_step_check;
+
+typedef struct {
+    uint64_t send, recv;
+} shm_step_addr;
+
+/* A member's step counter and, in the same 64-byte line, what its last two
+ * steps are (one per slot buffer parity: a peer may still check step k
+ * while this rank already describes step k+1), so that publishing and
+ * checking a step moves one line between cores.  The buffer addresses of
+ * the single-copy algorithms sit in the next line, written and read only by
+ * them. */
 typedef struct {
     _Atomic uint64_t seq;
-    shm_step_info info[2];
-    char pad[SHM_LINE - sizeof(uint64_t) - 2 * sizeof(shm_step_info)];
+    shm_step_check check[2];
+    char pad0[64 - sizeof(uint64_t) - 2 * sizeof(shm_step_check)];
+    shm_step_addr addr[2];
+    char pad[SHM_LINE - 64 - 2 * sizeof(shm_step_addr)];
 } shm_seq;
 
 typedef struct {

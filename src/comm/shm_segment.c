@@ -62,7 +62,8 @@ static void area_init(shm_header *h, char *base, const int32_t *members, int n)
     shm_seq *c = (shm_seq *)(base + round_up((size_t)h->world * sizeof(int32_t), SHM_LINE));
     for (int i = 0; i < h->world; i++) {
         atomic_store_explicit(&c[i].seq, 0, memory_order_relaxed);
-        memset(c[i].info, 0, sizeof c[i].info);
+        memset(c[i].check, 0, sizeof c[i].check);
+        memset(c[i].addr, 0, sizeof c[i].addr);
     }
 }
 
