@@ -2,21 +2,24 @@
  *
  * SCALAR: the reference, one (query, head) row at a time with one row of
  * scores and an exact softmax.
- * AVX-512 / AVX2: flash-style (attention_flash.h): blocks of VL queries of
- * one head (VL = the vector width in floats: 16, 8) against blocks of BK keys
+ * AVX-512 / AVX2: flash-style (attention_flash.h): blocks of VL queries
+ * (VL = the vector width in floats: 16, 8) of the heads that share a KV head
+ * (two at a time where the GQA group size is even) against blocks of BK keys
  * with an online softmax, so no T×T (or T×keys) score matrix is ever formed
- * and each key block is reused from cache by the whole query block.  A full
- * block runs the lanes kernel (one query per vector lane, both products as
- * register-tiled GEMMs); a partial one (decode's single query, a prefill's
- * last rows) the rows kernel.  Threads take (query block, head) items
- * round-robin, which balances the causal triangle (later query blocks see
- * more keys); which kernel and which order of sums a block gets does not
- * depend on the thread count. */
+ * and each key block is reused from cache by the whole query block and both
+ * heads.  A full block runs the lanes kernel (one query per vector lane, both
+ * products as register-tiled GEMMs); a partial one (decode's single query, a
+ * prefill's last rows) the rows kernel.  Threads take (head group, query
+ * block) items from per-group counters (see flash_worker), so that a KV
+ * head's keys stay in cache, latest (largest) query block first so that the
+ * small ones even out the end; which kernel and which order of sums a
+ * (query, head) gets depends on neither the thread count nor the schedule. */
 #include "kernels/kern_internal.h"
 #include "kernels/vmath.h"
 
 #include <float.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,7 +33,27 @@ typedef struct {
     tp_kernel_path path;
     float *scratch;      /* per thread: see scratch_floats() */
     size_t scratch_stride;
+    float *pack;         /* per thread 2·(pos0 + T)·d floats, or NULL: see kv_pack */
+    atomic_llong *next;  /* per head group: its next query block (flash_worker) */
 } attn_job;
+
+/* Where a kernel reads one KV head's keys and values: row p (a position)
+ * at k + p·stride and v + p·stride. */
+typedef struct {
+    const float *k, *v;
+    int64_t stride;
+} kv_rows;
+
+/* A thread's packed copy of one KV head's rows [lo, hi), for the lanes
+ * kernel.  In the cache a KV head's rows lie n_kv·d floats apart (4 KiB for
+ * 8 heads of 128): every row then falls into the same few cache sets, so
+ * the L1 cache holds a dozen rows instead of a block and the L2 cache an
+ * eighth of what it could.  Packed, the rows are contiguous; the copy costs
+ * one pass and is reused by every query block of the head group. */
+typedef struct {
+    float *k, *v;            /* [pos0 + T][d] each; NULL: read the cache in place */
+    int64_t kvh, lo, hi;     /* kvh = -1: nothing packed yet */
+} kv_pack;
 
 /* The first key position that query position pos may see. */
 static int64_t first_key(const attn_job *j, int64_t pos)
@@ -74,6 +97,46 @@ static void scalar_worker(void *p, int ti, int nt)
     free(scores);
 }
 
+/* All the cache lines of one row of d floats, into L1.  For rows that lie
+ * a page or so apart, which no hardware prefetcher follows. */
+static inline void prefetch_row(const float *row, int64_t d)
+{
+    for (int64_t i = 0; i < d; i += 16) _mm_prefetch((const char *)(row + i), _MM_HINT_T0);
+}
+
+#define PACK_AHEAD 4   /* rows prefetched ahead of the copy */
+
+/* Copy rows [lo, hi) of KV head kvh into the pack. */
+static void pack_rows(const attn_job *j, kv_pack *pk, int64_t kvh, int64_t lo, int64_t hi)
+{
+    int64_t d = j->d, stride = j->n_kv * d;
+    const float *k = j->k + kvh * d, *v = j->v + kvh * d;
+    for (int64_t p = lo; p < hi; p++) {
+        if (p + PACK_AHEAD < hi) {
+            prefetch_row(k + (p + PACK_AHEAD) * stride, d);
+            prefetch_row(v + (p + PACK_AHEAD) * stride, d);
+        }
+        memcpy(pk->k + p * d, k + p * stride, (size_t)d * sizeof(float));
+        memcpy(pk->v + p * d, v + p * stride, (size_t)d * sizeof(float));
+    }
+}
+
+/* The rows [lo, hi) of KV head kvh, packed where there is a pack: a
+ * thread's items of one head group come in a row with shrinking key
+ * ranges, so mostly the first item of a group packs, the others reuse. */
+static kv_rows kv_for(const attn_job *j, kv_pack *pk, int64_t kvh, int64_t lo, int64_t hi)
+{
+    if (!pk->k) return (kv_rows){j->k + kvh * j->d, j->v + kvh * j->d, j->n_kv * j->d};
+    if (pk->kvh != kvh || hi <= pk->lo || lo >= pk->hi) {
+        pack_rows(j, pk, kvh, lo, hi);
+        pk->kvh = kvh, pk->lo = lo, pk->hi = hi;
+    } else {
+        if (lo < pk->lo) pack_rows(j, pk, kvh, lo, pk->lo), pk->lo = lo;
+        if (hi > pk->hi) pack_rows(j, pk, kvh, pk->hi, hi), pk->hi = hi;
+    }
+    return (kv_rows){pk->k, pk->v, j->d};
+}
+
 /* ---- AVX-512 helpers -------------------------------------------------- */
 
 TP_T512 static inline float dot512(const float *a, const float *b, int64_t d)
@@ -109,11 +172,39 @@ TP_T512 static inline float expsum512(float *s, int64_t n, float mx)
     __m512 sum = _mm512_setzero_ps(), mv = _mm512_set1_ps(mx);
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 m = tp_mask16(n - i);
-        __m512 e = _mm512_maskz_mov_ps(m, tp_exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + i), mv)));
+        __m512 e = _mm512_maskz_mov_ps(m, tp_exp512_ftz(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + i), mv)));
         _mm512_mask_storeu_ps(s + i, m, e);
         sum = _mm512_add_ps(sum, e);
     }
     return _mm512_reduce_add_ps(sum);
+}
+
+/* r[i][c] -> r[c][i] for a 16×16 block: 32-bit and 64-bit interleaves
+ * transpose the 4×4 blocks inside each 128-bit lane, then two rounds of
+ * 128-bit lane shuffles put the blocks in place. */
+TP_T512 static inline void transpose512(__m512 r[16])
+{
+    __m512 t[16], u[16];
+    for (int k = 0; k < 8; k++) {
+        t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    for (int k = 0; k < 4; k++)
+        for (int m = 0; m < 2; m++) {
+            __m512d a = _mm512_castps_pd(t[4 * k + m]), b = _mm512_castps_pd(t[4 * k + m + 2]);
+            u[4 * k + 2 * m] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+            u[4 * k + 2 * m + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        }
+    /* u[4k + m], 128-bit lane L: column 4L + m of rows 4k..4k+3 */
+    for (int m = 0; m < 4; m++) {
+        __m512 x0 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x88), x1 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xdd);
+        __m512 y0 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x88);
+        __m512 y1 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xdd);
+        r[m] = _mm512_shuffle_f32x4(x0, y0, 0x88);
+        r[8 + m] = _mm512_shuffle_f32x4(x0, y0, 0xdd);
+        r[4 + m] = _mm512_shuffle_f32x4(x1, y1, 0x88);
+        r[12 + m] = _mm512_shuffle_f32x4(x1, y1, 0xdd);
+    }
 }
 
 TP_T512 static inline __m512 keep512(__m512 s, __m512 p, __m512 lo, __m512 hi)
@@ -124,6 +215,7 @@ TP_T512 static inline __m512 keep512(__m512 s, __m512 p, __m512 lo, __m512 hi)
 
 #define FLASH_FN flash_avx512
 #define LANES_FN lanes_avx512
+#define LANES_BODY lanes_body_avx512
 #define FLASH_TARGET TP_T512
 #define VDOT dot512
 #define VAXPY axpy512
@@ -139,12 +231,19 @@ TP_T512 static inline __m512 keep512(__m512 s, __m512 p, __m512 lo, __m512 hi)
 #define VMUL _mm512_mul_ps
 #define VMAX _mm512_max_ps
 #define VFMA _mm512_fmadd_ps
-#define VEXP tp_exp512
+#define VEXP tp_exp2_512_ftz   /* masked lanes: no denormal assists */
 #define VKEEP keep512
-#define RB 16
+#define VTRANSPOSE transpose512
+/* 32 registers: one head 8 keys / 16 rows (a V row's whole cache line),
+ * two heads 8 × 2 = 16 accumulators for both products */
+#define KR1 8
+#define RB1 16
+#define KR2 8
+#define RB2 8
 #include "kernels/attention_flash.h"
 #undef FLASH_FN
 #undef LANES_FN
+#undef LANES_BODY
 #undef FLASH_TARGET
 #undef VDOT
 #undef VAXPY
@@ -162,7 +261,11 @@ TP_T512 static inline __m512 keep512(__m512 s, __m512 p, __m512 lo, __m512 hi)
 #undef VFMA
 #undef VEXP
 #undef VKEEP
-#undef RB
+#undef VTRANSPOSE
+#undef KR1
+#undef RB1
+#undef KR2
+#undef RB2
 
 /* ---- AVX2 helpers ----------------------------------------------------- */
 
@@ -206,6 +309,26 @@ TP_TAVX2 static inline float expsum256(float *s, int64_t n, float mx)
     return tp_hsum256(sum);
 }
 
+/* r[i][c] -> r[c][i] for an 8×8 block, as transpose512 with 2 lanes. */
+TP_TAVX2 static inline void transpose256(__m256 r[8])
+{
+    __m256 t[8], u[8];
+    for (int k = 0; k < 4; k++) {
+        t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    for (int k = 0; k < 2; k++)
+        for (int m = 0; m < 2; m++) {
+            __m256d a = _mm256_castps_pd(t[4 * k + m]), b = _mm256_castps_pd(t[4 * k + m + 2]);
+            u[4 * k + 2 * m] = _mm256_castpd_ps(_mm256_unpacklo_pd(a, b));
+            u[4 * k + 2 * m + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(a, b));
+        }
+    for (int m = 0; m < 4; m++) {
+        r[m] = _mm256_permute2f128_ps(u[m], u[4 + m], 0x20);
+        r[4 + m] = _mm256_permute2f128_ps(u[m], u[4 + m], 0x31);
+    }
+}
+
 TP_TAVX2 static inline __m256 keep256(__m256 s, __m256 p, __m256 lo, __m256 hi)
 {
     __m256 k = _mm256_and_ps(_mm256_cmp_ps(p, lo, _CMP_GE_OQ), _mm256_cmp_ps(p, hi, _CMP_LE_OQ));
@@ -214,6 +337,7 @@ TP_TAVX2 static inline __m256 keep256(__m256 s, __m256 p, __m256 lo, __m256 hi)
 
 #define FLASH_FN flash_avx2
 #define LANES_FN lanes_avx2
+#define LANES_BODY lanes_body_avx2
 #define FLASH_TARGET TP_TAVX2
 #define VDOT dot256
 #define VAXPY axpy256
@@ -229,39 +353,70 @@ TP_TAVX2 static inline __m256 keep256(__m256 s, __m256 p, __m256 lo, __m256 hi)
 #define VMUL _mm256_mul_ps
 #define VMAX _mm256_max_ps
 #define VFMA _mm256_fmadd_ps
-#define VEXP tp_exp256
+#define VEXP tp_exp2_256_ftz
 #define VKEEP keep256
-#define RB 8
+#define VTRANSPOSE transpose256
+/* 16 registers: one head 8 keys / 8 rows, two heads 4 × 2 */
+#define KR1 8
+#define RB1 8
+#define KR2 4
+#define RB2 4
 #include "kernels/attention_flash.h"
 
 /* ---- driver ----------------------------------------------------------- */
 
-/* Floats of per-thread scratch: the rows kernel needs BQ·d outputs, BK
- * scores, BQ maxima and BQ sums; the lanes kernel Qt and Ot (d·VL each) and
- * BK·VL scores.  Rounded to 64 bytes per thread. */
+/* Heads per work item: two where the heads of a KV group pair up. */
+static int heads_per_item(const attn_job *j)
+{
+    return (j->n_heads / j->n_kv) % 2 == 0 ? 2 : 1;
+}
+
+/* Floats of per-thread scratch for nh = 2 heads: the rows kernel needs
+ * 2·BQ·d outputs, BK scores, 2·BQ maxima and 2·BQ sums; the lanes kernel
+ * Qt and Ot (2·d·BQ each) and 2·BK·BQ scores.  Rounded to 64 bytes per
+ * thread. */
 static size_t scratch_floats(int64_t d)
 {
-    size_t rows = (size_t)(BQ * d + BK + 2 * BQ), lanes = (size_t)(2 * d * BQ + BK * BQ);
+    size_t rows = (size_t)(2 * BQ * d + BK + 4 * BQ), lanes = (size_t)(4 * d * BQ + 2 * BK * BQ);
     return ((rows > lanes ? rows : lanes) + 15) / 16 * 16;
 }
 
+/* Query block qb of the heads h0..h0+nh-1, with thread scratch o. */
+static void run_item(const attn_job *j, kv_pack *pk, float *o, int64_t h0, int nh, int64_t qb)
+{
+    int vl = j->path == TP_KERNEL_AVX512 ? 16 : 8;
+    int64_t t0 = qb * vl, t1 = t0 + vl < j->T ? t0 + vl : j->T;
+    if (t1 - t0 < vl) {
+        float *s = o + 2 * BQ * j->d, *m = s + BK, *l = m + 2 * BQ;
+        if (j->path == TP_KERNEL_AVX512) flash_avx512(j, t0, t1, h0, nh, o, s, m, l);
+        else flash_avx2(j, t0, t1, h0, nh, o, s, m, l);
+        return;
+    }
+    float *qt = o, *ot = o + 2 * j->d * vl, *ls = ot + 2 * j->d * vl;
+    kv_rows kv = kv_for(j, pk, h0 / (j->n_heads / j->n_kv), first_key(j, j->pos0 + t0), j->pos0 + t1);
+    if (j->path == TP_KERNEL_AVX512) lanes_avx512(j, kv, t0, h0, nh, qt, ot, ls);
+    else lanes_avx2(j, kv, t0, h0, nh, qt, ot, ls);
+}
+
+/* Each head group's query blocks are taken from its own counter, latest
+ * (largest) first.  Thread ti starts at its own share of the groups, so
+ * that the threads mostly pack and read different KV heads, then helps
+ * with the groups still open. */
 static void flash_worker(void *p, int ti, int nt)
 {
-    const attn_job *j = p;
-    int vl = j->path == TP_KERNEL_AVX512 ? 16 : 8;
+    attn_job *j = p;
+    int vl = j->path == TP_KERNEL_AVX512 ? 16 : 8, nh = heads_per_item(j);
     float *o = j->scratch + (size_t)ti * j->scratch_stride;
-    float *s = o + BQ * j->d, *m = s + BK, *l = m + BQ;     /* rows kernel */
-    float *qt = o, *ot = o + j->d * vl, *ls = ot + j->d * vl; /* lanes kernel */
-    int64_t nqb = (j->T + vl - 1) / vl, items = nqb * j->n_heads;
-    for (int64_t r = ti; r < items; r += nt) {
-        int64_t qb = r / j->n_heads, h = r % j->n_heads;
-        int64_t t0 = qb * vl, t1 = t0 + vl < j->T ? t0 + vl : j->T;
-        if (j->path == TP_KERNEL_AVX512) {
-            if (t1 - t0 == 16) lanes_avx512(j, t0, h, qt, ot, ls);
-            else flash_avx512(j, t0, t1, h, o, s, m, l);
-        } else {
-            if (t1 - t0 == 8) lanes_avx2(j, t0, h, qt, ot, ls);
-            else flash_avx2(j, t0, t1, h, o, s, m, l);
+    int64_t nqb = (j->T + vl - 1) / vl, groups = j->n_heads / nh, L = j->pos0 + j->T;
+    kv_pack pk = {NULL, NULL, -1, 0, 0};
+    if (j->pack) pk.k = j->pack + (size_t)ti * (size_t)(2 * L * j->d), pk.v = pk.k + L * j->d;
+    int64_t g0 = groups * ti / nt;
+    for (int64_t gi = 0; gi < groups; gi++) {
+        int64_t g = (g0 + gi) % groups;
+        for (;;) {
+            int64_t r = atomic_fetch_add_explicit(&j->next[g], 1, memory_order_relaxed);
+            if (r >= nqb) break;
+            run_item(j, &pk, o, g * nh, nh, nqb - 1 - r);
         }
     }
 }
@@ -270,18 +425,25 @@ void tp_attention_path(tp_kernel_path p, float *out, const float *q, const float
                        const float *v, int64_t T, int64_t pos0, int64_t n_heads, int64_t n_kv,
                        int64_t d, int64_t window, tp_threadpool *pool)
 {
-    attn_job j = {out, q, k, v, T, pos0, n_heads, n_kv, d, window, tp_kernel_resolve(p), NULL, 0};
+    attn_job j = {out, q, k, v, T, pos0, n_heads, n_kv, d, window, tp_kernel_resolve(p), NULL, 0, NULL, NULL};
     if (j.path != TP_KERNEL_SCALAR) {
         int nt = tp_threadpool_size(pool);
+        int64_t groups = n_heads / heads_per_item(&j);
+        j.next = malloc((size_t)groups * sizeof *j.next);
+        for (int64_t g = 0; j.next && g < groups; g++) atomic_init(&j.next[g], 0);
         j.scratch_stride = scratch_floats(d);
-        j.scratch = malloc(j.scratch_stride * (size_t)nt * sizeof(float));
+        j.scratch = j.next ? malloc(j.scratch_stride * (size_t)nt * sizeof(float)) : NULL;
+        /* Packing pays where a KV head serves several query blocks (and
+         * the cache's rows lie apart); without memory for it, read in place. */
+        int vl = j.path == TP_KERNEL_AVX512 ? 16 : 8;
+        if (T >= 2 * vl && n_kv > 1)
+            j.pack = malloc((size_t)nt * (size_t)(2 * (pos0 + T) * d) * sizeof(float));
     }
-    if (j.scratch) {
-        tp_parallel_run(pool, flash_worker, &j);
-        free(j.scratch);
-    } else {
-        tp_parallel_run(pool, scalar_worker, &j);   /* scalar, or no memory for the scratch */
-    }
+    if (j.scratch) tp_parallel_run(pool, flash_worker, &j);
+    else tp_parallel_run(pool, scalar_worker, &j);   /* scalar, or no memory for the scratch */
+    free(j.scratch);
+    free(j.pack);
+    free(j.next);
 }
 
 void tp_attention(float *out, const float *q, const float *k, const float *v,

@@ -30,6 +30,41 @@ static inline TP_T512 __m512 tp_exp512(__m512 x)
     return _mm512_scalef_ps(p, n);
 }
 
+/* exp(x) as tp_exp512 where that is at least exp(-87) (a normal float),
+ * else exactly 0: never a denormal result.  Each vector with a result below
+ * FLT_MIN costs a microcode assist of some hundred cycles in scalef on
+ * Intel cores, which makes the softmax of causally masked (-inf) or
+ * negligible scores several times slower than the rest.  The error is below
+ * 1.7e-38 absolute. */
+static inline TP_T512 __m512 tp_exp512_ftz(__m512 x)
+{
+    __m512 lo = _mm512_set1_ps(-87.0f);
+    __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
+    return _mm512_maskz_mov_ps(keep, tp_exp512(_mm512_max_ps(x, lo)));
+}
+
+/* 2^x, flushed to exactly 0 below 2^-126 like tp_exp512_ftz, for a
+ * softmax kept in base 2 (scores pre-multiplied by log2 e): x = n + f with
+ * |f| <= 1/2, 2^f = exp(f·ln2) by its Taylor polynomial to degree 6,
+ * scalef multiplies by 2^n: within 2.3e-7 relative (2 ulp) over the normal
+ * range.  Cheaper than tp_exp512 by the ln2 split and a degree. */
+static inline TP_T512 __m512 tp_exp2_512_ftz(__m512 x)
+{
+    __m512 lo = _mm512_set1_ps(-126.0f);
+    __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(128.0f));
+    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);                 /* ln2^6 / 720 */
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f)); /* ln2^5 / 120 */
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f)); /* ln2^4 / 24  */
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f)); /* ln2^3 / 6   */
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f)); /* ln2^2 / 2   */
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f)); /* ln2         */
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n));
+}
+
 /* The AVX2 exp: as above, but 2^n is built in the exponent bits, so x is
  * clamped to [-87, 88] (n within the normal range); below -87 the result is
  * exp(-87) ≈ 1.6e-38 instead of a denormal, which is harmless here. */
@@ -50,6 +85,26 @@ static inline TP_TAVX2 __m256 tp_exp256(__m256 x)
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* 2^x as tp_exp2_512_ftz: 0 below 2^-126, 2^n built in the exponent bits
+ * (so x is clamped to 127: at most 2^127.5, never inf). */
+static inline TP_TAVX2 __m256 tp_exp2_256_ftz(__m256 x)
+{
+    __m256 lo = _mm256_set1_ps(-126.0f);
+    __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(127.0f));
+    __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 f = _mm256_sub_ps(x, n);
+    __m256 p = _mm256_set1_ps(1.5403530393381606e-4f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076284772e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108664821580e-2f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650695910071e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
 static inline TP_TAVX2 float tp_hsum256(__m256 v)
