@@ -1,6 +1,6 @@
 /* kernels/gemm_amx.c: the AMX-BF16 GEMM against a double reference on
  * awkward sizes (T, n, k not multiples of the 32×32 block or 32-wide k step,
- * odd k, several K blocks), for each split of x:
+ * odd k, several K blocks, row groups and column groups), for each split of x:
  *   3 parts: products exact, error of f32 accumulation (the exact bound);
  *   2 parts: products off by <= 2^-18 relative;
  *   1 part:  x rounded to bf16, products off by <= 2^-9 (the bf16-dot bound).
@@ -76,9 +76,12 @@ static void test_amx(tp_threadpool *pool)
     static const int64_t NK[][2] = {{1, 1}, {7, 129}, {129, 7}, {33, 31}, {40, 1025}, {65, 300}, {3, 513}, {97, 261}};
     for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
         for (size_t c = 0; c < sizeof NK / sizeof *NK; c++) check_amx(pool, Ts[a], NK[c][0], NK[c][1]);
-    /* K past one block: T=129 pads to 160 rows, 3 parts → KC = 1632. */
-    check_amx(pool, 129, 50, 2100);
-    check_amx(pool, 512, 64, 1024);
+    /* The blocked paths (gemm_amx.c "Blocking"), at 3 parts: */
+    check_amx(pool, 129, 50, 2100);   /* split x past L2: 11 K blocks of 6 k steps  */
+    check_amx(pool, 512, 64, 1024);   /* 16 row blocks, 6 K blocks                  */
+    check_amx(pool, 200, 600, 1100);  /* K blocks of 5 and 6 steps, 2 column groups */
+    check_amx(pool, 545, 40, 1100);   /* 2 row groups (512 + 33 rows)               */
+    check_amx(pool, 64, 300, 1030);   /* x fits L2: one K block, 4 column groups    */
 }
 
 int main(void)
