@@ -41,6 +41,9 @@ struct tp_threadpool {
      * the two sees the other, so no wake-up is lost. */
     pthread_mutex_t mu;
     pthread_cond_t wake, done;
+    /* Scratch lent to the caller between regions (tp_threadpool_scratch). */
+    void *scratch;
+    size_t scratch_bytes;
 };
 
 typedef struct { tp_threadpool *pool; int index; } worker_arg;
@@ -142,7 +145,22 @@ void tp_threadpool_destroy(tp_threadpool *pool)
     pthread_cond_destroy(&pool->wake);
     pthread_cond_destroy(&pool->done);
     free(pool->threads);
+    tp_free(pool->scratch);
     free(pool);
+}
+
+/* Kept across calls because a prefill runs ~200 GEMMs of a few sizes: a
+ * fresh multi-MiB buffer per call pays a page fault per 4 KiB on first
+ * touch; this one is faulted in once and then reused. */
+void *tp_threadpool_scratch(tp_threadpool *pool, size_t bytes)
+{
+    if (!pool) return NULL;
+    if (bytes > pool->scratch_bytes) {
+        tp_free(pool->scratch);
+        pool->scratch = tp_alloc(bytes);
+        pool->scratch_bytes = pool->scratch ? bytes : 0;
+    }
+    return pool->scratch;
 }
 
 int tp_threadpool_size(const tp_threadpool *pool) { return pool ? pool->n : 1; }

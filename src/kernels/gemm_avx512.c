@@ -2,15 +2,19 @@
  *
  * GEMM (prefill), GotoBLAS style.  y is cut into tiles of MR = 12 rows (T)
  * by NR = 32 columns (n); a tile's 24 accumulators live in zmm registers.
- * For every K block of KC:
- *   - x[:, block] is packed into panels of MR rows laid out [k][MR], so the
- *     micro-kernel reads the MR activations of step k as 12 broadcasts;
- *   - for each NR-wide slice of W the block is packed [k][NR] (a transpose,
- *     done with gathers), widening bf16 to f32 on the way — exact, and paid
- *     once per slice while the packed slice (32 KiB, L1) is reused by all
- *     T/MR tiles;
- *   - the micro-kernel does 24 FMAs per k: MR×NR×KC flops per call.
- * The threads split the columns (slices of W), so W is read once overall.
+ * The rows of y are done in passes of at most TC rows; for each:
+ *   - x is packed once, by all threads together (a region of its own),
+ *     into panels of MR rows laid out [k][MR] for every K block of KC, so
+ *     the micro-kernel reads the MR activations of step k as 12 broadcasts;
+ *   - then, K block by K block, for each NR-wide slice of W the block is
+ *     packed [k][NR] (a transpose in registers), widening bf16 to f32 on the
+ *     way — exact, and paid once per slice while the packed slice (32 KiB,
+ *     L1) is reused by all the pass's tiles;
+ *   - the micro-kernel does 24 FMAs per k: MR×NR×KC flops per call, and
+ *     prefetches what comes next from memory (the next tile of y, the next
+ *     slice of W) a line at a time.
+ * The threads split the columns (slices of W), so W is read once overall
+ * and every element of y is summed in the same order on any thread count.
  *
  * The bf16-dot variant (opt-in, bf16 weights, AVX512_BF16) packs pairs of k
  * as one 32-bit lane and uses vdpbf16ps, which does two k steps per
@@ -32,6 +36,8 @@
 #define MR 12
 #define NR 32
 #define KC 256       /* f32: packed W slice KC×NR×4 B = 32 KiB */
+#define TC (MR * 86)  /* rows per pass: the packed x of a K block (~1 MiB)
+                         stays in L2, and all of it is at most 12 MiB at k = 3072 */
 #define KC_DOT 512   /* bf16 pairs: (KC_DOT/2)×NR×4 B = 32 KiB */
 
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,avx2")))
@@ -75,37 +81,79 @@ static __mmask16 col_mask(int64_t valid)
     return valid >= 16 ? 0xffff : valid <= 0 ? 0 : (__mmask16)((1u << valid) - 1);
 }
 
-/* W[n0:n0+32, k0:k0+kc] → dst[kc][NR] f32; columns past n are zero.  A
- * gather reads one k from 16 rows; the 16 row pointers differ by ldw. */
+/* r[i][j] → r[j][i] for a 16×16 block of floats: three rounds of
+ * shuffles (pairs of floats, pairs of pairs, 128-bit lanes), 64 in all. */
+static inline __attribute__((always_inline)) T512 void transpose16(__m512 r[16])
+{
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);       /* per lane: a0 b0 a1 b1 */
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);   /*           a2 b2 a3 b3 */
+    }
+    /* s[4g + c] holds, in lane l, column 4l + c of rows 4g..4g+3. */
+    for (int g = 0; g < 16; g += 4) {
+        __m512d a = _mm512_castps_pd(t[g]), b = _mm512_castps_pd(t[g + 1]);
+        __m512d c = _mm512_castps_pd(t[g + 2]), d = _mm512_castps_pd(t[g + 3]);
+        r[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    /* Column 4l + c gathers lane l of s[c], s[4 + c], s[8 + c], s[12 + c]. */
+    for (int c = 0; c < 4; c++) {
+        __m512 u0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x44), v0 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x44);
+        __m512 u1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xee), v1 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xee);
+        t[c] = _mm512_shuffle_f32x4(u0, v0, 0x88);
+        t[4 + c] = _mm512_shuffle_f32x4(u0, v0, 0xdd);
+        t[8 + c] = _mm512_shuffle_f32x4(u1, v1, 0x88);
+        t[12 + c] = _mm512_shuffle_f32x4(u1, v1, 0xdd);
+    }
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
+/* x[0:rows, 0:kc] (rows <= MR, row stride ldx) → one panel dst[kc][MR];
+ * rows past `rows` are zero.  16 k at a time: the rows are transposed in
+ * registers and each k's MR values stored with a mask — the scalar
+ * tp_gemm_pack_a took ~2.5 cycles per float, this well under one. */
+T512 static void pack_a_panel(float *dst, const float *x, int64_t rows, int64_t ldx, int64_t kc)
+{
+    for (int64_t k = 0; k < kc; k += 16) {
+        __mmask16 m = col_mask(kc - k);
+        __m512 r[16];
+        for (int i = 0; i < 16; i++)
+            r[i] = i < rows ? _mm512_maskz_loadu_ps(m, x + i * ldx + k) : _mm512_setzero_ps();
+        transpose16(r);
+        int nk = kc - k < 16 ? (int)(kc - k) : 16;
+        for (int j = 0; j < nk; j++) _mm512_mask_storeu_ps(dst + (k + j) * MR, (1u << MR) - 1, r[j]);
+    }
+}
+
+/* 16 weights from W + off (in elements), widened to f32; lanes past m zero. */
+static inline __attribute__((always_inline)) T512 __m512 load_w16(const void *w, tp_dtype wt, int64_t off,
+                                                                  __mmask16 m)
+{
+    if (wt == TP_F32) return _mm512_maskz_loadu_ps(m, (const float *)w + off);
+    __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)w + off));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+
+/* W[n0:n0+32, k0:k0+kc] → dst[kc][NR] f32; columns past n are zero.  Each
+ * half of 16 rows is read along its rows, 16 k at a time, and transposed in
+ * registers (gathers, one k from 16 rows each, cost ~4x more). */
 T512 static void pack_b_f32(float *dst, const void *w, tp_dtype wt, int64_t n, int64_t ldw,
                             int64_t n0, int64_t k0, int64_t kc)
 {
-    const __m512i idx = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32((int)ldw));
     for (int h = 0; h < 2; h++) {
-        int64_t c0 = n0 + 16 * h;
-        __mmask16 m = col_mask(n - c0);
+        int64_t c0 = n0 + 16 * h, rows = n - c0 < 16 ? n - c0 : 16;
         float *d = dst + 16 * h;
-        if (!m) {
-            for (int64_t k = 0; k < kc; k++) _mm512_store_ps(d + k * NR, _mm512_setzero_ps());
-        } else if (wt == TP_F32) {
-            const float *base = (const float *)w + c0 * ldw + k0;
-            for (int64_t k = 0; k < kc; k++)
-                _mm512_store_ps(d + k * NR, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, base + k, 4));
-        } else {
-            /* One 32-bit gather lane holds bf16 k (low half) and k+1 (high). */
-            const uint16_t *base = (const uint16_t *)w + c0 * ldw + k0;
-            const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
-            int64_t k = 0;
-            for (; k + 1 < kc; k += 2) {
-                __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, base + k, 2);
-                _mm512_store_ps(d + k * NR, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
-                _mm512_store_ps(d + (k + 1) * NR, _mm512_castsi512_ps(_mm512_and_si512(v, hi)));
-            }
-            if (k < kc) {   /* odd tail: a 32-bit read could pass the end of W */
-                for (int j = 0; j < 16; j++)
-                    d[k * NR + j] = (m >> j) & 1 ? tp_f32_from_bf16(base[j * ldw + k]) : 0.0f;
-            }
+        for (int64_t k = 0; k < kc; k += 16) {
+            __mmask16 m = col_mask(kc - k);
+            __m512 r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = i < rows ? load_w16(w, wt, (c0 + i) * ldw + k0 + k, m) : _mm512_setzero_ps();
+            transpose16(r);
+            int nk = kc - k < 16 ? (int)(kc - k) : 16;
+            for (int j = 0; j < nk; j++) _mm512_store_ps(d + (k + j) * NR, r[j]);
         }
     }
 }
@@ -137,7 +185,7 @@ T512 static void pack_b_dot(uint32_t *dst, const uint16_t *w, int64_t n, int64_t
 #define STORE_TILE(acc)                                                                  \
     do {                                                                                 \
         __mmask16 m0 = col_mask(nr), m1 = col_mask(nr - 16);                             \
-        for (int i = 0; i < MR && i < mr; i++) {                                         \
+        _Pragma("GCC unroll 12") for (int i = 0; i < MR && i < mr; i++) {                \
             float *ci = c + i * ldc;                                                     \
             if (accumulate) {                                                            \
                 acc[i][0] = _mm512_add_ps(acc[i][0], _mm512_maskz_loadu_ps(m0, ci));     \
@@ -148,22 +196,39 @@ T512 static void pack_b_dot(uint32_t *dst, const uint16_t *w, int64_t n, int64_t
         }                                                                                \
     } while (0)
 
+/* One k step of a tile: two vectors of B, MR broadcasts of A, 2·MR FMAs. */
+static inline __attribute__((always_inline)) T512 void kernel_step(__m512 acc[MR][2], const float *a,
+                                                                   const float *b)
+{
+    __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+#pragma GCC unroll 12
+    for (int i = 0; i < MR; i++) {
+        __m512 ai = _mm512_set1_ps(a[i]);
+        acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
+        acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
+    }
+}
+
+/* Prefetches into L2, one line of each per 8 k: pc, the pc_rows rows of
+ * the next tile's c, two lines each (y is far bigger than L2, and each
+ * tile's read-modify-write of c waited on 2·MR misses); pw, nw lines of W
+ * that the next slice's pack_b_f32 reads (it stalled on memory, W being far
+ * bigger than the caches).  Spread out so that they never hold many of
+ * L1's miss buffers at once. */
 T512 static void kernel_f32(int64_t kc, const float *a, const float *b, float *c, int64_t ldc,
-                            int mr, int nr, int accumulate)
+                            int mr, int nr, int accumulate, const float *pc, int pc_rows, const char *pw,
+                            int nw)
 {
     __m512 acc[MR][2];
     for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < kc; k++) {
-        __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
-#pragma GCC unroll 12
-        for (int i = 0; i < MR; i++) {
-            __m512 ai = _mm512_set1_ps(a[i]);
-            acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
-            acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
-        }
-        a += MR;
-        b += NR;
+    int64_t k = 0;
+    for (int s = 0; k + 8 <= kc; k += 8, s++) {
+        if (s < 2 * pc_rows) _mm_prefetch((const char *)(pc + (s >> 1) * ldc + (s & 1) * 16), _MM_HINT_T1);
+        if (s < nw) _mm_prefetch(pw + 64 * s, _MM_HINT_T1);
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; u++, a += MR, b += NR) kernel_step(acc, a, b);
     }
+    for (; k < kc; k++, a += MR, b += NR) kernel_step(acc, a, b);
     STORE_TILE(acc);
 }
 
@@ -193,12 +258,32 @@ typedef struct {
     const float *x;
     const void *w;
     tp_dtype wt;
-    int64_t T, n, k;
+    int64_t T, n, k, tpad;
     int dot;
-    char *buf;          /* per thread: packed x, packed W slice, a bf16 row */
+    float *ap;          /* f32: x packed once for all threads, per K block
+                           tpad×KC floats of MR-row panels */
+    char *buf;          /* per thread: packed x (dot only), packed W slice, a bf16 row */
     size_t buf_stride;
-    size_t a_bytes;
+    size_t a_bytes;     /* of the per-thread packed x (dot only) */
 } gemm_job;
+
+/* The f32 path packs x up front, in a region of its own: thread ti takes
+ * a share of the MR-row panels for every K block.  Before, every thread
+ * packed all of x for itself (the same T×k floats nt times over). */
+static void pack_a_worker(void *p, int ti, int nt)
+{
+    const gemm_job *j = p;
+    int64_t p0, p1;
+    tp_split_range(j->tpad / MR, ti, nt, &p0, &p1);
+    /* A panel's rows are read along their whole length, K block after K
+     * block: long sequential streams for the hardware prefetcher. */
+    for (int64_t pi = p0; pi < p1; pi++)
+        for (int64_t k0 = 0; k0 < j->k; k0 += KC) {
+            int64_t kc = min64(KC, j->k - k0);
+            float *blk = j->ap + (k0 / KC) * j->tpad * KC;
+            pack_a_panel(blk + pi * MR * kc, j->x + pi * MR * j->k + k0, min64(MR, j->T - pi * MR), j->k, kc);
+        }
+}
 
 static void gemm_worker(void *p, int ti, int nt)
 {
@@ -213,17 +298,29 @@ static void gemm_worker(void *p, int ti, int nt)
     for (int64_t k0 = 0; k0 < j->k; k0 += kcmax) {
         int64_t kc = min64(kcmax, j->k - k0), kp = (kc + 1) / 2;
         if (j->dot) pack_a_dot(ap, j->x, j->T, j->k, k0, kc, row);
-        else tp_gemm_pack_a(ap, j->x, j->T, j->k, k0, kc, MR);
+        else ap = j->ap + (k0 / KC) * j->tpad * KC;
         for (int64_t nb = b0; nb < b1; nb++) {
             int64_t n0 = nb * NR;
             int nr = (int)min64(NR, j->n - n0);
             if (j->dot) pack_b_dot(bp, j->w, j->n, j->k, n0, k0, kc);
             else pack_b_f32(bp, j->w, j->wt, j->n, j->k, n0, k0, kc);
+            /* The next slice of this K block, or the first of the next:
+             * tile i prefetches row i of its W block for pack_b_f32. */
+            int64_t pn = nb + 1 < b1 ? n0 + NR : b0 * NR, pk = nb + 1 < b1 ? k0 : k0 + kcmax;
+            int64_t es = j->wt == TP_F32 ? 4 : 2, wlines = (min64(kcmax, j->k - pk) * es + 63) / 64;
             for (int64_t t0 = 0; t0 < j->T; t0 += MR) {
                 int mr = (int)min64(MR, j->T - t0);
                 float *c = j->y + t0 * j->n + n0;
+                /* The next tile down, or the top of the next slice (none
+                 * after the last). */
+                int last = t0 + MR >= j->T;
+                const float *pc = last ? j->y + n0 + NR : c + MR * j->n;
+                int pc_rows = (int)(last ? (n0 + NR < j->n ? min64(MR, j->T) : 0) : min64(MR, j->T - t0 - MR));
+                int64_t pr = pn + t0 / MR;
+                int nw = wlines > 0 && t0 / MR < NR && pr < j->n ? (int)wlines : 0;
+                const char *pw = nw ? (const char *)j->w + (pr * j->k + pk) * es : NULL;
                 if (j->dot) kernel_dot(kp, (const uint32_t *)ap + t0 * kp, bp, c, j->n, mr, nr, k0 > 0);
-                else kernel_f32(kc, (const float *)ap + t0 * kc, bp, c, j->n, mr, nr, k0 > 0);
+                else kernel_f32(kc, (const float *)ap + t0 * kc, bp, c, j->n, mr, nr, k0 > 0, pc, pc_rows, pw, nw);
             }
         }
     }
@@ -233,15 +330,28 @@ tp_status tp_gemm_avx512(float *y, const float *x, int64_t T, const void *W, tp_
                          int64_t n, int64_t k, int bf16_dot, tp_threadpool *pool)
 {
     int nt = tp_threadpool_size(pool);
-    int64_t tpad = (T + MR - 1) / MR * MR;
-    gemm_job j = {y, x, W, wt, T, n, k, bf16_dot && wt == TP_BF16, NULL, 0, 0};
-    /* Both packings take at most tpad×KC floats (bf16 pairs: KC_DOT/2 = KC). */
-    j.a_bytes = (size_t)tpad * KC * sizeof(float);
+    int64_t tc = T < TC ? T : TC, tpad = (tc + MR - 1) / MR * MR, nkb = (k + KC - 1) / KC;
+    gemm_job j = {y, x, W, wt, tc, n, k, tpad, bf16_dot && wt == TP_BF16, NULL, NULL, 0, 0};
+    /* dot: each thread packs x per K block (tpad×KC_DOT/2 pairs); f32: x is
+     * packed once per pass, shared, all K blocks (tpad×KC floats each). */
+    j.a_bytes = j.dot ? (size_t)tpad * KC * sizeof(float) : 0;
     j.buf_stride = (j.a_bytes + (size_t)KC * NR * sizeof(float) + (KC_DOT + 64) * sizeof(uint16_t) + 63) / 64 * 64;
-    j.buf = tp_alloc(j.buf_stride * (size_t)nt);
-    if (!j.buf) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for GEMM packing");
-    tp_parallel_run(pool, gemm_worker, &j);
-    tp_free(j.buf);
+    size_t shared = j.dot ? 0 : (size_t)(nkb * tpad * KC) * sizeof(float);
+    size_t bytes = shared + j.buf_stride * (size_t)nt;
+    char *mem = tp_threadpool_scratch(pool, bytes), *own = NULL;
+    if (!mem) mem = own = tp_alloc(bytes);
+    if (!mem) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for GEMM packing");
+    j.ap = (float *)mem;
+    j.buf = mem + shared;
+    for (int64_t t0 = 0; t0 < T; t0 += tc) {
+        j.x = x + t0 * k;
+        j.y = y + t0 * n;
+        j.T = min64(tc, T - t0);
+        j.tpad = (j.T + MR - 1) / MR * MR;
+        if (!j.dot) tp_parallel_run(pool, pack_a_worker, &j);
+        tp_parallel_run(pool, gemm_worker, &j);
+    }
+    tp_free(own);
     return TP_OK;
 }
 

@@ -85,8 +85,51 @@ static void test_matmul(tp_threadpool *pool)
     check_matmul(pool, 1, 1025, 64, TP_BF16, 1);
     check_matmul(pool, 129, 97, 260, TP_F32, 0);
     check_matmul(pool, 129, 97, 261, TP_BF16, 1);
+    /* The AVX-512 GEMM's packing: several panels and slices per thread, K
+     * blocks with a short last one (kc 8, then 1: below one 16-wide step of
+     * the transposes and one 8-step of the kernel), a single column, more
+     * rows than one pass takes.  On a stream of their own, so the tests
+     * after these see the inputs they always saw. */
+    tp_rng saved = rng;
+    tp_rng_seed(&rng, 99);
+    check_matmul(pool, 37, 300, 520, TP_F32, 1);
+    check_matmul(pool, 37, 300, 520, TP_BF16, 0);
+    check_matmul(pool, 129, 65, 1025, TP_F32, 0);
+    check_matmul(pool, 25, 1, 7, TP_F32, 0);
+    check_matmul(pool, 1100, 33, 300, TP_F32, 1);   /* two passes over the rows */
+    rng = saved;
     printf("matmul max |err| / sum|x*w|: scalar %.2g, avx2 %.2g, avx512 %.2g, avx512 bf16-dot %.2g\n",
            worst_exact[TP_KERNEL_SCALAR], worst_exact[TP_KERNEL_AVX2], worst_exact[TP_KERNEL_AVX512], worst_dot);
+}
+
+/* The GEMM's threads split the columns of y, so every element is summed in
+ * the same order on any number of threads: the bits must match. */
+static void test_matmul_threads_bitwise(tp_threadpool *pool)
+{
+    int64_t T = 53, n = 200, k = 777;
+    float *x = malloc((size_t)(T * k) * sizeof(float)), *y1 = malloc((size_t)(T * n) * sizeof(float));
+    float *y3 = malloc((size_t)(T * n) * sizeof(float));
+    tp_tensor W = {0};
+    int64_t ws[2] = {n, k};
+    tp_rng saved = rng;   /* as in test_matmul: leave the shared stream alone */
+    tp_rng_seed(&rng, 98);
+    if (!x || !y1 || !y3 || tp_tensor_init(&W, TP_F32, 2, ws)) {
+        CHECK(!"out of memory");
+    } else {
+        fill(x, T * k, 1.0);
+        fill(W.data, n * k, 0.5);
+        for (int pi = 1; pi < 3; pi++) {
+            if (!tp_kernel_path_supported(PATHS[pi])) continue;
+            tp_matmul_opts o = {PATHS[pi], 0, 0, 0};
+            CHECK(tp_matmul_ex(y1, x, T, &W, NULL, NULL, &o) == TP_OK);
+            CHECK(tp_matmul_ex(y3, x, T, &W, NULL, pool, &o) == TP_OK);
+            CHECK_MSG(!memcmp(y1, y3, (size_t)(T * n) * sizeof(float)), "%s GEMM: 1 and %d threads differ",
+                      tp_kernel_path_name(PATHS[pi]), tp_threadpool_size(pool));
+        }
+    }
+    rng = saved;
+    tp_tensor_release(&W);
+    free(x); free(y1); free(y3);
 }
 
 /* GEMV shapes that the small ones above miss: enough rows for the thread
@@ -269,6 +312,7 @@ int main(void)
     test_paths();
     test_matmul(NULL);
     test_matmul(pool3);
+    test_matmul_threads_bitwise(pool3);
     test_gemv_split(NULL);
     test_gemv_split(pool3);
     test_elementwise();
