@@ -435,25 +435,23 @@ tp_status tp_gemm_amx(float *y, const float *x, int64_t T, const uint16_t *W, in
     int nt = tp_threadpool_size(pool);
     amx_job j = {y, NULL, W, T, round_up(T, BT), n, k, round_up(k, KT), 0, 0, 0, passes, NULL, 0, 0};
     int64_t steps = blocking(&j);
-    /* malloc, not tp_alloc: these buffers (up to a few MiB) come back on
-     * every call of every layer, and glibc recycles freed heap memory while
-     * a fresh mmap (tp_alloc's huge pages) faults in zeroed pages each
-     * time — that cost as much as the split itself. */
-    size_t xs_bytes = (size_t)passes * (size_t)(j.Tp * j.kp) * sizeof(uint16_t);
-    uint16_t *xs = aligned_alloc(64, xs_bytes);
+    /* The split x and the per-thread panels live in the pool's scratch,
+     * which is faulted in once and reused by every GEMM of every layer: a
+     * fresh buffer per call (malloc hands large ones back to the kernel)
+     * paid a page fault per 4 KiB each time, as much as the split itself. */
+    size_t xs_bytes = ((size_t)passes * (size_t)(j.Tp * j.kp) * sizeof(uint16_t) + 63) / 64 * 64;
     j.panel_bytes = (size_t)(j.nb * steps * KT * 2);
     j.buf_stride = j.panel_bytes + (size_t)(j.tb * j.nb * 4);
-    j.buf = aligned_alloc(64, j.buf_stride * (size_t)nt);
-    if (!xs || !j.buf) {
-        free(xs);
-        free(j.buf);
-        return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for the AMX GEMM");
-    }
+    size_t bytes = xs_bytes + j.buf_stride * (size_t)nt;
+    char *mem = tp_threadpool_scratch(pool, bytes), *own = NULL;
+    if (!mem) mem = own = tp_alloc(bytes);
+    if (!mem) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for the AMX GEMM");
+    uint16_t *xs = (uint16_t *)mem;
+    j.buf = mem + xs_bytes;
     split_job s = {xs, x, T, j.Tp, k, j.kp, passes};
     tp_parallel_run(pool, split_worker, &s);
     j.xs = xs;
     tp_parallel_run(pool, amx_worker, &j);
-    free(xs);
-    free(j.buf);
+    tp_free(own);
     return TP_OK;
 }
