@@ -50,6 +50,7 @@ typedef struct tp_model {
      * ranks), summed over every forward since load; benchmarks read and
      * reset it. */
     double comm_seconds;
+    struct tp_act_cache *acts;     /* activation buffers kept between forwards */
 } tp_model;
 
 typedef struct {

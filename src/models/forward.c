@@ -159,9 +159,9 @@ typedef struct {
     tp_act q, k, v, o;
 } attn_acts;
 
-static void attn_release(attn_acts *a)
+static void attn_release(tp_model *m, attn_acts *a)
 {
-    tp_act_release(&a->q); tp_act_release(&a->k); tp_act_release(&a->v); tp_act_release(&a->o);
+    tp_act_release(m, &a->q); tp_act_release(m, &a->k); tp_act_release(m, &a->v); tp_act_release(m, &a->o);
 }
 
 static tp_status project_qkv(tp_model *m, const tp_layer *L, const float *h, int64_t T, attn_acts *a)
@@ -211,7 +211,7 @@ static tp_status attention_block(tp_model *m, const tp_layer *L, tp_kv_cache *ca
     }
     if (!st) st = check_replicated(&a.o, H, "o_proj");
     if (!st) par_add_rmsnorm(m, x, a.o.data, sc->h, &L->post_attention_layernorm, T, H);
-    attn_release(&a);
+    attn_release(m, &a);
     return st;
 }
 
@@ -237,7 +237,7 @@ static tp_status mlp_block(tp_model *m, const tp_layer *L, const tp_tensor *next
     }
     if (!st) st = check_replicated(&down, H, "down_proj");
     if (!st) par_add_rmsnorm(m, x, down.data, h, next_norm, T, H);
-    tp_act_release(&gate); tp_act_release(&up); tp_act_release(&down);
+    tp_act_release(m, &gate); tp_act_release(m, &up); tp_act_release(m, &down);
     return st;
 }
 
@@ -251,7 +251,7 @@ static tp_status head(tp_model *m, const float *h, int64_t rows, float *logits)
         st = tp_fail(TP_ERR_INVALID, "lm_head gives %lld of %lld logits on this rank; the plan must gather them "
                      "(colwise_gather_output)", (long long)out.width, (long long)V);
     if (!st) memcpy(logits, out.data, (size_t)(rows * V) * sizeof(float));
-    tp_act_release(&out);
+    tp_act_release(m, &out);
     return st;
 }
 
@@ -286,6 +286,6 @@ tp_status tp_model_forward(tp_model *m, tp_kv_cache *cache, const int64_t *token
         cache->length += T;
     }
     scratch_free(&sc);
-    tp_act_release(&x);
+    tp_act_release(m, &x);
     return st;
 }

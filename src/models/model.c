@@ -157,6 +157,7 @@ void tp_model_free(tp_model *m)
     release_linear(&m->lm_head);
     release_linear(&m->embed_tokens);
     tp_model_tp_free(m);
+    tp_act_cache_free(m);
     tp_tensor_release(&m->norm);
     free(m->inv_freq);
     tp_threadpool_destroy(m->pool);

@@ -9,22 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* An activation of `floats` floats, freed with free().  64-byte aligned:
- * the GEMM writes its output in 64-byte vectors, and with malloc's 16-byte
- * alignment every one of them straddled two cache lines (~7 % of a GEMM). */
-static float *act_alloc(int64_t floats)
-{
-    void *p = NULL;
-    size_t bytes = (size_t)(floats > 0 ? floats : 1) * sizeof(float);
-    return posix_memalign(&p, 64, (bytes + 63) / 64 * 64) ? NULL : p;
-}
-
-void tp_act_release(tp_act *a)
-{
-    free(a->data);
-    a->data = NULL;
-}
-
 int64_t tp_act_offset(const tp_model *m, const tp_act *a)
 {
     if (a->pl.kind != TP_SHARD || !m->tp) return 0;
@@ -44,7 +28,7 @@ static tp_module_ctx module_ctx(const tp_model *m, const struct tp_module_tp *mt
  * needed no collective, or an all-reduce done in place), that buffer is
  * handed over as it is and *mine becomes NULL: no copy of a [T, width]
  * activation per module. */
-static tp_status take_local(tp_dtensor *d, int64_t gwidth, float **mine, tp_act *y)
+static tp_status take_local(tp_model *m, tp_dtensor *d, int64_t gwidth, float **mine, tp_act *y)
 {
     int64_t T = d->local.shape[0], width = d->local.shape[1];
     if (mine && *mine && d->local.data == *mine && !d->local.owns_data) {
@@ -53,7 +37,7 @@ static tp_status take_local(tp_dtensor *d, int64_t gwidth, float **mine, tp_act 
         tp_dtensor_release(d);
         return TP_OK;
     }
-    float *data = act_alloc(T * width);
+    float *data = tp_act_alloc(m, T * width);
     if (!data) { tp_dtensor_release(d); return tp_fail(TP_ERR_NOMEM, "out of memory"); }
     memcpy(data, d->local.data, (size_t)(T * width) * sizeof(float));
     *y = (tp_act){data, T, width, gwidth, d->placements[0]};
@@ -68,13 +52,13 @@ static tp_status linear_plain(tp_model *m, const tp_linear *lin, const char *nam
     if (x_width != in)
         return tp_fail(TP_ERR_INVALID, "%s expects %lld input features on this rank but gets %lld "
                        "(the plan leaves its input in another layout)", name, (long long)in, (long long)x_width);
-    y->data = act_alloc(T * out);
+    y->data = tp_act_alloc(m, T * out);
     if (!y->data) return tp_fail(TP_ERR_NOMEM, "out of memory");
     y->T = T;
     y->width = y->gwidth = out;
     y->pl = tp_replicate();
     tp_status s = tp_matmul(y->data, x, T, &lin->weight, lin->bias.data ? &lin->bias : NULL, m->pool);
-    if (s) tp_act_release(y);
+    if (s) tp_act_release(m, y);
     return s;
 }
 
@@ -87,7 +71,7 @@ static tp_status linear_local(tp_model *m, const tp_linear *lin, const struct tp
     if (xd->local.shape[1] != in)
         return tp_fail(TP_ERR_INVALID, "%s: its style gives the local computation %lld input features, "
                        "its weight shard has %lld", mt->name, (long long)xd->local.shape[1], (long long)in);
-    *y = act_alloc(T * out);
+    *y = tp_act_alloc(m, T * out);
     if (!*y) return tp_fail(TP_ERR_NOMEM, "out of memory");
     const tp_tensor *bias = lin->bias.data && !mt->plan->fwd.bias_after_reduce ? &lin->bias : NULL;
     return tp_matmul(*y, xd->local.data, T, &lin->weight, bias, m->pool);
@@ -141,10 +125,10 @@ tp_status tp_module_linear(tp_model *m, const tp_linear *lin, const float *x, in
         t0 = tp_now();
         s = tp_style_post_forward(mt->plan->style, &ctx, d, &yd);
         m->comm_seconds += tp_now() - t0;
-        if (!s) s = take_local(&yd, gout[1], &ybuf, y);
+        if (!s) s = take_local(m, &yd, gout[1], &ybuf, y);
         else tp_dtensor_release(&yd);
     }
-    free(ybuf);
+    tp_act_free(m, ybuf);
     return s;
 }
 
@@ -181,7 +165,7 @@ tp_status tp_module_embedding(tp_model *m, const int64_t *ids, int64_t T, tp_act
     tp_status s = check_ids(m, ids, T);
     if (s) return s;
     int64_t width = emb->weight.shape[1];
-    float *buf = act_alloc(T * width);
+    float *buf = tp_act_alloc(m, T * width);
     if (!buf) return tp_fail(TP_ERR_NOMEM, "out of memory");
     tp_param_slice whole = {.dim = -1};
     lookup_local(emb, mt ? &mt->weight_slice : &whole, ids, T, buf);
@@ -198,9 +182,9 @@ tp_status tp_module_embedding(tp_model *m, const int64_t *ids, int64_t T, tp_act
         double t0 = tp_now();
         s = tp_style_post_forward(mt->plan->style, &ctx, d, &yd);
         m->comm_seconds += tp_now() - t0;
-        if (!s) s = take_local(&yd, gout[1], &buf, y);
+        if (!s) s = take_local(m, &yd, gout[1], &buf, y);
         else tp_dtensor_release(&yd);
     }
-    free(buf);
+    tp_act_free(m, buf);
     return s;
 }

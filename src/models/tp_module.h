@@ -36,7 +36,12 @@ typedef struct {
     tp_placement pl;
 } tp_act;
 
-void tp_act_release(tp_act *a);
+/* Activation buffers of the model's forward (act_cache.c): large ones are
+ * kept and reused between forwards, so their pages are faulted in once. */
+float *tp_act_alloc(tp_model *m, int64_t floats);
+void tp_act_free(tp_model *m, float *data);
+void tp_act_release(tp_model *m, tp_act *a);
+void tp_act_cache_free(tp_model *m);
 /* Global index of this rank's first column of a. */
 int64_t tp_act_offset(const tp_model *m, const tp_act *a);
 
