@@ -107,14 +107,23 @@ void tp_style_context_leave(const tp_style *st, const tp_module_ctx *mod, void *
 }
 
 /* Relabels x as `from` (a declaration, not a check: §1.3) and moves it to
- * `to` through dist's redistribute, replacing x's buffer. */
-static tp_status move(tp_dtensor *x, tp_placement from, tp_placement to)
+ * `to` through dist's redistribute, replacing x's buffer.  With in_place
+ * (outputs, whose buffer the module owns), Partial -> Replicate on a 1-D
+ * mesh is reduced where it lies: the local shape does not change, and a new
+ * buffer per module cost a zero fill, fresh pages and a copy back. */
+static tp_status move(tp_dtensor *x, tp_placement from, tp_placement to, int in_place)
 {
     if (!x->mesh) return tp_fail(TP_ERR_INVALID, "forward hook: the activation has no mesh");
     if ((from.kind == TP_SHARD || from.kind == TP_STRIDED_SHARD) && from.dim < 0) from.dim += x->ndim;
     if ((to.kind == TP_SHARD || to.kind == TP_STRIDED_SHARD) && to.dim < 0) to.dim += x->ndim;
     x->placements[0] = from;
     if (tp_placement_equal(from, to, x->ndim)) return TP_OK;
+    if (in_place && from.kind == TP_PARTIAL && to.kind == TP_REPLICATE && tp_mesh_ndim(x->mesh) == 1) {
+        tp_status s = tp_redistribute_local(x->mesh, x->local.dtype, x->ndim, x->shape, &from, x->local.data,
+                                            &to, x->local.data);
+        if (!s) x->placements[0] = to;
+        return s;
+    }
     tp_dtensor y;
     tp_status s = tp_redistribute(x, &to, &y);
     if (s) return s;
@@ -128,7 +137,7 @@ tp_status tp_style_pre_forward(const tp_style *st, const tp_module_ctx *mod,
 {
     if (st->transform_inputs_pre_forward) return st->transform_inputs_pre_forward(st, mod, d, x);
     if (!d->installed || d->ids_input) return TP_OK;   /* token ids are always replicated */
-    return move(x, d->input, d->compute_input);
+    return move(x, d->input, d->compute_input, 0);
 }
 
 /* The rowwise family's bias: added once, after the reduction (§2.5). */
@@ -153,7 +162,7 @@ tp_status tp_style_post_forward(const tp_style *st, const tp_module_ctx *mod,
 {
     if (st->transform_output_post_forward) return st->transform_output_post_forward(st, mod, d, y);
     if (!d->installed) return TP_OK;
-    tp_status s = move(y, d->local_output, d->output);
+    tp_status s = move(y, d->local_output, d->output, 1);
     if (!s && d->bias_after_reduce) s = add_bias(mod, y);
     return s;
 }
