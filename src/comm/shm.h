@@ -130,6 +130,7 @@ typedef struct {
     int refs;                       /* tp_groups using this view          */
     int cma;                        /* every rank can process_vm_readv every other */
     double spin_s;                  /* busy-wait this long before yielding */
+    double yield_s;                 /* then sched_yield until this, then sleep */
     uint64_t probe;                 /* what peers read in the CMA probe    */
     struct { uint64_t hash; int count; } *occ;   /* sub-group creations  */
     int nocc, capocc;

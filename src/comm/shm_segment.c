@@ -291,9 +291,15 @@ tp_status tp_shm_attach(shm_world **out, const tp_comm_env *e, double timeout_s)
     w->refs = 1;
     w->probe = SHM_MAGIC ^ (uint64_t)e->rank;
     /* Spinning pays when every rank has a core; otherwise the peer we wait
-     * for may need ours, and we yield early. */
+     * for may need ours, and we yield early.  With a core each, a rank also
+     * keeps polling (yielding to anything else runnable) for up to 50 ms
+     * before it sleeps: ranks in lock step wait milliseconds for a peer that
+     * was preempted, and waking from a sleep of up to 0.5 ms after the peer
+     * is back cost both ranks that time again. */
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    w->spin_s = cores >= e->world_size ? 100e-6 : 5e-6;
+    int own_core = cores >= e->world_size;
+    w->spin_s = own_core ? 100e-6 : 5e-6;
+    w->yield_s = own_core ? 50e-3 : 2e-3;
     char name[256];
     tp_shm_segment_name(name, sizeof name, e->rendezvous);
     tp_status st;

@@ -3,7 +3,8 @@
  * A wait spins first (the peer is usually a few hundred nanoseconds
  * behind; 100 us when every rank has a core, 5 us otherwise, see
  * tp_shm_attach), then yields the core (ranks may outnumber cores, and the peer we
- * wait for may need ours), then sleeps with a growing interval.  Every 50 ms
+ * wait for may need ours) until 50 ms or 2 ms have passed (the same two
+ * cases), then sleeps with a growing interval.  Every 50 ms
  * it checks that the awaited peer still exists and that no other rank has
  * reported a failure, so a dead peer is noticed within a fraction of a
  * second instead of at the timeout. */
@@ -16,7 +17,6 @@
 #include <string.h>
 #include <time.h>
 
-#define YIELD_S 2e-3          /* then sched_yield until this much passed */
 #define SLEEP_MIN_NS 20000L
 #define SLEEP_MAX_NS 500000L
 #define CHECK_EVERY_S 0.05
@@ -104,7 +104,7 @@ tp_status tp_shm_backoff(shm_backoff *b, shm_world *w, const tp_group *g, int pe
     double waited = now - b->start;
     if (waited < w->spin_s) {   /* see tp_shm_attach */
         tp_cpu_relax();
-    } else if (waited < YIELD_S) {
+    } else if (waited < w->yield_s) {
         sched_yield();
     } else {
         struct timespec ts = {0, b->sleep_ns};
