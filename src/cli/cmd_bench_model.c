@@ -467,7 +467,7 @@ static int make_slots(slot *s, long long max_tp)
 
 /* One round: the machine's limits, then every configuration once, each in
  * its own launch that loads the model and warms up untimed and then times
- * one repetition. */
+ * it (a prefill: the median of 3 passes; decode: one run of its steps). */
 static int run_round(const job *jf, const job *jd, slot *s, int nconf, int smoke, round_figures *g)
 {
     if (machine_peaks(&g->pk, smoke)) return -1;
@@ -711,7 +711,8 @@ int cmd_bench_all(int argc, char **argv)
     int rc = cli_parse(argc, argv, o, n,
                        "tensorpar bench all --model DIR [--seq 512] [--new-tokens 128] [--reps 3] [--json] [--png FILE]",
                        "Measures, in each of --reps rounds, the machine's limits (FMA peak, read bandwidth;\n"
-                       "2 threads) and then once each: prefill at TP=1x1, TP=1x2 and TP=2x1 (f32 weights),\n"
+                       "2 threads) and then once each: prefill at TP=1x1, TP=1x2 and TP=2x1 (f32 weights;\n"
+                       "each the median of 3 passes), "
                        "TP=1x2 with bf16 weights, decode with bf16 weights at TP=1x2 and TP=2x1, and the\n"
                        "chart's TP sizes, each in its own processes.  Each ratio of the speed issue's\n"
                        "targets is taken within a round (the machine drifts between rounds); the median\n"
@@ -731,8 +732,12 @@ int cmd_bench_all(int argc, char **argv)
     }
     job jf = j, jd = j;
     jf.seq = seq;
-    /* One timed repetition per launch: the repetitions are the rounds. */
-    jf.reps = jd.reps = 1;
+    /* Decode times 128 steps in one repetition; a prefill is one pass, and
+     * one preempted moment of the shared host moves a single pass by 10-20 %,
+     * so each prefill launch reports the median of 3 (after its warm-up).
+     * The rounds then give the median and range of the ratios. */
+    jd.reps = 1;
+    jf.reps = cli_flag(o, n, "--smoke") ? 1 : 3;
     tp_model_config mc;
     if ((rc = load_config(j.dir, &mc, cmd))) return rc;
     all_figures a;
