@@ -179,34 +179,6 @@ TP_T512 static inline float expsum512(float *s, int64_t n, float mx)
     return _mm512_reduce_add_ps(sum);
 }
 
-/* r[i][c] -> r[c][i] for a 16×16 block: 32-bit and 64-bit interleaves
- * transpose the 4×4 blocks inside each 128-bit lane, then two rounds of
- * 128-bit lane shuffles put the blocks in place. */
-TP_T512 static inline void transpose512(__m512 r[16])
-{
-    __m512 t[16], u[16];
-    for (int k = 0; k < 8; k++) {
-        t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-        t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-    }
-    for (int k = 0; k < 4; k++)
-        for (int m = 0; m < 2; m++) {
-            __m512d a = _mm512_castps_pd(t[4 * k + m]), b = _mm512_castps_pd(t[4 * k + m + 2]);
-            u[4 * k + 2 * m] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-            u[4 * k + 2 * m + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-        }
-    /* u[4k + m], 128-bit lane L: column 4L + m of rows 4k..4k+3 */
-    for (int m = 0; m < 4; m++) {
-        __m512 x0 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x88), x1 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xdd);
-        __m512 y0 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x88);
-        __m512 y1 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xdd);
-        r[m] = _mm512_shuffle_f32x4(x0, y0, 0x88);
-        r[8 + m] = _mm512_shuffle_f32x4(x0, y0, 0xdd);
-        r[4 + m] = _mm512_shuffle_f32x4(x1, y1, 0x88);
-        r[12 + m] = _mm512_shuffle_f32x4(x1, y1, 0xdd);
-    }
-}
-
 TP_T512 static inline __m512 keep512(__m512 s, __m512 p, __m512 lo, __m512 hi)
 {
     __mmask16 k = _mm512_cmp_ps_mask(p, lo, _CMP_GE_OQ) & _mm512_cmp_ps_mask(p, hi, _CMP_LE_OQ);
@@ -233,7 +205,7 @@ TP_T512 static inline __m512 keep512(__m512 s, __m512 p, __m512 lo, __m512 hi)
 #define VFMA _mm512_fmadd_ps
 #define VEXP tp_exp2_512_ftz   /* masked lanes: no denormal assists */
 #define VKEEP keep512
-#define VTRANSPOSE transpose512
+#define VTRANSPOSE tp_transpose16x16
 /* 32 registers: one head 8 keys / 16 rows (a V row's whole cache line),
  * two heads 8 × 2 = 16 accumulators for both products */
 #define KR1 8
@@ -309,7 +281,7 @@ TP_TAVX2 static inline float expsum256(float *s, int64_t n, float mx)
     return tp_hsum256(sum);
 }
 
-/* r[i][c] -> r[c][i] for an 8×8 block, as transpose512 with 2 lanes. */
+/* r[i][c] -> r[c][i] for an 8×8 block, as tp_transpose16x16 with 2 lanes. */
 TP_TAVX2 static inline void transpose256(__m256 r[8])
 {
     __m256 t[8], u[8];

@@ -48,6 +48,7 @@
  * configured per thread here (ldtilecfg at the start of every worker,
  * tilerelease at its end), so pool threads never keep AMX state alive. */
 #include "kernels/kern_internal.h"
+#include "kernels/vmath.h"
 
 #include <immintrin.h>
 #include <stdlib.h>
@@ -144,33 +145,14 @@ TAMX static void split_worker(void *p, int ti, int nt)
 
 /* ---- packing W -------------------------------------------------------- */
 
-/* In-register transpose of 16 rows of 16 32-bit elements: unpack pairs,
- * then quads, then exchange 128-bit lanes twice. */
+/* In-register transpose of 16 rows of 16 32-bit elements (vmath.h's, on
+ * integer registers). */
 TAMX static void transpose16(__m512i r[16])
 {
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    /* r[4g + m], lane L: column 4L + m of rows 4g..4g+3 */
-    for (int g = 0; g < 16; g += 4) {
-        r[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
-        r[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
-        r[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
-        r[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
-    }
-    /* column 4L + m = lane L of r[m], r[4 + m], r[8 + m], r[12 + m] */
-    for (int m = 0; m < 4; m++) {
-        __m512i a02 = _mm512_shuffle_i32x4(r[m], r[4 + m], 0x88), a13 = _mm512_shuffle_i32x4(r[m], r[4 + m], 0xdd);
-        __m512i b02 = _mm512_shuffle_i32x4(r[8 + m], r[12 + m], 0x88);
-        __m512i b13 = _mm512_shuffle_i32x4(r[8 + m], r[12 + m], 0xdd);
-        t[m] = _mm512_shuffle_i32x4(a02, b02, 0x88);
-        t[4 + m] = _mm512_shuffle_i32x4(a13, b13, 0x88);
-        t[8 + m] = _mm512_shuffle_i32x4(a02, b02, 0xdd);
-        t[12 + m] = _mm512_shuffle_i32x4(a13, b13, 0xdd);
-    }
-    for (int i = 0; i < 16; i++) r[i] = t[i];
+    __m512 f[16];
+    for (int i = 0; i < 16; i++) f[i] = _mm512_castsi512_ps(r[i]);
+    tp_transpose16x16(f);
+    for (int i = 0; i < 16; i++) r[i] = _mm512_castps_si512(f[i]);
 }
 
 /* One B tile: rows w[0..rows) (ldw apart) of W, k values [0, kvalid) of

@@ -28,6 +28,7 @@
  * even ones are (lane << 16), the odd ones (lane & 0xffff0000); x is
  * permuted once per call to match (as tp_gemv_permute_x). */
 #include "kernels/kern_internal.h"
+#include "kernels/vmath.h"
 
 #include <immintrin.h>
 #include <stdlib.h>
@@ -81,35 +82,6 @@ static __mmask16 col_mask(int64_t valid)
     return valid >= 16 ? 0xffff : valid <= 0 ? 0 : (__mmask16)((1u << valid) - 1);
 }
 
-/* r[i][j] → r[j][i] for a 16×16 block of floats: three rounds of
- * shuffles (pairs of floats, pairs of pairs, 128-bit lanes), 64 in all. */
-static inline __attribute__((always_inline)) T512 void transpose16(__m512 r[16])
-{
-    __m512 t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);       /* per lane: a0 b0 a1 b1 */
-        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);   /*           a2 b2 a3 b3 */
-    }
-    /* s[4g + c] holds, in lane l, column 4l + c of rows 4g..4g+3. */
-    for (int g = 0; g < 16; g += 4) {
-        __m512d a = _mm512_castps_pd(t[g]), b = _mm512_castps_pd(t[g + 1]);
-        __m512d c = _mm512_castps_pd(t[g + 2]), d = _mm512_castps_pd(t[g + 3]);
-        r[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-        r[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-        r[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-        r[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-    }
-    /* Column 4l + c gathers lane l of s[c], s[4 + c], s[8 + c], s[12 + c]. */
-    for (int c = 0; c < 4; c++) {
-        __m512 u0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x44), v0 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x44);
-        __m512 u1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xee), v1 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xee);
-        t[c] = _mm512_shuffle_f32x4(u0, v0, 0x88);
-        t[4 + c] = _mm512_shuffle_f32x4(u0, v0, 0xdd);
-        t[8 + c] = _mm512_shuffle_f32x4(u1, v1, 0x88);
-        t[12 + c] = _mm512_shuffle_f32x4(u1, v1, 0xdd);
-    }
-    for (int i = 0; i < 16; i++) r[i] = t[i];
-}
 
 /* x[0:rows, 0:kc] (rows <= MR, row stride ldx) → one panel dst[kc][MR];
  * rows past `rows` are zero.  16 k at a time: the rows are transposed in
@@ -122,7 +94,7 @@ T512 static void pack_a_panel(float *dst, const float *x, int64_t rows, int64_t 
         __m512 r[16];
         for (int i = 0; i < 16; i++)
             r[i] = i < rows ? _mm512_maskz_loadu_ps(m, x + i * ldx + k) : _mm512_setzero_ps();
-        transpose16(r);
+        tp_transpose16x16(r);
         int nk = kc - k < 16 ? (int)(kc - k) : 16;
         for (int j = 0; j < nk; j++) _mm512_mask_storeu_ps(dst + (k + j) * MR, (1u << MR) - 1, r[j]);
     }
@@ -151,7 +123,7 @@ T512 static void pack_b_f32(float *dst, const void *w, tp_dtype wt, int64_t n, i
             __m512 r[16];
             for (int i = 0; i < 16; i++)
                 r[i] = i < rows ? load_w16(w, wt, (c0 + i) * ldw + k0 + k, m) : _mm512_setzero_ps();
-            transpose16(r);
+            tp_transpose16x16(r);
             int nk = kc - k < 16 ? (int)(kc - k) : 16;
             for (int j = 0; j < nk; j++) _mm512_store_ps(d + (k + j) * NR, r[j]);
         }

@@ -8,6 +8,39 @@
 
 #define TP_T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,avx2")))
 #define TP_TAVX2 __attribute__((target("avx2,fma")))
+#define TP_T512F __attribute__((target("avx512f")))
+
+/* r[i][j] -> r[j][i] for a 16×16 block of 32-bit elements: three rounds of
+ * shuffles (pairs of elements, pairs of pairs, 128-bit lanes), 64 in all.
+ * Plain AVX-512F, so every AVX-512 kernel (GEMM packing, AMX packing,
+ * attention) inlines the one copy. */
+static inline __attribute__((always_inline)) TP_T512F void tp_transpose16x16(__m512 r[16])
+{
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);       /* per lane: a0 b0 a1 b1 */
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);   /*           a2 b2 a3 b3 */
+    }
+    /* r[4g + c] holds, in lane l, column 4l + c of rows 4g..4g+3. */
+    for (int g = 0; g < 16; g += 4) {
+        __m512d a = _mm512_castps_pd(t[g]), b = _mm512_castps_pd(t[g + 1]);
+        __m512d c = _mm512_castps_pd(t[g + 2]), d = _mm512_castps_pd(t[g + 3]);
+        r[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    /* Column 4l + c gathers lane l of r[c], r[4 + c], r[8 + c], r[12 + c]. */
+    for (int c = 0; c < 4; c++) {
+        __m512 u0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x44), v0 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x44);
+        __m512 u1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xee), v1 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xee);
+        t[c] = _mm512_shuffle_f32x4(u0, v0, 0x88);
+        t[4 + c] = _mm512_shuffle_f32x4(u0, v0, 0xdd);
+        t[8 + c] = _mm512_shuffle_f32x4(u1, v1, 0x88);
+        t[12 + c] = _mm512_shuffle_f32x4(u1, v1, 0xdd);
+    }
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
 
 /* exp(x) to ~1 ulp: x = n·ln2 + r with |r| <= ln2/2, exp(r) by its Taylor
  * polynomial to degree 7 (error < 1e-8), then scalef multiplies by 2^n and
