@@ -60,7 +60,9 @@ static tp_status measure(tp_group *g, bench_op op, float *in, float *out, size_t
     double *t = malloc((size_t)batches * sizeof(double));
     if (!t) return tp_fail(TP_ERR_NOMEM, "out of memory");
     tp_status st = TP_OK;
-    for (int w = 0; w < 3 && !st; w++) st = run_op(g, op, in, out, bytes);   /* warm up */
+    /* Warm up with one untimed batch: the first size of a run otherwise
+     * measures the slots' first touches and the cores waking up. */
+    for (int w = 0; w < k && !st; w++) st = run_op(g, op, in, out, bytes);
     for (int b = 0; b < batches && !st; b++) {
         if (op != OP_MEMCPY) st = tp_comm_barrier(g);
         double t0 = tp_now();
