@@ -157,6 +157,11 @@ int tp_cpu_count(void);
 tp_status tp_threadpool_pin(tp_threadpool *pool, int first);
 /* Pins the calling thread to the index-th allowed CPU (modulo their count). */
 tp_status tp_pin_thread(int index);
+/* A buffer of at least `bytes` that the pool keeps for its caller until the
+ * next call or tp_threadpool_destroy: the kernels' packing space, faulted in
+ * once instead of per call.  Only the thread that runs the pool's regions
+ * may use it.  NULL for a NULL pool or when out of memory. */
+void *tp_threadpool_scratch(tp_threadpool *pool, size_t bytes);
 
 /* ---- random numbers --------------------------------------------------- */
 

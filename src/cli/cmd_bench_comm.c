@@ -10,6 +10,7 @@
  * the gathered output; reduce_scatter: the input), and GB/s = bytes / time.
  * A memcpy of the same size gives the machine's reference bandwidth. */
 #include "cli.h"
+#include "tp_cli.h"
 #include "tensorpar/comm.h"
 
 #include <stdlib.h>
@@ -91,8 +92,7 @@ static int worker(const bench_cfg *cfg, FILE *out)
     int n = tp_group_size(g), me = tp_group_rank(g);
     /* One core per rank, as the model commands do: a rank the scheduler
      * moves, or puts beside its peer, measures the scheduler. */
-    const char *pin = getenv("TENSORPAR_PIN");
-    if (!(pin && !strcmp(pin, "0")) && tp_pin_thread(tp_group_local_rank(g)))
+    if (cli_pin_wanted() && tp_pin_thread(tp_group_local_rank(g)))
         tp_log(TP_LOG_WARN, "rank %d not pinned: %s", me, tp_error());
     size_t cap = cfg->max_bytes + 64 * (size_t)n;
     float *in = tp_alloc(cap), *buf = tp_alloc(cap);

@@ -64,6 +64,12 @@ tp_status cli_tp_choose(void *ctx, int64_t *id)
     return tp_comm_broadcast(tp->world, id, 1, TP_I64, 0);
 }
 
+int cli_pin_wanted(void)
+{
+    const char *pin = getenv("TENSORPAR_PIN");
+    return !(pin && !strcmp(pin, "0"));
+}
+
 int cli_tp_threads(const cli_option *o, int n, const cli_tp *tp, tp_model_options *mo)
 {
     int cores = tp_cpu_count();
@@ -77,9 +83,8 @@ int cli_tp_threads(const cli_option *o, int n, const cli_tp *tp, tp_model_option
     if (cli_value(o, n, "--threads") && threads * local_size > cores && local_rank == 0)
         tp_log(TP_LOG_WARN, "%d rank(s) x %lld threads = %lld threads on %d cores: oversubscribed, expect it to "
                "run slower than %d threads in all", local_size, threads, threads * local_size, cores, cores);
-    const char *pin = getenv("TENSORPAR_PIN");
     mo->threads = (int)threads;
-    mo->pin_threads = !(pin && !strcmp(pin, "0"));
+    mo->pin_threads = cli_pin_wanted();
     mo->first_cpu = (int)((long long)local_rank * threads % cores);
     return 0;
 }

@@ -28,6 +28,8 @@ void cli_tp_end(cli_tp *tp);
  * Asking for more threads than cores works, with a warning.  Sets
  * mo->threads, mo->pin_threads and mo->first_cpu; -1 on a bad --threads. */
 int cli_tp_threads(const cli_option *o, int n, const cli_tp *tp, tp_model_options *mo);
+/* 0 when TENSORPAR_PIN=0 asks for ranks and threads to stay unpinned. */
+int cli_pin_wanted(void);
 
 /* A tp_choose_callback: every rank takes rank 0's token. */
 tp_status cli_tp_choose(void *ctx, int64_t *id);

@@ -44,12 +44,6 @@ void tp_attention_path(tp_kernel_path p, float *out, const float *q, const float
                        const float *v, int64_t T, int64_t pos0, int64_t n_heads, int64_t n_kv,
                        int64_t d, int64_t window, tp_threadpool *pool);
 
-/* A buffer of at least `bytes` that the pool keeps for its caller until the
- * next call or tp_threadpool_destroy (base/threadpool.c): the GEMM's
- * packing space.  Only the thread that runs the pool's regions may use it.
- * NULL for a NULL pool or when out of memory. */
-void *tp_threadpool_scratch(tp_threadpool *pool, size_t bytes);
-
 /* x[0:T, k0:k0+kc] -> panels [T/mr][kc][mr], rows past T zero (gemm_shared.c). */
 void tp_gemm_pack_a(float *dst, const float *x, int64_t T, int64_t ldx, int64_t k0, int64_t kc, int mr);
 
