@@ -74,6 +74,19 @@ tp_status tp_matmul(float *y, const float *x, int64_t T, const tp_tensor *W,
 tp_status tp_matmul_ex(float *y, const float *x, int64_t T, const tp_tensor *W,
                        const tp_tensor *bias, tp_threadpool *pool, const tp_matmul_opts *opts);
 
+/* Several Linear layers on one input (q, k and v; gate and up): outs[i].y =
+ * x · outs[i].w ᵀ (+ outs[i].bias).  The weights must share the input
+ * width; for a prefill the GEMM packs (or, with AMX, splits) x once for all
+ * of them instead of once per weight.  Results are bitwise those of one
+ * tp_matmul_ex per weight. */
+typedef struct {
+    float *y;
+    const tp_tensor *w;
+    const tp_tensor *bias;   /* NULL: none */
+} tp_matmul_out;
+tp_status tp_matmul_group(const tp_matmul_out *outs, int count, const float *x, int64_t T, tp_threadpool *pool,
+                          const tp_matmul_opts *opts);
+
 /* out[i] = x[i] / sqrt(mean(x²) + eps) * w[i] over rows of length n;
  * w is f32 or bf16.  out may alias x. */
 void tp_rmsnorm(float *out, const float *x, const tp_tensor *w, int64_t rows, int64_t n, double eps);

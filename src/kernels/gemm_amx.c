@@ -409,31 +409,53 @@ static int64_t blocking(amx_job *j)
     return steps;
 }
 
-tp_status tp_gemm_amx(float *y, const float *x, int64_t T, const uint16_t *W, int64_t n, int64_t k,
-                      int passes, tp_threadpool *pool)
+/* The parts share x, so it is split once for all of them; each part then
+ * runs with its own blocking (which depends on n).  The split x's layout
+ * depends only on T, k and passes. */
+tp_status tp_gemm_amx_group(const tp_gemm_part *parts, int count, const float *x, int64_t T, int64_t k,
+                            int passes, tp_threadpool *pool)
 {
     if (passes < 1) passes = 1;
     if (passes > 3) passes = 3;
     int nt = tp_threadpool_size(pool);
-    amx_job j = {y, NULL, W, T, round_up(T, BT), n, k, round_up(k, KT), 0, 0, 0, passes, NULL, 0, 0};
-    int64_t steps = blocking(&j);
+    amx_job j = {NULL, NULL, NULL, T, round_up(T, BT), 0, k, round_up(k, KT), 0, 0, 0, passes, NULL, 0, 0};
     /* The split x and the per-thread panels live in the pool's scratch,
      * which is faulted in once and reused by every GEMM of every layer: a
      * fresh buffer per call (malloc hands large ones back to the kernel)
      * paid a page fault per 4 KiB each time, as much as the split itself. */
-    size_t xs_bytes = ((size_t)passes * (size_t)(j.Tp * j.kp) * sizeof(uint16_t) + 63) / 64 * 64;
-    j.panel_bytes = (size_t)(j.nb * steps * KT * 2);
-    j.buf_stride = j.panel_bytes + (size_t)(j.tb * j.nb * 4);
-    size_t bytes = xs_bytes + j.buf_stride * (size_t)nt;
+    size_t xs_bytes = ((size_t)passes * (size_t)(j.Tp * j.kp) * sizeof(uint16_t) + 63) / 64 * 64, stride = 0;
+    for (int i = 0; i < count; i++) {
+        j.n = parts[i].n;
+        int64_t steps = blocking(&j);
+        size_t need = (size_t)(j.nb * steps * KT * 2) + (size_t)(j.tb * j.nb * 4);
+        if (need > stride) stride = need;
+    }
+    size_t bytes = xs_bytes + stride * (size_t)nt;
     char *mem = tp_threadpool_scratch(pool, bytes), *own = NULL;
     if (!mem) mem = own = tp_alloc(bytes);
     if (!mem) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for the AMX GEMM");
     uint16_t *xs = (uint16_t *)mem;
-    j.buf = mem + xs_bytes;
     split_job s = {xs, x, T, j.Tp, k, j.kp, passes};
     tp_parallel_run(pool, split_worker, &s);
     j.xs = xs;
-    tp_parallel_run(pool, amx_worker, &j);
+    j.buf = mem + xs_bytes;
+    j.buf_stride = stride;
+    for (int i = 0; i < count; i++) {
+        j.y = parts[i].y;
+        j.w = parts[i].w;
+        j.n = parts[i].n;
+        if (j.n == 0) continue;
+        int64_t steps = blocking(&j);
+        j.panel_bytes = (size_t)(j.nb * steps * KT * 2);
+        tp_parallel_run(pool, amx_worker, &j);
+    }
     tp_free(own);
     return TP_OK;
+}
+
+tp_status tp_gemm_amx(float *y, const float *x, int64_t T, const uint16_t *W, int64_t n, int64_t k,
+                      int passes, tp_threadpool *pool)
+{
+    tp_gemm_part part = {y, W, n};
+    return tp_gemm_amx_group(&part, 1, x, T, k, passes, pool);
 }

@@ -298,12 +298,15 @@ static void gemm_worker(void *p, int ti, int nt)
     }
 }
 
-tp_status tp_gemm_avx512(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
-                         int64_t n, int64_t k, int bf16_dot, tp_threadpool *pool)
+/* The parts share x: each row pass packs it once, then runs every part's
+ * W over the same packed panels.  A part's sums do not depend on the
+ * others, so a group gives the same bits as one call per part. */
+tp_status tp_gemm_avx512_group(const tp_gemm_part *parts, int count, const float *x, int64_t T, tp_dtype wt,
+                               int64_t k, int bf16_dot, tp_threadpool *pool)
 {
     int nt = tp_threadpool_size(pool);
     int64_t tc = T < TC ? T : TC, tpad = (tc + MR - 1) / MR * MR, nkb = (k + KC - 1) / KC;
-    gemm_job j = {y, x, W, wt, tc, n, k, tpad, bf16_dot && wt == TP_BF16, NULL, NULL, 0, 0};
+    gemm_job j = {NULL, x, NULL, wt, tc, 0, k, tpad, bf16_dot && wt == TP_BF16, NULL, NULL, 0, 0};
     /* dot: each thread packs x per K block (tpad×KC_DOT/2 pairs); f32: x is
      * packed once per pass, shared, all K blocks (tpad×KC floats each). */
     j.a_bytes = j.dot ? (size_t)tpad * KC * sizeof(float) : 0;
@@ -317,14 +320,25 @@ tp_status tp_gemm_avx512(float *y, const float *x, int64_t T, const void *W, tp_
     j.buf = mem + shared;
     for (int64_t t0 = 0; t0 < T; t0 += tc) {
         j.x = x + t0 * k;
-        j.y = y + t0 * n;
         j.T = min64(tc, T - t0);
         j.tpad = (j.T + MR - 1) / MR * MR;
         if (!j.dot) tp_parallel_run(pool, pack_a_worker, &j);
-        tp_parallel_run(pool, gemm_worker, &j);
+        for (int i = 0; i < count; i++) {
+            j.y = parts[i].y + t0 * parts[i].n;
+            j.w = parts[i].w;
+            j.n = parts[i].n;
+            if (j.n > 0) tp_parallel_run(pool, gemm_worker, &j);
+        }
     }
     tp_free(own);
     return TP_OK;
+}
+
+tp_status tp_gemm_avx512(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
+                         int64_t n, int64_t k, int bf16_dot, tp_threadpool *pool)
+{
+    tp_gemm_part part = {y, W, n};
+    return tp_gemm_avx512_group(&part, 1, x, T, wt, k, bf16_dot, pool);
 }
 
 /* ---- GEMV ------------------------------------------------------------- */

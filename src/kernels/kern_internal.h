@@ -22,6 +22,18 @@ tp_status tp_gemm_avx512(float *y, const float *x, int64_t T, const void *W, tp_
                     int64_t n, int64_t k, int bf16_dot, tp_threadpool *pool);
 tp_status tp_gemv_avx512(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
                     int64_t n, int64_t k, int bf16_dot, tp_threadpool *pool);
+/* One weight of a GEMM group: y[T, n] = x · W[n, k]ᵀ, the same x and k for
+ * every part.  A group packs (or splits) x once for all its parts and
+ * gives the same bits as one call per part. */
+typedef struct {
+    float *y;
+    const void *w;
+    int64_t n;
+} tp_gemm_part;
+tp_status tp_gemm_avx512_group(const tp_gemm_part *parts, int count, const float *x, int64_t T, tp_dtype wt,
+                               int64_t k, int bf16_dot, tp_threadpool *pool);
+tp_status tp_gemm_amx_group(const tp_gemm_part *parts, int count, const float *x, int64_t T, int64_t k,
+                            int passes, tp_threadpool *pool);
 /* bf16 W only; the caller has checked tp_kernel_has_amx().  x is split into
  * `passes` (1..3) bf16 parts, see gemm_amx.c. */
 tp_status tp_gemm_amx(float *y, const float *x, int64_t T, const uint16_t *W, int64_t n, int64_t k,

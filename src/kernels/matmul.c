@@ -126,19 +126,40 @@ static tp_status add_bias(float *y, int64_t T, int64_t out, const tp_tensor *bia
     return TP_OK;
 }
 
-tp_status tp_matmul_ex(float *y, const float *x, int64_t T, const tp_tensor *W,
-                       const tp_tensor *bias, tp_threadpool *pool, const tp_matmul_opts *opts)
+static tp_status check_weight(const tp_tensor *W, int64_t T)
 {
     if (W->ndim != 2) return tp_fail(TP_ERR_INTERNAL, "tp_matmul: weight must be 2-D");
     if (W->dtype != TP_F32 && W->dtype != TP_BF16)
         return tp_fail(TP_ERR_UNSUPPORTED, "tp_matmul: weights of dtype %s", tp_dtype_name(W->dtype));
     if (W->shape[1] > INT32_MAX / 16 || T > INT32_MAX || W->shape[0] > INT32_MAX)
         return tp_fail(TP_ERR_UNSUPPORTED, "tp_matmul: matrix too large");
+    return TP_OK;
+}
+
+/* The GEMM that a prefill of these weights runs: 1 the AVX-512 GEMM, 2 the
+ * AMX GEMM, 0 any other path (GEMV, scalar, AVX2, OpenBLAS). */
+static int gemm_kind(tp_kernel_path path, int64_t T, tp_dtype wt, int bf16_dot, const tp_matmul_opts *opts)
+{
+    if (path != TP_KERNEL_AVX512 || T <= TP_GEMV_MAX_T || (opts->blas && !bf16_dot)) return 0;
+    return opts->amx && wt == TP_BF16 && tp_kernel_has_amx() ? 2 : 1;
+}
+
+/* x split into 3 bf16 parts keeps products exact; bf16_dot: 1 part. */
+static int amx_passes(int bf16_dot, const tp_matmul_opts *opts)
+{
+    return bf16_dot ? 1 : opts->amx == 2 ? 2 : 3;
+}
+
+tp_status tp_matmul_ex(float *y, const float *x, int64_t T, const tp_tensor *W,
+                       const tp_tensor *bias, tp_threadpool *pool, const tp_matmul_opts *opts)
+{
+    tp_status st = check_weight(W, T);
+    if (st) return st;
     int64_t n = W->shape[0], k = W->shape[1];
     if (T == 0 || n == 0) return TP_OK;
     tp_kernel_path path = tp_kernel_resolve(opts->path);
     int bf16_dot = opts->bf16_dot && W->dtype == TP_BF16 && tp_kernel_has_bf16_dot();
-    tp_status st = TP_OK;
+    int gemm = gemm_kind(path, T, W->dtype, bf16_dot, opts);
     if (k == 0) {
         memset(y, 0, (size_t)(T * n) * sizeof(float));
     } else if (path == TP_KERNEL_SCALAR) {
@@ -148,14 +169,58 @@ tp_status tp_matmul_ex(float *y, const float *x, int64_t T, const tp_tensor *W,
         else st = tp_gemv_avx2(y, x, T, W->data, W->dtype, n, k, pool);
     } else if (opts->blas && !bf16_dot) {
         matmul_blas(y, x, T, W->data, W->dtype, n, k, pool);
-    } else if (path == TP_KERNEL_AVX512 && opts->amx && W->dtype == TP_BF16 && tp_kernel_has_amx()) {
-        /* x split into 3 bf16 parts keeps products exact; bf16_dot: 1 part. */
-        st = tp_gemm_amx(y, x, T, W->data, n, k, bf16_dot ? 1 : opts->amx == 2 ? 2 : 3, pool);
+    } else if (gemm == 2) {
+        st = tp_gemm_amx(y, x, T, W->data, n, k, amx_passes(bf16_dot, opts), pool);
+    } else if (gemm == 1) {
+        st = tp_gemm_avx512(y, x, T, W->data, W->dtype, n, k, bf16_dot, pool);
     } else {
-        if (path == TP_KERNEL_AVX512) st = tp_gemm_avx512(y, x, T, W->data, W->dtype, n, k, bf16_dot, pool);
-        else st = tp_gemm_avx2(y, x, T, W->data, W->dtype, n, k, pool);
+        st = tp_gemm_avx2(y, x, T, W->data, W->dtype, n, k, pool);
     }
     if (!st && bias && bias->data) st = add_bias(y, T, n, bias);
+    return st;
+}
+
+#define GROUP_MAX 8
+
+/* The weights can go through one GEMM call: same input width, same dtype,
+ * the same GEMM kind, and nothing empty. */
+static int groupable(const tp_matmul_out *outs, int count, int64_t T, tp_kernel_path path, int bf16_dot,
+                     const tp_matmul_opts *opts)
+{
+    if (count < 2 || count > GROUP_MAX) return 0;
+    const tp_tensor *w0 = outs[0].w;
+    int kind = gemm_kind(path, T, w0->dtype, bf16_dot, opts);
+    if (!kind || (kind == 1 && bf16_dot) || w0->shape[1] == 0) return 0;
+    for (int i = 0; i < count; i++)
+        if (outs[i].w->dtype != w0->dtype || outs[i].w->shape[1] != w0->shape[1] || outs[i].w->shape[0] == 0)
+            return 0;
+    return kind;
+}
+
+tp_status tp_matmul_group(const tp_matmul_out *outs, int count, const float *x, int64_t T, tp_threadpool *pool,
+                          const tp_matmul_opts *opts)
+{
+    for (int i = 0; i < count; i++) {
+        tp_status st = check_weight(outs[i].w, T);
+        if (st) return st;
+    }
+    if (count < 1 || T == 0) return TP_OK;
+    tp_kernel_path path = tp_kernel_resolve(opts->path);
+    const tp_tensor *w0 = outs[0].w;
+    int bf16_dot = opts->bf16_dot && w0->dtype == TP_BF16 && tp_kernel_has_bf16_dot();
+    int kind = groupable(outs, count, T, path, bf16_dot, opts);
+    tp_status st = TP_OK;
+    if (!kind) {
+        for (int i = 0; i < count && !st; i++) st = tp_matmul_ex(outs[i].y, x, T, outs[i].w, outs[i].bias, pool, opts);
+        return st;
+    }
+    tp_gemm_part parts[GROUP_MAX];
+    for (int i = 0; i < count; i++) parts[i] = (tp_gemm_part){outs[i].y, outs[i].w->data, outs[i].w->shape[0]};
+    int64_t k = w0->shape[1];
+    if (kind == 2) st = tp_gemm_amx_group(parts, count, x, T, k, amx_passes(bf16_dot, opts), pool);
+    else st = tp_gemm_avx512_group(parts, count, x, T, w0->dtype, k, 0, pool);
+    for (int i = 0; i < count && !st; i++)
+        if (outs[i].bias && outs[i].bias->data) st = add_bias(outs[i].y, T, outs[i].w->shape[0], outs[i].bias);
     return st;
 }
 

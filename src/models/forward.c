@@ -167,11 +167,11 @@ static void attn_release(tp_model *m, attn_acts *a)
 static tp_status project_qkv(tp_model *m, const tp_layer *L, const float *h, int64_t T, attn_acts *a)
 {
     int64_t H = m->cfg.hidden_size;
-    tp_status s;
-    if ((s = tp_module_linear(m, &L->q_proj, h, T, H, &a->q)) ||
-        (s = tp_module_linear(m, &L->k_proj, h, T, H, &a->k)) ||
-        (s = tp_module_linear(m, &L->v_proj, h, T, H, &a->v)))
-        return s;
+    const tp_linear *lins[3] = {&L->q_proj, &L->k_proj, &L->v_proj};
+    tp_act out[3];
+    tp_status s = tp_module_linear_group(m, lins, 3, h, T, H, out);
+    if (s) return s;
+    a->q = out[0], a->k = out[1], a->v = out[2];
     if (a->k.width != a->v.width)
         return tp_fail(TP_ERR_UNSUPPORTED, "k_proj and v_proj give %lld and %lld features on this rank; "
                        "shard them alike", (long long)a->k.width, (long long)a->v.width);
@@ -223,21 +223,22 @@ static tp_status mlp_block(tp_model *m, const tp_layer *L, const tp_tensor *next
 {
     const tp_model_config *c = &m->cfg;
     int64_t H = c->hidden_size;
-    tp_act gate = {0}, up = {0}, down = {0};
-    tp_status st;
-    if (!(st = tp_module_linear(m, &L->gate_proj, h, T, H, &gate)) &&
-        !(st = tp_module_linear(m, &L->up_proj, h, T, H, &up))) {
-        if (gate.width != up.width)
+    tp_act gate_up[2], down = {0};
+    tp_act *gate = &gate_up[0], *up = &gate_up[1];
+    const tp_linear *lins[2] = {&L->gate_proj, &L->up_proj};
+    tp_status st = tp_module_linear_group(m, lins, 2, h, T, H, gate_up);
+    if (!st) {
+        if (gate->width != up->width)
             st = tp_fail(TP_ERR_UNSUPPORTED, "gate_proj and up_proj give %lld and %lld features on this rank; "
-                         "shard them alike", (long long)gate.width, (long long)up.width);
+                         "shard them alike", (long long)gate->width, (long long)up->width);
         else {
-            par_silu_mul(m, gate.data, up.data, T, gate.width);
-            st = tp_module_linear(m, &L->down_proj, gate.data, T, gate.width, &down);
+            par_silu_mul(m, gate->data, up->data, T, gate->width);
+            st = tp_module_linear(m, &L->down_proj, gate->data, T, gate->width, &down);
         }
     }
     if (!st) st = check_replicated(&down, H, "down_proj");
     if (!st) par_add_rmsnorm(m, x, down.data, h, next_norm, T, H);
-    tp_act_release(m, &gate); tp_act_release(m, &up); tp_act_release(m, &down);
+    tp_act_release(m, gate); tp_act_release(m, up); tp_act_release(m, &down);
     return st;
 }
 

@@ -45,38 +45,6 @@ static tp_status take_local(tp_model *m, tp_dtensor *d, int64_t gwidth, float **
     return TP_OK;
 }
 
-static tp_status linear_plain(tp_model *m, const tp_linear *lin, const char *name, const float *x, int64_t T,
-                              int64_t x_width, tp_act *y)
-{
-    int64_t in = lin->weight.shape[1], out = lin->weight.shape[0];
-    if (x_width != in)
-        return tp_fail(TP_ERR_INVALID, "%s expects %lld input features on this rank but gets %lld "
-                       "(the plan leaves its input in another layout)", name, (long long)in, (long long)x_width);
-    y->data = tp_act_alloc(m, T * out);
-    if (!y->data) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    y->T = T;
-    y->width = y->gwidth = out;
-    y->pl = tp_replicate();
-    tp_status s = tp_matmul(y->data, x, T, &lin->weight, lin->bias.data ? &lin->bias : NULL, m->pool);
-    if (s) tp_act_release(m, y);
-    return s;
-}
-
-/* The local computation between the hooks: y = x·Wᵀ (+ b unless the style
- * adds the bias after its reduction). */
-static tp_status linear_local(tp_model *m, const tp_linear *lin, const struct tp_module_tp *mt,
-                              const tp_dtensor *xd, float **y)
-{
-    int64_t T = xd->local.shape[0], in = lin->weight.shape[1], out = lin->weight.shape[0];
-    if (xd->local.shape[1] != in)
-        return tp_fail(TP_ERR_INVALID, "%s: its style gives the local computation %lld input features, "
-                       "its weight shard has %lld", mt->name, (long long)xd->local.shape[1], (long long)in);
-    *y = tp_act_alloc(m, T * out);
-    if (!*y) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    const tp_tensor *bias = lin->bias.data && !mt->plan->fwd.bias_after_reduce ? &lin->bias : NULL;
-    return tp_matmul(*y, xd->local.data, T, &lin->weight, bias, m->pool);
-}
-
 /* Under KV-head replication a rank's k/v output is one whole head: it is a
  * shard of the heads repeated kv_rep times, a tensor P times as wide. */
 static int64_t output_width(const tp_model *m, const struct tp_module_tp *mt, const tp_linear *lin)
@@ -95,41 +63,155 @@ int64_t tp_module_out_width(const tp_model *m, const tp_linear *lin)
     return size;
 }
 
+/* ---- Linear modules ---------------------------------------------------
+ * A group of modules reads one input (q, k, v; gate, up).  Each runs its
+ * own style's hooks; the local computations of all whose pre_forward left
+ * x where it was go to one tp_matmul_group call, which packs x once for all
+ * of them.  One module is a group of one. */
+
+#define GROUP_MAX 4
+
+typedef struct {
+    const tp_linear *lin;
+    const struct tp_module_tp *mt;  /* NULL when the module runs plainly */
+    tp_module_ctx ctx;
+    tp_dtensor xd;                  /* TP: the input after pre_forward   */
+    int have_xd, entered;
+    void *state;
+    float *y;                       /* the local output                  */
+} module_run;
+
+static int runs_plainly(const tp_model *m, const struct tp_module_tp *mt)
+{
+    return !mt || !mt->plan || !mt->plan->fwd.installed || !m->tp->mesh;
+}
+
+static const char *module_name(const module_run *r)
+{
+    return r->mt ? r->mt->name : "a Linear module";
+}
+
+/* Up to the local computation: pre_forward and the context (TP), the input
+ * width check, the output buffer.  *input is what the GEMM reads. */
+static tp_status module_begin(tp_model *m, module_run *r, const float *x, int64_t T, int64_t x_width,
+                              const float **input)
+{
+    int64_t in = r->lin->weight.shape[1], out = r->lin->weight.shape[0];
+    *input = x;
+    if (r->mt) {
+        const tp_forward_desc *d = &r->mt->plan->fwd;
+        int64_t gin[2] = {T, r->mt->in_features};
+        tp_status s = tp_dtensor_from_local(&r->xd, m->tp->mesh, &d->input, TP_F32, 2, gin, (void *)x);
+        if (s) return tp_fail_context(s, "%s: its input does not have the layout its style declares", r->mt->name);
+        r->have_xd = 1;
+        /* All placement changes happen inside the two hooks, so the time
+         * spent there is the module's communication (including waiting). */
+        double t0 = tp_now();
+        s = tp_style_pre_forward(r->mt->plan->style, &r->ctx, d, &r->xd);
+        m->comm_seconds += tp_now() - t0;
+        if (s || (s = tp_style_context_enter(r->mt->plan->style, &r->ctx, &r->state))) return s;
+        r->entered = 1;
+        *input = r->xd.local.data;
+        x_width = r->xd.local.shape[1];
+        if (x_width != in)
+            return tp_fail(TP_ERR_INVALID, "%s: its style gives the local computation %lld input features, "
+                           "its weight shard has %lld", r->mt->name, (long long)x_width, (long long)in);
+    } else if (x_width != in) {
+        return tp_fail(TP_ERR_INVALID, "%s expects %lld input features on this rank but gets %lld "
+                       "(the plan leaves its input in another layout)", module_name(r), (long long)in,
+                       (long long)x_width);
+    }
+    r->y = tp_act_alloc(m, T * out);
+    return r->y ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+}
+
+/* The local bias: a plain module's, or a style's that does not add it
+ * after its reduction. */
+static const tp_tensor *local_bias(const module_run *r)
+{
+    if (!r->lin->bias.data || (r->mt && r->mt->plan->fwd.bias_after_reduce)) return NULL;
+    return &r->lin->bias;
+}
+
+static void module_leave(module_run *r)
+{
+    if (r->entered) tp_style_context_leave(r->mt->plan->style, &r->ctx, r->state);
+    r->entered = 0;
+    if (r->have_xd) tp_dtensor_release(&r->xd);
+    r->have_xd = 0;
+}
+
+/* post_forward and the output activation. */
+static tp_status module_finish(tp_model *m, module_run *r, int64_t T, tp_act *y)
+{
+    int64_t out = r->lin->weight.shape[0];
+    if (!r->mt) {
+        *y = (tp_act){r->y, T, out, out, tp_replicate()};
+        r->y = NULL;
+        return TP_OK;
+    }
+    const tp_forward_desc *d = &r->mt->plan->fwd;
+    int64_t gout[2] = {T, output_width(m, r->mt, r->lin)};
+    tp_dtensor yd;
+    tp_status s = tp_dtensor_from_local(&yd, m->tp->mesh, &d->local_output, TP_F32, 2, gout, r->y);
+    if (s) return s;
+    double t0 = tp_now();
+    s = tp_style_post_forward(r->mt->plan->style, &r->ctx, d, &yd);
+    m->comm_seconds += tp_now() - t0;
+    if (!s) return take_local(m, &yd, gout[1], &r->y, y);
+    tp_dtensor_release(&yd);
+    return s;
+}
+
+/* The local computations: the modules reading x itself in one group call,
+ * any other alone. */
+static tp_status compute_local(tp_model *m, module_run *runs, const float *const *inputs, int count,
+                               const float *x, int64_t T)
+{
+    tp_matmul_opts opts;
+    tp_matmul_opts_default(&opts);
+    tp_matmul_out outs[GROUP_MAX];
+    int n = 0;
+    tp_status s = TP_OK;
+    for (int i = 0; i < count && !s; i++) {
+        if (inputs[i] == x) outs[n++] = (tp_matmul_out){runs[i].y, &runs[i].lin->weight, local_bias(&runs[i])};
+        else s = tp_matmul_ex(runs[i].y, inputs[i], T, &runs[i].lin->weight, local_bias(&runs[i]), m->pool, &opts);
+    }
+    return s ? s : tp_matmul_group(outs, n, x, T, m->pool, &opts);
+}
+
+tp_status tp_module_linear_group(tp_model *m, const tp_linear *const *lins, int count, const float *x, int64_t T,
+                                 int64_t x_width, tp_act *ys)
+{
+    if (count < 1 || count > GROUP_MAX)
+        return tp_fail(TP_ERR_INTERNAL, "tp_module_linear_group: %d modules (1..%d)", count, GROUP_MAX);
+    module_run runs[GROUP_MAX];
+    const float *inputs[GROUP_MAX];
+    memset(runs, 0, sizeof runs);
+    memset(ys, 0, (size_t)count * sizeof *ys);
+    tp_status s = TP_OK;
+    for (int i = 0; i < count && !s; i++) {
+        runs[i].lin = lins[i];
+        runs[i].mt = runs_plainly(m, lins[i]->tp) ? NULL : lins[i]->tp;
+        if (runs[i].mt)
+            runs[i].ctx = module_ctx(m, runs[i].mt, runs[i].mt->plan->fwd.bias_after_reduce && lins[i]->bias.data
+                                                        ? &lins[i]->bias : NULL);
+        s = module_begin(m, &runs[i], x, T, x_width, &inputs[i]);
+    }
+    if (!s) s = compute_local(m, runs, inputs, count, x, T);
+    for (int i = 0; i < count; i++) module_leave(&runs[i]);
+    for (int i = 0; i < count && !s; i++) s = module_finish(m, &runs[i], T, &ys[i]);
+    for (int i = 0; i < count; i++) {
+        tp_act_free(m, runs[i].y);
+        if (s) tp_act_release(m, &ys[i]);
+    }
+    return s;
+}
+
 tp_status tp_module_linear(tp_model *m, const tp_linear *lin, const float *x, int64_t T, int64_t x_width,
                            tp_act *y)
 {
-    const struct tp_module_tp *mt = lin->tp;
-    if (!mt || !mt->plan || !mt->plan->fwd.installed || !m->tp->mesh)
-        return linear_plain(m, lin, mt ? mt->name : "a Linear module", x, T, x_width, y);
-    const tp_forward_desc *d = &mt->plan->fwd;
-    tp_module_ctx ctx = module_ctx(m, mt, d->bias_after_reduce && lin->bias.data ? &lin->bias : NULL);
-    int64_t gin[2] = {T, mt->in_features}, gout[2] = {T, output_width(m, mt, lin)};
-    tp_dtensor xd, yd;
-    tp_status s = tp_dtensor_from_local(&xd, m->tp->mesh, &d->input, TP_F32, 2, gin, (void *)x);
-    if (s) return tp_fail_context(s, "%s: its input does not have the layout its style declares", mt->name);
-    (void)x_width;
-    void *state = NULL;
-    float *ybuf = NULL;
-    /* All placement changes happen inside the two hooks, so the time spent
-     * there is the module's communication (including waiting for peers). */
-    double t0 = tp_now();
-    s = tp_style_pre_forward(mt->plan->style, &ctx, d, &xd);
-    m->comm_seconds += tp_now() - t0;
-    if (!s && !(s = tp_style_context_enter(mt->plan->style, &ctx, &state))) {
-        s = linear_local(m, lin, mt, &xd, &ybuf);
-        tp_style_context_leave(mt->plan->style, &ctx, state);
-    }
-    tp_dtensor_release(&xd);
-    if (!s) s = tp_dtensor_from_local(&yd, m->tp->mesh, &d->local_output, TP_F32, 2, gout, ybuf);
-    if (!s) {
-        t0 = tp_now();
-        s = tp_style_post_forward(mt->plan->style, &ctx, d, &yd);
-        m->comm_seconds += tp_now() - t0;
-        if (!s) s = take_local(m, &yd, gout[1], &ybuf, y);
-        else tp_dtensor_release(&yd);
-    }
-    tp_act_free(m, ybuf);
-    return s;
+    return tp_module_linear_group(m, &lin, 1, x, T, x_width, y);
 }
 
 /* ---- embedding -------------------------------------------------------- */

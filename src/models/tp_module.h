@@ -56,6 +56,12 @@ tp_status tp_model_param_slice(const tp_model *m, size_t i, const tp_param_desc 
 /* A Linear module on input x [T, x_width]. */
 tp_status tp_module_linear(tp_model *m, const tp_linear *lin, const float *x, int64_t T, int64_t x_width,
                            tp_act *y);
+/* Modules reading the same input x (q, k, v; gate, up), run as one: each
+ * through its own hooks, the local GEMMs of those whose pre_forward leaves
+ * x in place in one call that packs x once.  ys[i] is lins[i]'s output;
+ * the results are those of tp_module_linear on each.  At most 4. */
+tp_status tp_module_linear_group(tp_model *m, const tp_linear *const *lins, int count, const float *x, int64_t T,
+                                 int64_t x_width, tp_act *ys);
 /* The width of the module's output on this rank, before running it. */
 int64_t tp_module_out_width(const tp_model *m, const tp_linear *lin);
 /* The embedding lookup of T token ids (ids outside [0, vocab) are an error). */

@@ -132,6 +132,73 @@ static void test_matmul_threads_bitwise(tp_threadpool *pool)
     free(x); free(y1); free(y3);
 }
 
+/* tp_matmul_group packs x once for several weights; each output must be
+ * bitwise what tp_matmul_ex gives for its weight alone, on every path and
+ * dtype (AMX for bf16 where the CPU has it), for prompts of one row pass
+ * and of several (T > 1032), with a bias on one weight, and for a group
+ * whose input widths differ (computed one by one). */
+static void check_group(tp_threadpool *pool, const tp_matmul_opts *o, tp_dtype wt, int64_t T, int64_t k,
+                        int64_t k_last)
+{
+    enum { NW = 3 };
+    const int64_t ns[NW] = {40, 17, 200};
+    tp_tensor W[NW] = {{0}}, B = {0};
+    float *x = malloc((size_t)(T * (k > k_last ? k : k_last)) * sizeof(float)), *yg[NW], *y1[NW];
+    int ok = x != NULL && tp_tensor_init(&B, TP_F32, 1, &ns[1]) == TP_OK;
+    for (int i = 0; i < NW; i++) {
+        int64_t shape[2] = {ns[i], i == NW - 1 ? k_last : k}, numel = ns[i] * shape[1];
+        yg[i] = malloc((size_t)(T * ns[i]) * sizeof(float));
+        y1[i] = malloc((size_t)(T * ns[i]) * sizeof(float));
+        float *wf = malloc((size_t)numel * sizeof(float));
+        ok = ok && yg[i] && y1[i] && wf && tp_tensor_init(&W[i], wt, 2, shape) == TP_OK;
+        if (ok) fill(wf, numel, 0.5);
+        for (int64_t e = 0; ok && e < numel; e++) {
+            if (wt == TP_BF16) ((uint16_t *)W[i].data)[e] = tp_bf16_from_f32(wf[e]);
+            else ((float *)W[i].data)[e] = wf[e];
+        }
+        free(wf);
+    }
+    if (!ok) {
+        CHECK(!"out of memory");
+    } else {
+        fill(x, T * (k > k_last ? k : k_last), 1.0);
+        fill(B.data, ns[1], 1.0);
+        tp_matmul_out outs[NW];
+        for (int i = 0; i < NW; i++) {
+            const tp_tensor *bias = i == 1 ? &B : NULL;
+            outs[i] = (tp_matmul_out){yg[i], &W[i], bias};
+            CHECK(tp_matmul_ex(y1[i], x, T, &W[i], bias, pool, o) == TP_OK);
+        }
+        CHECK(tp_matmul_group(outs, NW, x, T, pool, o) == TP_OK);
+        for (int i = 0; i < NW; i++)
+            CHECK_MSG(!memcmp(yg[i], y1[i], (size_t)(T * ns[i]) * sizeof(float)),
+                      "%s %s amx=%d T=%lld k=%lld/%lld: weight %d of the group differs from its own call",
+                      tp_kernel_path_name(o->path), tp_dtype_name(wt), o->amx, (long long)T, (long long)k,
+                      (long long)k_last, i);
+    }
+    for (int i = 0; i < NW; i++) { tp_tensor_release(&W[i]); free(yg[i]); free(y1[i]); }
+    tp_tensor_release(&B);
+    free(x);
+}
+
+static void test_matmul_group(tp_threadpool *pool)
+{
+    tp_rng saved = rng;
+    tp_rng_seed(&rng, 77);
+    const int64_t Ts[] = {3, 7, 53, 1100};
+    for (int pi = 0; pi < 3; pi++) {
+        if (!tp_kernel_path_supported(PATHS[pi])) continue;
+        for (int amx = 0; amx < 2; amx++)
+            for (int d = 0; d < 2; d++)
+                for (size_t t = 0; t < sizeof Ts / sizeof Ts[0]; t++) {
+                    tp_matmul_opts o = {PATHS[pi], 0, 0, amx};
+                    check_group(pool, &o, d ? TP_BF16 : TP_F32, Ts[t], 129, 129);
+                    if (t == 2) check_group(pool, &o, d ? TP_BF16 : TP_F32, Ts[t], 129, 64);
+                }
+    }
+    rng = saved;
+}
+
 /* GEMV shapes that the small ones above miss: enough rows for the thread
  * split to cut at 4 KiB pages (rows of 2304 bytes: a block of rows is not a
  * whole number of pages), a remainder of single rows after the blocks, and
@@ -313,6 +380,8 @@ int main(void)
     test_matmul(NULL);
     test_matmul(pool3);
     test_matmul_threads_bitwise(pool3);
+    test_matmul_group(NULL);
+    test_matmul_group(pool3);
     test_gemv_split(NULL);
     test_gemv_split(pool3);
     test_elementwise();
