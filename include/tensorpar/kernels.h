@@ -136,10 +136,15 @@ tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick);
 
 /* The machine's own limits, the first part of tp_kernel_bench: AVX-512 FMA
  * peak (registers only) and read bandwidth over 1 GiB of 2 MiB pages, on
- * one thread and on the pool's threads; medians.  ~1 s with quick != 0. */
+ * one thread and on the pool's threads; medians; and the lockstep scaling
+ * of FMA work over the pool's threads.  ~2 s with quick != 0. */
 typedef struct {
     double fma_gflops_1, fma_gflops_n;   /* GFLOP/s */
     double read_gbs_1, read_gbs_n;       /* GB/s */
+    /* threads × t(1 thread) ÷ t(all threads) for chunks of FMA work run
+     * in lockstep (a barrier after each): `threads` when the host leaves
+     * every core alone, less when it slows one. */
+    double lockstep_scaling;
     int threads;                         /* the pool's size */
 } tp_machine_peaks;
 tp_status tp_machine_peaks_measure(tp_machine_peaks *out, tp_threadpool *pool, int quick);

@@ -407,12 +407,15 @@ typedef struct {
 } round_figures;
 
 /* The ratios of the speed issue's targets, in the order printed. */
-enum { R_FMA12, R_FMA21, R_BF16, R_TP21_11, R_TP21_12, R_BW12, R_BW21, R_COMM, R_COMM_DEC, N_RATIOS };
+enum { R_FMA12, R_FMA21, R_BF16, R_TP21_11, R_LOCK, R_TP21_LOCK, R_TP21_12, R_BW12, R_BW21, R_COMM, R_COMM_DEC,
+       N_RATIOS };
 static const struct { const char *key, *what, *target; } ratio_info[N_RATIOS] = {
     {"prefill_fma_ratio", "prefill f32 FLOP rate / FMA peak (TP=1x2)", ">= 0.60"},
     {"prefill_fma_ratio_tp2x1", "prefill f32 FLOP rate / FMA peak (TP=2x1)", ""},
     {"bf16_over_f32", "prefill rate bf16 / f32 weights (TP=1x2)", ">= 1.5"},
     {"tp2x1_over_tp1x1", "prefill TP=2x1 / TP=1x1", ">= 1.9"},
+    {"machine_lockstep_scaling", "machine: FMA chunks, 2 threads in lockstep / 1", ""},
+    {"tp2x1_over_tp1x1_per_lockstep", "prefill TP=2x1 / TP=1x1, / the machine's lockstep", ""},
     {"tp2x1_over_tp1x2", "prefill TP=2x1 / TP=1x2", ">= 0.95"},
     {"decode_bw_ratio_tp1x2", "decode bf16 weight bytes/s / read bw (TP=1x2)", ">= 0.90"},
     {"decode_bw_ratio_tp2x1", "decode bf16 weight bytes/s / read bw (TP=2x1)", ">= 0.90"},
@@ -492,6 +495,8 @@ static void round_ratios(const round_figures *g, double flops, int64_t new_token
     v[R_FMA21] = flops / f[F21].seconds / peak;
     v[R_BF16] = f[F12].seconds / f[B12].seconds;
     v[R_TP21_11] = f[F11].seconds / f[F21].seconds;
+    v[R_LOCK] = g->pk.lockstep_scaling;
+    v[R_TP21_LOCK] = v[R_TP21_11] / g->pk.lockstep_scaling;
     v[R_TP21_12] = f[F12].seconds / f[F21].seconds;
     v[R_BW12] = f[D12].weight_bytes * nt / f[D12].seconds / bw;
     v[R_BW21] = f[D21].weight_bytes * nt / f[D21].seconds / bw;
@@ -522,6 +527,7 @@ static void median_figures(const round_figures *g, int rounds, int nconf, round_
     MEDIAN_OF(pk.fma_gflops_n);
     MEDIAN_OF(pk.read_gbs_1);
     MEDIAN_OF(pk.read_gbs_n);
+    MEDIAN_OF(pk.lockstep_scaling);
     m->pk.threads = g[0].pk.threads;
     for (int i = 0; i < nconf; i++) {
         MEDIAN_OF(f[i].seconds);
@@ -648,7 +654,8 @@ static void print_tables(const all_figures *a, const job *jf, const job *jd, con
     const tp_machine_peaks *pk = &a->med.pk;
     double tok12 = (double)jd->new_tokens / f[D12].seconds, tok21 = (double)jd->new_tokens / f[D21].seconds;
     printf("machine (2 threads, pinned): FMA peak %.1f GFLOP/s (%.1f on 1 thread), read bandwidth %.1f GB/s "
-           "(%.1f on 1 thread)\n", pk->fma_gflops_n, pk->fma_gflops_1, pk->read_gbs_n, pk->read_gbs_1);
+           "(%.1f on 1 thread), lockstep scaling %.3f\n", pk->fma_gflops_n, pk->fma_gflops_1, pk->read_gbs_n,
+           pk->read_gbs_1, pk->lockstep_scaling);
     printf("model %s: prefill of %lld tokens = %.1f GFLOP; medians of %d rounds (each: the machine, then every "
            "configuration once); load average %.2f\n\n", model, (long long)jf->seq, a->flops / 1e9, a->rounds, load);
     printf("%-28s %10s %10s %11s\n", "prefill", "seconds", "GFLOP/s", "comm share");

@@ -25,7 +25,7 @@ static double median(double *v, int n)
 
 #define FMA_ITERS 240000000L   /* ~50 ms per run at peak */
 
-typedef struct { float sink[64]; } fma_job;
+typedef struct { long iters; float sink[64]; } fma_job;
 
 TP_T512 static void fma512_worker(void *p, int ti, int nt)
 {
@@ -33,7 +33,7 @@ TP_T512 static void fma512_worker(void *p, int ti, int nt)
     fma_job *j = p;
     __m512 a[24], m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
     for (int i = 0; i < 24; i++) a[i] = _mm512_set1_ps((float)i);
-    for (long it = 0; it < FMA_ITERS / 24; it++)
+    for (long it = 0; it < j->iters / 24; it++)
 #pragma GCC unroll 24
         for (int i = 0; i < 24; i++) a[i] = _mm512_fmadd_ps(a[i], m, c);
     for (int i = 1; i < 24; i++) a[0] = _mm512_add_ps(a[0], a[i]);
@@ -46,6 +46,24 @@ static double time_run(tp_threadpool *pool, tp_parallel_fn fn, void *ctx)
     double t0 = tp_now();
     tp_parallel_run(pool, fn, ctx);
     return tp_now() - t0;
+}
+
+/* What the host lets lockstep work gain from the pool's nt threads: chunks
+ * of FMA work (~25 ms, about a TP=2 rank's share of one block of a 512-token
+ * qwen3-0.6b prefill), run by one thread and by all nt at once with a
+ * barrier after each, alternately.  nt × t(1 thread) ÷ t(nt threads): nt on
+ * an idle machine; less when the host slows one core (another tenant on
+ * its sibling), since each step waits for the slowest — as a TP run's
+ * collectives do, while one thread on one core only feels its own. */
+static double lockstep_scaling(tp_threadpool *pool, int chunks)
+{
+    fma_job j = {FMA_ITERS / 2, {0}};
+    double one = 0, all = 0;
+    for (int c = 0; c < chunks; c++) {
+        one += time_run(NULL, fma512_worker, &j);
+        all += time_run(pool, fma512_worker, &j);
+    }
+    return tp_threadpool_size(pool) * one / all;
 }
 
 /* ---- read bandwidth ---------------------------------------------------- */
@@ -153,11 +171,12 @@ static tp_status measure_peaks(tp_machine_peaks *out, tp_threadpool *pool, int q
     double t[REPS_MAX];
 
     /* FMA peak */
-    fma_job fj;
+    fma_job fj = {FMA_ITERS, {0}};
     for (int r = 0; r < reps; r++) t[r] = time_run(NULL, fma512_worker, &fj);
     out->fma_gflops_1 = 2.0 * 16 * FMA_ITERS / 24 * 24 / median(t, reps) / 1e9;
     for (int r = 0; r < reps; r++) t[r] = time_run(pool, fma512_worker, &fj);
     out->fma_gflops_n = nt * 2.0 * 16 * FMA_ITERS / 24 * 24 / median(t, reps) / 1e9;
+    out->lockstep_scaling = lockstep_scaling(pool, quick > 1 ? 2 : 24);
 
     /* read bandwidth over 1 GiB of huge pages (the L3 may hold 300 MiB) */
     int64_t n = quick > 1 ? (int64_t)1 << 22 : (int64_t)1 << 28;

@@ -20,7 +20,8 @@ WORK = None
 MODEL = None
 
 ALL_KEYS = ["prefill_fma_ratio", "bf16_over_f32", "tp2x1_over_tp1x1", "tp2x1_over_tp1x2",
-            "decode_bw_ratio_tp1x2", "decode_bw_ratio_tp2x1", "comm_share_tp2"]
+            "decode_bw_ratio_tp1x2", "decode_bw_ratio_tp2x1", "comm_share_tp2", "machine_lockstep_scaling",
+            "tp2x1_over_tp1x1_per_lockstep"]
 
 
 def setUpModule():
