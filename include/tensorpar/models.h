@@ -51,12 +51,6 @@ typedef struct tp_model {
      * reset it. */
     double comm_seconds;
     struct tp_act_cache *acts;     /* activation buffers kept between forwards */
-    /* Under TP, prompts of 64 tokens or more split the rows of the residual
-     * stream: the rowwise outputs are reduce-scattered, each rank adds and
-     * norms its own rows, and the normed rows are all-gathered (forward.c);
-     * the logits are bitwise those of the plan's all-reduce.  1 by default;
-     * TENSORPAR_SPLIT_ROWS=0 at load turns it off. */
-    int split_rows;
 } tp_model;
 
 typedef struct {

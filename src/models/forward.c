@@ -5,9 +5,8 @@
  * applies the module's TP style; the code here is the same on one rank and
  * on many.  Head counts come from the width of the local activations, not
  * from the config, so a rank computes exactly the heads its shards hold. */
-#include "tensorpar/comm.h"
-#include "tensorpar/kernels.h"
 #include "tensorpar/models.h"
+#include "tensorpar/kernels.h"
 #include "tp_module.h"
 
 #include <stdlib.h>
@@ -31,61 +30,11 @@ typedef struct {
     float *h;          /* [T, H] the normed residual stream, input of the next block */
     float *attn;       /* [T, heads * head_dim] attention output (local heads) */
     float *rope;       /* [T, head_dim] cos/sin of each position */
-    /* Rows split (split_rows): this rank keeps rows [r0, r0 + rn) of the
-     * residual stream; counts[p] = rank p's rows × H. */
-    int split;
-    int64_t r0, rn;
-    size_t *counts;
-    float *reduced;    /* [rn, H] this rank's rows of a block's output */
-    float *normed;     /* [rn, H] the same rows of the next block's input */
 } fwd_scratch;
 
 static void scratch_free(fwd_scratch *s)
 {
     tp_free(s->h); tp_free(s->attn); tp_free(s->rope);
-    tp_free(s->reduced); tp_free(s->normed);
-    free(s->counts);
-}
-
-/* ---- the residual stream under TP --------------------------------------
- * o_proj and down_proj are rowwise: each rank holds a partial sum of the
- * block's output, which the plan all-reduces, and then every rank adds it
- * to the residual stream and norms all T rows — the same work on each.  For
- * a prompt the sum is formed instead by a reduce-scatter over rows: each
- * rank adds and norms only its own rows, and an all-gather of the normed
- * rows gives every rank the next block's whole input.  Each rank then keeps
- * only its rows of the stream (Megatron's sequence parallelism, confined to
- * the residual add and the norm).  The bits do not change: every row sums
- * the same terms in rank order (comm.h), and add and norm are row-wise. */
-
-#define SPLIT_MIN_ROWS 64   /* decode keeps the all-reduce: one collective, not two */
-
-static int split_rows(const tp_model *m, int64_t T)
-{
-    if (!m->split_rows || !m->tp || m->tp->size < 2 || !m->tp->mesh || T < SPLIT_MIN_ROWS) return 0;
-    for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++)
-        if (!tp_module_output_summed(m, &m->layers[l].o_proj) || !tp_module_output_summed(m, &m->layers[l].down_proj))
-            return 0;
-    return 1;
-}
-
-static tp_status split_init(fwd_scratch *s, const tp_model *m, int64_t T)
-{
-    int n = m->tp->size;
-    int64_t H = m->cfg.hidden_size, start, size;
-    s->counts = malloc((size_t)n * sizeof *s->counts);
-    if (!s->counts) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    for (int p = 0; p < n; p++) {
-        tp_chunk_range(T, n, p, &start, &size);
-        s->counts[p] = (size_t)(size * H);
-        if (p == m->tp->rank) s->r0 = start, s->rn = size;
-    }
-    size_t bytes = (size_t)((s->rn > 0 ? s->rn : 1) * H) * sizeof(float);
-    s->reduced = tp_alloc(bytes);
-    s->normed = tp_alloc(bytes);
-    if (!s->reduced || !s->normed) return tp_fail(TP_ERR_NOMEM, "out of memory for activations");
-    s->split = 1;
-    return TP_OK;
 }
 
 static tp_status scratch_init(fwd_scratch *s, const tp_model *m, int64_t T, int64_t pos0)
@@ -95,10 +44,12 @@ static tp_status scratch_init(fwd_scratch *s, const tp_model *m, int64_t T, int6
     /* Local query heads never outnumber the global ones. */
     s->attn = tp_alloc((size_t)(T * c->num_attention_heads * c->head_dim) * sizeof(float));
     s->rope = tp_alloc((size_t)(T * c->head_dim) * sizeof(float));
-    if (!s->h || !s->attn || !s->rope)
+    if (!s->h || !s->attn || !s->rope) {
+        scratch_free(s);
         return tp_fail(TP_ERR_NOMEM, "out of memory for activations of %lld tokens", (long long)T);
+    }
     tp_rope_table(s->rope, T, c->head_dim, m->inv_freq, pos0);
-    return split_rows(m, T) ? split_init(s, m, T) : TP_OK;
+    return TP_OK;
 }
 
 /* ---- the element-wise kernels over the pool ----------------------------
@@ -181,40 +132,6 @@ static void par_silu_mul(tp_model *m, float *a, const float *b, int64_t T, int64
     run_rows(m, &j);
 }
 
-/* A module whose output joins the residual stream (o_proj, down_proj):
- * replicated, or with rows split the rank's partial sum. */
-static tp_status stream_module(tp_model *m, const fwd_scratch *sc, const tp_linear *lin, const float *in,
-                               int64_t T, int64_t width, tp_act *y, const char *what)
-{
-    if (sc->split) return tp_module_linear_partial(m, lin, in, T, width, y);
-    tp_status st = tp_module_linear(m, lin, in, T, width, y);
-    return st ? st : check_replicated(y, m->cfg.hidden_size, what);
-}
-
-static tp_status timed(tp_model *m, tp_status st, double t0)
-{
-    m->comm_seconds += tp_now() - t0;
-    return st;
-}
-
-/* x += y, then sc->h = norm(x): the next block's input, whole on every
- * rank.  With rows split, y is partial and x holds this rank's rows. */
-static tp_status add_norm(tp_model *m, fwd_scratch *sc, float *x, const tp_act *y, const tp_tensor *norm,
-                          int64_t T)
-{
-    int64_t H = m->cfg.hidden_size;
-    if (!sc->split) {
-        par_add_rmsnorm(m, x, y->data, sc->h, norm, T, H);
-        return TP_OK;
-    }
-    tp_group *g = tp_mesh_group(m->tp->mesh, 0);
-    tp_status st = timed(m, tp_comm_reduce_scatterv(g, y->data, sc->reduced, sc->counts, TP_F32, TP_REDUCE_SUM),
-                         tp_now());
-    if (st) return st;
-    par_add_rmsnorm(m, x + sc->r0 * H, sc->reduced, sc->normed, norm, sc->rn, H);
-    return timed(m, tp_comm_all_gatherv(g, sc->normed, sc->h, sc->counts, TP_F32), tp_now());
-}
-
 /* The first global head of a head-sliced activation (q, k or v). */
 static int64_t first_head(const tp_model *m, const tp_linear *proj, const tp_act *a, int64_t D)
 {
@@ -267,7 +184,7 @@ static tp_status attention_block(tp_model *m, const tp_layer *L, tp_kv_cache *ca
                                  float *x, fwd_scratch *sc, int64_t T)
 {
     const tp_model_config *c = &m->cfg;
-    int64_t D = c->head_dim, pos0 = cache->length;
+    int64_t D = c->head_dim, H = c->hidden_size, pos0 = cache->length;
     attn_acts a = {0};
     tp_status st = project_qkv(m, L, sc->h, T, &a);
     int64_t nq = a.q.width / D, nkv = a.k.width / D;
@@ -290,9 +207,10 @@ static tp_status attention_block(tp_model *m, const tp_layer *L, tp_kv_cache *ca
         memcpy(cache->v[layer] + (size_t)pos0 * row, a.v.data, (size_t)T * row * sizeof(float));
         tp_attention(sc->attn, a.q.data, cache->k[layer], cache->v[layer], T, pos0, nq, nkv, D,
                      c->sliding_window, m->pool);
-        st = stream_module(m, sc, &L->o_proj, sc->attn, T, nq * D, &a.o, "o_proj");
+        st = tp_module_linear(m, &L->o_proj, sc->attn, T, nq * D, &a.o);
     }
-    if (!st) st = add_norm(m, sc, x, &a.o, &L->post_attention_layernorm, T);
+    if (!st) st = check_replicated(&a.o, H, "o_proj");
+    if (!st) par_add_rmsnorm(m, x, a.o.data, sc->h, &L->post_attention_layernorm, T, H);
     attn_release(m, &a);
     return st;
 }
@@ -300,11 +218,11 @@ static tp_status attention_block(tp_model *m, const tp_layer *L, tp_kv_cache *ca
 /* h holds post_attention_layernorm(x); on return x has the MLP output added
  * and h holds next_norm(x): the next layer's input_layernorm, or the final
  * norm after the last layer. */
-static tp_status mlp_block(tp_model *m, const tp_layer *L, const tp_tensor *next_norm, float *x, fwd_scratch *sc,
+static tp_status mlp_block(tp_model *m, const tp_layer *L, const tp_tensor *next_norm, float *x, float *h,
                            int64_t T)
 {
-    int64_t H = m->cfg.hidden_size;
-    const float *h = sc->h;
+    const tp_model_config *c = &m->cfg;
+    int64_t H = c->hidden_size;
     tp_act gate_up[2], down = {0};
     tp_act *gate = &gate_up[0], *up = &gate_up[1];
     const tp_linear *lins[2] = {&L->gate_proj, &L->up_proj};
@@ -315,10 +233,11 @@ static tp_status mlp_block(tp_model *m, const tp_layer *L, const tp_tensor *next
                          "shard them alike", (long long)gate->width, (long long)up->width);
         else {
             par_silu_mul(m, gate->data, up->data, T, gate->width);
-            st = stream_module(m, sc, &L->down_proj, gate->data, T, gate->width, &down, "down_proj");
+            st = tp_module_linear(m, &L->down_proj, gate->data, T, gate->width, &down);
         }
     }
-    if (!st) st = add_norm(m, sc, x, &down, next_norm, T);
+    if (!st) st = check_replicated(&down, H, "down_proj");
+    if (!st) par_add_rmsnorm(m, x, down.data, h, next_norm, T, H);
     tp_act_release(m, gate); tp_act_release(m, up); tp_act_release(m, &down);
     return st;
 }
@@ -357,7 +276,7 @@ tp_status tp_model_forward(tp_model *m, tp_kv_cache *cache, const int64_t *token
     for (int64_t l = 0; l < nl && !st; l++) {
         st = attention_block(m, &m->layers[l], cache, l, x.data, &sc, T);
         if (!st) st = mlp_block(m, &m->layers[l], l + 1 < nl ? &m->layers[l + 1].input_layernorm : &m->norm,
-                                x.data, &sc, T);
+                                x.data, sc.h, T);
     }
     if (!st) {
         int64_t first = all_logits ? 0 : T - 1;

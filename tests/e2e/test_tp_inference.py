@@ -114,49 +114,22 @@ class EveryArch(unittest.TestCase):
         self.check(make("llama-bf16", "llama", "--dtype", "bf16", "--set", "num_key_value_heads=1"), (2, 4))
 
 
-# 70 tokens: at 64 or more the ranks split the rows of the residual stream
-# (reduce-scatter, add and norm of their own rows, all-gather); 70 rows give
-# TP = 3 uneven shares (24, 23, 23) and TP = 4 (18, 18, 17, 17).
+# 70 tokens: q/k/v and gate/up go through one grouped GEMM each (x packed
+# once), with more row tiles than the 16-token prompt above.
 LONG = ",".join(str((i * 37 + 5) % 500) for i in range(70))
 
 
-def logits_unsplit(model, tp, *extra):
-    os.environ["TENSORPAR_SPLIT_ROWS"] = "0"
-    try:
-        return logits(model, tp, *extra, tokens=LONG)
-    finally:
-        del os.environ["TENSORPAR_SPLIT_ROWS"]
-
-
 class LongPrompt(unittest.TestCase):
-    """Split rows give the TP = 1 logits within 1e-5 and bitwise the logits
-    of the plan's all-reduce (TENSORPAR_SPLIT_ROWS=0)."""
-
-    def check(self, model, tp, *extra):
-        ref = logits(model, tokens=LONG)
-        got = logits(model, tp, *extra, tokens=LONG)
-        err = rel(got, ref)
-        self.assertLessEqual(err, TOL, f"{model} TP={tp} {extra}: {err}")
-        self.assertTrue(np.array_equal(got, logits_unsplit(model, tp, *extra)),
-                        f"{model} TP={tp} {extra}: split rows changed the logits")
-
-    def test_split_rows(self):
-        qwen3 = make("qwen3", "qwen3", "--set", "tie_word_embeddings=true")
-        self.check(qwen3, 2)
-        self.check(qwen3, 4)
-        self.check(make("qwen3-3", "qwen3", *TP3), 3)
-        self.check(make("llama-bf16", "llama", "--dtype", "bf16", "--set", "num_key_value_heads=1"), 2)
-        self.check(make("qwen2", "qwen2"), 2, "--backend", "mpi")
-
-    def test_bad_value_is_an_error(self):
-        os.environ["TENSORPAR_SPLIT_ROWS"] = "yes"
-        try:
-            p = run("logits", "--model", make("qwen2", "qwen2"), "--tokens", "1,2", "--out",
-                    os.path.join(WORK, "s.npy"), check=False)
-        finally:
-            del os.environ["TENSORPAR_SPLIT_ROWS"]
-        self.assertNotEqual(p.returncode, 0)
-        self.assertIn("TENSORPAR_SPLIT_ROWS", p.stderr)
+    def test_long_prompt(self):
+        for model, sizes, extra in ((make("qwen3", "qwen3", "--set", "tie_word_embeddings=true"), (2, 4), ()),
+                                    (make("qwen3-3", "qwen3", *TP3), (3,), ()),
+                                    (make("llama-bf16", "llama", "--dtype", "bf16", "--set",
+                                          "num_key_value_heads=1"), (2,), ()),
+                                    (make("qwen2", "qwen2"), (2,), ("--backend", "mpi"))):
+            ref = logits(model, tokens=LONG)
+            for tp in sizes:
+                err = rel(logits(model, tp, *extra, tokens=LONG), ref)
+                self.assertLessEqual(err, TOL, f"{model} TP={tp} {extra}: {err}")
 
 
 class Generation(unittest.TestCase):
