@@ -137,6 +137,12 @@ TAMX static void split_worker(void *p, int ti, int nt)
                         __m256bh hb = _mm512_cvtneps_pbh(v);
                         _mm256_store_si256((__m256i *)(d + ps * (BT * KT) + r * KT + h), (__m256i)hb);
                         v = _mm512_sub_ps(v, widen(hb));
+                        /* An infinity's residual is inf - inf = NaN, which
+                         * would make the next part's products NaN where the
+                         * f32 path gives ±inf: the whole value is in the part
+                         * just taken, so the rest is 0.  (A NaN x stays NaN
+                         * through its first part.) */
+                        v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);
                     }
                 }
             }

@@ -70,6 +70,41 @@ done:
     free(x); free(wf); free(y); free(y2); free(b);
 }
 
+/* Infinite activations (an overflowed layer) give what the f32 path gives:
+ * ±inf where the weight is non-zero, NaN where it is 0 (inf · 0), and the
+ * other rows finite.  The three-part split used to turn every infinity into
+ * NaN (its residual inf - inf). */
+static void test_amx_inf(tp_threadpool *pool)
+{
+    enum { T = 37, N = 40, K = 70 };
+    float *x = malloc(sizeof(float) * T * K), *ya = malloc(sizeof(float) * T * N);
+    float *yf = malloc(sizeof(float) * T * N);
+    tp_tensor W = {0};
+    int64_t ws[2] = {N, K};
+    if (!x || !ya || !yf || tp_tensor_init(&W, TP_BF16, 2, ws)) {
+        CHECK(!"out of memory");
+    } else {
+        uint16_t *w = W.data;
+        for (int64_t i = 0; i < N * K; i++) w[i] = tp_bf16_from_f32((float)tp_rng_normal(&rng));
+        for (int64_t c = 0; c < N; c += 7) w[c * K + 3] = 0;   /* inf · 0 = NaN in some columns */
+        for (int64_t i = 0; i < T * K; i++) x[i] = (float)tp_rng_normal(&rng);
+        x[2 * K + 3] = INFINITY;
+        x[20 * K + 3] = -INFINITY;
+        tp_matmul_opts amx = {TP_KERNEL_AVX512, 0, 0, 1}, f32 = {TP_KERNEL_AVX512, 0, 0, 0};
+        CHECK(tp_matmul_ex(ya, x, T, &W, NULL, pool, &amx) == TP_OK);
+        CHECK(tp_matmul_ex(yf, x, T, &W, NULL, pool, &f32) == TP_OK);
+        int same = 1;
+        for (int64_t i = 0; i < T * N; i++) {
+            if (isnan(yf[i]) || isinf(yf[i])) same &= isnan(yf[i]) ? isnan(ya[i]) != 0 : ya[i] == yf[i];
+            else same &= fabsf(ya[i] - yf[i]) <= 1e-4f * (1 + fabsf(yf[i]));
+        }
+        CHECK_MSG(same, "AMX with infinite inputs differs from the f32 path");
+        CHECK(isinf(ya[2 * N + 1]) && isinf(ya[20 * N + 1]) && isnan(ya[2 * N + 0]) && isfinite(ya[3 * N + 1]));
+    }
+    tp_tensor_release(&W);
+    free(x); free(ya); free(yf);
+}
+
 static void test_amx(tp_threadpool *pool)
 {
     static const int64_t Ts[] = {5, 17, 64, 129};
@@ -95,6 +130,8 @@ int main(void)
     CHECK(tp_threadpool_create(&pool3, 3) == TP_OK);
     test_amx(NULL);
     test_amx(pool3);
+    test_amx_inf(NULL);
+    test_amx_inf(pool3);
     tp_threadpool_destroy(pool3);
     printf("amx max |err| / sum|x*w|: x3 %.2g (bound %.2g), x2 %.2g (%.2g), x1 %.2g (%.2g)\n", worst[3], BOUND[3],
            worst[2], BOUND[2], worst[1], BOUND[1]);
