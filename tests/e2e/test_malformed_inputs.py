@@ -23,6 +23,8 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
+sys.path.insert(0, HERE)
+from tpe2e import BIN  # noqa: E402
 import hf_reference as ref  # noqa: E402
 
 CRASH = re.compile(r"Sanitizer|Segmentation|runtime error:|core dumped|Aborted|stack smashing|"
@@ -31,25 +33,12 @@ UP = "model.layers.0.mlp.up_proj.weight"
 GATE = "model.layers.0.mlp.gate_proj.weight"
 
 
-def find_bin():
-    b = os.environ.get("TENSORPAR_BIN")
-    if b:
-        return b
-    root = os.path.abspath(os.path.join(HERE, "..", ".."))
-    for cand in ("build/tensorpar", "build-ref/tensorpar"):
-        p = os.path.join(root, cand)
-        if os.path.exists(p):
-            return p
-    return None
-
-
-BIN = find_bin()
 WORK = GOOD = None
 
 
 def setUpModule():
     global WORK, GOOD
-    if not BIN or not os.path.exists(BIN):
+    if not os.path.exists(BIN):
         raise RuntimeError(f"tensorpar CLI not found (TENSORPAR_BIN={BIN!r})")
     WORK = tempfile.mkdtemp(prefix="tp-e2e-bad-")
     GOOD = os.path.join(WORK, "good")

@@ -22,6 +22,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
+sys.path.insert(0, HERE)
+from tpe2e import BIN  # noqa: E402
 import hf_reference as ref  # noqa: E402
 
 TOL = 1e-5
@@ -36,26 +38,13 @@ LLAMA3_ALL = dict(LLAMA3, original_max_position_embeddings=32)
 LINEAR = {"rope_type": "linear", "factor": 2.0}
 
 
-def find_bin():
-    b = os.environ.get("TENSORPAR_BIN")
-    if b:
-        return b
-    root = os.path.abspath(os.path.join(HERE, "..", ".."))
-    for cand in ("build/tensorpar", "build-ref/tensorpar"):
-        p = os.path.join(root, cand)
-        if os.path.exists(p):
-            return p
-    return None
-
-
-BIN = find_bin()
 WORK = None
 RESULTS = []   # (group, case, value, passed) for the summary printed at the end
 
 
 def setUpModule():
     global WORK
-    if not BIN or not os.path.exists(BIN):
+    if not os.path.exists(BIN):
         raise RuntimeError(f"tensorpar CLI not found (TENSORPAR_BIN={BIN!r})")
     WORK = tempfile.mkdtemp(prefix="tp-e2e-ref-")
 
