@@ -468,13 +468,26 @@ static int make_slots(slot *s, long long max_tp)
     return n;
 }
 
+/* The order of a round's launches: the two sides of each target ratio back
+ * to back (TP=1x1 with TP=2x1, TP=1x2 with bf16, the two decodes), and in
+ * reverse order every other round, so that the host's drift within a round
+ * (its load moves over tens of seconds) favours neither side. */
+static int launch_order(int round, int i)
+{
+    static const int even[N_FIXED] = {F11, F21, F12, B12, D12, D21};
+    static const int odd[N_FIXED] = {F21, F11, B12, F12, D21, D12};
+    if (i >= N_FIXED) return i;   /* the chart's other TP sizes */
+    return round % 2 ? odd[i] : even[i];
+}
+
 /* One round: the machine's limits, then every configuration once, each in
  * its own launch that loads the model and warms up untimed and then times
  * it (a prefill: the median of 3 passes; decode: one run of its steps). */
-static int run_round(const job *jf, const job *jd, slot *s, int nconf, int smoke, round_figures *g)
+static int run_round(const job *jf, const job *jd, slot *s, int nconf, int smoke, int round, round_figures *g)
 {
     if (machine_peaks(&g->pk, smoke)) return -1;
-    for (int i = 0; i < nconf; i++) {
+    for (int o = 0; o < nconf; o++) {
+        int i = launch_order(round, o);
         if (!s[i].live || !measure(s[i].mode == MODE_FORWARD ? jf : jd, s[i].mode, &s[i].c, &g->f[i])) continue;
         if (i < N_FIXED) return -1;
         /* A TP size the model's heads do not divide is left off the chart
@@ -691,7 +704,7 @@ static int measure_all(const job *jf, const job *jd, long long max_tp, int round
         tp_fail(TP_ERR_NOMEM, "out of memory");
         return -1;
     }
-    for (int r = 0; r < rounds && !bad; r++) bad = run_round(jf, jd, s, nconf, smoke, &g[r]);
+    for (int r = 0; r < rounds && !bad; r++) bad = run_round(jf, jd, s, nconf, smoke, r, &g[r]);
     if (!bad) summarise(g, rounds, s, nconf, jd->new_tokens, a);
     free(g);
     return bad;
