@@ -199,7 +199,7 @@ tp_status tp_module_linear_group(tp_model *m, const tp_linear *const *lins, int 
         s = module_begin(m, &runs[i], x, T, x_width, &inputs[i]);
     }
     if (!s) s = compute_local(m, runs, inputs, count, x, T);
-    for (int i = 0; i < count; i++) module_leave(&runs[i]);
+    for (int i = count - 1; i >= 0; i--) module_leave(&runs[i]);   /* contexts nest */
     for (int i = 0; i < count && !s; i++) s = module_finish(m, &runs[i], T, &ys[i]);
     for (int i = 0; i < count; i++) {
         tp_act_free(m, runs[i].y);
