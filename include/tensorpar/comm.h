@@ -140,6 +140,20 @@ tp_status tp_comm_reduce_scatter(tp_group *g, const void *send, void *recv, size
 tp_status tp_comm_reduce_scatterv(tp_group *g, const void *send, void *recv,
                                   const size_t *counts, tp_dtype dt, tp_reduce_op op);
 
+/* An all-reduce of the rows of an f32 matrix [rows, row_len] with a
+ * row-wise step between the reduction and the distribution.  Rank p owns
+ * row_counts[p] consecutive rows, in rank order (the counts sum to rows).
+ * Each rank sums its own rows over every rank's send (in rank order, as
+ * tp_comm_all_reduce), calls fn(ctx, first_row, nrows, rows) on them — in
+ * one or more calls, ascending, rewriting the rows in place — and then every
+ * rank's recv holds every row as its owner's fn left it.  send and recv must
+ * not overlap; fn NULL gives tp_comm_all_reduce's result.  For the residual
+ * add and the norm after a row-parallel layer: each rank does its own rows
+ * while they are in its cache, instead of every rank doing all of them. */
+typedef void (*tp_comm_rows_fn)(void *ctx, int64_t first_row, int64_t nrows, float *rows);
+tp_status tp_comm_all_reduce_rows(tp_group *g, const float *send, float *recv, const size_t *row_counts,
+                                  size_t row_len, tp_comm_rows_fn fn, void *ctx);
+
 /* root's buf is copied into every rank's buf.  root is a group rank. */
 tp_status tp_comm_broadcast(tp_group *g, void *buf, size_t count, tp_dtype dt, int root);
 

@@ -107,7 +107,8 @@ void tp_silu_mul(float *a, const float *b, int64_t n);
 void tp_softmax(float *x, int64_t n);
 
 /* Fused residual add + RMSNorm: x += y (rows × n), then out = rmsnorm(x).
- * Saves one pass over the residual stream.  out must not alias x or y. */
+ * Saves one pass over the residual stream.  out may be y (each row of y is
+ * read before that row of out is written), not x. */
 void tp_add_rmsnorm(float *x, const float *y, float *out, const tp_tensor *w,
                     int64_t rows, int64_t n, double eps);
 

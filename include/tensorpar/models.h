@@ -51,6 +51,11 @@ typedef struct tp_model {
      * reset it. */
     double comm_seconds;
     struct tp_act_cache *acts;     /* activation buffers kept between forwards */
+    /* Under TP, prompts of 64 tokens or more do the residual add and norm
+     * after o_proj and down_proj inside the all-reduce, each rank on its own
+     * rows (forward.c); the logits are bitwise the same.  1 by default;
+     * TENSORPAR_FUSE_NORM=0 at load turns it off. */
+    int fuse_norm;
 } tp_model;
 
 typedef struct {

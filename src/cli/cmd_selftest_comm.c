@@ -214,6 +214,47 @@ static void test_reduce_scatter(ctx *c, tp_dtype dt, size_t total, int pattern)
     free(in); free(out); free(want); free(counts); free(m);
 }
 
+/* all_reduce_rows: each rank's fn must see exactly its own rows, in
+ * ascending calls, holding the rank-order sums; every rank must then hold
+ * every row as its owner's fn left it (here: sum * 0.5 + row index). */
+typedef struct {
+    size_t first, rows, seen;   /* this rank's rows; rows fn was given so far */
+    size_t row_len;
+    int bad;
+} rows_probe;
+
+static void rows_fn(void *p, int64_t first_row, int64_t nrows, float *rows)
+{
+    rows_probe *pr = p;
+    if ((size_t)first_row != pr->first + pr->seen || pr->seen + (size_t)nrows > pr->rows || nrows <= 0) pr->bad = 1;
+    pr->seen += (size_t)(nrows > 0 ? nrows : 0);
+    for (int64_t r = 0; r < nrows; r++)
+        for (size_t j = 0; j < pr->row_len; j++)
+            rows[r * (int64_t)pr->row_len + (int64_t)j] = rows[r * (int64_t)pr->row_len + (int64_t)j] * 0.5f +
+                                                          (float)(first_row + r);
+}
+
+static void test_all_reduce_rows(ctx *c, size_t rows, size_t row_len, int pattern)
+{
+    int n = tp_group_size(c->g), me = tp_group_rank(c->g), *m = members(c->g);
+    size_t *counts = xmalloc((size_t)n * sizeof(size_t)), total = rows * row_len;
+    uint64_t seed = ++c->seed;
+    make_counts(counts, n, rows, pattern, seed);
+    rows_probe pr = {0, counts[me], 0, row_len, 0};
+    for (int r = 0; r < me; r++) pr.first += counts[r];
+    float *in = xmalloc(total * sizeof(float)), *out = xmalloc(total * sizeof(float));
+    float *want = xmalloc(total * sizeof(float));
+    fill(in, TP_F32, seed, m[me], 0, total);
+    reference_sum(want, TP_F32, seed, m, n, 0, total);
+    for (size_t i = 0; i < total; i++) want[i] = want[i] * 0.5f + (float)(i / row_len);
+    tp_status st = tp_comm_all_reduce_rows(c->g, in, out, counts, row_len, rows_fn, &pr);
+    if (call_ok(c, st, "all_reduce_rows")) {
+        expect(c, !pr.bad && pr.seen == pr.rows, "all_reduce_rows (the rows its step saw)", TP_F32, total);
+        expect(c, same(c, out, want, total * sizeof(float)), "all_reduce_rows", TP_F32, total);
+    }
+    free(in); free(out); free(want); free(counts); free(m);
+}
+
 static void test_broadcast(ctx *c, tp_dtype dt, size_t count, int root)
 {
     size_t es = tp_dtype_size(dt);
@@ -304,6 +345,11 @@ static void suite(ctx *c, int full)
         test_all_reduce(c, more[d], 1001, 0);
         test_all_reduce(c, more[d], full ? 70001 : 3001, 1);
     }
+    /* Rows: tiny, around the single-copy limit, rows wider than a copy chunk,
+     * more ranks than rows, uneven shares. */
+    static const size_t rows_shapes[][2] = {{3, 5}, {70, 1024}, {300, 1024}, {1000, 260}, {1, 4096}, {3, 100000}};
+    for (size_t s = 0; s < (full ? 6u : 4u); s++)
+        test_all_reduce_rows(c, rows_shapes[s][0], rows_shapes[s][1], (int)(s % 3));
     static const size_t scales[] = {0, 5, 3000, 100000};
     for (size_t s = 0; s < (full ? 4u : 3u); s++) {
         test_all_to_all(c, TP_F32, scales[s], 0);

@@ -265,6 +265,38 @@ tp_status tp_comm_reduce_scatter(tp_group *g, const void *send, void *recv, size
     return st;
 }
 
+tp_status tp_comm_all_reduce_rows_steps(tp_group *g, const float *send, float *recv, const size_t *row_counts,
+                                        size_t row_len, tp_comm_rows_fn fn, void *ctx)
+{
+    counts_buf c;
+    tp_status st = counts_fill(&c, g->size, 0);
+    if (st) return st;
+    size_t first = 0;
+    for (int p = 0; p < g->size; p++) {
+        c.p[p] = row_counts[p] * row_len;
+        if (p < g->rank) first += row_counts[p];
+    }
+    size_t mine = c.p[g->rank];
+    float *own = malloc((mine ? mine : 1) * sizeof(float));
+    if (!own) st = tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!st) st = g->ops->reduce_scatterv(g, send, own, c.p, TP_F32, TP_REDUCE_SUM);
+    if (!st && fn && mine) fn(ctx, (int64_t)first, (int64_t)row_counts[g->rank], own);
+    if (!st) st = g->ops->all_gatherv(g, own, recv, c.p, TP_F32);
+    free(own);
+    counts_free(&c);
+    return st;
+}
+
+tp_status tp_comm_all_reduce_rows(tp_group *g, const float *send, float *recv, const size_t *row_counts,
+                                  size_t row_len, tp_comm_rows_fn fn, void *ctx)
+{
+    tp_status st = usable(g, "all_reduce_rows");
+    if (st) return st;
+    if (g->ops->all_reduce_rows) st = g->ops->all_reduce_rows(g, send, recv, row_counts, row_len, fn, ctx);
+    else st = tp_comm_all_reduce_rows_steps(g, send, recv, row_counts, row_len, fn, ctx);
+    return done(g, st, "all_reduce_rows");
+}
+
 tp_status tp_comm_broadcast(tp_group *g, void *buf, size_t count, tp_dtype dt, int root)
 {
     tp_status st;

@@ -18,6 +18,9 @@ typedef struct tp_comm_ops {
                              const size_t *counts, tp_dtype dt);
     tp_status (*reduce_scatterv)(tp_group *g, const void *send, void *recv,
                                  const size_t *counts, tp_dtype dt, tp_reduce_op op);
+    /* NULL: tp_comm_all_reduce_rows_steps (reduce-scatter, fn, all-gather). */
+    tp_status (*all_reduce_rows)(tp_group *g, const float *send, float *recv, const size_t *row_counts,
+                                 size_t row_len, tp_comm_rows_fn fn, void *ctx);
     tp_status (*broadcast)(tp_group *g, void *buf, size_t bytes, int root);
     tp_status (*barrier)(tp_group *g);
     tp_status (*all_to_allv)(tp_group *g, const void *send, const size_t *send_counts,
@@ -50,6 +53,11 @@ typedef struct {
     char rendezvous[200];   /* "" when none is known                        */
     int shm_fd;             /* segment inherited from the launcher, or -1    */
 } tp_comm_env;
+
+/* tp_comm_all_reduce_rows from the backend's reduce_scatterv and
+ * all_gatherv, for any backend. */
+tp_status tp_comm_all_reduce_rows_steps(tp_group *g, const float *send, float *recv, const size_t *row_counts,
+                                        size_t row_len, tp_comm_rows_fn fn, void *ctx);
 
 tp_status tp_comm_env_read(tp_comm_env *e, const tp_comm_options *opts);
 /* A 64-bit FNV-1a hash, used to name things every rank must agree on. */

@@ -42,12 +42,12 @@ static char *slot(shm_group *s, int r, uint64_t step)
 
 /* ---- step descriptions -------------------------------------------------- */
 
-enum { K_ALL_REDUCE = 1, K_ALL_GATHER, K_REDUCE_SCATTER, K_BROADCAST, K_BARRIER, K_ALL_TO_ALL };
+enum { K_ALL_REDUCE = 1, K_ALL_GATHER, K_REDUCE_SCATTER, K_BROADCAST, K_BARRIER, K_ALL_TO_ALL, K_ALL_REDUCE_ROWS };
 
 static const char *kind_name(uint32_t k)
 {
     static const char *const names[] = {"?", "all_reduce", "all_gather", "reduce_scatter",
-                                        "broadcast", "barrier", "all_to_all"};
+                                        "broadcast", "barrier", "all_to_all", "all_reduce_rows"};
     return k < sizeof names / sizeof names[0] ? names[k] : "?";
 }
 
@@ -70,7 +70,7 @@ static void format_info(char *buf, size_t cap, const shm_step_check *i)
     const char *dt = tp_dtype_name((tp_dtype)(i->kind >> 8 & 0xff));
     if (k == K_BARRIER) snprintf(buf, cap, "barrier()");
     else if (k == K_BROADCAST) snprintf(buf, cap, "broadcast(%llu bytes, root %d)", (unsigned long long)i->count, i->root);
-    else if (k == K_ALL_REDUCE || k == K_REDUCE_SCATTER)
+    else if (k == K_ALL_REDUCE || k == K_REDUCE_SCATTER || k == K_ALL_REDUCE_ROWS)
         snprintf(buf, cap, "%s(%llu x %s, %s)", kind_name(k), (unsigned long long)i->count, dt,
                  (i->kind >> 16) == TP_REDUCE_SUM ? "sum" : "max");
     else snprintf(buf, cap, "%s(%llu x %s)", kind_name(k), (unsigned long long)i->count, dt);
@@ -369,16 +369,26 @@ static tp_status cma_write(tp_group *g, int p, size_t dst, const void *src, size
     return TP_OK;
 }
 
+/* A row-wise step on the reduced rows before they are written out
+ * (tp_comm_all_reduce_rows); piece offsets are then whole rows. */
+typedef struct {
+    tp_comm_rows_fn fn;
+    void *ctx;
+    size_t row_len;
+} rows_step;
+
 /* Reads piece [off, off + m) of every peer's `send` (addresses from their
  * step info) into the scratch, reduces it with ours in rank order into
- * dst, and, when peer_recv is given, writes each reduced chunk into every
- * peer's recv at the same offset while it is still in this core's cache. */
+ * dst, applies the rows step if any, and, when peer_recv is given, writes
+ * each chunk into every peer's recv at the same offset while it is still in
+ * this core's cache. */
 static tp_status cma_reduce_piece(tp_group *g, const size_t *peer_send, const size_t *peer_recv,
                                   const char *send, char *dst, size_t off, size_t m, tp_dtype dt,
-                                  tp_reduce_op op, scratch *sc)
+                                  tp_reduce_op op, scratch *sc, const rows_step *rs)
 {
     shm_group *s = sg(g);
     size_t es = tp_dtype_size(dt), per = cma_chunk(s, g->size, es);
+    if (rs) per = per < rs->row_len ? rs->row_len : per / rs->row_len * rs->row_len;
     char *scr = slot(s, g->rank, 0);
     for (size_t c = 0; c < m; c += per) {
         size_t k = min_size(per, m - c);
@@ -390,6 +400,8 @@ static tp_status cma_reduce_piece(tp_group *g, const size_t *peer_send, const si
             sc->ptr[p] = buf;
         }
         tp_comm_reduce_ordered(dst + c * es, sc->ptr, g->size, k, dt, op);
+        if (rs && rs->fn)
+            rs->fn(rs->ctx, (int64_t)((off + c) / rs->row_len), (int64_t)(k / rs->row_len), (float *)(dst + c * es));
         for (int p = 0; p < g->size && peer_recv; p++) {
             if (p == g->rank) continue;
             tp_status st = cma_write(g, p, peer_recv[p] + (off + c) * es, dst + c * es, k * es);
@@ -406,7 +418,8 @@ static tp_status cma_reduce_piece(tp_group *g, const size_t *peer_send, const si
  * rank's buffers is touched by rank q alone (read the input chunk, then
  * write the output chunk), so in place works too. */
 static tp_status cma_all_reduce(tp_group *g, const char *send, char *recv, size_t count, tp_dtype dt,
-                                tp_reduce_op op, scratch *sc, const shm_step_info *info)
+                                tp_reduce_op op, scratch *sc, const shm_step_info *info, const rows_step *rs,
+                                const size_t *row_counts)
 {
     int n = g->size;
     size_t es = tp_dtype_size(dt), lo, hi;
@@ -419,8 +432,14 @@ static tp_status cma_all_reduce(tp_group *g, const char *send, char *recv, size_
         peer_send[p] = peer_addr(g, p)->send;
         peer_recv[p] = peer_addr(g, p)->recv;
     }
-    share(count, es, g->rank, n, &lo, &hi);
-    st = cma_reduce_piece(g, peer_send, peer_recv, send, recv + lo * es, lo, hi - lo, dt, op, sc);
+    if (row_counts) {   /* rank r's share: its own rows */
+        lo = 0;
+        for (int p = 0; p < g->rank; p++) lo += row_counts[p] * rs->row_len;
+        hi = lo + row_counts[g->rank] * rs->row_len;
+    } else {
+        share(count, es, g->rank, n, &lo, &hi);
+    }
+    st = cma_reduce_piece(g, peer_send, peer_recv, send, recv + lo * es, lo, hi - lo, dt, op, sc, rs);
     if (st) return st;
     step_end(g);
     return step_sync(g, info, "all_reduce");
@@ -443,9 +462,34 @@ static tp_status shm_all_reduce(tp_group *g, const void *send, void *recv, size_
     if (bytes <= s->oneshot_max && bytes < s->cma_min)
         st = oneshot(g, send, recv, count, dt, op, &sc, &info);
     else if (single_copy)
-        st = cma_all_reduce(g, send, recv, count, dt, op, &sc, &info);
+        st = cma_all_reduce(g, send, recv, count, dt, op, &sc, &info, NULL, NULL);
     else
         st = twoshot(g, send, recv, count, dt, op, &sc, &info);
+    scratch_free(&sc);
+    return st;
+}
+
+/* Large: the single-copy all-reduce with each rank's share its own rows
+ * and the rows step applied to each reduced chunk before it is written
+ * out — the all-reduce's one exchange, the step on data still in cache.
+ * Small (or no single copy): reduce-scatter, the step, all-gather. */
+static tp_status shm_all_reduce_rows(tp_group *g, const float *send, float *recv, const size_t *row_counts,
+                                     size_t row_len, tp_comm_rows_fn fn, void *ctx)
+{
+    size_t rows = 0;
+    for (int p = 0; p < g->size; p++) rows += row_counts[p];
+    size_t count = rows * row_len;
+    /* A chunk holds whole rows, and the scratch at most cma_chunk's. */
+    if (count == 0 || count * sizeof(float) < sg(g)->cma_min || row_len > cma_chunk(sg(g), g->size, sizeof(float)))
+        return tp_comm_all_reduce_rows_steps(g, send, recv, row_counts, row_len, fn, ctx);
+    scratch sc;
+    tp_status st = scratch_init(&sc, g->size);
+    if (st) return st;
+    shm_step_info info = describe(K_ALL_REDUCE_ROWS, TP_F32, TP_REDUCE_SUM, 0, count, row_counts, g->size, send,
+                                  recv);
+    rows_step rs = {fn, ctx, row_len};
+    st = cma_all_reduce(g, (const char *)send, (char *)recv, count, TP_F32, TP_REDUCE_SUM, &sc, &info, &rs,
+                        row_counts);
     scratch_free(&sc);
     return st;
 }
@@ -575,7 +619,7 @@ static tp_status shm_reduce_scatterv(tp_group *g, const void *send, void *recv, 
         }
         if (st == TP_OK) {
             for (int p = 0; p < n; p++) sc.size[p] = peer_addr(g, p)->send;
-            st = cma_reduce_piece(g, sc.size, NULL, send, recv, displ[g->rank], counts[g->rank], dt, op, &sc);
+            st = cma_reduce_piece(g, sc.size, NULL, send, recv, displ[g->rank], counts[g->rank], dt, op, &sc, NULL);
         }
         if (st == TP_OK) {
             step_end(g);
@@ -783,6 +827,7 @@ static const tp_comm_ops shm_ops = {
     .all_reduce = shm_all_reduce,
     .all_gatherv = shm_all_gatherv,
     .reduce_scatterv = shm_reduce_scatterv,
+    .all_reduce_rows = shm_all_reduce_rows,
     .broadcast = shm_broadcast,
     .barrier = shm_barrier,
     .all_to_allv = shm_all_to_allv,

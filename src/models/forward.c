@@ -5,8 +5,9 @@
  * applies the module's TP style; the code here is the same on one rank and
  * on many.  Head counts come from the width of the local activations, not
  * from the config, so a rank computes exactly the heads its shards hold. */
-#include "tensorpar/models.h"
+#include "tensorpar/comm.h"
 #include "tensorpar/kernels.h"
+#include "tensorpar/models.h"
 #include "tp_module.h"
 
 #include <stdlib.h>
@@ -30,11 +31,49 @@ typedef struct {
     float *h;          /* [T, H] the normed residual stream, input of the next block */
     float *attn;       /* [T, heads * head_dim] attention output (local heads) */
     float *rope;       /* [T, head_dim] cos/sin of each position */
+    size_t *row_counts;  /* fused norm (below): rank p's rows of the stream; NULL: off */
 } fwd_scratch;
 
 static void scratch_free(fwd_scratch *s)
 {
     tp_free(s->h); tp_free(s->attn); tp_free(s->rope);
+    free(s->row_counts);
+}
+
+/* ---- the residual add and norm under TP --------------------------------
+ * o_proj and down_proj are rowwise: each rank holds a partial sum of the
+ * block's output, which the plan all-reduces; then every rank adds it to
+ * the residual stream and norms all T rows, the same work on each.  For a
+ * prompt, tp_comm_all_reduce_rows does both in one collective: each rank
+ * reduces its own rows (its share of the all-reduce anyway), adds and norms
+ * them while they are in its cache, and what every rank receives is the
+ * next block's normed input.  Each rank then keeps only its own rows of the
+ * residual stream.  The bits are the all-reduce's: every row sums the same
+ * terms in rank order (comm.h), and add and norm are row-wise. */
+
+#define FUSE_MIN_ROWS 64   /* decode keeps the one small all-reduce */
+
+static int fuse_norm(const tp_model *m, int64_t T)
+{
+    if (!m->fuse_norm || !m->tp || m->tp->size < 2 || !m->tp->mesh || T < FUSE_MIN_ROWS) return 0;
+    for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++)
+        if (!tp_module_output_summed(m, &m->layers[l].o_proj) || !tp_module_output_summed(m, &m->layers[l].down_proj))
+            return 0;
+    return 1;
+}
+
+/* Rank p's rows: torch.chunk's split of T, as the placements use. */
+static tp_status fuse_init(fwd_scratch *s, const tp_model *m, int64_t T)
+{
+    int n = m->tp->size;
+    s->row_counts = malloc((size_t)n * sizeof *s->row_counts);
+    if (!s->row_counts) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int p = 0; p < n; p++) {
+        int64_t start, size;
+        tp_chunk_range(T, n, p, &start, &size);
+        s->row_counts[p] = (size_t)size;
+    }
+    return TP_OK;
 }
 
 static tp_status scratch_init(fwd_scratch *s, const tp_model *m, int64_t T, int64_t pos0)
@@ -44,12 +83,10 @@ static tp_status scratch_init(fwd_scratch *s, const tp_model *m, int64_t T, int6
     /* Local query heads never outnumber the global ones. */
     s->attn = tp_alloc((size_t)(T * c->num_attention_heads * c->head_dim) * sizeof(float));
     s->rope = tp_alloc((size_t)(T * c->head_dim) * sizeof(float));
-    if (!s->h || !s->attn || !s->rope) {
-        scratch_free(s);
+    if (!s->h || !s->attn || !s->rope)
         return tp_fail(TP_ERR_NOMEM, "out of memory for activations of %lld tokens", (long long)T);
-    }
     tp_rope_table(s->rope, T, c->head_dim, m->inv_freq, pos0);
-    return TP_OK;
+    return fuse_norm(m, T) ? fuse_init(s, m, T) : TP_OK;
 }
 
 /* ---- the element-wise kernels over the pool ----------------------------
@@ -132,6 +169,50 @@ static void par_silu_mul(tp_model *m, float *a, const float *b, int64_t T, int64
     run_rows(m, &j);
 }
 
+/* A module whose output joins the residual stream (o_proj, down_proj):
+ * replicated, or under the fused norm the rank's partial sum. */
+static tp_status stream_module(tp_model *m, const fwd_scratch *sc, const tp_linear *lin, const float *in,
+                               int64_t T, int64_t width, tp_act *y, const char *what)
+{
+    if (sc->row_counts) return tp_module_linear_partial(m, lin, in, T, width, y);
+    tp_status st = tp_module_linear(m, lin, in, T, width, y);
+    return st ? st : check_replicated(y, m->cfg.hidden_size, what);
+}
+
+typedef struct {
+    float *x;
+    const tp_tensor *w;
+    int64_t H;
+    double eps, seconds;   /* seconds: time in the add and norm */
+} add_norm_rows_ctx;
+
+static void add_norm_rows(void *p, int64_t first, int64_t nrows, float *rows)
+{
+    add_norm_rows_ctx *c = p;
+    double t0 = tp_now();
+    tp_add_rmsnorm(c->x + first * c->H, rows, rows, c->w, nrows, c->H, c->eps);
+    c->seconds += tp_now() - t0;
+}
+
+/* x += y, then sc->h = norm(x): the next block's input, whole on every
+ * rank.  Under the fused norm y is partial and x keeps this rank's rows;
+ * the collective counts as communication, the add and norm in it do not. */
+static tp_status add_norm(tp_model *m, fwd_scratch *sc, float *x, const tp_act *y, const tp_tensor *norm,
+                          int64_t T)
+{
+    int64_t H = m->cfg.hidden_size;
+    if (!sc->row_counts) {
+        par_add_rmsnorm(m, x, y->data, sc->h, norm, T, H);
+        return TP_OK;
+    }
+    add_norm_rows_ctx c = {x, norm, H, m->cfg.rms_norm_eps, 0};
+    double t0 = tp_now();
+    tp_status st = tp_comm_all_reduce_rows(tp_mesh_group(m->tp->mesh, 0), y->data, sc->h, sc->row_counts,
+                                           (size_t)H, add_norm_rows, &c);
+    m->comm_seconds += tp_now() - t0 - c.seconds;
+    return st;
+}
+
 /* The first global head of a head-sliced activation (q, k or v). */
 static int64_t first_head(const tp_model *m, const tp_linear *proj, const tp_act *a, int64_t D)
 {
@@ -184,7 +265,7 @@ static tp_status attention_block(tp_model *m, const tp_layer *L, tp_kv_cache *ca
                                  float *x, fwd_scratch *sc, int64_t T)
 {
     const tp_model_config *c = &m->cfg;
-    int64_t D = c->head_dim, H = c->hidden_size, pos0 = cache->length;
+    int64_t D = c->head_dim, pos0 = cache->length;
     attn_acts a = {0};
     tp_status st = project_qkv(m, L, sc->h, T, &a);
     int64_t nq = a.q.width / D, nkv = a.k.width / D;
@@ -207,10 +288,9 @@ static tp_status attention_block(tp_model *m, const tp_layer *L, tp_kv_cache *ca
         memcpy(cache->v[layer] + (size_t)pos0 * row, a.v.data, (size_t)T * row * sizeof(float));
         tp_attention(sc->attn, a.q.data, cache->k[layer], cache->v[layer], T, pos0, nq, nkv, D,
                      c->sliding_window, m->pool);
-        st = tp_module_linear(m, &L->o_proj, sc->attn, T, nq * D, &a.o);
+        st = stream_module(m, sc, &L->o_proj, sc->attn, T, nq * D, &a.o, "o_proj");
     }
-    if (!st) st = check_replicated(&a.o, H, "o_proj");
-    if (!st) par_add_rmsnorm(m, x, a.o.data, sc->h, &L->post_attention_layernorm, T, H);
+    if (!st) st = add_norm(m, sc, x, &a.o, &L->post_attention_layernorm, T);
     attn_release(m, &a);
     return st;
 }
@@ -218,11 +298,11 @@ static tp_status attention_block(tp_model *m, const tp_layer *L, tp_kv_cache *ca
 /* h holds post_attention_layernorm(x); on return x has the MLP output added
  * and h holds next_norm(x): the next layer's input_layernorm, or the final
  * norm after the last layer. */
-static tp_status mlp_block(tp_model *m, const tp_layer *L, const tp_tensor *next_norm, float *x, float *h,
+static tp_status mlp_block(tp_model *m, const tp_layer *L, const tp_tensor *next_norm, float *x, fwd_scratch *sc,
                            int64_t T)
 {
-    const tp_model_config *c = &m->cfg;
-    int64_t H = c->hidden_size;
+    int64_t H = m->cfg.hidden_size;
+    const float *h = sc->h;
     tp_act gate_up[2], down = {0};
     tp_act *gate = &gate_up[0], *up = &gate_up[1];
     const tp_linear *lins[2] = {&L->gate_proj, &L->up_proj};
@@ -233,11 +313,10 @@ static tp_status mlp_block(tp_model *m, const tp_layer *L, const tp_tensor *next
                          "shard them alike", (long long)gate->width, (long long)up->width);
         else {
             par_silu_mul(m, gate->data, up->data, T, gate->width);
-            st = tp_module_linear(m, &L->down_proj, gate->data, T, gate->width, &down);
+            st = stream_module(m, sc, &L->down_proj, gate->data, T, gate->width, &down, "down_proj");
         }
     }
-    if (!st) st = check_replicated(&down, H, "down_proj");
-    if (!st) par_add_rmsnorm(m, x, down.data, h, next_norm, T, H);
+    if (!st) st = add_norm(m, sc, x, &down, next_norm, T);
     tp_act_release(m, gate); tp_act_release(m, up); tp_act_release(m, &down);
     return st;
 }
@@ -276,7 +355,7 @@ tp_status tp_model_forward(tp_model *m, tp_kv_cache *cache, const int64_t *token
     for (int64_t l = 0; l < nl && !st; l++) {
         st = attention_block(m, &m->layers[l], cache, l, x.data, &sc, T);
         if (!st) st = mlp_block(m, &m->layers[l], l + 1 < nl ? &m->layers[l + 1].input_layernorm : &m->norm,
-                                x.data, sc.h, T);
+                                x.data, &sc, T);
     }
     if (!st) {
         int64_t first = all_logits ? 0 : T - 1;

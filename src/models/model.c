@@ -98,6 +98,15 @@ static tp_status load_weights(tp_model *m, const char *dir, int show_progress)
     return s;
 }
 
+static tp_status read_fuse_norm(int *out)
+{
+    const char *e = getenv("TENSORPAR_FUSE_NORM");
+    *out = 1;
+    if (!e || !*e || !strcmp(e, "1")) return TP_OK;
+    if (!strcmp(e, "0")) { *out = 0; return TP_OK; }
+    return tp_fail(TP_ERR_INVALID, "TENSORPAR_FUSE_NORM is '%s'; it takes 0 or 1", e);
+}
+
 tp_status tp_model_load(tp_model **out, const char *model_dir, const tp_model_options *opt)
 {
     *out = NULL;
@@ -110,6 +119,7 @@ tp_status tp_model_load(tp_model **out, const char *model_dir, const tp_model_op
     m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
     m->inv_freq = calloc((size_t)(c->head_dim / 2), sizeof(double));
     if (!m->layers || !m->inv_freq) { tp_model_free(m); return tp_fail(TP_ERR_NOMEM, "out of memory"); }
+    if ((s = read_fuse_norm(&m->fuse_norm))) { tp_model_free(m); return s; }
     const tp_rope_scaling *rs = &c->rope_scaling;
     tp_rope_inv_freq(m->inv_freq, c->head_dim, c->rope_theta, (int)rs->kind, rs->factor,
                      rs->low_freq_factor, rs->high_freq_factor, rs->original_max_position_embeddings);

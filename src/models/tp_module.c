@@ -214,6 +214,41 @@ tp_status tp_module_linear(tp_model *m, const tp_linear *lin, const float *x, in
     return tp_module_linear_group(m, &lin, 1, x, T, x_width, y);
 }
 
+int tp_module_output_summed(const tp_model *m, const tp_linear *lin)
+{
+    const struct tp_module_tp *mt = lin->tp;
+    if (runs_plainly(m, mt) || tp_mesh_ndim(m->tp->mesh) != 1 || mt->kv_rep > 1) return 0;
+    const tp_forward_desc *d = &mt->plan->fwd;
+    return !mt->plan->style->transform_output_post_forward && d->local_output.kind == TP_PARTIAL &&
+           d->output.kind == TP_REPLICATE && !(d->bias_after_reduce && lin->bias.data) &&
+           output_width(m, mt, lin) == lin->weight.shape[0];
+}
+
+tp_status tp_module_linear_partial(tp_model *m, const tp_linear *lin, const float *x, int64_t T, int64_t x_width,
+                                   tp_act *y)
+{
+    if (!tp_module_output_summed(m, lin))
+        return tp_fail(TP_ERR_INTERNAL, "%s: its output is not a plain sum over the ranks",
+                       lin->tp ? lin->tp->name : "a Linear module");
+    module_run r;
+    const float *input;
+    memset(&r, 0, sizeof r);
+    memset(y, 0, sizeof *y);
+    r.lin = lin;
+    r.mt = lin->tp;
+    r.ctx = module_ctx(m, r.mt, NULL);
+    tp_status s = module_begin(m, &r, x, T, x_width, &input);
+    if (!s) s = compute_local(m, &r, &input, 1, x, T);
+    module_leave(&r);
+    if (s) {
+        tp_act_free(m, r.y);
+        return s;
+    }
+    int64_t out = lin->weight.shape[0];
+    *y = (tp_act){r.y, T, out, out, tp_partial()};
+    return TP_OK;
+}
+
 /* ---- embedding -------------------------------------------------------- */
 
 static tp_status check_ids(const tp_model *m, const int64_t *ids, int64_t T)

@@ -62,6 +62,15 @@ tp_status tp_module_linear(tp_model *m, const tp_linear *lin, const float *x, in
  * the results are those of tp_module_linear on each.  At most 4. */
 tp_status tp_module_linear_group(tp_model *m, const tp_linear *const *lins, int count, const float *x, int64_t T,
                                  int64_t x_width, tp_act *ys);
+/* 1 if the module's output is Partial made Replicate by a plain sum over
+ * the (1-D) TP group: the default post_forward, no bias after the
+ * reduction, the whole output width on every rank (rowwise o_proj and
+ * down_proj).  The caller may then form that sum itself, by any collective
+ * that adds the same terms in rank order. */
+int tp_module_output_summed(const tp_model *m, const tp_linear *lin);
+/* Such a module without its post_forward: y is the rank's partial sum. */
+tp_status tp_module_linear_partial(tp_model *m, const tp_linear *lin, const float *x, int64_t T, int64_t x_width,
+                                   tp_act *y);
 /* The width of the module's output on this rank, before running it. */
 int64_t tp_module_out_width(const tp_model *m, const tp_linear *lin);
 /* The embedding lookup of T token ids (ids outside [0, vocab) are an error). */

@@ -115,11 +115,24 @@ class EveryArch(unittest.TestCase):
 
 
 # 70 tokens: q/k/v and gate/up go through one grouped GEMM each (x packed
-# once), with more row tiles than the 16-token prompt above.
+# once), and at 64 tokens or more under TP the residual add and norm run
+# inside the all-reduce, each rank on its own rows; 70 rows give TP = 3
+# uneven shares (24, 24, 22) and TP = 4 (18, 18, 18, 16).
 LONG = ",".join(str((i * 37 + 5) % 500) for i in range(70))
 
 
+def logits_unfused(model, tp, *extra):
+    os.environ["TENSORPAR_FUSE_NORM"] = "0"
+    try:
+        return logits(model, tp, *extra, tokens=LONG)
+    finally:
+        del os.environ["TENSORPAR_FUSE_NORM"]
+
+
 class LongPrompt(unittest.TestCase):
+    """TP = 1 logits within 1e-5, and the fused norm bitwise the logits of
+    the plan's all-reduce followed by the norm (TENSORPAR_FUSE_NORM=0)."""
+
     def test_long_prompt(self):
         for model, sizes, extra in ((make("qwen3", "qwen3", "--set", "tie_word_embeddings=true"), (2, 4), ()),
                                     (make("qwen3-3", "qwen3", *TP3), (3,), ()),
@@ -128,8 +141,21 @@ class LongPrompt(unittest.TestCase):
                                     (make("qwen2", "qwen2"), (2,), ("--backend", "mpi"))):
             ref = logits(model, tokens=LONG)
             for tp in sizes:
-                err = rel(logits(model, tp, *extra, tokens=LONG), ref)
+                got = logits(model, tp, *extra, tokens=LONG)
+                err = rel(got, ref)
                 self.assertLessEqual(err, TOL, f"{model} TP={tp} {extra}: {err}")
+                self.assertTrue(np.array_equal(got, logits_unfused(model, tp, *extra)),
+                                f"{model} TP={tp} {extra}: the fused norm changed the logits")
+
+    def test_bad_value_is_an_error(self):
+        os.environ["TENSORPAR_FUSE_NORM"] = "yes"
+        try:
+            p = run("logits", "--model", make("qwen2", "qwen2"), "--tokens", "1,2", "--out",
+                    os.path.join(WORK, "s.npy"), check=False)
+        finally:
+            del os.environ["TENSORPAR_FUSE_NORM"]
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("TENSORPAR_FUSE_NORM", p.stderr)
 
 
 class Generation(unittest.TestCase):
