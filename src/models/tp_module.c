@@ -180,8 +180,11 @@ static tp_status compute_local(tp_model *m, module_run *runs, const float *const
     return s ? s : tp_matmul_group(outs, n, x, T, m->pool, &opts);
 }
 
-tp_status tp_module_linear_group(tp_model *m, const tp_linear *const *lins, int count, const float *x, int64_t T,
-                                 int64_t x_width, tp_act *ys)
+/* The group's modules up to their outputs: with finish, each through its
+ * post_forward; without, each output left as the rank's partial sum (the
+ * caller reduces it: tp_module_linear_partial). */
+static tp_status run_group(tp_model *m, const tp_linear *const *lins, int count, const float *x, int64_t T,
+                           int64_t x_width, tp_act *ys, int finish)
 {
     if (count < 1 || count > GROUP_MAX)
         return tp_fail(TP_ERR_INTERNAL, "tp_module_linear_group: %d modules (1..%d)", count, GROUP_MAX);
@@ -200,7 +203,15 @@ tp_status tp_module_linear_group(tp_model *m, const tp_linear *const *lins, int 
     }
     if (!s) s = compute_local(m, runs, inputs, count, x, T);
     for (int i = count - 1; i >= 0; i--) module_leave(&runs[i]);   /* contexts nest */
-    for (int i = 0; i < count && !s; i++) s = module_finish(m, &runs[i], T, &ys[i]);
+    for (int i = 0; i < count && !s; i++) {
+        if (finish) {
+            s = module_finish(m, &runs[i], T, &ys[i]);
+        } else {
+            int64_t out = lins[i]->weight.shape[0];
+            ys[i] = (tp_act){runs[i].y, T, out, out, tp_partial()};
+            runs[i].y = NULL;
+        }
+    }
     for (int i = 0; i < count; i++) {
         tp_act_free(m, runs[i].y);
         if (s) tp_act_release(m, &ys[i]);
@@ -208,10 +219,16 @@ tp_status tp_module_linear_group(tp_model *m, const tp_linear *const *lins, int 
     return s;
 }
 
+tp_status tp_module_linear_group(tp_model *m, const tp_linear *const *lins, int count, const float *x, int64_t T,
+                                 int64_t x_width, tp_act *ys)
+{
+    return run_group(m, lins, count, x, T, x_width, ys, 1);
+}
+
 tp_status tp_module_linear(tp_model *m, const tp_linear *lin, const float *x, int64_t T, int64_t x_width,
                            tp_act *y)
 {
-    return tp_module_linear_group(m, &lin, 1, x, T, x_width, y);
+    return run_group(m, &lin, 1, x, T, x_width, y, 1);
 }
 
 int tp_module_output_summed(const tp_model *m, const tp_linear *lin)
@@ -230,23 +247,7 @@ tp_status tp_module_linear_partial(tp_model *m, const tp_linear *lin, const floa
     if (!tp_module_output_summed(m, lin))
         return tp_fail(TP_ERR_INTERNAL, "%s: its output is not a plain sum over the ranks",
                        lin->tp ? lin->tp->name : "a Linear module");
-    module_run r;
-    const float *input;
-    memset(&r, 0, sizeof r);
-    memset(y, 0, sizeof *y);
-    r.lin = lin;
-    r.mt = lin->tp;
-    r.ctx = module_ctx(m, r.mt, NULL);
-    tp_status s = module_begin(m, &r, x, T, x_width, &input);
-    if (!s) s = compute_local(m, &r, &input, 1, x, T);
-    module_leave(&r);
-    if (s) {
-        tp_act_free(m, r.y);
-        return s;
-    }
-    int64_t out = lin->weight.shape[0];
-    *y = (tp_act){r.y, T, out, out, tp_partial()};
-    return TP_OK;
+    return run_group(m, &lin, 1, x, T, x_width, y, 0);
 }
 
 /* ---- embedding -------------------------------------------------------- */
