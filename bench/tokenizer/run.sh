@@ -6,14 +6,13 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 bin=${1:-$root/build/tensorpar}
-shared=${TENSORPAR_SHARED:-$root/../shared}
 [ -d "$here/node_modules/tokenizers" ] || (cd "$here" && npm install --no-audit --no-fund >/dev/null)
 # English prose: the GPL-3 text Debian ships, repeated to about 4 MB.
 text=$(mktemp /tmp/tp-prose-XXXXXX.txt)
 trap 'rm -f "$text"' EXIT
 for _ in $(seq 1 115); do cat /usr/share/common-licenses/GPL-3; done > "$text"
 for t in llama3 qwen3; do
-  tok="$shared/data/tokenizers/$t/tokenizer.json"
+  tok="$root/tests/data/tokenizers/$t/tokenizer.json"
   ours=$("$bin" bench tokenize --tokenizer "$tok" --text-file "$text" --json)
   theirs=$(node "$here/hf_tokenizers.js" "$tok" "$text")
   /usr/bin/python3 - "$t" "$ours" "$theirs" <<'PY'

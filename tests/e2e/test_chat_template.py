@@ -14,10 +14,9 @@ import sys
 import tempfile
 
 BIN = os.environ["TENSORPAR_BIN"]
-SHARED = os.environ["TENSORPAR_SHARED"]
 SOURCE = os.environ["TENSORPAR_SOURCE"]
 REFERENCE = os.path.join(SOURCE, "tests", "reference")
-TOKENIZERS = os.path.join(SHARED, "data", "tokenizers")
+TOKENIZERS = os.path.join(SOURCE, "tests", "data", "tokenizers")
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 

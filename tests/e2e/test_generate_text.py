@@ -12,11 +12,11 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tpe2e import run, shared_dir  # noqa: E402
+from tpe2e import TOKENIZERS, run  # noqa: E402
 
 WORK = None
 MODEL = None
-TOKENIZER = os.path.join(shared_dir(), "data", "tokenizers", "llama3")
+TOKENIZER = os.path.join(TOKENIZERS, "llama3")
 
 
 def setUpModule():

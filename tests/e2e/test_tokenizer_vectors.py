@@ -1,4 +1,4 @@
-"""The tokenizer against the reference vectors in shared/data/tokenizers.
+"""The tokenizer against the reference vectors in tests/data/tokenizers.
 
 Every line of <name>/vectors.jsonl must encode to exactly its ids (with its
 add_special_tokens), and decoding those ids must give back the text (or the
@@ -14,11 +14,7 @@ import sys
 import tempfile
 
 BIN = os.environ.get("TENSORPAR_BIN", "build/tensorpar")
-SHARED = os.environ.get("TENSORPAR_SHARED",
-                        os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared"))
-if not os.path.isdir(SHARED):
-    SHARED = "/work/main/../shared"
-TOKDIR = os.path.join(SHARED, "data", "tokenizers")
+TOKDIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "tokenizers")
 
 failures = []
 

@@ -1,4 +1,4 @@
-"""Helpers shared by the end-to-end tests: where the CLI and the shared data
+"""Helpers shared by the end-to-end tests: where the CLI and the test data
 are, and running the CLI with a clear failure message."""
 
 import os
@@ -20,8 +20,9 @@ def find_bin():
     raise RuntimeError("tensorpar CLI not found: set TENSORPAR_BIN")
 
 
-def shared_dir():
-    return os.environ.get("TENSORPAR_SHARED") or os.path.join(ROOT, "..", "shared")
+# Tokenizer files shipped with the repository (tests/data/tokenizers, with
+# their licence notes); nothing outside the repository is read.
+TOKENIZERS = os.path.join(ROOT, "tests", "data", "tokenizers")
 
 
 BIN = find_bin()
