@@ -19,7 +19,7 @@ import unittest
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tpe2e import BIN, run  # noqa: E402
+from tpe2e import BIN, rel, run, tp_logits  # noqa: E402
 
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
 os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -49,17 +49,7 @@ def make(name, arch, *extra):
 
 
 def logits(model, tp=1, *extra, tokens=TOKENS):
-    """Rank 0's logits, after checking that every rank's are bitwise equal."""
-    out = os.path.join(WORK, "logits-%r.npy")
-    run("logits", "--model", model, "--tokens", tokens, "--out", out, "--tp", tp, *extra)
-    ranks = [np.load(out.replace("%r", str(r))) for r in range(tp)]
-    for r in range(1, tp):
-        assert np.array_equal(ranks[0], ranks[r]), f"rank {r}'s logits differ from rank 0's"
-    return ranks[0]
-
-
-def rel(a, b):
-    return float(np.abs(a - b).max() / np.abs(b).max())
+    return tp_logits(WORK, model, tp, *extra, tokens=tokens)
 
 
 def generate(model, tp=1, *extra):
