@@ -134,7 +134,16 @@ typedef struct {
     double qk_std;           /* q_proj/k_proj weights ~ N(0, qk_std) */
     int shards;              /* 1 = model.safetensors; K > 1 = K shards + index */
     const char *tokenizer;   /* tokenizer.json or a folder with tokenizer files; may be NULL */
+    int vocab_size_given;    /* cfg's vocab_size was chosen (--set vocab_size=N): keep it
+                                exactly; it must cover the tokenizer.  Otherwise a
+                                tokenizer larger than the preset's vocabulary raises it
+                                to the tokenizer's size rounded up to a multiple of
+                                TP_VOCAB_PAD, as published configs pad theirs. */
 } tp_make_options;
+
+/* Published configs pad the vocabulary (Llama 3: 128256, Qwen3: 151936)
+ * to a multiple of 128. */
+#define TP_VOCAB_PAD 128
 
 /* Writes a random-weight model directory in Transformers' layout. */
 tp_status tp_make_model(const tp_model_config *cfg, const tp_make_options *opt, const char *out_dir);

@@ -3,6 +3,7 @@
 #include "tensorpar/models.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 int cmd_make_model(int argc, char **argv)
 {
@@ -15,7 +16,9 @@ int cmd_make_model(int argc, char **argv)
         {"--std", "F", "weights ~ N(0, F) (default 0.02)", 0, {0}},
         {"--qk-std", "F", "q_proj/k_proj weights ~ N(0, F) (default: --std)", 0, {0}},
         {"--shards", "K", "write K shard files and model.safetensors.index.json", 0, {0}},
-        {"--tokenizer", "FILE|DIR", "copy tokenizer files beside the weights", 0, {0}},
+        {"--tokenizer", "FILE|DIR", "copy tokenizer files beside the weights; a larger vocabulary than the "
+                                     "preset's becomes vocab_size, rounded up to a multiple of 128 (unless "
+                                     "--set vocab_size=N)", 0, {0}},
         {"--out", "DIR", "output directory (required)", 0, {0}},
     };
     int n = (int)(sizeof o / sizeof o[0]);
@@ -37,7 +40,8 @@ int cmd_make_model(int argc, char **argv)
     const cli_option *set = &o[2];
     for (int i = 0; i < set->count; i++)
         if (tp_config_set(&cfg, set->values[i])) return cli_report("make-model");
-    tp_make_options mo = {cfg.dtype, 0, 0.02, -1, 0, cli_value(o, n, "--tokenizer")};
+    tp_make_options mo = {cfg.dtype, 0, 0.02, -1, 0, cli_value(o, n, "--tokenizer"), 0};
+    for (int i = 0; i < set->count; i++) mo.vocab_size_given |= !strncmp(set->values[i], "vocab_size=", 11);
     long long seed = 0, shards = 0;
     const char *dt = cli_value(o, n, "--dtype");
     if ((dt && tp_dtype_parse(dt, &mo.dtype)) || cli_int(o, n, "--seed", &seed) ||

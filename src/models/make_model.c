@@ -227,7 +227,7 @@ static int exists(const char *p)
 }
 
 /* Copies tokenizer files and makes the config's vocabulary cover them. */
-static tp_status add_tokenizer(tp_model_config *cfg, const char *tok, const char *dir)
+static tp_status add_tokenizer(tp_model_config *cfg, const char *tok, int vocab_given, const char *dir)
 {
     static const char *files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"};
     char src_json[4096], src_cfg[4096], src[4096], dst[4096];
@@ -239,6 +239,9 @@ static tp_status add_tokenizer(tp_model_config *cfg, const char *tok, const char
     int n_extra = 0;
     tp_status s = tokenizer_facts(src_json, folder ? src_cfg : NULL, &n_ids, &bos, &eos, extra, &n_extra);
     if (s) return s;
+    if (cfg->vocab_size < n_ids && vocab_given)
+        return tp_fail(TP_ERR_INVALID, "vocab_size %lld (from --set) is smaller than the %lld ids of the tokenizer %s",
+                       (long long)cfg->vocab_size, (long long)n_ids, src_json);
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         if (i == 0) snprintf(src, sizeof src, "%s", src_json);
         else if (folder) snprintf(src, sizeof src, "%s/%s", tok, files[i]);
@@ -248,9 +251,12 @@ static tp_status add_tokenizer(tp_model_config *cfg, const char *tok, const char
         if ((s = copy_file(src, dst))) return s;
     }
     if (cfg->vocab_size < n_ids) {
-        tp_log(TP_LOG_INFO, "vocab_size raised from %lld to %lld to cover the tokenizer",
-               (long long)cfg->vocab_size, (long long)n_ids);
-        cfg->vocab_size = n_ids;
+        /* The extra rows are random like the rest: published models have
+         * untrained padding rows too, and no tokenizer id reaches them. */
+        int64_t padded = (n_ids + TP_VOCAB_PAD - 1) / TP_VOCAB_PAD * TP_VOCAB_PAD;
+        tp_log(TP_LOG_INFO, "vocab_size raised from %lld to %lld: the tokenizer's %lld ids, padded to a multiple of %d",
+               (long long)cfg->vocab_size, (long long)padded, (long long)n_ids, TP_VOCAB_PAD);
+        cfg->vocab_size = padded;
     }
     if (bos >= 0) cfg->bos_token_id = bos;
     if (eos >= 0) { cfg->eos_token_ids[0] = eos; cfg->n_eos = 1; }
@@ -269,7 +275,7 @@ tp_status tp_make_model(const tp_model_config *cfg_in, const tp_make_options *o,
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) return tp_fail(TP_ERR_IO, "%s: %s", dir, strerror(errno));
     tp_model_config cfg = *cfg_in;
     tp_status s;
-    if (o->tokenizer && (s = add_tokenizer(&cfg, o->tokenizer, dir))) return s;
+    if (o->tokenizer && (s = add_tokenizer(&cfg, o->tokenizer, o->vocab_size_given, dir))) return s;
     cfg.dtype = o->dtype;
     if ((s = tp_config_validate(&cfg, "make-model"))) return s;
     if ((s = write_weights(&cfg, o, dir))) return s;

@@ -1,6 +1,8 @@
 /* ColwiseParallel (§2.4): each rank computes a slice of the output features.
  * colwise keeps the slice (Shard(-1)); colwise_gather_output and its legacy
- * alias colwise_rep all-gather it, which needs the gathered size to divide. */
+ * alias colwise_rep all-gather it.  Any size works: slices follow the chunk
+ * rule and the gather takes per-rank counts (§10.10), so there is nothing to
+ * validate (Transformers refuses gathered sizes that do not divide). */
 #include "parallel_internal.h"
 
 #include <string.h>
@@ -19,26 +21,6 @@ static tp_status colwise_shard(const tp_style *st, const tp_module_ctx *mod, con
     (void)st;
     *out = tp_shard(colwise_dim(mod, p));
     return TP_OK;
-}
-
-static int gathers(const tp_style *st)
-{
-    return st->opt.has_output_layout && st->opt.output_layout.kind == TP_REPLICATE;
-}
-
-/* All-gather concatenates chunk-rule pieces; HF refuses uneven ones when
- * gathering, and so does tensorpar (the message is Transformers'). */
-static tp_status colwise_validate(const tp_style *st, const tp_module_ctx *mod, const tp_param_ctx *p,
-                                  const char *qualified_name)
-{
-    if (!gathers(st)) return TP_OK;
-    int64_t n = p->shape[colwise_dim(mod, p)];
-    if (n % mod->tp_size == 0) return TP_OK;
-    char layer[128];
-    tp_par_parent_name(qualified_name, layer, sizeof layer);
-    return tp_fail(TP_ERR_INVALID,
-                   "The output size of `%s` (%lld) must be divisible by the tensor parallel size (%d) "
-                   "when gathering a colwise output.", layer, (long long)n, mod->tp_size);
 }
 
 static tp_status colwise_forward(const tp_style *st, const tp_module_ctx *mod, tp_forward_desc *d)
@@ -61,7 +43,7 @@ static tp_status colwise_forward(const tp_style *st, const tp_module_ctx *mod, t
         .name = nm, .impl = "ColwiseParallel",                                           \
         .opt = {.input_layout = {TP_REPLICATE, 0, 0}, .output_layout = out_layout,       \
                 .has_input_layout = 1, .has_output_layout = 1, .use_local_output = 1},   \
-        .validate_param = colwise_validate, .shard_param = colwise_shard,                \
+        .shard_param = colwise_shard,                                                    \
         .install_forward = colwise_forward}
 
 COLWISE(tp_par_colwise_gather_output, "colwise_gather_output", ((tp_placement){TP_REPLICATE, 0, 0}));

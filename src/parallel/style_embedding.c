@@ -1,6 +1,7 @@
 /* EmbeddingParallel (§2.6, §2.7).  shard_dim 0: vocabulary-parallel, a
  * masked lookup whose partial rows are all-reduced.  shard_dim 1: hidden-
- * parallel, a local lookup all-gathered along the last dim (§10.4). */
+ * parallel, a local lookup all-gathered along the last dim (§10.4) with
+ * per-rank counts, so neither V nor H needs to divide by P (§10.10). */
 #include "parallel_internal.h"
 
 static tp_status embedding_shard(const tp_style *st, const tp_module_ctx *mod, const tp_param_ctx *p,
@@ -10,20 +11,6 @@ static tp_status embedding_shard(const tp_style *st, const tp_module_ctx *mod, c
     int d = st->opt.shard_dim < p->ndim ? st->opt.shard_dim : p->ndim - 1;
     *out = tp_shard(d);
     return TP_OK;
-}
-
-/* The hidden-parallel variant gathers, so it follows §2.4's divisibility rule. */
-static tp_status embedding_validate(const tp_style *st, const tp_module_ctx *mod, const tp_param_ctx *p,
-                                    const char *qualified_name)
-{
-    if (st->opt.shard_dim == 0) return TP_OK;
-    int d = st->opt.shard_dim < p->ndim ? st->opt.shard_dim : p->ndim - 1;
-    if (p->shape[d] % mod->tp_size == 0) return TP_OK;
-    char layer[128];
-    tp_par_parent_name(qualified_name, layer, sizeof layer);
-    return tp_fail(TP_ERR_INVALID,
-                   "The output size of `%s` (%lld) must be divisible by the tensor parallel size (%d) "
-                   "when gathering a colwise output.", layer, (long long)p->shape[d], mod->tp_size);
 }
 
 static tp_status embedding_forward(const tp_style *st, const tp_module_ctx *mod, tp_forward_desc *d)
@@ -44,9 +31,9 @@ static tp_status embedding_forward(const tp_style *st, const tp_module_ctx *mod,
 const tp_style tp_par_embedding_rowwise = {
     .name = "embedding_rowwise", .impl = "EmbeddingParallel",
     .opt = {.shard_dim = 0, .use_local_output = 1},
-    .validate_param = embedding_validate, .shard_param = embedding_shard, .install_forward = embedding_forward};
+    .shard_param = embedding_shard, .install_forward = embedding_forward};
 
 const tp_style tp_par_embedding_colwise = {
     .name = "embedding_colwise", .impl = "EmbeddingParallel",
     .opt = {.shard_dim = 1, .use_local_output = 1},
-    .validate_param = embedding_validate, .shard_param = embedding_shard, .install_forward = embedding_forward};
+    .shard_param = embedding_shard, .install_forward = embedding_forward};

@@ -176,12 +176,15 @@ class PlanCli(unittest.TestCase):
         self.assertNotIn("Layer pattern", p.stderr)
         self.assertNotIn("were not applied", p.stderr)
 
-    def test_gather_divisibility(self):
+    def test_gather_any_size(self):
+        # B1 / §10.10: a gathered lm_head of 99 rows is split by the chunk rule
         d = make("vocab99", "llama", "vocab_size=99")
-        p = run("plan", "--model", d, "--tp", "2")
-        self.assertEqual(p.returncode, 1)
-        self.assertIn("The output size of `lm_head` (99) must be divisible by the tensor parallel size (2) "
-                      "when gathering a colwise output.", p.stderr)
+        for tp, rows in ((2, [50, 49]), (4, [25, 25, 25, 24])):
+            p = run("plan", "--model", d, "--tp", str(tp), "--json")
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertNotIn("must be divisible", p.stderr)
+            head = [x for x in json.loads(p.stdout)["parameters"] if x["name"] == "lm_head.weight"][0]
+            self.assertEqual([r["local_shape"] for r in head["ranks"]], [[n, 64] for n in rows])
 
     def test_tp1_and_tied(self):
         p = run("plan", "--model", self.llama, "--tp", "1")

@@ -74,3 +74,21 @@ def run(*args, input=None, check=True, timeout=300):
     if check and p.returncode != 0:
         raise AssertionError(f"tensorpar {' '.join(map(str, args))} exited {p.returncode}:\n{p.stderr}")
     return p
+
+
+def tp_logits(work, model, tp=1, *extra, tokens):
+    """`tensorpar logits --tp TP` on `tokens`; rank 0's logits, after checking
+    that every rank's are bitwise equal (§1.4).  Files go to `work`."""
+    import numpy as np
+    out = os.path.join(work, "logits-%r.npy")
+    run("logits", "--model", model, "--tokens", tokens, "--out", out, "--tp", tp, *extra)
+    ranks = [np.load(out.replace("%r", str(r))) for r in range(tp)]
+    for r in range(1, tp):
+        assert np.array_equal(ranks[0], ranks[r]), f"rank {r}'s logits differ from rank 0's"
+    return ranks[0]
+
+
+def rel(a, b):
+    """max |a - b| relative to max |b|."""
+    import numpy as np
+    return float(np.abs(a - b).max() / np.abs(b).max())

@@ -63,6 +63,9 @@ static void test_self_group(void)
     CHECK(tp_comm_all_gather(g, x, y, 3, TP_F32) == TP_OK && !memcmp(x, y, sizeof x));
     size_t counts[1] = {0};
     CHECK(tp_comm_all_gatherv(g, x, y, counts, TP_F32) == TP_OK);
+    counts[0] = 3;
+    memset(y, 0, sizeof y);
+    CHECK(tp_comm_all_gatherv(g, x, y, counts, TP_F32) == TP_OK && !memcmp(x, y, sizeof x));
     CHECK(tp_comm_reduce_scatter(g, x, y, 3, TP_F32, TP_REDUCE_SUM) == TP_OK && !memcmp(x, y, sizeof x));
     CHECK(tp_comm_broadcast(g, x, 3, TP_F32, 0) == TP_OK);
     CHECK(tp_comm_broadcast(g, x, 3, TP_F32, 1) == TP_ERR_INVALID && strstr(tp_error(), "root rank 1"));

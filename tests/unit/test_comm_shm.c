@@ -63,6 +63,27 @@ static void rank_gathers(tp_group *g, size_t count)
     free(mine); free(all);
 }
 
+/* all_gatherv with the per-rank counts of the chunk rule (an lm_head's
+ * vocabulary split over the ranks: ceil-sized pieces, the last smaller or
+ * empty, §10.10): the pieces land in rank order, and an empty one is fine. */
+static void rank_gatherv(tp_group *g, size_t total)
+{
+    int n = tp_group_size(g), me = tp_group_rank(g);
+    size_t c = (total + (size_t)n - 1) / (size_t)n, *counts = calloc((size_t)n, sizeof(size_t)), start = 0;
+    for (int r = 0; r < n; r++) {
+        size_t s = (size_t)r * c < total ? (size_t)r * c : total;
+        counts[r] = (s + c < total ? s + c : total) - s;
+        if (r == me) start = s;
+    }
+    int32_t *mine = malloc((counts[me] + 1) * sizeof(int32_t)), *all = malloc((total + 1) * sizeof(int32_t));
+    for (size_t i = 0; i < counts[me]; i++) mine[i] = (int32_t)(me * 1000000 + (int)(start + i));
+    CHECK(tp_comm_all_gatherv(g, mine, all, counts, TP_I32) == TP_OK);
+    int ok = 1;
+    for (size_t j = 0; j < total; j++) ok &= all[j] == (int32_t)((int)(j / c) * 1000000 + (int)j);
+    CHECK_MSG(ok, "all_gatherv of %zu over %d ranks", total, n);
+    free(mine); free(all); free(counts);
+}
+
 /* Rank 0 calls all_reduce while the others call all_gather: everyone
  * must fail with a message that names both calls. */
 static int rank_mismatch(void)
@@ -94,6 +115,7 @@ static int rank_main(void)
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
         rank_reductions(world, sizes[s]);
         rank_gathers(world, sizes[s]);
+        rank_gatherv(world, sizes[s] + 1);    /* 1001 over 3: 334, 334, 333; 2 over 4: 1, 1, 0, 0 */
     }
     /* Sub-groups: consecutive pairs and the even/odd split. */
     int me = tp_group_rank(world), n = tp_group_size(world);
@@ -105,6 +127,7 @@ static int rank_main(void)
         rank_reductions(tp, 5000);
         rank_reductions(dp, 5000);
         rank_gathers(dp, 3000);
+        rank_gatherv(dp, 3001);
         CHECK(tp_group_global_rank(dp, 0) == (n - 1 - me % 2) / 2 * 2 + me % 2);
     }
     tp_group_free(tp);

@@ -219,16 +219,27 @@ static void test_errors(void)
         CHECK(tp_plan_param_slice(r, 0, 0, &s) == TP_OK && s.dim == -1);
         tp_plan_resolution_free(r);
     }
-    /* B1 on the model: an lm_head that does not divide */
+    /* B1 on the model: an lm_head that does not divide is gathered with
+     * per-rank counts (§10.10): 50, 49 at P = 2, 33 each at P = 3; so are
+     * colwise_rep, plain colwise and a hidden-parallel embedding (64 over 3:
+     * 22, 22, 20). */
     c.vocab_size = 99;
-    CHECK(resolve_json(&c, "{\"lm_head\": \"colwise_gather_output\"}", 2, &r) != TP_OK);
-    CHECK(!strcmp(tp_error(), "The output size of `lm_head` (99) must be divisible by the tensor parallel size (2) "
-                  "when gathering a colwise output."));
-    /* ... plain colwise accepts it: 50, 49 */
-    CHECK(resolve_json(&c, "{\"lm_head\": \"colwise\"}", 2, &r) == TP_OK);
-    if (r) {
-        CHECK(local_shape_is(r, "lm_head.weight", 0, 50, 64) && local_shape_is(r, "lm_head.weight", 1, 49, 64));
-        tp_plan_resolution_free(r);
+    static const char *const gathering[] = {"colwise_gather_output", "colwise_rep", "colwise"};
+    for (int k = 0; k < 3; k++) {
+        char json[128];
+        snprintf(json, sizeof json, "{\"lm_head\": \"%s\", \"model.embed_tokens\": \"embedding_colwise\"}", gathering[k]);
+        CHECK_MSG(resolve_json(&c, json, 2, &r) == TP_OK, "%s: %s", gathering[k], tp_error());
+        if (r) {
+            CHECK(local_shape_is(r, "lm_head.weight", 0, 50, 64) && local_shape_is(r, "lm_head.weight", 1, 49, 64));
+            tp_plan_resolution_free(r);
+        }
+        CHECK_MSG(resolve_json(&c, json, 3, &r) == TP_OK, "%s: %s", gathering[k], tp_error());
+        if (r) {
+            for (int q = 0; q < 3; q++) CHECK(local_shape_is(r, "lm_head.weight", q, 33, 64));
+            CHECK(local_shape_is(r, "model.embed_tokens.weight", 0, 99, 22) &&
+                  local_shape_is(r, "model.embed_tokens.weight", 2, 99, 20));
+            tp_plan_resolution_free(r);
+        }
     }
     c = tiny(TP_ARCH_LLAMA);
     /* styles registered but not supported for dense models are refused */
