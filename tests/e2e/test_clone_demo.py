@@ -14,7 +14,7 @@ from tpe2e import ROOT, job_env  # noqa: E402
 
 
 def main():
-    if not os.path.isdir(os.path.join(ROOT, ".git")):
+    if not os.path.exists(os.path.join(ROOT, ".git")):  # a file in a worktree
         print("FAIL: the source tree is not a git checkout; cannot clone it", file=sys.stderr)
         return 1
     top = tempfile.mkdtemp(prefix="tp-clone-")
