@@ -173,10 +173,13 @@ void tp_attention(float *out, const float *q, const float *k, const float *v,
  * fewer repetitions.  Takes ~1 minute on 2 cores. */
 tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick);
 
-/* The machine's own limits, the first part of tp_kernel_bench: AVX-512 FMA
- * peak (registers only) and read bandwidth over 1 GiB of 2 MiB pages, on
- * one thread and on the pool's threads; medians; and the lockstep scaling
- * of FMA work over the pool's threads.  ~2 s with quick != 0. */
+/* The machine's own limits, the first part of tp_kernel_bench, measured
+ * with the instructions of the process's kernel path: the compute peak
+ * (registers only; FMA on the AVX-512 and AVX2 paths, the baseline's
+ * 4-lane multiply and add on the scalar one) and read bandwidth over 1 GiB
+ * of 2 MiB pages, on one thread and on the pool's threads; medians; and
+ * the lockstep scaling of that compute work over the pool's threads.  ~2 s
+ * with quick != 0.  Fails as tp_isa_check() does. */
 typedef struct {
     double fma_gflops_1, fma_gflops_n;   /* GFLOP/s */
     double read_gbs_1, read_gbs_n;       /* GB/s */
@@ -185,6 +188,7 @@ typedef struct {
      * every core alone, less when it slows one. */
     double lockstep_scaling;
     int threads;                         /* the pool's size */
+    tp_kernel_path path;                 /* the instructions measured with */
 } tp_machine_peaks;
 tp_status tp_machine_peaks_measure(tp_machine_peaks *out, tp_threadpool *pool, int quick);
 

@@ -48,6 +48,7 @@ int cmd_bench_forward(int argc, char **argv);
 int cmd_bench_decode(int argc, char **argv);
 int cmd_bench_all(int argc, char **argv);
 int cmd_bench_tokenize(int argc, char **argv);
+int cmd_bench_kernels(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_chat_template(int argc, char **argv);
