@@ -335,7 +335,7 @@ static tp_status gemv_cold(FILE *out, tp_threadpool *pool, const tp_machine_peak
                                     {"o_proj", 1, 1024, 2048},  {"gate/up", 1, 3072, 1024},
                                     {"down", 1, 1024, 3072},    {"lm_head", 1, 151936, 1024},
                                     {"lm_head/2", 1, 75968, 1024}};
-    int reps = quick ? 3 : 5;
+    int reps = quick > 1 ? 1 : quick ? 3 : 5;
     size_t total = quick > 1 ? (size_t)16 << 20 : (size_t)512 << 20;
     fprintf(out, "\nGEMV, bf16 weights cold (copies cycled through %zu MiB), T=1, GB/s of weights and share of "
             "the read bandwidth:\n%-14s %12s %8s %10s %-2d %8s\n", total >> 20, "shape", "1 thread", "share",
@@ -345,7 +345,7 @@ static tp_status gemv_cold(FILE *out, tp_threadpool *pool, const tp_machine_peak
     o.bf16_dot = 0;
     for (size_t s = 0; s < sizeof dshapes / sizeof *dshapes; s++) {
         const shape *sh = &dshapes[s];
-        if (quick > 1 && sh->n > 100000) continue;
+        if (quick > 1 && sh->n > 50000) continue;
         size_t bytes = (size_t)(sh->n * sh->k) * 2;
         int m = (int)((total + bytes - 1) / bytes);
         if (m < 2) m = 2;
@@ -385,7 +385,7 @@ static tp_status gemv_cold(FILE *out, tp_threadpool *pool, const tp_machine_peak
 
 tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick)
 {
-    int nt = tp_threadpool_size(pool), reps = quick ? 3 : 7;
+    int nt = tp_threadpool_size(pool), reps = quick > 1 ? 1 : quick ? 3 : 7;
     tp_machine_peaks pk;
     double plain[2];
     tp_status st0 = measure_peaks(&pk, pool, quick, plain);
@@ -404,16 +404,18 @@ tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick)
         {"gate/up", 512, 3072, 1024}, {"down", 512, 1024, 3072}, {"lm_head T=64", 64, 151936, 1024},
     };
     /* The scalar loops' rate does not depend on T (no blocking), and at
-     * ~1 GFLOP/s the full shapes would take minutes: 16 rows there. */
-    int64_t t_cap = path == TP_KERNEL_SCALAR ? 16 : 512;
+     * ~1 GFLOP/s the full shapes would take minutes: 16 rows there; the
+     * smoke run (sanitizer builds) 32 rows, 8 on the scalar path. */
+    int64_t t_cap = path == TP_KERNEL_SCALAR ? (quick > 1 ? 8 : 16) : quick > 1 ? 32 : 512;
     tp_rng rng;
     tp_rng_seed(&rng, 7);
     float *x = malloc((size_t)512 * 3072 * sizeof(float));
     float *y = tp_alloc((size_t)512 * 151936 * sizeof(float));
     if (!x || !y) { free(x); tp_free(y); return tp_fail(TP_ERR_NOMEM, "tp_kernel_bench: no memory"); }
     for (int64_t i = 0; i < 512 * 3072; i++) x[i] = (float)tp_rng_normal(&rng);
-    fprintf(out, "\nGEMM GFLOP/s, %d thread(s)%s (OpenBLAS under OPENBLAS_CORETYPE=%s):\n%-14s", nt,
-            t_cap < 512 ? ", T = 16 rows" : "",
+    char rows[32] = "";
+    if (t_cap < 512) snprintf(rows, sizeof rows, ", T = %lld rows", (long long)t_cap);
+    fprintf(out, "\nGEMM GFLOP/s, %d thread(s)%s (OpenBLAS under OPENBLAS_CORETYPE=%s):\n%-14s", nt, rows,
             getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(auto)", "shape");
     for (int v = 0; v < NVAR; v++) {
         char name[32];
