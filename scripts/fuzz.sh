@@ -50,10 +50,12 @@ mkdir -p "$build/artifacts" "$build/logs"
 run_one() {
     local h=$1 log="$build/logs/$1.log" work="$build/corpus/$1"
     rm -rf "$work" && mkdir -p "$work" && cp tests/fuzz/corpus/"$h"/* "$work"/
-    local rc=0
+    local rc=0 t0
+    t0=$(date +%s.%N)
     "$build/fuzz/$h" -runs="$runs" -max_len="$(max_len "$h")" -timeout=30 -rss_limit_mb=4096 \
         -print_final_stats=1 -artifact_prefix="$build/artifacts/$h-" "$work" >"$log" 2>&1 || rc=$?
     echo "$rc" >"$build/logs/$h.rc"
+    echo "$t0 $(date +%s.%N)" >"$build/logs/$h.time"
 }
 
 pids=()
@@ -70,13 +72,15 @@ for h in "${harnesses[@]}"; do
     rc=$(cat "$build/logs/$h.rc")
     # A run that stopped early lacks some of these lines: '?' then.
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1 || true)
-    rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1 || true)
-    secs=$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$log" | tail -1 || true)
+    # Wall time of the whole run (loading included); libFuzzer's own figures
+    # are whole seconds.
+    secs=$(awk '{printf "%.1f", $2 - $1}' "$build/logs/$h.time")
+    rate=$(awk -v n="${execs:-0}" -v t="$secs" 'BEGIN {printf("%.0f", (t > 0) ? n / t : 0)}')
     corp=$( (grep -o 'corp: [0-9]*/[0-9]*[a-zA-Z]*' "$log" || true) | tail -1 | sed 's/corp: //')
     reports=$(grep -cE 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|SUMMARY: ' "$log" || true)
     status=ok
     if [ "$rc" != 0 ] || [ "$reports" != 0 ]; then status="FAILED (exit $rc; see $log)"; fail=1; fi
-    printf '%-24s execs %-9s exec/s %-7s time %4ss  corpus %-12s %s\n' \
+    printf '%-24s execs %-9s exec/s %-7s time %7ss  corpus %-12s %s\n' \
         "$h" "${execs:-?}" "${rate:-?}" "${secs:-?}" "${corp:-?}" "$status"
 done
 if [ "$fail" != 0 ]; then
