@@ -22,9 +22,10 @@ cmake --build "$build" -j"$(nproc)" --target fuzz_all >/dev/null
 # (the Qwen3 chat template, a byte-level tokenizer.json) fits with room.
 max_len() {
     case "$1" in
-        fuzz_tokenizer_load) echo 16384 ;;
+        fuzz_tokenizer_load) echo 8192 ;;
         fuzz_chat_template) echo 8192 ;;
-        fuzz_tokenize) echo 512 ;;
+        fuzz_tokenize) echo 256 ;;
+        fuzz_st_index) echo 2048 ;;
         *) echo 4096 ;;
     esac
 }
@@ -46,6 +47,7 @@ export TMPDIR=$scratch
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:allocator_may_return_null=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 mkdir -p "$build/artifacts" "$build/logs"
+rm -f "$build"/logs/*
 
 run_one() {
     local h=$1 log="$build/logs/$1.log" work="$build/corpus/$1"
