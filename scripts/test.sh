@@ -36,3 +36,6 @@ CC=clang cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTP_SANITIZE=ON -DTP
 cmake --build build-asan -j"$jobs"
 echo "== sanitized tests"
 (cd build-asan && ctest --output-on-failure -j"$jobs")
+
+echo "== fuzz smoke: each libFuzzer harness for 3000 executions (clang, ASan + UBSan)"
+bash scripts/fuzz.sh 3000

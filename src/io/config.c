@@ -80,19 +80,45 @@ static void set_defaults(tp_model_config *c, tp_arch arch)
 
 typedef struct { const char *path; cJSON *root; } json_doc;
 
+/* JSON numbers are doubles: integers beyond 2^53 are not exact, and
+ * converting a double outside int64's range is undefined behaviour (a
+ * fuzzed "hidden_size": 5e84 did that). */
+#define MAX_JSON_INT 9007199254740992.0
+/* Sizes (hidden_size, heads, vocab, ...) stay below 2^31, as in every real
+ * config, so that products of two of them cannot overflow int64. */
+#define MAX_SIZE INT32_MAX
+
+static int json_int(const cJSON *v, int64_t *out)
+{
+    if (!cJSON_IsNumber(v)) return 0;
+    double x = v->valuedouble;
+    if (!(x >= -MAX_JSON_INT && x <= MAX_JSON_INT) || x != floor(x)) return 0;
+    *out = (int64_t)x;
+    return 1;
+}
+
 static tp_status get_int(const json_doc *d, const char *key, int64_t *out)
 {
     cJSON *v = cJSON_GetObjectItemCaseSensitive(d->root, key);
     if (!v || cJSON_IsNull(v)) return TP_OK;
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
-        return tp_fail(TP_ERR_FORMAT, "%s: key '%s' must be an integer", d->path, key);
-    *out = (int64_t)v->valuedouble;
+    if (!json_int(v, out))
+        return tp_fail(TP_ERR_FORMAT, "%s: key '%s' must be an integer (at most 2^53 in magnitude)", d->path, key);
+    return TP_OK;
+}
+
+/* An integer size that may be absent or non-positive (0 or less: derive it). */
+static tp_status get_size(const json_doc *d, const char *key, int64_t *out)
+{
+    tp_status s = get_int(d, key, out);
+    if (s) return s;
+    if (*out > MAX_SIZE) return tp_fail(TP_ERR_FORMAT, "%s: key '%s' = %lld is too large (at most %d)",
+                                        d->path, key, (long long)*out, MAX_SIZE);
     return TP_OK;
 }
 
 static tp_status get_positive(const json_doc *d, const char *key, int64_t *out)
 {
-    tp_status s = get_int(d, key, out);
+    tp_status s = get_size(d, key, out);
     if (s) return s;
     if (*out <= 0) return tp_fail(TP_ERR_FORMAT, "%s: key '%s' must be a positive integer, got %lld",
                                   d->path, key, (long long)*out);
@@ -122,15 +148,19 @@ static tp_status get_eos(const json_doc *d, int64_t *ids, int *n)
 {
     cJSON *v = cJSON_GetObjectItemCaseSensitive(d->root, "eos_token_id");
     if (!v || cJSON_IsNull(v)) return TP_OK;
-    if (cJSON_IsNumber(v)) { ids[0] = (int64_t)v->valuedouble; *n = 1; return TP_OK; }
+    if (cJSON_IsNumber(v)) {
+        if (!json_int(v, &ids[0])) return tp_fail(TP_ERR_FORMAT, "%s: key 'eos_token_id' is not an integer", d->path);
+        *n = 1;
+        return TP_OK;
+    }
     if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) > TP_MAX_EOS)
         return tp_fail(TP_ERR_FORMAT, "%s: key 'eos_token_id' must be an integer or a list of at most %d integers",
                        d->path, TP_MAX_EOS);
     int k = 0;
     cJSON *e;
     cJSON_ArrayForEach(e, v) {
-        if (!cJSON_IsNumber(e)) return tp_fail(TP_ERR_FORMAT, "%s: key 'eos_token_id' holds a non-integer", d->path);
-        ids[k++] = (int64_t)e->valuedouble;
+        if (!json_int(e, &ids[k++]))
+            return tp_fail(TP_ERR_FORMAT, "%s: key 'eos_token_id' holds a non-integer", d->path);
     }
     *n = k;
     return TP_OK;
@@ -161,7 +191,7 @@ static tp_status parse_rope_scaling(const json_doc *d, tp_rope_scaling *rs, int6
         rs->original_max_position_embeddings = max_pos;
         if ((s = get_double(&sub, "low_freq_factor", &rs->low_freq_factor)) ||
             (s = get_double(&sub, "high_freq_factor", &rs->high_freq_factor)) ||
-            (s = get_int(&sub, "original_max_position_embeddings", &rs->original_max_position_embeddings)))
+            (s = get_size(&sub, "original_max_position_embeddings", &rs->original_max_position_embeddings)))
             return s;
         if (!(rs->high_freq_factor > rs->low_freq_factor) || rs->original_max_position_embeddings <= 0)
             return tp_fail(TP_ERR_FORMAT, "%s: rope_scaling 'llama3' needs high_freq_factor > low_freq_factor "
@@ -198,8 +228,8 @@ static tp_status parse_config(tp_model_config *c, const json_doc *d)
         (s = get_positive(d, "intermediate_size", &c->intermediate_size)) ||
         (s = get_positive(d, "num_hidden_layers", &c->num_hidden_layers)) ||
         (s = get_positive(d, "num_attention_heads", &c->num_attention_heads)) ||
-        (s = get_int(d, "num_key_value_heads", &c->num_key_value_heads)) ||
-        (s = get_int(d, "head_dim", &c->head_dim)) ||
+        (s = get_size(d, "num_key_value_heads", &c->num_key_value_heads)) ||
+        (s = get_size(d, "head_dim", &c->head_dim)) ||
         (s = get_positive(d, "vocab_size", &c->vocab_size)) ||
         (s = get_positive(d, "max_position_embeddings", &c->max_position_embeddings)) ||
         (s = get_double(d, "rms_norm_eps", &c->rms_norm_eps)) ||
@@ -220,7 +250,7 @@ static tp_status parse_config(tp_model_config *c, const json_doc *d)
     if (arch == TP_ARCH_MISTRAL) {
         cJSON *sw = cJSON_GetObjectItemCaseSensitive(d->root, "sliding_window");
         if (sw && cJSON_IsNull(sw)) c->sliding_window = 0;
-        else if ((s = get_int(d, "sliding_window", &c->sliding_window))) return s;
+        else if ((s = get_size(d, "sliding_window", &c->sliding_window))) return s;
     } else if (use_sliding) {
         /* Qwen's per-layer windows (max_window_layers) are not implemented;
          * refusing beats computing something else. */

@@ -173,6 +173,7 @@ struct tp_tokenizer {
     tok_strmap vocab;            /* model vocabulary */
     tok_strmap added_map;        /* added token content -> id */
     size_t n_ids;                /* one more than the largest id */
+    size_t id_limit;             /* ids must stay below this (see parse_all) */
     uint32_t *id_off;            /* per id: text offset, UINT32_MAX if unused */
     uint32_t *id_len;
     uint8_t *id_special;

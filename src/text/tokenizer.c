@@ -39,6 +39,12 @@ tp_status tp_tok_arena_add(tp_tokenizer *t, const char *s, size_t len, uint32_t 
     return st;
 }
 
+/* The id tables are dense arrays, so one token with id 2^30 would cost
+ * gigabytes (found by fuzzing).  Real vocabularies are dense, with at most
+ * a few holes; ids up to twice the number of tokens plus this slack are
+ * accepted, which keeps memory linear in the file's size. */
+#define ID_SLACK 1024
+
 static tp_status grow_ids(tp_tokenizer *t, size_t need)
 {
     size_t ncap = t->n_ids ? t->n_ids : 1024;
@@ -57,6 +63,9 @@ static tp_status grow_ids(tp_tokenizer *t, size_t need)
 
 tp_status tp_tok_id_assign(tp_tokenizer *t, int32_t id, uint32_t off, uint32_t len)
 {
+    if ((size_t)id >= t->id_limit)
+        return tp_fail(TP_ERR_FORMAT, "%s: token id %d is far beyond the %zu tokens the file defines "
+                       "(ids must be nearly dense)", t->origin, id, (t->id_limit - ID_SLACK) / 2);
     if ((size_t)id >= t->n_ids) {
         tp_status st = grow_ids(t, (size_t)id + 1);
         if (st) return st;
@@ -72,6 +81,10 @@ static tp_status parse_all(tp_tokenizer *t, const cJSON *root, const char *confi
 {
     if (!cJSON_IsObject(root)) return tp_fail(TP_ERR_FORMAT, "%s: not a JSON object", t->origin);
     tp_tok_bytelevel_tables(t);
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    size_t defined = (size_t)cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(model, "vocab"))
+                   + (size_t)cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(root, "added_tokens"));
+    t->id_limit = 2 * defined + ID_SLACK;
     /* The normalizer and pre-tokenizer come first: BPE needs to know whether
      * pieces are byte-level, added tokens need the normalizer. */
     tp_status st = tp_tok_normalizer_parse(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"));

@@ -83,12 +83,29 @@ static void test_set_and_roundtrip(void)
     CHECK(tp_preset_config(&c, TP_ARCH_LLAMA, "nope") != TP_OK);
 }
 
+/* Inputs the fuzzer (tests/fuzz/fuzz_config) found mishandled: numbers
+ * beyond int64 were converted with undefined behaviour. */
+static void test_fuzz_regressions(void)
+{
+    expect_error("{\"model_type\": \"qwen2\", \"hidden_size\": 5555555555555555555555555555555555555555555555555555555555555555555555555555555555896}",
+                 "'hidden_size' must be an integer (at most 2^53");
+    expect_error("{\"model_type\": \"llama\", \"eos_token_id\": 1e300}", "eos_token_id");
+    expect_error("{\"model_type\": \"llama\", \"eos_token_id\": [2, 1.5]}", "eos_token_id");
+    expect_error("{\"model_type\": \"llama\", \"bos_token_id\": -1e19}", "'bos_token_id' must be an integer");
+    expect_error("{\"model_type\": \"llama\", \"head_dim\": 1e15}", "'head_dim' = 1000000000000000 is too large");
+    expect_error("{\"model_type\": \"llama\", \"vocab_size\": 4294967296}", "'vocab_size' = 4294967296 is too large");
+    tp_model_config c;
+    CHECK(load_text("{\"model_type\": \"llama\", \"vocab_size\": 2147483647, \"bos_token_id\": 9007199254740992}", &c) == TP_OK);
+    CHECK(c.vocab_size == 2147483647 && c.bos_token_id == 9007199254740992LL);
+}
+
 int main(void)
 {
     snprintf(dir, sizeof dir, "/tmp/tp-config-XXXXXX");
     if (!mkdtemp(dir)) return 1;
     test_parse();
     test_set_and_roundtrip();
+    test_fuzz_regressions();
     test_errors();
     char path[128];
     snprintf(path, sizeof path, "%s/config.json", dir);

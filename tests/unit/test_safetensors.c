@@ -515,6 +515,20 @@ static void test_malformed(void)
     tp_checkpoint_close(ck);
 }
 
+/* Inputs the fuzzer (tests/fuzz/fuzz_safetensors) found mishandled. */
+static void test_fuzz_regressions(void)
+{
+    char p[256];
+    tp_checkpoint *ck = NULL;
+
+    /* A header with no tensor at all is a valid, empty checkpoint. */
+    path_in(p, sizeof p, "no_tensors.safetensors");
+    write_raw(p, "{}      ", 0);
+    CHECK_MSG(tp_checkpoint_open(&ck, p) == TP_OK, "%s", tp_error());
+    CHECK(ck && tp_checkpoint_count(ck) == 0 && !tp_checkpoint_find(ck, "w"));
+    tp_checkpoint_close(ck);
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/tp_st_XXXXXX");
@@ -525,6 +539,7 @@ int main(void)
     test_misaligned_data();
     test_sharded();
     test_malformed();
+    test_fuzz_regressions();
     remove_tree(tmpdir);
     return check_summary();
 }

@@ -287,6 +287,21 @@ static void test_malformed(void)
                  TP_ERR_UNSUPPORTED, "normalizer.type");
 }
 
+/* Inputs the fuzzer (tests/fuzz/fuzz_tokenizer_load) found mishandled. */
+static void test_fuzz_regressions(void)
+{
+    /* One huge id made the dense id tables gigabytes big. */
+    expect_error("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1073741824},\"merges\":[]}}",
+                 TP_ERR_FORMAT, "token id 1073741824 is far beyond the 2 tokens");
+    expect_error("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},"
+                 "\"added_tokens\":[{\"id\":99999999,\"content\":\"<s>\",\"special\":true}]}",
+                 TP_ERR_FORMAT, "token id 99999999");
+    /* Holes stay allowed: the vocabulary size is one past the largest id. */
+    tp_tokenizer *t = make("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1000},\"merges\":[]}}");
+    CHECK(t && tp_tokenizer_vocab_size(t) == 1001 && !tp_tokenizer_id_to_token(t, 500));
+    tp_tokenizer_free(t);
+}
+
 /* Loading from a file and from a directory with tokenizer_config.json. */
 static void test_files(void)
 {
@@ -329,6 +344,7 @@ int main(void)
     test_post_processors();
     test_streaming_decode();
     test_malformed();
+    test_fuzz_regressions();
     test_files();
     return check_summary();
 }
