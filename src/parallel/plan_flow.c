@@ -343,10 +343,12 @@ static tp_status heads_line_up(flow *f, const char *qname, const char *sty, lay 
         head_range(r, k, K, rank, &k0, &nkv);
         int ok = nq > 0 && nkv > 0 && nq % nkv == 0;
         for (int64_t h = 0; ok && h < nq; h++) ok = (q0 + h) / group - k0 == h / (nq / nkv);
+        char o[300];
         if (!ok)
             return refuse(qname, sty, "on rank %d its query heads [%lld, %lld) do not line up with the KV heads "
-                          "[%lld, %lld) that k_proj and v_proj give that rank; shard q_proj, k_proj and v_proj alike",
-                          rank, (long long)q0, (long long)(q0 + nq), (long long)k0, (long long)(k0 + nkv));
+                          "[%lld, %lld) that k_proj%s and v_proj give that rank; shard q_proj, k_proj and v_proj "
+                          "alike", rank, (long long)q0, (long long)(q0 + nq), (long long)k0, (long long)(k0 + nkv),
+                          origin(k, o, sizeof o));
     }
     return TP_OK;
 }
@@ -377,9 +379,10 @@ static tp_status attention(flow *f, int64_t l)
     if (q.k != L_REP && q.k != L_SHARD)
         return refuse(n[0], qsty, "its output is %s here; attention needs whole heads on each rank (Replicate, or "
                       "Shard(-1) from a colwise style)", lay_str(q, a, sizeof a));
+    char from[300];
     if (!lay_eq(k, v))
-        return refuse(n[2], vsty, "k_proj gives %s and v_proj gives %s here; attention needs them alike",
-                      lay_str(k, a, sizeof a), lay_str(v, b, sizeof b));
+        return refuse(n[2], vsty, "k_proj gives %s%s and v_proj gives %s here; attention needs them alike",
+                      lay_str(k, a, sizeof a), origin(k, from, sizeof from), lay_str(v, b, sizeof b));
     if (k.k != L_REP && k.k != L_SHARD && k.k != L_KVREP)
         return refuse(n[2], vsty, "its output is %s here; attention needs whole KV heads on each rank",
                       lay_str(k, a, sizeof a));
@@ -397,7 +400,7 @@ static tp_status attention(flow *f, int64_t l)
 
 static tp_status mlp(flow *f, int64_t l)
 {
-    char base[96], g[128], u[128], dn[128], a[40], b[40];
+    char base[96], g[128], u[128], dn[128], a[40], b[40], o[300];
     snprintf(base, sizeof base, "model.layers.%lld.mlp", (long long)l);
     snprintf(g, sizeof g, "%s.gate_proj", base);
     snprintf(u, sizeof u, "%s.up_proj", base);
@@ -408,9 +411,9 @@ static tp_status mlp(flow *f, int64_t l)
         (s = not_linear(f, g, lg, "the SiLU gate")) || (s = not_linear(f, u, lu, "the gated product")))
         return s;
     if (!lay_eq(lg, lu))
-        return refuse(u, style_of(module_at(f, u), param_of(f, u, "weight")), "gate_proj gives %s and up_proj gives "
-                      "%s here; the elementwise product needs them alike", lay_str(lg, a, sizeof a),
-                      lay_str(lu, b, sizeof b));
+        return refuse(u, style_of(module_at(f, u), param_of(f, u, "weight")), "gate_proj gives %s%s and up_proj "
+                      "gives %s here; the elementwise product needs them alike", lay_str(lg, a, sizeof a),
+                      origin(lg, o, sizeof o), lay_str(lu, b, sizeof b));
     if ((s = linear(f, dn, lg, &ld)) || (s = container(f, base, ld, &y))) return s;
     const tp_module_plan *mp = module_at(f, base);
     return mp ? stream(base, mp->style->name, base, y) : stream(y.mod, y.sty, base, y);
