@@ -93,6 +93,12 @@ typedef struct {
     int bias_after_reduce;         /* rowwise family                        */
     int use_local_tensors;         /* parameters seen as local shards       */
     int divide_params_by_p;        /* legacy `local`: parameters used ÷ P   */
+    /* Styles that leave the layouts to the module ("input converted to
+     * local", "output returned local": the legacy local styles, local_params,
+     * gather's and all_reduce's input).  Plan resolution replaces their
+     * layouts by the ones the model really gives the module (plan_flow.c),
+     * so the executor never relabels an activation. */
+    int input_from_model, output_from_model;
     /* training-only markers (§1.6, §2.11): recorded, no forward effect */
     int allreduce_backward_input;  /* AllReduceBackward on input 0          */
     int param_grad_allreduce;      /* sum param grads over TP, exactly once */
@@ -325,6 +331,16 @@ typedef struct {
 tp_status tp_plan_resolve(const tp_model_config *cfg, const tp_plan *plan, int tp_size,
                           const tp_style_registry *view, tp_plan_resolution **out);
 void tp_plan_resolution_free(tp_plan_resolution *r);
+/* Whether the resolved plan can run on tensorpar's dense decoder (§1.3),
+ * checked before any weight is read: every module's declared input is what
+ * it receives, its local computation fits its shards, and the residual
+ * stream, the attention heads and the logits come out as the model needs
+ * them.  Fills in the layouts of the styles that leave them to the module
+ * (the legacy local styles, local_params, gather's input).  Refusals name
+ * the module, its style and why.  tp_plan_resolve checks a plan's rules;
+ * this checks that they fit together (loading and `tensorpar plan` call
+ * both). */
+tp_status tp_plan_check_flow(tp_plan_resolution *r);
 
 /* Rank r's slice of parameter i (i == n_params: the tied lm_head record). */
 tp_status tp_plan_param_slice(const tp_plan_resolution *r, size_t i, int rank, tp_param_slice *out);

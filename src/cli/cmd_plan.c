@@ -36,6 +36,7 @@ int cmd_plan(int argc, char **argv)
     if (tp_config_load(&cfg, dir) || tp_plan_load(cli_value(o, n, "--tp-plan"), &cfg, &plan))
         return cli_report("plan");
     tp_status s = tp_plan_resolve(&cfg, &plan, (int)tp, NULL, &res);
+    if (!s && (s = tp_plan_check_flow(res))) tp_plan_resolution_free(res);
     tp_plan_free(&plan);
     if (s) return cli_report("plan");
     /* One process plays rank 0 of the group: it prints the warnings. */

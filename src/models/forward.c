@@ -53,11 +53,19 @@ static void scratch_free(fwd_scratch *s)
 
 #define FUSE_MIN_ROWS 64   /* decode keeps the one small all-reduce */
 
+/* A rule on self_attn or mlp whose post_forward changes the block's output. */
+static int block_moves(const tp_model *m, int64_t layer, int mlp)
+{
+    const tp_module_plan *b = tp_module_block(m, layer, mlp);
+    return b && b->fwd.installed && !tp_placement_equal(b->fwd.local_output, b->fwd.output, 2);
+}
+
 static int fuse_norm(const tp_model *m, int64_t T)
 {
     if (!m->fuse_norm || !m->tp || m->tp->size < 2 || !m->tp->mesh || T < FUSE_MIN_ROWS) return 0;
     for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++)
-        if (!tp_module_output_summed(m, &m->layers[l].o_proj) || !tp_module_output_summed(m, &m->layers[l].down_proj))
+        if (!tp_module_output_summed(m, &m->layers[l].o_proj) || !tp_module_output_summed(m, &m->layers[l].down_proj) ||
+            block_moves(m, l, 0) || block_moves(m, l, 1))
             return 0;
     return 1;
 }
@@ -171,11 +179,12 @@ static void par_silu_mul(tp_model *m, float *a, const float *b, int64_t T, int64
 
 /* A module whose output joins the residual stream (o_proj, down_proj):
  * replicated, or under the fused norm the rank's partial sum. */
-static tp_status stream_module(tp_model *m, const fwd_scratch *sc, const tp_linear *lin, const float *in,
-                               int64_t T, int64_t width, tp_act *y, const char *what)
+static tp_status stream_module(tp_model *m, const fwd_scratch *sc, const tp_linear *lin, const tp_module_plan *block,
+                               const float *in, int64_t T, int64_t width, tp_act *y, const char *what)
 {
     if (sc->row_counts) return tp_module_linear_partial(m, lin, in, T, width, y);
     tp_status st = tp_module_linear(m, lin, in, T, width, y);
+    if (!st) st = tp_module_block_output(m, block, y);
     return st ? st : check_replicated(y, m->cfg.hidden_size, what);
 }
 
@@ -288,7 +297,7 @@ static tp_status attention_block(tp_model *m, const tp_layer *L, tp_kv_cache *ca
         memcpy(cache->v[layer] + (size_t)pos0 * row, a.v.data, (size_t)T * row * sizeof(float));
         tp_attention(sc->attn, a.q.data, cache->k[layer], cache->v[layer], T, pos0, nq, nkv, D,
                      c->sliding_window, m->pool);
-        st = stream_module(m, sc, &L->o_proj, sc->attn, T, nq * D, &a.o, "o_proj");
+        st = stream_module(m, sc, &L->o_proj, tp_module_block(m, layer, 0), sc->attn, T, nq * D, &a.o, "o_proj");
     }
     if (!st) st = add_norm(m, sc, x, &a.o, &L->post_attention_layernorm, T);
     attn_release(m, &a);
@@ -298,8 +307,8 @@ static tp_status attention_block(tp_model *m, const tp_layer *L, tp_kv_cache *ca
 /* h holds post_attention_layernorm(x); on return x has the MLP output added
  * and h holds next_norm(x): the next layer's input_layernorm, or the final
  * norm after the last layer. */
-static tp_status mlp_block(tp_model *m, const tp_layer *L, const tp_tensor *next_norm, float *x, fwd_scratch *sc,
-                           int64_t T)
+static tp_status mlp_block(tp_model *m, const tp_layer *L, int64_t layer, const tp_tensor *next_norm, float *x,
+                           fwd_scratch *sc, int64_t T)
 {
     int64_t H = m->cfg.hidden_size;
     const float *h = sc->h;
@@ -313,7 +322,8 @@ static tp_status mlp_block(tp_model *m, const tp_layer *L, const tp_tensor *next
                          "shard them alike", (long long)gate->width, (long long)up->width);
         else {
             par_silu_mul(m, gate->data, up->data, T, gate->width);
-            st = stream_module(m, sc, &L->down_proj, gate->data, T, gate->width, &down, "down_proj");
+            st = stream_module(m, sc, &L->down_proj, tp_module_block(m, layer, 1), gate->data, T, gate->width, &down,
+                               "down_proj");
         }
     }
     if (!st) st = add_norm(m, sc, x, &down, next_norm, T);
@@ -354,7 +364,7 @@ tp_status tp_model_forward(tp_model *m, tp_kv_cache *cache, const int64_t *token
     if (!st) par_rmsnorm(m, sc.h, x.data, nl > 0 ? &m->layers[0].input_layernorm : &m->norm, T, H);
     for (int64_t l = 0; l < nl && !st; l++) {
         st = attention_block(m, &m->layers[l], cache, l, x.data, &sc, T);
-        if (!st) st = mlp_block(m, &m->layers[l], l + 1 < nl ? &m->layers[l + 1].input_layernorm : &m->norm,
+        if (!st) st = mlp_block(m, &m->layers[l], l, l + 1 < nl ? &m->layers[l + 1].input_layernorm : &m->norm,
                                 x.data, &sc, T);
     }
     if (!st) {

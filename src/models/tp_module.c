@@ -146,7 +146,11 @@ static tp_status module_finish(tp_model *m, module_run *r, int64_t T, tp_act *y)
 {
     int64_t out = r->lin->weight.shape[0];
     if (!r->mt) {
-        *y = (tp_act){r->y, T, out, out, tp_replicate()};
+        /* No hooks: the layout is what its shards give (a parameter rule
+         * alone may shard them), which plan resolution checked. */
+        const struct tp_module_tp *mt = r->lin->tp;
+        int split = mt && m->tp->res->applied;
+        *y = (tp_act){r->y, T, out, split ? output_width(m, mt, r->lin) : out, split ? mt->out_pl : tp_replicate()};
         r->y = NULL;
         return TP_OK;
     }
@@ -180,6 +184,16 @@ static tp_status compute_local(tp_model *m, module_run *runs, const float *const
     return s ? s : tp_matmul_group(outs, n, x, T, m->pool, &opts);
 }
 
+/* Legacy `local`: x · (W/P)ᵀ + b/P, i.e. the output divided by P, which a
+ * parent summing P copies (gather) restores; the stored weights stay as
+ * read. */
+static void divide_output(const tp_model *m, module_run *r, int64_t T)
+{
+    int64_t n = T * r->lin->weight.shape[0];
+    float P = (float)m->tp->size;
+    for (int64_t i = 0; i < n; i++) r->y[i] /= P;
+}
+
 /* The group's modules up to their outputs: with finish, each through its
  * post_forward; without, each output left as the rank's partial sum (the
  * caller reduces it: tp_module_linear_partial). */
@@ -189,7 +203,7 @@ static tp_status run_group(tp_model *m, const tp_linear *const *lins, int count,
     if (count < 1 || count > GROUP_MAX)
         return tp_fail(TP_ERR_INTERNAL, "tp_module_linear_group: %d modules (1..%d)", count, GROUP_MAX);
     module_run runs[GROUP_MAX];
-    const float *inputs[GROUP_MAX];
+    const float *inputs[GROUP_MAX] = {0};
     memset(runs, 0, sizeof runs);
     memset(ys, 0, (size_t)count * sizeof *ys);
     tp_status s = TP_OK;
@@ -202,6 +216,8 @@ static tp_status run_group(tp_model *m, const tp_linear *const *lins, int count,
         s = module_begin(m, &runs[i], x, T, x_width, &inputs[i]);
     }
     if (!s) s = compute_local(m, runs, inputs, count, x, T);
+    for (int i = 0; i < count && !s; i++)
+        if (runs[i].mt && runs[i].mt->plan->fwd.divide_params_by_p) divide_output(m, &runs[i], T);
     for (int i = count - 1; i >= 0; i--) module_leave(&runs[i]);   /* contexts nest */
     for (int i = 0; i < count && !s; i++) {
         if (finish) {
@@ -248,6 +264,35 @@ tp_status tp_module_linear_partial(tp_model *m, const tp_linear *lin, const floa
         return tp_fail(TP_ERR_INTERNAL, "%s: its output is not a plain sum over the ranks",
                        lin->tp ? lin->tp->name : "a Linear module");
     return run_group(m, &lin, 1, x, T, x_width, y, 0);
+}
+
+/* ---- blocks (self_attn, mlp) ----------------------------------------- */
+
+const tp_module_plan *tp_module_block(const tp_model *m, int64_t layer, int mlp)
+{
+    if (!m->tp || !m->tp->blocks || !m->tp->mesh) return NULL;
+    return m->tp->blocks[2 * layer + (mlp ? 1 : 0)];
+}
+
+tp_status tp_module_block_output(tp_model *m, const tp_module_plan *block, tp_act *y)
+{
+    if (!block || !block->fwd.installed || !m->tp || !m->tp->mesh) return TP_OK;
+    const tp_forward_desc *d = &block->fwd;
+    tp_module_ctx ctx = {block->name, block->kind, m->tp->size, m->tp->rank, &m->cfg, m->tp->mesh, NULL};
+    int64_t g[2] = {y->T, y->gwidth};
+    tp_dtensor yd;
+    tp_status s = tp_dtensor_from_local(&yd, m->tp->mesh, &d->local_output, TP_F32, 2, g, y->data);
+    if (s) return s;
+    double t0 = tp_now();
+    s = tp_style_post_forward(block->style, &ctx, d, &yd);
+    m->comm_seconds += tp_now() - t0;
+    if (s) { tp_dtensor_release(&yd); return s; }
+    float *mine = y->data;
+    tp_act out;
+    if ((s = take_local(m, &yd, g[1], &mine, &out))) return s;
+    if (mine) tp_act_free(m, mine);
+    *y = out;
+    return TP_OK;
 }
 
 /* ---- embedding -------------------------------------------------------- */

@@ -17,6 +17,7 @@ struct tp_module_tp {
     int64_t in_features, out_features;  /* global activation widths       */
     tp_param_slice weight_slice;   /* this rank's slice of the weight     */
     int kv_rep;                    /* > 1: k/v projection under KV-head replication */
+    tp_placement out_pl;           /* its output's layout when it runs without hooks */
 };
 
 struct tp_model_tp {
@@ -25,6 +26,9 @@ struct tp_model_tp {
     tp_plan_resolution *res;
     struct tp_module_tp *modules;  /* every Linear and Embedding          */
     size_t n_modules;
+    /* per layer: the rules on self_attn and mlp (NULL: none), whose
+     * post_forward may reduce the block's output (gather, all_reduce) */
+    const tp_module_plan **blocks; /* [2 * layer + (mlp ? 1 : 0)]          */
 };
 
 /* An activation [T, width] of a feature dimension of `gwidth` columns, of
@@ -71,6 +75,11 @@ int tp_module_output_summed(const tp_model *m, const tp_linear *lin);
 /* Such a module without its post_forward: y is the rank's partial sum. */
 tp_status tp_module_linear_partial(tp_model *m, const tp_linear *lin, const float *x, int64_t T, int64_t x_width,
                                    tp_act *y);
+/* The rule on layer `layer`'s self_attn (mlp = 0) or mlp (1), or NULL. */
+const tp_module_plan *tp_module_block(const tp_model *m, int64_t layer, int mlp);
+/* A block's output (o_proj's or down_proj's) through the block's own
+ * post_forward: e.g. `gather` all-reduces what local styles left partial. */
+tp_status tp_module_block_output(tp_model *m, const tp_module_plan *block, tp_act *y);
 /* The width of the module's output on this rank, before running it. */
 int64_t tp_module_out_width(const tp_model *m, const tp_linear *lin);
 /* The embedding lookup of T token ids (ids outside [0, vocab) are an error). */

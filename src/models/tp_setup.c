@@ -28,6 +28,7 @@ static tp_status resolve(struct tp_model_tp *tp, const tp_model_config *cfg, con
     tp_plan plan = {0};
     tp_status s = tp_plan_load(spec, cfg, &plan);
     if (!s) s = tp_plan_resolve(cfg, &plan, tp->size, NULL, &tp->res);
+    if (!s) s = tp_plan_check_flow(tp->res);
     tp_plan_free(&plan);
     if (s) return s;
     int global_rank = tp->mesh ? tp_mesh_world_rank(tp->mesh) : 0;
@@ -42,6 +43,16 @@ static void module_name(const char *param, char *out, size_t cap)
     if (dot) *dot = '\0';
 }
 
+/* The layout of a Linear's output [T, out] when it runs without hooks:
+ * rows of the weight give columns of the output, a split of the input
+ * features gives every rank a summand. */
+static tp_placement output_layout(tp_placement w)
+{
+    if (w.kind == TP_REPLICATE || w.kind == TP_PARTIAL) return tp_replicate();
+    if (w.dim != 0) return tp_partial();
+    return w.kind == TP_SHARD ? tp_shard(1) : tp_strided_shard(1, w.split);
+}
+
 /* Fills a module's TP state from its weight's parameter record. */
 static tp_status attach(tp_model *m, tp_linear *lin, const tp_param_desc *p, const tp_param_plan *pp,
                         size_t param_index, struct tp_module_tp *mt)
@@ -54,6 +65,7 @@ static tp_status attach(tp_model *m, tp_linear *lin, const tp_param_desc *p, con
     mt->out_features = p->shape[0];
     mt->in_features = p->shape[1];
     mt->kv_rep = pp ? pp->kv_rep : 1;
+    mt->out_pl = pp && tp->res->applied ? output_layout(pp->placement) : tp_replicate();
     tp_status s = tp->res->applied ? (pp == &tp->res->tied_head ? tp_plan_slice_of(tp->res, pp, tp->rank, &mt->weight_slice)
                                                                : tp_plan_param_slice(tp->res, param_index, tp->rank, &mt->weight_slice))
                                    : TP_OK;
@@ -95,6 +107,25 @@ static tp_status attach_modules(tp_model *m)
     return s;
 }
 
+/* The rules on each layer's self_attn and mlp (their post_forward runs on
+ * the block's output). */
+static tp_status attach_blocks(tp_model *m)
+{
+    struct tp_model_tp *tp = m->tp;
+    int64_t nl = m->cfg.num_hidden_layers;
+    if (!tp->res->applied || nl < 1) return TP_OK;
+    tp->blocks = calloc((size_t)(2 * nl), sizeof *tp->blocks);
+    if (!tp->blocks) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int64_t l = 0; l < nl; l++) {
+        char name[96];
+        snprintf(name, sizeof name, "model.layers.%lld.self_attn", (long long)l);
+        tp->blocks[2 * l] = tp_plan_find_module(tp->res, name);
+        snprintf(name, sizeof name, "model.layers.%lld.mlp", (long long)l);
+        tp->blocks[2 * l + 1] = tp_plan_find_module(tp->res, name);
+    }
+    return TP_OK;
+}
+
 tp_status tp_model_tp_setup(tp_model *m, const tp_model_options *opt)
 {
     if (!opt || (!opt->mesh && !opt->tp_plan)) return TP_OK;
@@ -108,6 +139,7 @@ tp_status tp_model_tp_setup(tp_model *m, const tp_model_options *opt)
         return tp_fail(TP_ERR_UNSUPPORTED, "the model takes a 1-D tensor-parallel mesh");
     tp_status s = resolve(tp, &m->cfg, opt->tp_plan);
     if (!s) s = attach_modules(m);
+    if (!s) s = attach_blocks(m);
     return s;
 }
 
@@ -116,6 +148,7 @@ void tp_model_tp_free(tp_model *m)
     if (!m->tp) return;
     tp_plan_resolution_free(m->tp->res);
     free(m->tp->modules);
+    free(m->tp->blocks);
     free(m->tp);
     m->tp = NULL;
 }

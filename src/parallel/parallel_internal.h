@@ -38,5 +38,8 @@ char *tp_par_buf_take(tp_par_buf *b);
 
 /* A forward description with every layout Replicate (nothing moves). */
 tp_forward_desc tp_par_desc_passthrough(void);
+/* One that leaves both layouts to the module: input "converted to local",
+ * output "returned local" (filled in by tp_plan_check_flow). */
+tp_forward_desc tp_par_desc_local(void);
 
 #endif

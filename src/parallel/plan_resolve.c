@@ -218,7 +218,14 @@ static tp_param_plan *param_named(tp_plan_resolution *r, const char *name)
     return (tp_param_plan *)tp_plan_find_param(r, name);
 }
 
-static int sharded(const tp_param_plan *p) { return p && p->placement.kind != TP_REPLICATE; }
+/* Split along the head dimension (dim 0 of a q/k/v weight or bias): only
+ * then do the head counts of §8.2 matter.  A split of the input features
+ * (rowwise) keeps every head whole; whether such a plan fits is
+ * tp_plan_check_flow's question. */
+static int sharded(const tp_param_plan *p)
+{
+    return p && (p->placement.kind == TP_SHARD || p->placement.kind == TP_STRIDED_SHARD) && p->placement.dim == 0;
+}
 
 static tp_status check_kv(tp_plan_resolution *r, int64_t layer)
 {

@@ -55,7 +55,7 @@ COLWISE(tp_par_colwise, "colwise", ((tp_placement){TP_SHARD, -1, 0}));
 static tp_status local_forward(const tp_style *st, const tp_module_ctx *mod, tp_forward_desc *d)
 {
     (void)st; (void)mod;
-    *d = tp_par_desc_passthrough();
+    *d = tp_par_desc_local();
     return TP_OK;
 }
 

@@ -43,6 +43,13 @@ tp_forward_desc tp_par_desc_passthrough(void)
     return d;
 }
 
+tp_forward_desc tp_par_desc_local(void)
+{
+    tp_forward_desc d = tp_par_desc_passthrough();
+    d.input_from_model = d.output_from_model = 1;
+    return d;
+}
+
 /* ---- dispatch with defaults -------------------------------------------- */
 
 tp_status tp_style_validate_param(const tp_style *st, const tp_module_ctx *mod,

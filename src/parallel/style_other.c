@@ -8,7 +8,7 @@
 static tp_status rwga_forward(const tp_style *st, const tp_module_ctx *mod, tp_forward_desc *d)
 {
     (void)st; (void)mod;
-    *d = tp_par_desc_passthrough();
+    *d = tp_par_desc_local();          /* input as received, output unchanged */
     d->param_grad_allreduce = 1;
     return TP_OK;
 }
@@ -22,7 +22,9 @@ static tp_status sp_forward(const tp_style *st, const tp_module_ctx *mod, tp_for
 {
     (void)mod;
     *d = tp_par_desc_passthrough();
-    tp_placement seq = tp_shard(st->opt.sequence_dim);
+    /* tensorpar's activations are [T, width], the batch folded into the
+     * rows: [B, T, H]'s sequence dim 1 is dim 0 here. */
+    tp_placement seq = tp_shard(st->opt.sequence_dim - 1);
     d->input = d->compute_input = d->local_output = d->output = seq;
     d->param_grad_allreduce = 1;
     return TP_OK;
@@ -32,11 +34,13 @@ const tp_style tp_par_sequence_parallel = {
     .name = "sequence_parallel", .impl = "SequenceParallel",
     .opt = {.sequence_dim = 1, .use_local_output = 1}, .install_forward = sp_forward};
 
-/* all_reduce (§2.12): the module's output is a partial sum. */
+/* all_reduce (§2.12): the module's output is a partial sum; its input is
+ * used as it comes ("any"). */
 static tp_status ar_forward(const tp_style *st, const tp_module_ctx *mod, tp_forward_desc *d)
 {
     (void)st; (void)mod;
     *d = tp_par_desc_passthrough();
+    d->input_from_model = 1;
     d->local_output = tp_partial();
     d->output = tp_replicate();
     return TP_OK;
@@ -47,7 +51,15 @@ const tp_style tp_par_all_reduce = {
 
 /* local_params (§2.16, §10.5): the module's parameters are placed by their
  * own rules; its forward sees local shards and nothing moves. */
-const tp_style tp_par_local_params = {.name = "local_params", .impl = "LocalParamsParallel"};
+static tp_status local_params_forward(const tp_style *st, const tp_module_ctx *mod, tp_forward_desc *d)
+{
+    (void)st; (void)mod;
+    *d = tp_par_desc_local();
+    return TP_OK;
+}
+
+const tp_style tp_par_local_params = {
+    .name = "local_params", .impl = "LocalParamsParallel", .install_forward = local_params_forward};
 
 /* Legacy gather (GatherParallel): output all-reduced, no backward. */
 const tp_style tp_par_gather = {
@@ -58,7 +70,7 @@ const tp_style tp_par_gather = {
 static tp_status isolated_forward(const tp_style *st, const tp_module_ctx *mod, tp_forward_desc *d)
 {
     (void)st; (void)mod;
-    *d = tp_par_desc_passthrough();
+    *d = tp_par_desc_local();
     d->divide_params_by_p = 1;
     return TP_OK;
 }

@@ -45,10 +45,11 @@ static tp_status packed_colwise_forward(const tp_style *st, const tp_module_ctx 
     return TP_OK;
 }
 
+/* Parameter-only styles: the module's forward runs as it is. */
 static tp_status no_forward(const tp_style *st, const tp_module_ctx *mod, tp_forward_desc *d)
 {
     (void)st; (void)mod;
-    *d = tp_par_desc_passthrough();
+    *d = tp_par_desc_local();
     return TP_OK;
 }
 

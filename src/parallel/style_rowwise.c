@@ -44,7 +44,7 @@ ROWWISE(tp_par_rowwise_rep, "rowwise_rep", ((tp_placement){TP_REPLICATE, 0, 0}))
 static tp_status local_forward(const tp_style *st, const tp_module_ctx *mod, tp_forward_desc *d)
 {
     (void)st; (void)mod;
-    *d = tp_par_desc_passthrough();
+    *d = tp_par_desc_local();
     return TP_OK;
 }
 

@@ -106,14 +106,14 @@ class PlanCli(unittest.TestCase):
     def test_uneven_vocab(self):
         d = make("vocab10", "llama", "vocab_size=10")
         p = run("plan", "--model", d, "--tp", "3", "--json", "--tp-plan",
-                plan_file("uneven.json", {"model.embed_tokens": "embedding_rowwise", "lm_head": "colwise"}))
+                plan_file("uneven.json", {"model.embed_tokens": "embedding_rowwise", "lm_head": "colwise_gather_output"}))
         self.assertEqual(p.returncode, 0, p.stderr)
         doc = json.loads(p.stdout)
         emb = next(x for x in doc["parameters"] if x["name"] == "model.embed_tokens.weight")
         self.assertEqual([r["local_shape"][0] for r in emb["ranks"]], [4, 4, 2])
         self.assertEqual([r["ranges"] for r in emb["ranks"]], [[[0, 4]], [[4, 8]], [[8, 10]]])
         self.assertTrue(emb["ranks_differ"])
-        t = run("plan", "--model", d, "--tp", "3", "--tp-plan", plan_file("uneven.json", {"lm_head": "colwise"}))
+        t = run("plan", "--model", d, "--tp", "3", "--tp-plan", plan_file("uneven.json", {"lm_head": "colwise_gather_output"}))
         self.assertIn("ranks differ: 0=[4, 64] 1=[4, 64] 2=[2, 64]", t.stdout)
 
     def test_kv_replication(self):
@@ -163,7 +163,9 @@ class PlanCli(unittest.TestCase):
         self.assertEqual(p.returncode, 1)
 
     def test_pattern_warning(self):
-        base = {"lm_head": "colwise_gather_output", "model.layers.*.self_attn.q_proj": "colwise"}
+        base = {"lm_head": "colwise_gather_output", "model.layers.*.self_attn.q_proj": "colwise",
+                "model.layers.*.self_attn.k_proj": "colwise", "model.layers.*.self_attn.v_proj": "colwise",
+                "model.layers.*.self_attn.o_proj": "rowwise"}
         path = plan_file("warn.json", dict(base, **{"nonexistent.*.layer": "colwise"}))
         p = run("plan", "--model", self.llama, "--tp", "2", "--tp-plan", path)
         self.assertEqual(p.returncode, 0, p.stderr)
