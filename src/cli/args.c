@@ -1,4 +1,7 @@
-/* A small declarative option parser shared by every command. */
+/* A small declarative option parser shared by every command.  An option's
+ * metavar also says what its value must look like (N: an integer, F: a
+ * number, "a|b": one of the words), so that a bad value is a usage error
+ * found before anything runs (and before any rank is started). */
 #include "cli.h"
 
 #include <errno.h>
@@ -15,6 +18,65 @@ static void print_help(const cli_option *opts, int nopts, const char *usage, con
         printf("  %-28s %s\n", left, opts[i].help);
     }
     printf("  %-28s %s\n", "--help", "show this help and exit");
+    printf("\n%s", CLI_EXIT_HELP);
+}
+
+static int is_one_of(const char *word, const char *const *set)
+{
+    for (; *set; set++)
+        if (!strcmp(word, *set)) return 1;
+    return 0;
+}
+
+/* "f32|bf16", "shm|mpi": a closed list of words (no upper-case placeholder). */
+static int is_choice(const char *metavar)
+{
+    if (!strchr(metavar, '|')) return 0;
+    for (const char *p = metavar; *p; p++)
+        if (*p >= 'A' && *p <= 'Z') return 0;
+    return 1;
+}
+
+static int in_choice(const char *metavar, const char *val)
+{
+    size_t n = strlen(val);
+    for (const char *p = metavar; *p;) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && !strncmp(p, val, n)) return 1;
+        p += len + (bar != NULL);
+    }
+    return 0;
+}
+
+/* 0 when val suits the option's metavar; else prints the usage error. */
+static int check_value(const char *cmd, const cli_option *o, const char *val)
+{
+    static const char *const ints[] = {"N", "K", "R", "T", "B", NULL};
+    static const char *const numbers[] = {"F", "P", "SECONDS", NULL};
+    char *end;
+    errno = 0;
+    if (is_one_of(o->metavar, ints)) {
+        (void)strtoll(val, &end, 10);
+        if (!errno && end != val && !*end) return 0;
+        fprintf(stderr, "tensorpar %s: error: option %s expects an integer, got '%s'\n", cmd, o->name, val);
+        return 2;
+    }
+    if (is_one_of(o->metavar, numbers)) {
+        (void)strtod(val, &end);
+        if (!errno && end != val && !*end) return 0;
+        fprintf(stderr, "tensorpar %s: error: option %s expects a number, got '%s'\n", cmd, o->name, val);
+        return 2;
+    }
+    if (!is_choice(o->metavar) || in_choice(o->metavar, val)) return 0;
+    if (!strcmp(o->name, "--dtype") && (!strcmp(val, "f16") || !strcmp(val, "float16")))
+        /* f16 checkpoints load fine (converted to f32); computing in f16 is
+         * what is not offered. */
+        fprintf(stderr, "tensorpar %s: error: --dtype %s is not supported: weights are held as f32 or bf16 "
+                "(an f16 checkpoint is read and converted to f32); use --dtype f32 or bf16\n", cmd, val);
+    else
+        fprintf(stderr, "tensorpar %s: error: option %s expects %s, got '%s'\n", cmd, o->name, o->metavar, val);
+    return 2;
 }
 
 int cli_parse(int argc, char **argv, cli_option *opts, int nopts,
@@ -50,6 +112,7 @@ int cli_parse(int argc, char **argv, cli_option *opts, int nopts,
             fprintf(stderr, "tensorpar %s: error: option %s given too often\n", argv[0], o->name);
             return 2;
         }
+        if (val && check_value(argv[0], o, val)) return 2;
         o->values[o->count++] = val ? val : "";
     }
     return 0;
@@ -134,6 +197,14 @@ int cli_parse_ids(const char *s, int64_t **ids, int *n)
 
 int cli_report(const char *cmd)
 {
-    fprintf(stderr, "tensorpar %s: error: %s\n", cmd, tp_error());
-    return 1;
+    char prefix[48];
+    tp_rank_prefix(prefix, sizeof prefix);
+    fprintf(stderr, "%stensorpar %s: error: %s\n", prefix, cmd, tp_error());
+    return CLI_EXIT_RUNTIME;
+}
+
+int cli_usage_error(const char *cmd)
+{
+    cli_report(cmd);
+    return CLI_EXIT_USAGE;
 }

@@ -29,8 +29,19 @@ int cli_int(const cli_option *opts, int nopts, const char *name, long long *out)
 int cli_double(const cli_option *opts, int nopts, const char *name, double *out);
 /* Parses "1,2,3" into a malloc'd array. */
 int cli_parse_ids(const char *s, int64_t **ids, int *n);
-/* Prints "tensorpar <cmd>: error: <tp_error()>" and returns 1. */
+/* Exit statuses of every command (README, --help): 0 success, 1 a runtime
+ * error (a file, the model, a rank, the system), 2 a usage error (unknown
+ * option, bad value, missing required option), found before any work. */
+#define CLI_EXIT_RUNTIME 1
+#define CLI_EXIT_USAGE 2
+#define CLI_EXIT_HELP "exit status: 0 success, 1 runtime error (a file, the model, a rank failed),\n" \
+                      "2 usage error (unknown option, bad value, missing required option).\n"
+
+/* Prints "[rank r] tensorpar <cmd>: error: <tp_error()>" (the prefix only
+ * when this process is one of several ranks) and returns 1. */
 int cli_report(const char *cmd);
+/* The same for a usage error (a bad option value): returns 2. */
+int cli_usage_error(const char *cmd);
 
 /* Commands: int cmd_x(int argc, char **argv) with argv[0] = "x". */
 int cmd_make_model(int argc, char **argv);

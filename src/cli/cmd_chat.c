@@ -140,15 +140,15 @@ int cmd_chat(int argc, char **argv)
     int rc = cli_parse(argc, argv, o, n, "tensorpar chat --model DIR [--system TEXT] [options]",
                        "An interactive chat through the model's chat template, keeping the history.\n"
                        "Each line you type is a user turn; Ctrl-D exits.", NULL, NULL);
-    if (rc) return rc == 1 ? 0 : 2;
+    if (rc) return rc == 1 ? 0 : CLI_EXIT_USAGE;
     const char *dir = cli_value(o, n, "--model");
     if (!dir) {
         fprintf(stderr, "tensorpar chat: error: --model is required (see --help)\n");
-        return 2;
+        return CLI_EXIT_USAGE;
     }
+    if (session_check_options(o, n)) return cli_usage_error("chat");
     cli_tp tp;
-    int launched = cli_tp_begin(argc, argv, o, n, &tp, &rc);
-    if (launched) { cli_tp_end(&tp); return launched > 0 ? rc : cli_report("chat"); }
+    if (cli_tp_begin("chat", argc, argv, o, n, dir, &tp, &rc)) { cli_tp_end(&tp); return rc; }
     session s;
     if (session_open(&s, dir, o, n, 1, &tp) || !s.tpl ||
         chat_loop(&s, cli_value(o, n, "--system"))) {

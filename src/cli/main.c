@@ -30,12 +30,12 @@ static void usage(FILE *f)
     fprintf(f, "usage: tensorpar <command> [options]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (commands[i].summary) fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].summary);
-    fprintf(f, "\n'tensorpar <command> --help' describes a command.\n");
+    fprintf(f, "\n'tensorpar <command> --help' describes a command.\n\n%s", CLI_EXIT_HELP);
 }
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) { usage(stderr); return 2; }
+    if (argc < 2) { usage(stderr); return CLI_EXIT_USAGE; }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
         return 0;
@@ -44,5 +44,5 @@ int main(int argc, char **argv)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
     fprintf(stderr, "tensorpar: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
-    return 2;
+    return CLI_EXIT_USAGE;
 }

@@ -20,7 +20,7 @@ const cli_option session_sampling_options[SESSION_N_SAMPLING] = {
     {"--seed", "N", "random seed for sampling (default 0)", 0, {0}},
     {"--stop", "TEXT", "stop when TEXT is generated; repeatable", 0, {0}},
     {"--max-new-tokens", "N", "tokens to generate (default: generation_config.json, else 256)", 0, {0}},
-    {"--dtype", "f32|bf16", "weight dtype in memory (default: as stored)", 0, {0}},
+    {"--dtype", "f32|bf16", "weight dtype in memory (default: as stored; f16 checkpoints are converted to f32)", 0, {0}},
     {"--threads", "N", "threads per rank (default: cores / local ranks)", 0, {0}},
 };
 
@@ -52,6 +52,19 @@ int session_read_options(session *s, const cli_option *o, int n)
     for (int i = 0; i < n; i++)
         if (!strcmp(o[i].name, "--stop")) { s->opts.stop = o[i].values; s->opts.n_stop = o[i].count; }
     return tp_sampling_validate(sp) ? -1 : 0;
+}
+
+int session_check_options(const cli_option *o, int n)
+{
+    /* The sampling options over generation_config.json's defaults: a value
+     * wrong whatever the model says (--top-p 2) is a usage error. */
+    session s;
+    memset(&s, 0, sizeof s);
+    s.gen.temperature = 1.0;
+    s.gen.top_p = 1.0;
+    s.gen.repetition_penalty = 1.0;
+    s.gen.max_new_tokens = 256;
+    return session_read_options(&s, o, n);
 }
 
 static int exists(const char *p)

@@ -17,10 +17,16 @@ typedef struct {
     const char *plan;     /* --tp-plan, or NULL */
 } cli_tp;
 
-/* 0: go on as this rank (or as the only process); 1: the N ranks were
- * launched from here and have finished, *rc is their exit code; -1: error
- * (tp_error()). */
-int cli_tp_begin(int argc, char **argv, const cli_option *o, int n, cli_tp *tp, int *rc);
+/* Checks the options (--tp, --backend, --threads; --model DIR exists) and,
+ * when dir is given, the model's config and TP plan for this TP size; then
+ * launches the ranks (--tp N from a single process) or joins the job.  A
+ * single process reports what it finds before any rank starts; ranks agree
+ * on failures so that one found by all is printed once, by rank 0.
+ * 0: go on as this rank (or as the only process); 1: done, return *rc (the
+ * ranks' exit status, or 2 for a usage error, 1 for another error, already
+ * printed). */
+int cli_tp_begin(const char *cmd, int argc, char **argv, const cli_option *o, int n, const char *dir,
+                 cli_tp *tp, int *rc);
 void cli_tp_end(cli_tp *tp);
 /* The thread pool of this rank: --threads T (default: the cores this
  * process may use ÷ LOCAL_WORLD_SIZE, at least 1), pinned so that local
