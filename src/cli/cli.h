@@ -40,6 +40,9 @@ int cli_parse_ids(const char *s, int64_t **ids, int *n);
 /* Prints "[rank r] tensorpar <cmd>: error: <tp_error()>" (the prefix only
  * when this process is one of several ranks) and returns 1. */
 int cli_report(const char *cmd);
+/* The same without the rank: an error every rank found alike, printed by
+ * rank 0 alone (tp-semantics §5.3). */
+int cli_report_shared(const char *cmd);
 /* The same for a usage error (a bad option value): returns 2. */
 int cli_usage_error(const char *cmd);
 

@@ -72,23 +72,20 @@ static int check_model(const char *dir, long long size, const char *plan_spec)
 
 /* The ranks of a job ran the same checks on the same files, so a failure is
  * normally everybody's (§5.3: plan and config errors are printed once, by
- * rank 0).  A rank that failed alone reports it itself, with its rank.  The
- * closing barrier keeps the others alive until the message is out, so that
- * a launcher stopping the job cannot cut it off.  0 when every rank passed;
- * 1 otherwise (reported). */
+ * rank 0, without a rank).  A failure of only some ranks is printed by each
+ * of them, with its rank.  The closing barrier keeps every rank alive until
+ * the messages are out, so that a launcher stopping the job on the first
+ * exit cannot cut them off.  0 when every rank passed; 1 otherwise. */
 static int agree(const char *cmd, cli_tp *tp, int failed)
 {
     char msg[2048];
     snprintf(msg, sizeof msg, "%s", tp_error());
-    int64_t mine = failed, any = failed, root = failed;
-    tp_status s = tp_comm_all_reduce(tp->world, &mine, &any, 1, TP_I64, TP_REDUCE_MAX);
-    if (!s) s = tp_comm_broadcast(tp->world, &root, 1, TP_I64, 0);
-    if (s) { cli_report(cmd); return 1; }
-    if (failed && (tp->rank == 0 || !root)) {
-        tp_fail(TP_ERR_INVALID, "%s", msg);
-        cli_report(cmd);
-    }
-    if (!any) return 0;
+    int64_t mine = failed, count = 0;
+    if (tp_comm_all_reduce(tp->world, &mine, &count, 1, TP_I64, TP_REDUCE_SUM)) { cli_report(cmd); return 1; }
+    if (!count) return 0;
+    tp_fail(TP_ERR_INVALID, "%s", msg);
+    if (count == tp->size && tp->rank == 0) cli_report_shared(cmd);
+    else if (failed && count < tp->size) cli_report(cmd);
     fflush(stderr);
     tp_comm_barrier(tp->world);
     return 1;
