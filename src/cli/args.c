@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static void print_help(const cli_option *opts, int nopts, const char *usage, const char *summary)
 {
@@ -199,6 +200,14 @@ int cli_parse_ids(const char *s, int64_t **ids, int *n)
     if (k == 0) { free(v); tp_fail(TP_ERR_INVALID, "no token ids given"); return -1; }
     *ids = v;
     *n = k;
+    return 0;
+}
+
+int cli_check_dir(const char *cmd, const char *option, const char *dir)
+{
+    struct stat st;
+    if (stat(dir, &st) != 0) return usage_error(cmd, "%s %s: %s", option, dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return usage_error(cmd, "%s %s: not a directory", option, dir);
     return 0;
 }
 

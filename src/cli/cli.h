@@ -40,6 +40,9 @@ int cli_parse_ids(const char *s, int64_t **ids, int *n);
 /* Prints "[rank r] tensorpar <cmd>: error: <tp_error()>" (the prefix only
  * when this process is one of several ranks) and returns 1. */
 int cli_report(const char *cmd);
+/* 0 when dir is a directory; else prints the usage error for `option` and
+ * returns 2. */
+int cli_check_dir(const char *cmd, const char *option, const char *dir);
 /* The same without the rank: an error every rank found alike, printed by
  * rank 0 alone (tp-semantics §5.3). */
 int cli_report_shared(const char *cmd);

@@ -7,10 +7,8 @@
 
 #include "tensorpar/parallel.h"
 
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 const cli_option cli_tp_options[CLI_TP_N_OPTIONS] = {
     {"--tp", "N", "split the model over N ranks (tensor parallelism)", 0, {0}},
@@ -46,12 +44,7 @@ static int check_options(const char *cmd, const cli_option *o, int n, const char
         tp_fail(TP_ERR_INVALID, "--threads must be in [1, 4096], got %lld", threads);
         return cli_usage_error(cmd);
     }
-    struct stat st;
-    if (dir && (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))) {
-        tp_fail(TP_ERR_INVALID, "--model %s: %s", dir, stat(dir, &st) != 0 ? strerror(errno) : "not a directory");
-        return cli_usage_error(cmd);
-    }
-    return 0;
+    return dir ? cli_check_dir(cmd, "--model", dir) : 0;
 }
 
 /* What every rank would find identically before reading a weight: the

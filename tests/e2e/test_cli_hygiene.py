@@ -106,6 +106,7 @@ class Launch(unittest.TestCase):
         self.assert_once_before_spawn(("logits", "--tp", "2", "--model", MODEL, "--tokens", "1,x", "--out", "x.npy"),
                                       2, "token ids must be comma-separated integers")
         self.assert_once_before_spawn(("chat", "--tp", "2", "--model", "/nonexistent"), 2, "No such file")
+        self.assert_once_before_spawn(("plan", "--tp", "2", "--model", "/nonexistent"), 2, "No such file")
 
     def test_model_errors_before_spawn(self):
         # 4 heads do not split over 3 ranks: found from config.json, before launching
