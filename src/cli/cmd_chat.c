@@ -69,6 +69,9 @@ static int reply(session *s, history *h)
     if (!rc && h->speaker) {
         printf("\n");
         session_print_stats(&st);
+        if (!strcmp(st.stop_reason, "context full"))
+            tp_log(TP_LOG_WARN, "the conversation fills the context (%lld positions): the reply was cut and no "
+                   "further turn fits", (long long)s->kv.capacity);
     }
     if (!rc) {
         rc = add_turn(h, "assistant", h->reply ? h->reply : "");
