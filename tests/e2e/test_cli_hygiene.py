@@ -60,7 +60,9 @@ class Launch(unittest.TestCase):
         out = os.path.join(WORK, "c8.npy")
         rc, so, err, secs = tp("logits", "--model", MODEL, "--tokens", "1,2", "--out", out, env={"WORLD_SIZE": "2"})
         self.assertEqual(rc, 1, err)
-        self.assertIn("WORLD_SIZE is 2 but RANK is not set", err)
+        self.assertIn("We tried to initialize the process group for you, but it failed: "
+                      "WORLD_SIZE is 2 but RANK is not set. Launch one process per rank with RANK, WORLD_SIZE "
+                      "and LOCAL_RANK set (torchrun-style), or with mpirun.", err)
         self.assertEqual(err.count("\n"), 1, err)
         self.assertLess(secs, 10)
         self.assertFalse(os.path.exists(out), "a single process ran anyway")
