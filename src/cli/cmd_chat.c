@@ -153,12 +153,9 @@ int cmd_chat(int argc, char **argv)
     cli_tp tp;
     if (cli_tp_begin("chat", argc, argv, o, n, dir, &tp, &rc)) { cli_tp_end(&tp); return rc; }
     session s;
-    if (session_open(&s, dir, o, n, 1, &tp) || !s.tpl ||
-        chat_loop(&s, cli_value(o, n, "--system"))) {
-        if (!s.tpl && !tp_error()[0]) tp_fail(TP_ERR_INVALID, "%s: the tokenizer has no chat_template", dir);
-        session_close(&s);
-        return cli_report("chat");
-    }
+    int r = session_open(&s, "chat", dir, o, n, SESSION_NEED_TEMPLATE, &tp);
+    if (!r) r = chat_loop(&s, cli_value(o, n, "--system"));
+    if (r == -1) cli_report("chat");
     session_close(&s);
-    return 0;
+    return r ? CLI_EXIT_RUNTIME : 0;
 }

@@ -56,11 +56,14 @@ static int context_size(const session *s, int64_t np, int64_t *ctx)
     return 0;
 }
 
+/* -1: error (tp_error); -2: error already reported. */
 static int run(session *s, const cli_option *o, int n)
 {
     int64_t *ids = NULL, np = 0, n_out = 0, ctx = 0;
-    if (prompt_ids(s, o, n, &ids, &np)) return -1;
-    if (context_size(s, np, &ctx)) { free(ids); return -1; }
+    /* Every rank encodes the same prompt: a prompt too long for the model
+     * is everybody's error, reported once. */
+    int bad = prompt_ids(s, o, n, &ids, &np) || context_size(s, np, &ctx);
+    if (cli_tp_agree("generate", &s->tp, bad)) { free(ids); return -2; }
     int text_mode = cli_value(o, n, "--prompt") != NULL, speaker = s->tp.rank == 0;
     s->opts.on_text = text_mode && speaker ? print_text : NULL;
     s->opts.tok = text_mode ? s->tok : NULL;
@@ -119,10 +122,9 @@ int cmd_generate(int argc, char **argv)
     cli_tp tp;
     if (cli_tp_begin("generate", argc, argv, o, n, dir, &tp, &rc)) { cli_tp_end(&tp); return rc; }
     session s;
-    if (session_open(&s, dir, o, n, has_prompt, &tp) || run(&s, o, n)) {
-        session_close(&s);
-        return cli_report("generate");
-    }
+    int r = session_open(&s, "generate", dir, o, n, has_prompt ? SESSION_NEED_TOKENIZER : SESSION_NEED_NOTHING, &tp);
+    if (!r) r = run(&s, o, n);
+    if (r == -1) cli_report("generate");
     session_close(&s);
-    return 0;
+    return r ? CLI_EXIT_RUNTIME : 0;
 }

@@ -69,8 +69,9 @@ static int check_model(const char *dir, long long size, const char *plan_spec)
  * of them, with its rank.  The closing barrier keeps every rank alive until
  * the messages are out, so that a launcher stopping the job on the first
  * exit cannot cut them off.  0 when every rank passed; 1 otherwise. */
-static int agree(const char *cmd, cli_tp *tp, int failed)
+int cli_tp_agree(const char *cmd, cli_tp *tp, int failed)
 {
+    if (!tp->world) return failed ? (cli_report(cmd), 1) : 0;
     char msg[2048];
     snprintf(msg, sizeof msg, "%s", tp_error());
     int64_t mine = failed, count = 0;
@@ -101,7 +102,7 @@ static int join(const char *cmd, long long want, const char *dir, cli_tp *tp, in
         failed = 1;
     }
     if (!failed && dir) failed = check_model(dir, tp->size, tp->plan) != 0;
-    if (agree(cmd, tp, failed)) return 1;
+    if (cli_tp_agree(cmd, tp, failed)) return 1;
     if (tp_mesh_new_1d(tp->world, "tp", &tp->mesh)) { cli_report(cmd); return 1; }
     return 0;
 }

@@ -146,6 +146,14 @@ class Launch(unittest.TestCase):
         self.assertIn("[rank 1] tensorpar logits: error: ", err)
         self.assertNotIn("[rank 0] tensorpar logits: error", err)
         self.assertTrue(os.path.exists(os.path.join(d, "0", "x.npy")))
+        # Errors all ranks meet after starting: once, without a rank.
+        for args, msg in ((("--prompt", "hi"), "no tokenizer.json beside the weights"),
+                          (("--tokens", ",".join(["7"] * 2049)), "more than max_position_embeddings (2048)")):
+            rc, _, err, _ = tp("generate", "--tp", "2", "--model", MODEL, *args)
+            self.assertEqual(rc, 1, err)
+            self.assertEqual(err.count(msg), 1, err)
+            self.assertEqual(err.count(" error: "), 1, err)
+            self.assertNotIn("] tensorpar generate: error", err)
         # Warnings of a job carry the rank too (rank 0 gives them).
         rc, _, err, _ = tp("generate", "--tp", "2", "--model", MODEL, "--tokens", "1,2", "--max-new-tokens", "2")
         self.assertEqual(rc, 0, err)
