@@ -146,8 +146,8 @@ int cmd_chat(int argc, char **argv)
     if (rc) return rc == 1 ? 0 : CLI_EXIT_USAGE;
     const char *dir = cli_value(o, n, "--model");
     if (!dir) {
-        fprintf(stderr, "tensorpar chat: error: --model is required (see --help)\n");
-        return CLI_EXIT_USAGE;
+        tp_fail(TP_ERR_INVALID, "--model is required (see --help)");
+        return cli_usage_error("chat");
     }
     if (session_check_options(o, n)) return cli_usage_error("chat");
     cli_tp tp;

@@ -50,7 +50,7 @@ static int context_size(const session *s, int64_t np, int64_t *ctx)
     }
     *ctx = want < max_pos ? want : max_pos;
     if (want > max_pos && s->tp.rank == 0)
-        tp_log(TP_LOG_WARN, "%lld prompt tokens + --max-new-tokens %lld exceed max_position_embeddings (%lld): "
+        tp_log(TP_LOG_WARN, "%lld prompt tokens + %lld new tokens exceed max_position_embeddings (%lld): "
                "generation stops after %lld new tokens", (long long)np, (long long)s->opts.max_new_tokens,
                (long long)max_pos, (long long)(max_pos - np));
     return 0;
@@ -111,12 +111,12 @@ int cmd_generate(int argc, char **argv)
     const char *dir = cli_value(o, n, "--model");
     int has_tokens = cli_value(o, n, "--tokens") != NULL, has_prompt = cli_value(o, n, "--prompt") != NULL;
     if (!dir || has_tokens == has_prompt) {
-        fprintf(stderr, "tensorpar generate: error: --model and exactly one of --tokens or --prompt are required (see --help)\n");
-        return CLI_EXIT_USAGE;
+        tp_fail(TP_ERR_INVALID, "--model and exactly one of --tokens or --prompt are required (see --help)");
+        return cli_usage_error("generate");
     }
     if (cli_flag(o, n, "--chat") && !has_prompt) {
-        fprintf(stderr, "tensorpar generate: error: --chat needs --prompt\n");
-        return CLI_EXIT_USAGE;
+        tp_fail(TP_ERR_INVALID, "--chat needs --prompt");
+        return cli_usage_error("generate");
     }
     if (session_check_options(o, n)) return cli_usage_error("generate");
     cli_tp tp;

@@ -65,8 +65,8 @@ int cmd_logits(int argc, char **argv)
     if (rc) return rc == 1 ? 0 : CLI_EXIT_USAGE;
     const char *dir = cli_value(o, n, "--model"), *toks = cli_value(o, n, "--tokens"), *out = cli_value(o, n, "--out");
     if (!dir || !toks || !out) {
-        fprintf(stderr, "tensorpar logits: error: --model, --tokens and --out are required (see --help)\n");
-        return CLI_EXIT_USAGE;
+        tp_fail(TP_ERR_INVALID, "--model, --tokens and --out are required (see --help)");
+        return cli_usage_error("logits");
     }
     int64_t *ids;
     int nt;

@@ -30,8 +30,8 @@ int cmd_make_model(int argc, char **argv)
     if (rc) return rc == 1 ? 0 : CLI_EXIT_USAGE;
     const char *arch_s = cli_value(o, n, "--arch"), *out = cli_value(o, n, "--out");
     if (!arch_s || !out) {
-        fprintf(stderr, "tensorpar make-model: error: --arch and --out are required (see --help)\n");
-        return CLI_EXIT_USAGE;
+        tp_fail(TP_ERR_INVALID, "--arch and --out are required (see --help)");
+        return cli_usage_error("make-model");
     }
     tp_arch arch;
     tp_model_config cfg;

@@ -21,8 +21,8 @@ int cmd_plan(int argc, char **argv)
     if (rc) return rc == 1 ? 0 : CLI_EXIT_USAGE;
     const char *dir = cli_value(o, n, "--model");
     if (!dir) {
-        fprintf(stderr, "tensorpar plan: error: --model is required (see --help)\n");
-        return CLI_EXIT_USAGE;
+        tp_fail(TP_ERR_INVALID, "--model is required (see --help)");
+        return cli_usage_error("plan");
     }
     if (cli_check_dir("plan", "--model", dir)) return CLI_EXIT_USAGE;
     long long tp = 1;

@@ -251,7 +251,7 @@ class Context(unittest.TestCase):
             self.assertEqual(rc, 0, err)
             ids = json.loads(so)
             self.assertEqual(len(ids), 12, so)
-            self.assertEqual(err.count("exceed max_position_embeddings (16): generation stops after 12 new tokens"),
+            self.assertEqual(err.count("4 prompt tokens + 40 new tokens exceed max_position_embeddings (16): generation stops after 12 new tokens"),
                              1, err)
         # Those 12 ids are what the model gives without the limit: no garbage.
         rc, so_free, err, _ = tp("generate", "--model", MODEL, "--tokens", "1,2,3,4", "--max-new-tokens", "12")
