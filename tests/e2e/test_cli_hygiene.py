@@ -145,7 +145,6 @@ class Launch(unittest.TestCase):
         self.assertEqual(rc, 1, err)
         self.assertIn("[rank 1] tensorpar logits: error: ", err)
         self.assertNotIn("[rank 0] tensorpar logits: error", err)
-        self.assertTrue(os.path.exists(os.path.join(d, "0", "x.npy")))
         # Errors all ranks meet after starting: once, without a rank.
         for args, msg in ((("--prompt", "hi"), "no tokenizer.json beside the weights"),
                           (("--tokens", ",".join(["7"] * 2049)), "more than max_position_embeddings (2048)")):
