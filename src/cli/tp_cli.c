@@ -37,7 +37,7 @@ static int check_options(const char *cmd, const cli_option *o, int n, const char
     if (cli_int(o, n, "--tp", want) || (b && tp_backend_parse(b, &backend)) || cli_int(o, n, "--threads", &threads))
         return cli_usage_error(cmd);
     if (cli_value(o, n, "--tp") && *want < 1) {
-        tp_fail(TP_ERR_INVALID, "--tp must be at least 1, got %lld", *want);
+        tp_fail(TP_ERR_INVALID, "--tp: Parallelism sizes must be >= 1, got %lld.", *want);   /* §5.2 */
         return cli_usage_error(cmd);
     }
     if (threads < 1 || threads > 4096) {

@@ -104,7 +104,7 @@ class Launch(unittest.TestCase):
                                       "option --backend expects shm|mpi, got 'tcp'")
         self.assert_once_before_spawn(("generate", "--tp", "2", "--model", MODEL), 2, "--tokens or --prompt")
         self.assert_once_before_spawn(("generate", "--tp", "0", "--model", MODEL, "--tokens", "1"), 2,
-                                      "--tp must be at least 1")
+                                      "--tp: Parallelism sizes must be >= 1, got 0.")
         self.assert_once_before_spawn(("logits", "--tp", "2", "--model", MODEL, "--tokens", "1,x", "--out", "x.npy"),
                                       2, "token ids must be comma-separated integers")
         self.assert_once_before_spawn(("chat", "--tp", "2", "--model", "/nonexistent"), 2, "No such file")
