@@ -31,6 +31,9 @@ static void usage(FILE *f)
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (commands[i].summary) fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\n'tensorpar <command> --help' describes a command.\n\n%s", CLI_EXIT_HELP);
+    fprintf(f, "\nWith RANK and WORLD_SIZE set (torchrun-style; WORLD_SIZE > 1 needs RANK) or under\n"
+               "mpirun, a model command runs as one rank of that job; --tp N starts N ranks itself.\n"
+               "Errors every rank meets are printed once; others start with \"[rank r]\".\n");
 }
 
 int main(int argc, char **argv)
