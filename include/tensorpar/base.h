@@ -53,11 +53,16 @@ const char *tp_status_name(tp_status s);
 
 typedef enum { TP_LOG_DEBUG, TP_LOG_INFO, TP_LOG_WARN, TP_LOG_ERROR } tp_log_level;
 
-/* Writes "tensorpar[rank]: level: message\n" to stderr.  The threshold comes
- * from TENSORPAR_LOG (debug|info|warn|error, default info); the rank prefix
- * from RANK when it is set. */
+/* Writes "[rank r] tensorpar: level: message\n" to stderr.  The threshold
+ * comes from TENSORPAR_LOG (debug|info|warn|error, default info); the rank
+ * prefix is there when the process is one of several ranks (§5.3). */
 void tp_log(tp_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* "[rank r] " when this process is rank r of a job of more than one rank
+ * (RANK and WORLD_SIZE, or mpirun's OMPI_COMM_WORLD_RANK/SIZE), else "":
+ * the prefix of every rank-specific message. */
+void tp_rank_prefix(char *buf, size_t cap);
 
 /* ---- dtypes ----------------------------------------------------------- */
 

@@ -182,8 +182,9 @@ tp_status tp_comm_sendrecv(tp_group *g, const void *send, size_t send_count, int
 /* ---- launching -------------------------------------------------------- */
 
 /* 1 if this process is a rank of a launched job (RANK and WORLD_SIZE, or
- * mpirun's variables, are set): a command given --tp N then runs as that
- * rank instead of launching again. */
+ * mpirun's variables, are set; or WORLD_SIZE > 1 alone, which joining then
+ * refuses for want of RANK): a command given --tp N then runs as that rank
+ * instead of launching again. */
 int tp_launch_in_job(void);
 
 typedef struct {

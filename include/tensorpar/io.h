@@ -139,8 +139,12 @@ const char *tp_arch_name(tp_arch a);
 tp_status tp_config_load(tp_model_config *cfg, const char *model_dir);
 /* Fills derived fields (head_dim) and checks consistency. */
 tp_status tp_config_validate(tp_model_config *cfg, const char *origin);
-/* Applies "key=value" (value is JSON; a bare word is a string) as if the key
- * stood in config.json, with the same checks. */
+/* Applies "key=value" pairs (value is JSON; a bare word is a string) as if
+ * the keys stood in config.json, then checks the resulting config once (so
+ * the order of the pairs does not matter).  A key that config.json parsing
+ * does not read is refused, with the list of those it does. */
+tp_status tp_config_set_all(tp_model_config *cfg, const char *const *assignments, int n);
+/* tp_config_set_all with one pair. */
 tp_status tp_config_set(tp_model_config *cfg, const char *assignment);
 /* Writes config.json in the layout Transformers writes. */
 tp_status tp_config_save(const tp_model_config *cfg, const char *model_dir);

@@ -141,12 +141,13 @@ typedef struct {
 typedef struct {
     int64_t prompt_tokens, reused_tokens, new_tokens;
     double prefill_s, decode_s;   /* time to first token; decoding time */
-    const char *stop_reason;      /* "eos", "stop string", "length" */
+    const char *stop_reason;      /* "eos", "stop string", "length", "context full" */
 } tp_generate_stats;
 
 /* Generates up to max_new_tokens ids into out (eos included when hit).  The
  * cache may hold an earlier turn: its longest prefix shared with the prompt
- * is reused. */
+ * is reused.  The prompt must fit the cache; generation stops early, with
+ * stop_reason "context full", when the sequence fills the cache's capacity. */
 tp_status tp_generate(tp_model *m, tp_kv_cache *kv, const int64_t *prompt, int64_t n_prompt,
                       const tp_generate_options *o, int64_t *out, int64_t *n_out, tp_generate_stats *st);
 

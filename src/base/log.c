@@ -17,19 +17,26 @@ static tp_log_level threshold(void)
     return TP_LOG_INFO;
 }
 
+void tp_rank_prefix(char *buf, size_t cap)
+{
+    const char *rank = getenv("RANK"), *world = getenv("WORLD_SIZE");
+    if (!rank || !world) {   /* mpirun sets only its own variables */
+        rank = getenv("OMPI_COMM_WORLD_RANK");
+        world = getenv("OMPI_COMM_WORLD_SIZE");
+    }
+    if (rank && *rank && world && *world && atol(world) > 1) snprintf(buf, cap, "[rank %s] ", rank);
+    else if (cap) buf[0] = '\0';
+}
+
 void tp_log(tp_log_level level, const char *fmt, ...)
 {
     if (level < threshold()) return;
     static const char *names[] = {"debug", "info", "warning", "error"};
-    char msg[2048];
+    char msg[2048], prefix[48];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    const char *rank = getenv("RANK");
-    const char *world = getenv("WORLD_SIZE");
-    if (rank && world && strcmp(world, "1"))
-        fprintf(stderr, "tensorpar[%s]: %s: %s\n", rank, names[level], msg);
-    else
-        fprintf(stderr, "tensorpar: %s: %s\n", names[level], msg);
+    tp_rank_prefix(prefix, sizeof prefix);
+    fprintf(stderr, "%stensorpar: %s: %s\n", prefix, names[level], msg);
 }

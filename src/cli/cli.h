@@ -29,8 +29,25 @@ int cli_int(const cli_option *opts, int nopts, const char *name, long long *out)
 int cli_double(const cli_option *opts, int nopts, const char *name, double *out);
 /* Parses "1,2,3" into a malloc'd array. */
 int cli_parse_ids(const char *s, int64_t **ids, int *n);
-/* Prints "tensorpar <cmd>: error: <tp_error()>" and returns 1. */
+/* Exit statuses of every command (README, --help): 0 success, 1 a runtime
+ * error (a file, the model, a rank, the system), 2 a usage error (unknown
+ * option, bad value, missing required option), found before any work. */
+#define CLI_EXIT_RUNTIME 1
+#define CLI_EXIT_USAGE 2
+#define CLI_EXIT_HELP "exit status: 0 success, 1 runtime error (a file, the model, a rank failed),\n" \
+                      "2 usage error (unknown option, bad value, missing required option).\n"
+
+/* Prints "[rank r] tensorpar <cmd>: error: <tp_error()>" (the prefix only
+ * when this process is one of several ranks) and returns 1. */
 int cli_report(const char *cmd);
+/* 0 when dir is a directory; else prints the usage error for `option` and
+ * returns 2. */
+int cli_check_dir(const char *cmd, const char *option, const char *dir);
+/* The same without the rank: an error every rank found alike, printed by
+ * rank 0 alone (tp-semantics §5.3). */
+int cli_report_shared(const char *cmd);
+/* The same for a usage error (a bad option value): returns 2. */
+int cli_usage_error(const char *cmd);
 
 /* tensorpar --isa-list: the paths this CPU supports, the chosen one marked. */
 int cmd_isa_list(void);

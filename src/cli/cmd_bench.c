@@ -24,16 +24,16 @@ static void usage(FILE *f)
     fprintf(f, "usage: tensorpar bench <what> [options]\n\nwhat:\n");
     for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++)
         fprintf(f, "  %-10s %s\n", benches[i].name, benches[i].summary);
-    fprintf(f, "\n'tensorpar bench <what> --help' describes the options.\n");
+    fprintf(f, "\n'tensorpar bench <what> --help' describes the options.\n\n%s", CLI_EXIT_HELP);
 }
 
 int cmd_bench(int argc, char **argv)
 {
-    if (argc < 2) { usage(stderr); return 2; }
+    if (argc < 2) { usage(stderr); return CLI_EXIT_USAGE; }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) { usage(stdout); return 0; }
     for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++)
         if (!strcmp(argv[1], benches[i].name)) return benches[i].run(argc - 1, argv + 1);
     fprintf(stderr, "tensorpar bench: unknown subject '%s'\n\n", argv[1]);
     usage(stderr);
-    return 2;
+    return CLI_EXIT_USAGE;
 }

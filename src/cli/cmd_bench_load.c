@@ -21,7 +21,7 @@ static int measure_as_rank(const char *dir, const char *report, const cli_option
 {
     cli_tp tp;
     int rc = 0;
-    if (cli_tp_begin(argc, argv, o, n, &tp, &rc)) return cli_report("bench load");
+    if (cli_tp_begin("bench load", argc, argv, o, n, NULL, &tp, &rc)) { cli_tp_end(&tp); return rc; }
     tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .threads = 1, .mesh = tp.mesh, .tp_plan = tp.plan};
     tp_model *m;
     double t0 = tp_now();

@@ -128,7 +128,7 @@ static int measure_as_rank(const char *dir, const char *report, const work *w, c
 {
     cli_tp tp;
     int rc = 0;
-    if (cli_tp_begin(argc, argv, o, n, &tp, &rc)) return cli_report(cmd);
+    if (cli_tp_begin(cmd, argc, argv, o, n, NULL, &tp, &rc)) { cli_tp_end(&tp); return rc; }
     tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .mesh = tp.mesh, .tp_plan = tp.plan};
     const char *dt = cli_value(o, n, "--dtype");
     tp_model *m = NULL;
@@ -259,7 +259,7 @@ static const cli_option pair_options[N_OWN] = {
     {"--new-tokens", "N", "decode: tokens generated one at a time (default 128)", 0, {0}},
     {"--threads", "T", "threads per rank (default: cores / ranks, for each TP size)", 0, {0}},
     {"--reps", "R", "repetitions; the median is reported (default 5)", 0, {0}},
-    {"--dtype", "f32|bf16", "weight dtype in memory (default: as stored)", 0, {0}},
+    {"--dtype", "f32|bf16", "weight dtype in memory (default: as stored; f16 checkpoints are converted to f32)", 0, {0}},
     {"--json", NULL, "print one JSON object", 0, {0}},
     {"--report", "FILE", "(internal) where a rank writes its figures", 0, {0}},
 };

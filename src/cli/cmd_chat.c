@@ -69,6 +69,9 @@ static int reply(session *s, history *h)
     if (!rc && h->speaker) {
         printf("\n");
         session_print_stats(&st);
+        if (!strcmp(st.stop_reason, "context full"))
+            tp_log(TP_LOG_WARN, "the conversation fills the context (%lld positions): the reply was cut and no "
+                   "further turn fits", (long long)s->kv.capacity);
     }
     if (!rc) {
         rc = add_turn(h, "assistant", h->reply ? h->reply : "");
@@ -140,22 +143,19 @@ int cmd_chat(int argc, char **argv)
     int rc = cli_parse(argc, argv, o, n, "tensorpar chat --model DIR [--system TEXT] [options]",
                        "An interactive chat through the model's chat template, keeping the history.\n"
                        "Each line you type is a user turn; Ctrl-D exits.", NULL, NULL);
-    if (rc) return rc == 1 ? 0 : 2;
+    if (rc) return rc == 1 ? 0 : CLI_EXIT_USAGE;
     const char *dir = cli_value(o, n, "--model");
     if (!dir) {
-        fprintf(stderr, "tensorpar chat: error: --model is required (see --help)\n");
-        return 2;
+        tp_fail(TP_ERR_INVALID, "--model is required (see --help)");
+        return cli_usage_error("chat");
     }
+    if (session_check_options(o, n)) return cli_usage_error("chat");
     cli_tp tp;
-    int launched = cli_tp_begin(argc, argv, o, n, &tp, &rc);
-    if (launched) { cli_tp_end(&tp); return launched > 0 ? rc : cli_report("chat"); }
+    if (cli_tp_begin("chat", argc, argv, o, n, dir, &tp, &rc)) { cli_tp_end(&tp); return rc; }
     session s;
-    if (session_open(&s, dir, o, n, 1, &tp) || !s.tpl ||
-        chat_loop(&s, cli_value(o, n, "--system"))) {
-        if (!s.tpl && !tp_error()[0]) tp_fail(TP_ERR_INVALID, "%s: the tokenizer has no chat_template", dir);
-        session_close(&s);
-        return cli_report("chat");
-    }
+    int r = session_open(&s, "chat", dir, o, n, SESSION_NEED_TEMPLATE, &tp);
+    if (!r) r = chat_loop(&s, cli_value(o, n, "--system"));
+    if (r == -1) cli_report("chat");
     session_close(&s);
-    return 0;
+    return r ? CLI_EXIT_RUNTIME : 0;
 }

@@ -37,17 +37,40 @@ static int prompt_ids(session *s, const cli_option *o, int n, int64_t **ids, int
     return rc;
 }
 
+/* The cache holds prompt + new tokens, but never more positions than the
+ * model has (max_position_embeddings): past them generation stops, with one
+ * warning, instead of running on positions the model was not made for. */
+static int context_size(const session *s, int64_t np, int64_t *ctx)
+{
+    int64_t max_pos = s->model->cfg.max_position_embeddings, want = np + s->opts.max_new_tokens;
+    if (np > max_pos) {
+        tp_fail(TP_ERR_INVALID, "the prompt has %lld tokens, more than max_position_embeddings (%lld)",
+                (long long)np, (long long)max_pos);
+        return -1;
+    }
+    *ctx = want < max_pos ? want : max_pos;
+    if (want > max_pos && s->tp.rank == 0)
+        tp_log(TP_LOG_WARN, "%lld prompt tokens + %lld new tokens exceed max_position_embeddings (%lld): "
+               "generation stops after %lld new tokens", (long long)np, (long long)s->opts.max_new_tokens,
+               (long long)max_pos, (long long)(max_pos - np));
+    return 0;
+}
+
+/* -1: error (tp_error); -2: error already reported. */
 static int run(session *s, const cli_option *o, int n)
 {
-    int64_t *ids = NULL, np = 0, n_out = 0;
-    if (prompt_ids(s, o, n, &ids, &np)) return -1;
+    int64_t *ids = NULL, np = 0, n_out = 0, ctx = 0;
+    /* Every rank encodes the same prompt: a prompt too long for the model
+     * is everybody's error, reported once. */
+    int bad = prompt_ids(s, o, n, &ids, &np) || context_size(s, np, &ctx);
+    if (cli_tp_agree("generate", &s->tp, bad)) { free(ids); return -2; }
     int text_mode = cli_value(o, n, "--prompt") != NULL, speaker = s->tp.rank == 0;
     s->opts.on_text = text_mode && speaker ? print_text : NULL;
     s->opts.tok = text_mode ? s->tok : NULL;
     int64_t *out = malloc(((size_t)s->opts.max_new_tokens + 1) * sizeof *out);
     tp_generate_stats st;
     int rc = -1;
-    if (out && !tp_kv_cache_init(&s->kv, s->model, np + s->opts.max_new_tokens) &&
+    if (out && !tp_kv_cache_init(&s->kv, s->model, ctx) &&
         !tp_generate(s->model, &s->kv, ids, np, &s->opts, out, &n_out, &st)) {
         rc = 0;
         if (!speaker) {
@@ -84,25 +107,24 @@ int cmd_generate(int argc, char **argv)
                        "Generates a continuation. With --tokens the new ids are printed as a JSON array;\n"
                        "with --prompt the text streams to stdout and timing goes to stderr.\n"
                        "Sampling defaults come from the model's generation_config.json.", NULL, NULL);
-    if (rc) return rc == 1 ? 0 : 2;
+    if (rc) return rc == 1 ? 0 : CLI_EXIT_USAGE;
     const char *dir = cli_value(o, n, "--model");
     int has_tokens = cli_value(o, n, "--tokens") != NULL, has_prompt = cli_value(o, n, "--prompt") != NULL;
     if (!dir || has_tokens == has_prompt) {
-        fprintf(stderr, "tensorpar generate: error: --model and exactly one of --tokens or --prompt are required (see --help)\n");
-        return 2;
+        tp_fail(TP_ERR_INVALID, "--model and exactly one of --tokens or --prompt are required (see --help)");
+        return cli_usage_error("generate");
     }
     if (cli_flag(o, n, "--chat") && !has_prompt) {
-        fprintf(stderr, "tensorpar generate: error: --chat needs --prompt\n");
-        return 2;
+        tp_fail(TP_ERR_INVALID, "--chat needs --prompt");
+        return cli_usage_error("generate");
     }
+    if (session_check_options(o, n)) return cli_usage_error("generate");
     cli_tp tp;
-    int launched = cli_tp_begin(argc, argv, o, n, &tp, &rc);
-    if (launched) { cli_tp_end(&tp); return launched > 0 ? rc : cli_report("generate"); }
+    if (cli_tp_begin("generate", argc, argv, o, n, dir, &tp, &rc)) { cli_tp_end(&tp); return rc; }
     session s;
-    if (session_open(&s, dir, o, n, has_prompt, &tp) || run(&s, o, n)) {
-        session_close(&s);
-        return cli_report("generate");
-    }
+    int r = session_open(&s, "generate", dir, o, n, has_prompt ? SESSION_NEED_TOKENIZER : SESSION_NEED_NOTHING, &tp);
+    if (!r) r = run(&s, o, n);
+    if (r == -1) cli_report("generate");
     session_close(&s);
-    return 0;
+    return r ? CLI_EXIT_RUNTIME : 0;
 }

@@ -19,10 +19,11 @@ int cmd_launch(int argc, char **argv)
                        "TENSORPAR_RENDEZVOUS and TENSORPAR_BACKEND set.  When a rank fails, the others\n"
                        "are stopped; the exit status is that of the first failure.",
                        &rest, &nrest);
-    if (rc) return rc == 1 ? 0 : 2;
+    if (rc) return rc == 1 ? 0 : CLI_EXIT_USAGE;
     long long n = 0;
     double grace = 0;
-    if (cli_int(opts, nopts, "-n", &n) || cli_double(opts, nopts, "--kill-grace", &grace)) return cli_report("launch");
+    if (cli_int(opts, nopts, "-n", &n) || cli_double(opts, nopts, "--kill-grace", &grace))
+        return cli_usage_error("launch");
     if (n < 1 || n > 4096) {
         fprintf(stderr, "tensorpar launch: error: -n N (1 to 4096 ranks) is required\n");
         return 2;
@@ -34,7 +35,7 @@ int cmd_launch(int argc, char **argv)
     tp_launch_options lo = {.nprocs = (int)n, .backend = TP_BACKEND_SHM, .name = "tensorpar launch",
                             .kill_grace_s = grace};
     const char *b = cli_value(opts, nopts, "--backend");
-    if (b && tp_backend_parse(b, &lo.backend)) return cli_report("launch");
+    if (b && tp_backend_parse(b, &lo.backend)) return cli_usage_error("launch");
     if (lo.backend == TP_BACKEND_SELF || lo.backend == TP_BACKEND_AUTO) lo.backend = TP_BACKEND_SHM;
     int code = 1;
     if (tp_launch(&lo, rest, &code)) return cli_report("launch");

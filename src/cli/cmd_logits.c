@@ -53,7 +53,7 @@ int cmd_logits(int argc, char **argv)
         {"--model", "DIR", "model directory (required)", 0, {0}},
         {"--tokens", "IDS", "comma-separated token ids (required)", 0, {0}},
         {"--out", "FILE.npy", "output file: float32 [T, vocab] (required); %r = rank: every rank writes", 0, {0}},
-        {"--dtype", "f32|bf16", "weight dtype in memory (default: as stored)", 0, {0}},
+        {"--dtype", "f32|bf16", "weight dtype in memory (default: as stored; f16 checkpoints are converted to f32)", 0, {0}},
         {"--threads", "N", "threads per rank (default: cores / local ranks)", 0, {0}},
         {"--incremental", NULL, "feed tokens one at a time through the KV cache", 0, {0}},
         {"--bytes-read", NULL, "print the checkpoint bytes each rank read (stderr)", 0, {0}},
@@ -62,21 +62,20 @@ int cmd_logits(int argc, char **argv)
     int n = N_OWN + CLI_TP_N_OPTIONS;
     int rc = cli_parse(argc, argv, o, n, "tensorpar logits --model DIR --tokens 1,2,3 --out FILE.npy [--tp N]",
                        "Runs the model over the tokens and writes the logits of every position.", NULL, NULL);
-    if (rc) return rc == 1 ? 0 : 2;
+    if (rc) return rc == 1 ? 0 : CLI_EXIT_USAGE;
     const char *dir = cli_value(o, n, "--model"), *toks = cli_value(o, n, "--tokens"), *out = cli_value(o, n, "--out");
     if (!dir || !toks || !out) {
-        fprintf(stderr, "tensorpar logits: error: --model, --tokens and --out are required (see --help)\n");
-        return 2;
+        tp_fail(TP_ERR_INVALID, "--model, --tokens and --out are required (see --help)");
+        return cli_usage_error("logits");
     }
     int64_t *ids;
     int nt;
     tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .threads = 1, .show_progress = isatty(2)};
     const char *dt = cli_value(o, n, "--dtype");
     if (cli_parse_ids(toks, &ids, &nt) || (dt && tp_dtype_parse(dt, &mo.weight_dtype)))
-        return cli_report("logits");
+        return cli_usage_error("logits");
     cli_tp tp;
-    int launched = cli_tp_begin(argc, argv, o, n, &tp, &rc);
-    if (launched) { free(ids); cli_tp_end(&tp); return launched > 0 ? rc : cli_report("logits"); }
+    if (cli_tp_begin("logits", argc, argv, o, n, dir, &tp, &rc)) { free(ids); cli_tp_end(&tp); return rc; }
     if (cli_tp_threads(o, n, &tp, &mo)) { free(ids); cli_tp_end(&tp); return cli_report("logits"); }
     mo.show_progress = mo.show_progress && tp.rank == 0;   /* one bar, not one per rank */
     mo.mesh = tp.mesh;

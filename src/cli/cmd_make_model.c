@@ -10,7 +10,8 @@ int cmd_make_model(int argc, char **argv)
     cli_option o[] = {
         {"--arch", "ARCH", "llama, mistral, qwen2 or qwen3", 0, {0}},
         {"--preset", "NAME", "tiny, small, qwen3-0.6b, llama-3.2-1b, llama-3-8b (default tiny)", 0, {0}},
-        {"--set", "KEY=VALUE", "override a config.json key (JSON value); repeatable", 0, {0}},
+        {"--set", "KEY=VALUE", "override a config.json key (JSON value); repeatable; the final config is "
+                               "checked once, so the order does not matter", 0, {0}},
         {"--dtype", "f32|bf16", "stored weight dtype (default: the preset's)", 0, {0}},
         {"--seed", "N", "random seed (default 0)", 0, {0}},
         {"--std", "F", "weights ~ N(0, F) (default 0.02)", 0, {0}},
@@ -26,20 +27,20 @@ int cmd_make_model(int argc, char **argv)
                        "tensorpar make-model --arch ARCH [--preset NAME] [--set k=v ...] [--dtype f32|bf16] --out DIR",
                        "Writes config.json, generation_config.json and model.safetensors (or shards) in\n"
                        "the layout Transformers writes, with random weights.", NULL, NULL);
-    if (rc) return rc == 1 ? 0 : 2;
+    if (rc) return rc == 1 ? 0 : CLI_EXIT_USAGE;
     const char *arch_s = cli_value(o, n, "--arch"), *out = cli_value(o, n, "--out");
     if (!arch_s || !out) {
-        fprintf(stderr, "tensorpar make-model: error: --arch and --out are required (see --help)\n");
-        return 2;
+        tp_fail(TP_ERR_INVALID, "--arch and --out are required (see --help)");
+        return cli_usage_error("make-model");
     }
     tp_arch arch;
     tp_model_config cfg;
     const char *preset = cli_value(o, n, "--preset");
+    /* A wrong --arch, --preset or --set is a usage error: nothing written. */
     if (tp_arch_parse(arch_s, &arch) || tp_preset_config(&cfg, arch, preset ? preset : "tiny"))
-        return cli_report("make-model");
+        return cli_usage_error("make-model");
     const cli_option *set = &o[2];
-    for (int i = 0; i < set->count; i++)
-        if (tp_config_set(&cfg, set->values[i])) return cli_report("make-model");
+    if (tp_config_set_all(&cfg, set->values, set->count)) return cli_usage_error("make-model");
     tp_make_options mo = {cfg.dtype, 0, 0.02, -1, 0, cli_value(o, n, "--tokenizer"), 0};
     for (int i = 0; i < set->count; i++) mo.vocab_size_given |= !strncmp(set->values[i], "vocab_size=", 11);
     long long seed = 0, shards = 0;
@@ -47,7 +48,7 @@ int cmd_make_model(int argc, char **argv)
     if ((dt && tp_dtype_parse(dt, &mo.dtype)) || cli_int(o, n, "--seed", &seed) ||
         cli_int(o, n, "--shards", &shards) || cli_double(o, n, "--std", &mo.std) ||
         cli_double(o, n, "--qk-std", &mo.qk_std))
-        return cli_report("make-model");
+        return cli_usage_error("make-model");
     if (mo.qk_std < 0) mo.qk_std = mo.std;
     mo.seed = (uint64_t)seed;
     mo.shards = (int)shards;

@@ -18,17 +18,18 @@ int cmd_plan(int argc, char **argv)
                        "Resolves the tensor parallel plan for the model's config and prints each parameter's\n"
                        "rule, style, placement and local shape, the bytes per rank, the collectives per\n"
                        "token and the plan warnings.  Invalid plans exit 1 with the error.", NULL, NULL);
-    if (rc) return rc == 1 ? 0 : 2;
+    if (rc) return rc == 1 ? 0 : CLI_EXIT_USAGE;
     const char *dir = cli_value(o, n, "--model");
     if (!dir) {
-        fprintf(stderr, "tensorpar plan: error: --model is required (see --help)\n");
-        return 2;
+        tp_fail(TP_ERR_INVALID, "--model is required (see --help)");
+        return cli_usage_error("plan");
     }
+    if (cli_check_dir("plan", "--model", dir)) return CLI_EXIT_USAGE;
     long long tp = 1;
-    if (cli_int(o, n, "--tp", &tp)) return cli_report("plan");
+    if (cli_int(o, n, "--tp", &tp)) return cli_usage_error("plan");
     if (tp < 1 || tp > 65536) {
         fprintf(stderr, "tensorpar plan: error: Parallelism sizes must be >= 1, got %lld.\n", tp);
-        return 2;
+        return CLI_EXIT_USAGE;
     }
     tp_model_config cfg;
     tp_plan plan;

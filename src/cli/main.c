@@ -30,14 +30,17 @@ static void usage(FILE *f)
     fprintf(f, "usage: tensorpar <command> [options]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (commands[i].summary) fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].summary);
-    fprintf(f, "\n  --isa-list     the instruction-set paths this CPU supports, the chosen one marked\n"
-               "\n'tensorpar <command> --help' describes a command.\n"
-               "TENSORPAR_ISA=scalar|avx2|avx512|amx chooses the kernels' path (default: the best this CPU has).\n");
+    fprintf(f, "\n  --isa-list     the instruction-set paths this CPU supports, the chosen one marked\n");
+    fprintf(f, "\n'tensorpar <command> --help' describes a command.\n\n%s", CLI_EXIT_HELP);
+    fprintf(f, "TENSORPAR_ISA=scalar|avx2|avx512|amx chooses the kernels' path (default: the best this CPU has).\n");
+    fprintf(f, "\nWith RANK and WORLD_SIZE set (torchrun-style; WORLD_SIZE > 1 needs RANK) or under\n"
+               "mpirun, a model command runs as one rank of that job; --tp N starts N ranks itself.\n"
+               "Errors every rank meets are printed once; others start with \"[rank r]\".\n");
 }
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) { usage(stderr); return 2; }
+    if (argc < 2) { usage(stderr); return CLI_EXIT_USAGE; }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
         return 0;
@@ -50,5 +53,5 @@ int main(int argc, char **argv)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
     fprintf(stderr, "tensorpar: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
-    return 2;
+    return CLI_EXIT_USAGE;
 }

@@ -20,7 +20,7 @@ const cli_option session_sampling_options[SESSION_N_SAMPLING] = {
     {"--seed", "N", "random seed for sampling (default 0)", 0, {0}},
     {"--stop", "TEXT", "stop when TEXT is generated; repeatable", 0, {0}},
     {"--max-new-tokens", "N", "tokens to generate (default: generation_config.json, else 256)", 0, {0}},
-    {"--dtype", "f32|bf16", "weight dtype in memory (default: as stored)", 0, {0}},
+    {"--dtype", "f32|bf16", "weight dtype in memory (default: as stored; f16 checkpoints are converted to f32)", 0, {0}},
     {"--threads", "N", "threads per rank (default: cores / local ranks)", 0, {0}},
 };
 
@@ -54,13 +54,53 @@ int session_read_options(session *s, const cli_option *o, int n)
     return tp_sampling_validate(sp) ? -1 : 0;
 }
 
+int session_check_options(const cli_option *o, int n)
+{
+    /* The sampling options over generation_config.json's defaults: a value
+     * wrong whatever the model says (--top-p 2) is a usage error. */
+    session s;
+    memset(&s, 0, sizeof s);
+    s.gen.temperature = 1.0;
+    s.gen.top_p = 1.0;
+    s.gen.repetition_penalty = 1.0;
+    s.gen.max_new_tokens = 256;
+    return session_read_options(&s, o, n);
+}
+
 static int exists(const char *p)
 {
     struct stat st;
     return stat(p, &st) == 0;
 }
 
-int session_open(session *s, const char *dir, const cli_option *o, int n, int need_tokenizer, const cli_tp *tp)
+/* tokenizer.json and the chat template beside the weights, as far as
+ * `need` asks (SESSION_NEED_*).  -1 with tp_error(). */
+static int load_text(session *s, const char *dir, int need)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if (!exists(path)) {
+        if (need == SESSION_NEED_NOTHING) return 0;
+        tp_fail(TP_ERR_INVALID, "%s: no tokenizer.json beside the weights (make-model --tokenizer puts one there)", dir);
+        return -1;
+    }
+    if (tp_tokenizer_load(&s->tok, dir)) return -1;
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    if (exists(path) && tp_chat_template_load(&s->tpl, dir)) {
+        /* A model without a usable template can still complete text. */
+        if (need == SESSION_NEED_TEMPLATE) return -1;
+        tp_log(TP_LOG_DEBUG, "no chat template: %s", tp_error());
+        s->tpl = NULL;
+    }
+    if (need == SESSION_NEED_TEMPLATE && !s->tpl) {
+        tp_fail(TP_ERR_INVALID, "%s: the tokenizer has no chat_template", dir);
+        return -1;
+    }
+    return 0;
+}
+
+int session_open(session *s, const char *cmd, const char *dir, const cli_option *o, int n, int need,
+                 const cli_tp *tp)
 {
     memset(s, 0, sizeof *s);
     s->tp = *tp;
@@ -68,23 +108,12 @@ int session_open(session *s, const char *dir, const cli_option *o, int n, int ne
                            .mesh = s->tp.mesh, .tp_plan = s->tp.plan};
     const char *dt = cli_value(o, n, "--dtype");
     if (cli_tp_threads(o, n, &s->tp, &mo) || (dt && tp_dtype_parse(dt, &mo.weight_dtype))) return -1;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    if (exists(path)) {
-        if (tp_tokenizer_load(&s->tok, dir)) return -1;
-        snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-        if (exists(path) && tp_chat_template_load(&s->tpl, dir)) {
-            /* A model without a usable template can still complete text. */
-            tp_log(TP_LOG_DEBUG, "no chat template: %s", tp_error());
-            s->tpl = NULL;
-        }
-    } else if (need_tokenizer) {
-        tp_fail(TP_ERR_INVALID, "%s: no tokenizer.json beside the weights (make-model --tokenizer puts one there)", dir);
-        return -1;
-    }
+    /* Every rank reads the same files: what is wrong with them is reported
+     * once (cli_tp_agree). */
+    if (cli_tp_agree(cmd, &s->tp, load_text(s, dir, need) != 0)) return -2;
     if (tp_model_load(&s->model, dir, &mo)) return -1;
-    if (tp_generation_config_load(&s->gen, dir, &s->model->cfg)) return -1;
-    if (session_read_options(s, o, n)) return -1;
+    int bad = tp_generation_config_load(&s->gen, dir, &s->model->cfg) || session_read_options(s, o, n);
+    if (cli_tp_agree(cmd, &s->tp, bad)) return -2;
     s->opts.tok = s->tok;
     if (s->tp.world) {   /* rank 0 chooses every token and broadcasts it */
         s->opts.choose = cli_tp_choose;

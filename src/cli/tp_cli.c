@@ -5,6 +5,8 @@
  * joins directly. */
 #include "tp_cli.h"
 
+#include "tensorpar/parallel.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,30 +27,104 @@ static int relaunch(int argc, char **argv, long long n, tp_backend backend, int 
     return s ? -1 : 1;
 }
 
-int cli_tp_begin(int argc, char **argv, const cli_option *o, int n, cli_tp *tp, int *rc)
+/* Option values no rank could use: usage errors, found before any rank
+ * starts (and so printed once). */
+static int check_options(const char *cmd, const cli_option *o, int n, const char *dir, long long *want)
+{
+    tp_backend backend;
+    const char *b = cli_value(o, n, "--backend");
+    long long threads = 1;
+    if (cli_int(o, n, "--tp", want) || (b && tp_backend_parse(b, &backend)) || cli_int(o, n, "--threads", &threads))
+        return cli_usage_error(cmd);
+    if (cli_value(o, n, "--tp") && *want < 1) {
+        tp_fail(TP_ERR_INVALID, "--tp: Parallelism sizes must be >= 1, got %lld.", *want);   /* §5.2 */
+        return cli_usage_error(cmd);
+    }
+    if (threads < 1 || threads > 4096) {
+        tp_fail(TP_ERR_INVALID, "--threads must be in [1, 4096], got %lld", threads);
+        return cli_usage_error(cmd);
+    }
+    return dir ? cli_check_dir(cmd, "--model", dir) : 0;
+}
+
+/* What every rank would find identically before reading a weight: the
+ * config and the plan for this TP size.  -1 with tp_error(). */
+static int check_model(const char *dir, long long size, const char *plan_spec)
+{
+    tp_model_config cfg;
+    if (tp_config_load(&cfg, dir)) return -1;
+    if (size <= 1 && !plan_spec) return 0;
+    tp_plan plan = {0};
+    tp_plan_resolution *res = NULL;
+    tp_status s = tp_plan_load(plan_spec, &cfg, &plan);
+    if (!s) s = tp_plan_resolve(&cfg, &plan, (int)size, NULL, &res);
+    tp_plan_free(&plan);
+    tp_plan_resolution_free(res);
+    return s ? -1 : 0;
+}
+
+/* The ranks of a job ran the same checks on the same files, so a failure is
+ * normally everybody's (§5.3: plan and config errors are printed once, by
+ * rank 0, without a rank).  A failure of only some ranks is printed by each
+ * of them, with its rank.  The closing barrier keeps every rank alive until
+ * the messages are out, so that a launcher stopping the job on the first
+ * exit cannot cut them off.  0 when every rank passed; 1 otherwise. */
+int cli_tp_agree(const char *cmd, cli_tp *tp, int failed)
+{
+    if (!tp->world) return failed ? (cli_report(cmd), 1) : 0;
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s", tp_error());
+    int64_t mine = failed, count = 0;
+    if (tp_comm_all_reduce(tp->world, &mine, &count, 1, TP_I64, TP_REDUCE_SUM)) { cli_report(cmd); return 1; }
+    if (!count) return 0;
+    tp_fail(TP_ERR_INVALID, "%s", msg);
+    if (count == tp->size && tp->rank == 0) cli_report_shared(cmd);
+    else if (failed && count < tp->size) cli_report(cmd);
+    fflush(stderr);
+    tp_comm_barrier(tp->world);
+    return 1;
+}
+
+/* Joins the job this process is a rank of and runs the model checks on every
+ * rank.  0, or 1 with *rc set. */
+static int join(const char *cmd, long long want, const char *dir, cli_tp *tp, int *rc)
+{
+    tp_comm_options co;
+    tp_comm_options_default(&co);
+    *rc = CLI_EXIT_RUNTIME;
+    if (tp_comm_init(&tp->world, &co)) { cli_report(cmd); return 1; }
+    tp->size = tp_group_size(tp->world);
+    tp->rank = tp_group_rank(tp->world);
+    int failed = 0;
+    if (want > 0 && want != tp->size) {
+        tp_fail(TP_ERR_INVALID, "--tp %lld but the job has %d ranks (WORLD_SIZE); data parallelism is not "
+                "supported by this command", want, tp->size);
+        failed = 1;
+    }
+    if (!failed && dir) failed = check_model(dir, tp->size, tp->plan) != 0;
+    if (cli_tp_agree(cmd, tp, failed)) return 1;
+    if (tp_mesh_new_1d(tp->world, "tp", &tp->mesh)) { cli_report(cmd); return 1; }
+    return 0;
+}
+
+int cli_tp_begin(const char *cmd, int argc, char **argv, const cli_option *o, int n, const char *dir,
+                 cli_tp *tp, int *rc)
 {
     memset(tp, 0, sizeof *tp);
     tp->size = 1;
     tp->plan = cli_value(o, n, "--tp-plan");
     long long want = 0;
+    if ((*rc = check_options(cmd, o, n, dir, &want))) return 1;
+    if (tp_launch_in_job()) return join(cmd, want, dir, tp, rc);
+    /* One process so far: what it finds wrong, it says once, and no rank
+     * is started for nothing. */
+    if (dir && check_model(dir, want > 1 ? want : 1, tp->plan)) { *rc = cli_report(cmd); return 1; }
+    if (want <= 1) return 0;
     tp_backend backend = TP_BACKEND_AUTO;
     const char *b = cli_value(o, n, "--backend");
-    if (cli_int(o, n, "--tp", &want) || (b && tp_backend_parse(b, &backend))) return -1;
-    if (cli_value(o, n, "--tp") && want < 1) { tp_fail(TP_ERR_INVALID, "--tp must be at least 1"); return -1; }
-    int in_job = tp_launch_in_job();
-    if (!in_job && want > 1) return relaunch(argc, argv, want, backend, rc);
-    if (!in_job) return 0;
-    tp_comm_options co;
-    tp_comm_options_default(&co);
-    if (tp_comm_init(&tp->world, &co)) return -1;
-    tp->size = tp_group_size(tp->world);
-    tp->rank = tp_group_rank(tp->world);
-    if (want > 0 && want != tp->size) {
-        tp_fail(TP_ERR_INVALID, "--tp %lld but the job has %d ranks (WORLD_SIZE); data parallelism is not "
-                "supported by this command", want, tp->size);
-        return -1;
-    }
-    return tp_mesh_new_1d(tp->world, "tp", &tp->mesh) ? -1 : 0;
+    if (b) tp_backend_parse(b, &backend);   /* checked above */
+    if (relaunch(argc, argv, want, backend, rc) < 0) { *rc = cli_report(cmd); return 1; }
+    return 1;
 }
 
 void cli_tp_end(cli_tp *tp)

@@ -17,11 +17,23 @@ typedef struct {
     const char *plan;     /* --tp-plan, or NULL */
 } cli_tp;
 
-/* 0: go on as this rank (or as the only process); 1: the N ranks were
- * launched from here and have finished, *rc is their exit code; -1: error
- * (tp_error()). */
-int cli_tp_begin(int argc, char **argv, const cli_option *o, int n, cli_tp *tp, int *rc);
+/* Checks the options (--tp, --backend, --threads; --model DIR exists) and,
+ * when dir is given, the model's config and TP plan for this TP size; then
+ * launches the ranks (--tp N from a single process) or joins the job.  A
+ * single process reports what it finds before any rank starts; ranks agree
+ * on failures so that one found by all is printed once, by rank 0.
+ * 0: go on as this rank (or as the only process); 1: done, return *rc (the
+ * ranks' exit status, or 2 for a usage error, 1 for another error, already
+ * printed). */
+int cli_tp_begin(const char *cmd, int argc, char **argv, const cli_option *o, int n, const char *dir,
+                 cli_tp *tp, int *rc);
 void cli_tp_end(cli_tp *tp);
+/* Called by every rank at the same point after a step that all ranks do
+ * alike (failed: this rank's step failed, message in tp_error()).  An error
+ * of every rank is printed once, by rank 0, without a rank; an error of
+ * some ranks by each of them, with "[rank r]".  0 when no rank failed; 1
+ * when some did (reported; every rank returns 1, so all stop). */
+int cli_tp_agree(const char *cmd, cli_tp *tp, int failed);
 /* The thread pool of this rank: --threads T (default: the cores this
  * process may use ÷ LOCAL_WORLD_SIZE, at least 1), pinned so that local
  * rank r takes cores [r·T, (r+1)·T) mod ncores (TENSORPAR_PIN=0: unpinned).

@@ -89,7 +89,13 @@ tp_status tp_comm_init(tp_group **world, const tp_comm_options *opts)
         if (st == TP_OK) { *world = g; return TP_OK; }
         group_release(g);
     }
-    return tp_fail_context(st, "We tried to initialize the process group for you, but it failed");
+    /* Transformers' sentence with tensorpar's advice (§5.3). */
+    char reason[1024];
+    snprintf(reason, sizeof reason, "%s", tp_error());
+    size_t len = strlen(reason);
+    if (len && reason[len - 1] == '.') reason[len - 1] = '\0';
+    return tp_fail(st, "We tried to initialize the process group for you, but it failed: %s. Launch one process "
+                   "per rank with RANK, WORLD_SIZE and LOCAL_RANK set (torchrun-style), or with mpirun.", reason);
 }
 
 void tp_group_free(tp_group *g)

@@ -347,6 +347,8 @@ tp_status tp_launch_self(int nprocs, tp_backend backend, char *const argv[], int
 
 int tp_launch_in_job(void)
 {
+    /* WORLD_SIZE > 1 alone also counts: joining then fails with an error
+     * naming RANK (§5.3, C8) instead of silently running a single process. */
     const char *ws = getenv("WORLD_SIZE");
-    return (ws && *ws && getenv("RANK")) || getenv("OMPI_COMM_WORLD_RANK") != NULL;
+    return (ws && *ws && (getenv("RANK") || strcmp(ws, "1"))) || getenv("OMPI_COMM_WORLD_RANK") != NULL;
 }

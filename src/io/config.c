@@ -403,9 +403,27 @@ tp_status tp_config_save(const tp_model_config *c, const char *model_dir)
     return save_json(config_json(c), path);
 }
 
-/* "key=value" with a JSON value, applied by writing the config as JSON,
- * replacing the key and reading it back: one parser for files and overrides. */
-tp_status tp_config_set(tp_model_config *c, const char *assignment)
+/* The config.json keys parse_config reads: the only ones --set can change
+ * (another key would be written and then ignored, which hides typos). */
+static const char *const settable_keys[] = {
+    "attention_bias", "bos_token_id", "eos_token_id", "head_dim", "hidden_act", "hidden_size",
+    "intermediate_size", "max_position_embeddings", "mlp_bias", "num_attention_heads",
+    "num_hidden_layers", "num_key_value_heads", "rms_norm_eps", "rope_scaling", "rope_theta",
+    "sliding_window", "tie_word_embeddings", "torch_dtype", "use_sliding_window", "vocab_size",
+};
+#define N_SETTABLE (sizeof settable_keys / sizeof settable_keys[0])
+
+static tp_status unknown_key(const char *key)
+{
+    char known[1024] = "";
+    size_t used = 0;
+    for (size_t i = 0; i < N_SETTABLE && used < sizeof known; i++)
+        used += (size_t)snprintf(known + used, sizeof known - used, "%s%s", i ? ", " : "", settable_keys[i]);
+    return tp_fail(TP_ERR_INVALID, "--set: unknown config key '%s' (known keys: %s)", key, known);
+}
+
+/* Puts one "key=value" into the JSON object o. */
+static tp_status set_one(cJSON *o, const char *assignment)
 {
     const char *eq = strchr(assignment, '=');
     if (!eq || eq == assignment)
@@ -415,18 +433,39 @@ tp_status tp_config_set(tp_model_config *c, const char *assignment)
     if (klen >= sizeof key) return tp_fail(TP_ERR_INVALID, "--set: key too long in '%s'", assignment);
     memcpy(key, assignment, klen);
     key[klen] = '\0';
+    size_t i = 0;
+    while (i < N_SETTABLE && strcmp(settable_keys[i], key)) i++;
+    if (i == N_SETTABLE) return unknown_key(key);
     cJSON *value = cJSON_Parse(eq + 1);
     if (!value) value = cJSON_CreateString(eq + 1);   /* bare words are strings */
-    cJSON *o = config_json(c);
     cJSON_DeleteItemFromObjectCaseSensitive(o, key);
     cJSON_AddItemToObject(o, key, value);
-    json_doc d = {"--set", o};
+    return TP_OK;
+}
+
+/* "key=value" pairs with JSON values, applied by writing the config as JSON,
+ * replacing the keys and reading it back once: one parser for files and
+ * overrides, and the checks see the final config, whatever the order. */
+tp_status tp_config_set_all(tp_model_config *c, const char *const *assignments, int n)
+{
+    cJSON *o = config_json(c);
+    if (!o) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    tp_status s = TP_OK;
+    for (int i = 0; i < n && !s; i++) s = set_one(o, assignments[i]);
     tp_model_config updated;
-    tp_status s = parse_config(&updated, &d);
+    if (!s) {
+        json_doc d = {"--set", o};
+        s = parse_config(&updated, &d);
+    }
     cJSON_Delete(o);
-    if (s) return tp_fail_context(s, "--set %s", assignment);
+    if (s) return s;
     *c = updated;
     return TP_OK;
+}
+
+tp_status tp_config_set(tp_model_config *c, const char *assignment)
+{
+    return tp_config_set_all(c, &assignment, 1);
 }
 
 /* ---- generation_config.json -------------------------------------------- */

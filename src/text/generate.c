@@ -133,9 +133,10 @@ static void gen_release(gen_state *g)
 static tp_status prefill(gen_state *g, const int64_t *prompt, int64_t n, tp_generate_stats *st)
 {
     int64_t reused = tp_kv_cache_reuse_prefix(g->kv, prompt, n);
-    if (g->kv->length + (n - reused) + g->o->max_new_tokens > g->kv->capacity)
-        return tp_fail(TP_ERR_INVALID, "prompt of %lld tokens plus %lld new ones exceeds the context of %lld",
-                       (long long)n, (long long)g->o->max_new_tokens, (long long)g->kv->capacity);
+    /* Only the prompt must fit: decoding stops when the cache is full. */
+    if (g->kv->length + (n - reused) > g->kv->capacity)
+        return tp_fail(TP_ERR_INVALID, "the prompt of %lld tokens does not fit the context of %lld positions",
+                       (long long)n, (long long)g->kv->capacity);
     tp_sampler_observe(&g->sampler, prompt, n);
     double t0 = tp_now();
     tp_status s = tp_model_forward(g->m, g->kv, prompt + reused, n - reused, g->logits, 0);
@@ -158,6 +159,9 @@ tp_status tp_generate(tp_model *m, tp_kv_cache *kv, const int64_t *prompt, int64
     int stopped = 0;
     st->stop_reason = "length";
     while (!s && *n_out < o->max_new_tokens) {
+        /* The next token would sit at position kv->length: past the cache,
+         * the model has no position for it (max_position_embeddings). */
+        if (kv->length >= kv->capacity) { st->stop_reason = "context full"; break; }
         int64_t id = tp_sampler_next(&g.sampler, g.logits);
         if (o->choose && (s = o->choose(o->choose_ctx, &id))) break;
         out[(*n_out)++] = id;

@@ -99,6 +99,27 @@ static void test_fuzz_regressions(void)
     CHECK(c.vocab_size == 2147483647 && c.bos_token_id == 9007199254740992LL);
 }
 
+/* make-model --set: all pairs first, one check of the final config, and
+ * unknown keys refused with the list of known ones. */
+static void test_set_all(void)
+{
+    tp_model_config c;
+    CHECK(tp_preset_config(&c, TP_ARCH_LLAMA, "tiny") == TP_OK && c.hidden_size == 64 && c.num_key_value_heads == 2);
+    const char *heads_first[] = {"num_attention_heads=6", "hidden_size=96"};
+    const char *hidden_first[] = {"hidden_size=96", "num_attention_heads=6"};
+    CHECK(tp_config_set(&c, heads_first[0]) != TP_OK && strstr(tp_error(), "hidden_size 64"));
+    CHECK(c.num_attention_heads == 4);   /* a refused --set leaves the config as it was */
+    CHECK(tp_config_set_all(&c, heads_first, 2) == TP_OK && c.num_attention_heads == 6 && c.head_dim == 16);
+    CHECK(tp_preset_config(&c, TP_ARCH_LLAMA, "tiny") == TP_OK);
+    CHECK(tp_config_set_all(&c, hidden_first, 2) == TP_OK && c.num_attention_heads == 6 && c.head_dim == 16);
+    const char *typo[] = {"hidden_size=128", "num_attention_head=8"};
+    CHECK(tp_config_set_all(&c, typo, 2) != TP_OK && strstr(tp_error(), "unknown config key 'num_attention_head'") &&
+          strstr(tp_error(), "known keys: ") && strstr(tp_error(), "num_attention_heads"));
+    CHECK(c.hidden_size == 96);
+    CHECK(tp_config_set(&c, "architectures=[\"X\"]") != TP_OK && strstr(tp_error(), "'architectures'"));
+    CHECK(tp_config_set(&c, "model_type=qwen3") != TP_OK && strstr(tp_error(), "'model_type'"));
+}
+
 int main(void)
 {
     snprintf(dir, sizeof dir, "/tmp/tp-config-XXXXXX");
@@ -106,6 +127,7 @@ int main(void)
     test_parse();
     test_set_and_roundtrip();
     test_fuzz_regressions();
+    test_set_all();
     test_errors();
     char path[128];
     snprintf(path, sizeof path, "%s/config.json", dir);
