@@ -187,7 +187,10 @@ PATTERNS = [
     ("replicate on down_proj (was wrong logits)", {L + "mlp.down_proj": "replicate"}, 2,
      "it declares its input Replicate, but the input it receives here is Shard(-1)"),
     ("local on down_proj (was NaN)", {L + "mlp.down_proj": "local"}, 3, "'local'"),
-    ("sequence_parallel on the norms", {L + "input_layernorm": "sequence_parallel"}, 2, "sequence-sharded"),
+    ("sequence_parallel on the stream norms", {L + "input_layernorm": "sequence_parallel",
+                                              L + "post_attention_layernorm": "sequence_parallel",
+                                              "model.norm": "sequence_parallel"}, 3, "ok"),
+    ("sequence_parallel on a block", {L + "mlp": "sequence_parallel"}, 2, "sequence-sharded"),
     ("gather on a decoder layer", {"model.layers.*": "gather"}, 2, "P copies"),
 ]
 
