@@ -207,13 +207,19 @@ static void add_norm_rows(void *p, int64_t first, int64_t nrows, float *rows)
  * rank.  Under the fused norm y is partial and x keeps this rank's rows;
  * the collective counts as communication, the add and norm in it do not. */
 static tp_status add_norm(tp_model *m, fwd_scratch *sc, float *x, const tp_act *y, const tp_tensor *norm,
-                          int64_t T)
+                          const tp_module_plan *sp, int64_t T)
 {
     int64_t H = m->cfg.hidden_size;
+    if (!sc->row_counts && sp) {   /* sequence_parallel norm: the add on every row, the norm on own rows */
+        for (int64_t i = 0; i < T * H; i++) x[i] += y->data[i];
+        return tp_module_norm_sp(m, sp, x, norm, T, H, sc->h);
+    }
     if (!sc->row_counts) {
         par_add_rmsnorm(m, x, y->data, sc->h, norm, T, H);
         return TP_OK;
     }
+    /* The fused form below already norms each rank's own rows and gathers
+     * them: under a sequence_parallel norm it is that rule's effect too. */
     add_norm_rows_ctx c = {x, norm, H, m->cfg.rms_norm_eps, 0};
     double t0 = tp_now();
     tp_status st = tp_comm_all_reduce_rows(tp_mesh_group(m->tp->mesh, 0), y->data, sc->h, sc->row_counts,
@@ -299,7 +305,7 @@ static tp_status attention_block(tp_model *m, const tp_layer *L, tp_kv_cache *ca
                      c->sliding_window, m->pool);
         st = stream_module(m, sc, &L->o_proj, tp_module_block(m, layer, 0), sc->attn, T, nq * D, &a.o, "o_proj");
     }
-    if (!st) st = add_norm(m, sc, x, &a.o, &L->post_attention_layernorm, T);
+    if (!st) st = add_norm(m, sc, x, &a.o, &L->post_attention_layernorm, tp_module_norm_rule(m, 2 * layer + 1), T);
     attn_release(m, &a);
     return st;
 }
@@ -326,7 +332,8 @@ static tp_status mlp_block(tp_model *m, const tp_layer *L, int64_t layer, const 
                                "down_proj");
         }
     }
-    if (!st) st = add_norm(m, sc, x, &down, next_norm, T);
+    int64_t next = layer + 1 < m->cfg.num_hidden_layers ? 2 * (layer + 1) : 2 * m->cfg.num_hidden_layers;
+    if (!st) st = add_norm(m, sc, x, &down, next_norm, tp_module_norm_rule(m, next), T);
     tp_act_release(m, gate); tp_act_release(m, up); tp_act_release(m, &down);
     return st;
 }
@@ -361,7 +368,9 @@ tp_status tp_model_forward(tp_model *m, tp_kv_cache *cache, const int64_t *token
     if (!st) st = scratch_init(&sc, m, T, cache->length);
     /* Each residual add is fused with the norm that follows it, so the
      * stream x is read and written once per block. */
-    if (!st) par_rmsnorm(m, sc.h, x.data, nl > 0 ? &m->layers[0].input_layernorm : &m->norm, T, H);
+    const tp_module_plan *sp0 = tp_module_norm_rule(m, 0);   /* layer 0's input_layernorm, or the final norm */
+    if (!st && sp0) st = tp_module_norm_sp(m, sp0, x.data, nl > 0 ? &m->layers[0].input_layernorm : &m->norm, T, H, sc.h);
+    else if (!st) par_rmsnorm(m, sc.h, x.data, nl > 0 ? &m->layers[0].input_layernorm : &m->norm, T, H);
     for (int64_t l = 0; l < nl && !st; l++) {
         st = attention_block(m, &m->layers[l], cache, l, x.data, &sc, T);
         if (!st) st = mlp_block(m, &m->layers[l], l, l + 1 < nl ? &m->layers[l + 1].input_layernorm : &m->norm,

@@ -295,6 +295,52 @@ tp_status tp_module_block_output(tp_model *m, const tp_module_plan *block, tp_ac
     return TP_OK;
 }
 
+/* ---- sequence-parallel norms ------------------------------------------ */
+
+const tp_module_plan *tp_module_norm_rule(const tp_model *m, int64_t index)
+{
+    if (!m->tp || !m->tp->norms || !m->tp->mesh) return NULL;
+    return m->tp->norms[index];
+}
+
+tp_status tp_module_norm_sp(tp_model *m, const tp_module_plan *rule, const float *x, const tp_tensor *w,
+                            int64_t T, int64_t width, float *h)
+{
+    const tp_forward_desc *d = &rule->fwd;
+    tp_module_ctx ctx = {rule->name, rule->kind, m->tp->size, m->tp->rank, &m->cfg, m->tp->mesh, NULL};
+    int64_t g[2] = {T, width};
+    tp_placement rep = tp_replicate();
+    tp_dtensor xd, own, yd, out;
+    /* The stream is a handle whose layout is known (Replicate): it is
+     * redistributed to the declared input, not relabelled (§2.10). */
+    tp_status s = tp_dtensor_from_local(&xd, m->tp->mesh, &rep, TP_F32, 2, g, (void *)x);
+    if (s) return s;
+    double t0 = tp_now();
+    s = tp_redistribute(&xd, &d->input, &own);
+    tp_dtensor_release(&xd);
+    if (!s) s = tp_style_pre_forward(rule->style, &ctx, d, &own);
+    m->comm_seconds += tp_now() - t0;
+    if (s) return s;
+    int64_t rows = own.local.shape[0];
+    float *y = tp_act_alloc(m, rows * width > 0 ? rows * width : 1);
+    if (!y) { tp_dtensor_release(&own); return tp_fail(TP_ERR_NOMEM, "out of memory"); }
+    tp_rmsnorm(y, own.local.data, w, rows, width, m->cfg.rms_norm_eps);
+    tp_dtensor_release(&own);
+    s = tp_dtensor_from_local(&yd, m->tp->mesh, &d->local_output, TP_F32, 2, g, y);
+    if (s) { tp_act_free(m, y); return s; }
+    t0 = tp_now();
+    s = tp_style_post_forward(rule->style, &ctx, d, &yd);
+    /* the consumers declare Replicate: the gather is theirs (§1.5) */
+    if (!s) s = tp_redistribute(&yd, &rep, &out);
+    m->comm_seconds += tp_now() - t0;
+    tp_dtensor_release(&yd);
+    tp_act_free(m, y);
+    if (s) return s;
+    memcpy(h, out.local.data, (size_t)(T * width) * sizeof(float));
+    tp_dtensor_release(&out);
+    return TP_OK;
+}
+
 /* ---- embedding -------------------------------------------------------- */
 
 static tp_status check_ids(const tp_model *m, const int64_t *ids, int64_t T)

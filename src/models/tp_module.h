@@ -29,6 +29,9 @@ struct tp_model_tp {
     /* per layer: the rules on self_attn and mlp (NULL: none), whose
      * post_forward may reduce the block's output (gather, all_reduce) */
     const tp_module_plan **blocks; /* [2 * layer + (mlp ? 1 : 0)]          */
+    /* per layer: sequence_parallel rules on input_layernorm (2 l) and
+     * post_attention_layernorm (2 l + 1); the final norm at 2 nl */
+    const tp_module_plan **norms;
 };
 
 /* An activation [T, width] of a feature dimension of `gwidth` columns, of
@@ -80,6 +83,15 @@ const tp_module_plan *tp_module_block(const tp_model *m, int64_t layer, int mlp)
 /* A block's output (o_proj's or down_proj's) through the block's own
  * post_forward: e.g. `gather` all-reduces what local styles left partial. */
 tp_status tp_module_block_output(tp_model *m, const tp_module_plan *block, tp_act *y);
+/* The sequence_parallel rule on a norm of the residual stream (index as
+ * tp_model_tp.norms), or NULL. */
+const tp_module_plan *tp_module_norm_rule(const tp_model *m, int64_t index);
+/* h = norm(x) [T, width] under a sequence_parallel rule (§2.10): x, whole
+ * on every rank, is redistributed to this rank's tokens (Shard along the
+ * sequence, no communication), the norm runs on those rows only, and the
+ * result is redistributed to Replicate for the consumers (an all-gather). */
+tp_status tp_module_norm_sp(tp_model *m, const tp_module_plan *rule, const float *x, const tp_tensor *w,
+                            int64_t T, int64_t width, float *h);
 /* The width of the module's output on this rank, before running it. */
 int64_t tp_module_out_width(const tp_model *m, const tp_linear *lin);
 /* The embedding lookup of T token ids (ids outside [0, vocab) are an error). */

@@ -123,6 +123,18 @@ static tp_status attach_blocks(tp_model *m)
         snprintf(name, sizeof name, "model.layers.%lld.mlp", (long long)l);
         tp->blocks[2 * l + 1] = tp_plan_find_module(tp->res, name);
     }
+    tp->norms = calloc((size_t)(2 * nl + 1), sizeof *tp->norms);
+    if (!tp->norms) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int64_t i = 0; i <= 2 * nl; i++) {
+        char name[96];
+        if (i == 2 * nl) snprintf(name, sizeof name, "model.norm");
+        else snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)(i / 2),
+                      i % 2 ? "post_attention_layernorm" : "input_layernorm");
+        const tp_module_plan *np = tp_plan_find_module(tp->res, name);
+        /* only a rule that moves the input runs through hooks; the others
+         * leave the norm as it is (checked by tp_plan_check_flow) */
+        if (np && np->fwd.installed && np->fwd.input.kind == TP_SHARD && np->fwd.input.dim == 0) tp->norms[i] = np;
+    }
     return TP_OK;
 }
 
@@ -149,6 +161,7 @@ void tp_model_tp_free(tp_model *m)
     tp_plan_resolution_free(m->tp->res);
     free(m->tp->modules);
     free(m->tp->blocks);
+    free(m->tp->norms);
     free(m->tp);
     m->tp = NULL;
 }

@@ -280,15 +280,29 @@ static tp_status passive(flow *f, const char *name, const char *what, lay in, la
     return s;
 }
 
+/* sequence_parallel on a norm of the residual stream (§2.10): the stream,
+ * a Replicate handle, is redistributed to the rank's tokens, the norm runs
+ * on them, and its consumers (which declare Replicate) gather the rows. */
+static int sequence_parallel_norm(const tp_module_plan *mp, lay in)
+{
+    const tp_forward_desc *d = &mp->fwd;
+    return in.k == L_REP && !d->input_from_model && !d->output_from_model && !d->divide_params_by_p &&
+           !d->ids_input && lay_of(d->input).k == L_SEQ && lay_of(d->compute_input).k == L_SEQ &&
+           lay_of(d->local_output).k == L_SEQ && lay_of(d->output).k == L_SEQ;
+}
+
 /* A norm: per token (or per head), on whatever layout its input has; its
- * weight must be whole on every rank. */
-static tp_status norm(flow *f, const char *name, lay in)
+ * weight must be whole on every rank.  stream: a norm of the residual
+ * stream, which may be sequence-parallel. */
+static tp_status norm(flow *f, const char *name, lay in, int stream)
 {
     const tp_param_plan *w = param_of(f, name, "weight");
     char a[40];
     if (w && w->placement.kind != TP_REPLICATE)
         return refuse(name, w->style ? w->style->name : "?", "an RMSNorm needs its whole weight on every rank, "
                       "and this style gives it %s", tp_placement_str(w->placement, a, sizeof a));
+    const tp_module_plan *mp = module_at(f, name);
+    if (stream && mp && sequence_parallel_norm(mp, in)) return TP_OK;
     return passive(f, name, "an RMSNorm", in, in, 1);
 }
 
@@ -389,9 +403,9 @@ static tp_status attention(flow *f, int64_t l)
     if ((s = heads_line_up(f, n[0], qsty, q, k))) return s;
     if (f->r->cfg.qk_norm) {
         snprintf(sa, sizeof sa, "%s.q_norm", base);
-        if ((s = norm(f, sa, q))) return s;
+        if ((s = norm(f, sa, q, 0))) return s;
         snprintf(sa, sizeof sa, "%s.k_norm", base);
-        if ((s = norm(f, sa, k))) return s;
+        if ((s = norm(f, sa, k, 0))) return s;
     }
     if ((s = linear(f, n[3], q, &o)) || (s = container(f, base, o, &y))) return s;
     const tp_module_plan *mp = module_at(f, base);
@@ -472,13 +486,13 @@ static tp_status run(flow *f)
         snprintf(name, sizeof name, "model.layers.%lld", (long long)l);
         s = passive(f, name, "a decoder layer", REP, REP, 0);
         snprintf(name, sizeof name, "model.layers.%lld.input_layernorm", (long long)l);
-        if (!s) s = norm(f, name, REP);
+        if (!s) s = norm(f, name, REP, 1);
         if (!s) s = attention(f, l);
         snprintf(name, sizeof name, "model.layers.%lld.post_attention_layernorm", (long long)l);
-        if (!s) s = norm(f, name, REP);
+        if (!s) s = norm(f, name, REP, 1);
         if (!s) s = mlp(f, l);
     }
-    if (!s) s = norm(f, "model.norm", REP);
+    if (!s) s = norm(f, "model.norm", REP, 1);
     if (!s) s = lm_head(f);
     /* A module rule the walk above never met would be silently ignored. */
     for (size_t i = 0; !s && i < f->r->n_modules; i++)

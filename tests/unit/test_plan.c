@@ -465,6 +465,78 @@ static void test_uneven_and_tied(void)
               "embedding_rowwise` with `lm_head: colwise_gather_output`."), "%s", tp_error());
 }
 
+/* The built-in llama plan plus `extra` rules (a JSON object's inside),
+ * resolved at P and checked by tp_plan_check_flow; the flow's status. */
+static tp_status flow_json(const tp_model_config *c, const char *extra, int P, tp_plan_resolution **out)
+{
+    char json[2048];
+    snprintf(json, sizeof json, "{\"lm_head\": \"colwise_gather_output\", "
+             "\"model.layers.*.self_attn.q_proj\": \"colwise\", \"model.layers.*.self_attn.k_proj\": \"colwise\", "
+             "\"model.layers.*.self_attn.v_proj\": \"colwise\", \"model.layers.*.self_attn.o_proj\": \"rowwise\", "
+             "\"model.layers.*.mlp.gate_proj\": \"colwise\", \"model.layers.*.mlp.up_proj\": \"colwise\", "
+             "\"model.layers.*.mlp.down_proj\": \"rowwise\"%s%s}", *extra ? ", " : "", extra);
+    tp_status s = resolve_json(c, json, P, out);
+    if (s) return s;
+    s = tp_plan_check_flow(*out);
+    if (s) { tp_plan_resolution_free(*out); *out = NULL; }
+    return s;
+}
+
+/* Layouts that do not fit are refused naming module and style; styles that
+ * leave layouts to the module get the real ones (issue 11 item 3). */
+static void test_flow(void)
+{
+    tp_model_config c = tiny(TP_ARCH_LLAMA);
+    tp_plan_resolution *r;
+    CHECK(flow_json(&c, "", 2, &r) == TP_OK);
+    tp_plan_resolution_free(r);
+    /* a replicated down_proj fed a Shard(-1) activation (was: wrong logits) */
+    CHECK(flow_json(&c, "\"model.layers.*.mlp.down_proj\": \"all_reduce\"", 2, &r) != TP_OK);
+    CHECK_MSG(strstr(tp_error(), "'all_reduce'") && strstr(tp_error(), "`model.layers.0.mlp.down_proj`") &&
+              strstr(tp_error(), "Shard(-1)"), "%s", tp_error());
+    CHECK(flow_json(&c, "\"model.layers.*.mlp.down_proj\": \"replicate\"", 2, &r) != TP_OK);
+    CHECK_MSG(strstr(tp_error(), "it declares its input Replicate, but the input it receives here is Shard(-1) "
+                     "(the output of `model.layers.0.mlp.gate_proj`, style 'colwise')"), "%s", tp_error());
+    /* legacy local pair under gather: the real layouts are filled in */
+    CHECK(flow_json(&c, "\"model.layers.*.self_attn.q_proj\": \"local_colwise\", \"model.layers.*.self_attn.k_proj\": "
+                        "\"local_colwise\", \"model.layers.*.self_attn.v_proj\": \"local_colwise\", "
+                        "\"model.layers.*.self_attn.o_proj\": \"local_rowwise\", \"model.layers.*.self_attn\": "
+                        "\"gather\"", 2, &r) == TP_OK);
+    if (r) {
+        const tp_module_plan *q = tp_plan_find_module(r, "model.layers.1.self_attn.q_proj");
+        const tp_module_plan *o = tp_plan_find_module(r, "model.layers.1.self_attn.o_proj");
+        const tp_module_plan *b = tp_plan_find_module(r, "model.layers.1.self_attn");
+        CHECK(q && q->fwd.input.kind == TP_REPLICATE && q->fwd.output.kind == TP_SHARD);
+        CHECK(o && o->fwd.input.kind == TP_SHARD && o->fwd.output.kind == TP_PARTIAL);
+        CHECK(b && b->fwd.local_output.kind == TP_PARTIAL && b->fwd.output.kind == TP_REPLICATE);
+        tp_plan_resolution_free(r);
+    }
+    /* ... and without the gather nothing sums o_proj's output */
+    CHECK(flow_json(&c, "\"model.layers.*.self_attn.o_proj\": \"local_rowwise\"", 2, &r) != TP_OK);
+    CHECK_MSG(strstr(tp_error(), "'local_rowwise'") && strstr(tp_error(), "nothing sums it"), "%s", tp_error());
+    /* gather on a replicated output would add P copies */
+    CHECK(flow_json(&c, "\"model.layers.*.mlp\": \"gather\"", 2, &r) != TP_OK);
+    CHECK_MSG(strstr(tp_error(), "P copies") && strstr(tp_error(), "`model.layers.0.mlp`"), "%s", tp_error());
+    /* rowwise k_proj at P = 4 with 2 KV heads: its input, not KV replication */
+    CHECK(flow_json(&c, "\"model.layers.*.self_attn.k_proj\": \"rowwise\"", 4, &r) != TP_OK);
+    CHECK_MSG(strstr(tp_error(), "'rowwise'") && strstr(tp_error(), "k_proj") &&
+              strstr(tp_error(), "declares its input Shard(-1)") && !strstr(tp_error(), "replication"),
+              "%s", tp_error());
+    /* sequence_parallel: runs on the stream's norms, refused on a block */
+    CHECK(flow_json(&c, "\"model.layers.*.input_layernorm\": \"sequence_parallel\", \"model.norm\": "
+                        "\"sequence_parallel\"", 2, &r) == TP_OK);
+    tp_plan_resolution_free(r);
+    CHECK(flow_json(&c, "\"model.layers.*.mlp\": \"sequence_parallel\"", 2, &r) != TP_OK);
+    CHECK_MSG(strstr(tp_error(), "'sequence_parallel'") && strstr(tp_error(), "sequence-sharded"), "%s", tp_error());
+    /* a sharded norm weight */
+    CHECK(flow_json(&c, "\"model.norm\": \"colwise\"", 2, &r) != TP_OK);
+    CHECK_MSG(strstr(tp_error(), "'colwise'") && strstr(tp_error(), "`model.norm`") &&
+              strstr(tp_error(), "whole weight"), "%s", tp_error());
+    /* q/k/v heads that do not line up (q whole, k and v split) */
+    CHECK(flow_json(&c, "\"model.layers.*.self_attn.q_proj\": \"replicate\"", 2, &r) != TP_OK);
+    CHECK_MSG(strstr(tp_error(), "'replicate'") && strstr(tp_error(), "do not line up"), "%s", tp_error());
+}
+
 int main(void)
 {
     test_builtin();
@@ -475,5 +547,6 @@ int main(void)
     test_indexed_override();
     test_heads();
     test_uneven_and_tied();
+    test_flow();
     return check_summary();
 }
