@@ -89,9 +89,9 @@ static double time_run(tp_threadpool *pool, tp_parallel_fn fn, void *ctx)
  * an idle machine; less when the host slows one core (another tenant on
  * its sibling), since each step waits for the slowest — as a TP run's
  * collectives do, while one thread on one core only feels its own. */
-static double lockstep_scaling(tp_threadpool *pool, int chunks, tp_parallel_fn fma)
+static double lockstep_scaling(tp_threadpool *pool, int chunks, tp_parallel_fn fma, long iters)
 {
-    fma_job j = {FMA_ITERS / 2, {0}};
+    fma_job j = {iters / 2, {0}};
     double one = 0, all = 0;
     for (int c = 0; c < chunks; c++) {
         one += time_run(NULL, fma, &j);
@@ -295,13 +295,16 @@ static tp_status measure_peaks(tp_machine_peaks *out, tp_threadpool *pool, int q
     double t[REPS_MAX];
 
     /* compute peak */
-    fma_job fj = {FMA_ITERS, {0}};
-    double flop = 2.0 * k.lanes * (double)FMA_ITERS;
+    /* The smoke run's builds (-O0 under sanitizers) take seconds per
+     * million steps: a thousandth of the work there. */
+    long iters = quick > 1 ? FMA_ITERS / 1000 : FMA_ITERS;
+    fma_job fj = {iters, {0}};
+    double flop = 2.0 * k.lanes * (double)iters;
     for (int r = 0; r < reps; r++) t[r] = time_run(NULL, k.fma, &fj);
     out->fma_gflops_1 = flop / median(t, reps) / 1e9;
     for (int r = 0; r < reps; r++) t[r] = time_run(pool, k.fma, &fj);
     out->fma_gflops_n = nt * flop / median(t, reps) / 1e9;
-    out->lockstep_scaling = lockstep_scaling(pool, quick > 1 ? 2 : 24, k.fma);
+    out->lockstep_scaling = lockstep_scaling(pool, quick > 1 ? 2 : 24, k.fma, iters);
 
     /* read bandwidth over 1 GiB of huge pages (the L3 may hold 300 MiB) */
     int64_t n = quick > 1 ? (int64_t)1 << 22 : (int64_t)1 << 28;
@@ -405,8 +408,8 @@ tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick)
     };
     /* The scalar loops' rate does not depend on T (no blocking), and at
      * ~1 GFLOP/s the full shapes would take minutes: 16 rows there; the
-     * smoke run (sanitizer builds) 32 rows, 8 on the scalar path. */
-    int64_t t_cap = path == TP_KERNEL_SCALAR ? (quick > 1 ? 8 : 16) : quick > 1 ? 32 : 512;
+     * smoke run (sanitizer builds) 8 rows. */
+    int64_t t_cap = quick > 1 ? 8 : path == TP_KERNEL_SCALAR ? 16 : 512;
     tp_rng rng;
     tp_rng_seed(&rng, 7);
     float *x = malloc((size_t)512 * 3072 * sizeof(float));
