@@ -21,6 +21,8 @@ static double median(double *v, int n)
     return v[n / 2];
 }
 
+/* The peaks are measured with AVX-512 code (x86-64 only). */
+#if TP_KERNELS_X86
 /* ---- FMA peak: 24 independent FMA chains in registers ------------------ */
 
 #define FMA_ITERS 240000000L   /* ~50 ms per run at peak */
@@ -118,6 +120,8 @@ static void read_bw(const float *buf, int64_t n, tp_threadpool *pool, int reps, 
     *pf = (double)n * 4 / median(t[1], reps) / 1e9;
 }
 
+#endif /* TP_KERNELS_X86 */
+
 /* ---- matmul ------------------------------------------------------------ */
 
 typedef struct {
@@ -157,6 +161,7 @@ static double time_matmul(float *y, const float *x, int64_t T, const tp_tensor *
     return median(t, reps);
 }
 
+#if TP_KERNELS_X86
 /* tp_machine_peaks_measure; plain_gbs, if not NULL, gets the plain loop's
  * bandwidth on 1 and on the pool's threads. */
 static tp_status measure_peaks(tp_machine_peaks *out, tp_threadpool *pool, int quick, double *plain_gbs)
@@ -192,6 +197,15 @@ static tp_status measure_peaks(tp_machine_peaks *out, tp_threadpool *pool, int q
     tp_free(buf);
     return TP_OK;
 }
+#else
+static tp_status measure_peaks(tp_machine_peaks *out, tp_threadpool *pool, int quick, double *plain_gbs)
+{
+    (void)pool, (void)quick;
+    memset(out, 0, sizeof *out);
+    if (plain_gbs) plain_gbs[0] = plain_gbs[1] = 0;
+    return tp_fail(TP_ERR_UNSUPPORTED, "tp_kernel_bench: needs AVX-512 (an x86-64 CPU)");
+}
+#endif
 
 tp_status tp_machine_peaks_measure(tp_machine_peaks *out, tp_threadpool *pool, int quick)
 {

@@ -9,6 +9,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if TP_KERNELS_X86
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -16,6 +18,7 @@
 #define ARCH_GET_XCOMP_PERM 0x1022
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
+#endif
 
 typedef struct {
     int has_avx2, has_avx512, has_bf16;
@@ -45,6 +48,9 @@ static int env_flag(const char *name)
     return v && *v && strcmp(v, "0") != 0;
 }
 
+/* ---- which paths the CPU has: the one place that knows, per architecture ---- */
+
+#if TP_KERNELS_X86
 /* AMX tile data is a large xstate component the kernel hands out only on
  * request (arch_prctl, Linux 5.16+); without the grant the first tile
  * instruction faults.  The grant is per process and permanent, so asking
@@ -61,12 +67,8 @@ static int amx_usable(int has_bf16)
     return (perm >> XFEATURE_XTILEDATA) & 1;
 }
 
-static cpu_info g_info;   /* written once under pthread_once, read-only after */
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-
-static void detect(void)
+static void detect_simd(cpu_info *c)
 {
-    cpu_info *c = &g_info;
     __builtin_cpu_init();
     c->has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     /* The AVX-512 path uses F and BW (16-bit masked loads); VL is implied on
@@ -83,6 +85,28 @@ static void detect(void)
 #else
     c->has_bf16 = c->has_avx512 && __builtin_cpu_supports("avx512bf16");
 #endif
+}
+#else
+/* Any other architecture (arm64, ...): the portable C path only. */
+static int amx_usable(int has_bf16)
+{
+    (void)has_bf16;
+    return 0;
+}
+
+static void detect_simd(cpu_info *c)
+{
+    c->has_avx2 = c->has_avx512 = c->has_bf16 = 0;
+}
+#endif
+
+static cpu_info g_info;   /* written once under pthread_once, read-only after */
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static void detect(void)
+{
+    cpu_info *c = &g_info;
+    detect_simd(c);
     c->best = c->has_avx512 ? TP_KERNEL_AVX512 : c->has_avx2 ? TP_KERNEL_AVX2 : TP_KERNEL_SCALAR;
     c->dflt = c->best;
     const char *e = getenv("TENSORPAR_KERNEL");
