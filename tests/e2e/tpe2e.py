@@ -27,6 +27,12 @@ TOKENIZERS = os.path.join(ROOT, "tests", "data", "tokenizers")
 
 BIN = find_bin()
 
+# Whether the CLI has the mpi backend: CTest says so (TENSORPAR_HAVE_MPI=0 for
+# a build without MPI, such as the arm64 cross build); the mpi runs are then
+# skipped, with MPI_SKIP printed as the reason.
+HAVE_MPI = os.environ.get("TENSORPAR_HAVE_MPI", "1") != "0"
+MPI_SKIP = "skipped: mpi runs (this build of tensorpar has no mpi backend)"
+
 
 # Variables that make a process a rank of some job: a test's own commands
 # must not inherit them from the shell that runs the tests.
