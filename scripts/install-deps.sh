@@ -8,6 +8,7 @@ packages=(
   libcjson-dev libopenblas-dev libpcre2-dev libutf8proc-dev
   libopenmpi-dev openmpi-bin
   libedit-dev python3-numpy gnuplot-nox
+  qemu-user
 )
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)

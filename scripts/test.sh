@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian 12 machine:
 #   1. install the Debian packages,
-#   2. build with gcc (-Wall -Wextra -Werror) and run every test,
-#   3. build with clang under AddressSanitizer + UBSan and run every test again.
+#   2. build with gcc (-Wall -Wextra -Werror) and run every test, on the
+#      kernel path this CPU (or TENSORPAR_ISA) chooses,
+#   3. run the tests of the kernels, the reference logits, TP inference and
+#      the benchmarks once more on each other path the CPU supports
+#      (`tensorpar --isa-list`: scalar, avx2, avx512, amx),
+#   4. build with clang under AddressSanitizer + UBSan and run every test again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -18,6 +22,14 @@ CC=gcc cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTP_WERROR=ON >/dev/null
 cmake --build build -j"$jobs"
 echo "== gcc tests"
 (cd build && ctest --output-on-failure -j"$jobs")
+
+# The suite above ran the chosen path; the others this CPU has get the tests
+# that tell paths apart (about 1 minute per path on 2 cores).
+per_path='^(unit\.test_(kernels|kernels_amx|attention|isa|comm_reduce)|e2e\.test_(reference_logits|tp_inference|bench|isa))$'
+for isa in $(build/tensorpar --isa-list | grep -v ' (chosen)$'); do
+  echo "== gcc tests on the $isa path"
+  (cd build && TENSORPAR_ISA="$isa" ctest --output-on-failure -j"$jobs" -R "$per_path")
+done
 
 echo "== clang build, AddressSanitizer + UBSan, -Werror"
 CC=clang cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTP_SANITIZE=ON -DTP_WERROR=ON >/dev/null

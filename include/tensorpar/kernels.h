@@ -23,26 +23,62 @@ typedef enum {
     TP_KERNEL_AVX512      /* AVX-512 F/BW (+ BF16 where the CPU has it)    */
 } tp_kernel_path;
 
-/* The best path this CPU supports, lowered (never raised) by the environment
- * variable TENSORPAR_KERNEL=scalar|avx2|avx512.  Computed once per process
- * (pthread_once); later changes to the environment are not seen. */
+/* ---- instruction-set paths (TENSORPAR_ISA) ------------------------------
+ * What the kernels may use, in increasing order; each includes the ones
+ * before it.  The process runs the best one the CPU has, or the one the
+ * environment variable TENSORPAR_ISA names (scalar|avx2|avx512|amx). */
+typedef enum {
+    TP_ISA_SCALAR = 0,   /* the plain loops (x86-64 baseline, SSE2)          */
+    TP_ISA_AVX2,         /* + AVX2 and FMA                                   */
+    TP_ISA_AVX512,       /* + AVX-512 F/BW, and AVX512_BF16 where the CPU has
+                            it (bf16_dot); never AMX                         */
+    TP_ISA_AMX,          /* + the AMX-BF16 tile GEMM for bf16 weights        */
+    TP_ISA_COUNT
+} tp_isa;
+
+const char *tp_isa_name(tp_isa isa);
+/* "scalar", "avx2", "avx512" or "amx". */
+tp_status tp_isa_parse(const char *s, tp_isa *out);
+/* TENSORPAR_ISA's rule, for a CPU that can run the paths i with has[i] != 0
+ * (has[TP_ISA_SCALAR] is 1): request NULL or "" gives the best of them;
+ * a name gives that path.  An unknown name, or a path has[] lacks, is
+ * refused (TP_ERR_INVALID) with a message naming the value, the valid
+ * names and the paths has[] holds. */
+tp_status tp_isa_choose(const char *request, const int has[TP_ISA_COUNT], tp_isa *out);
+/* "scalar, avx2": the paths has[] holds, for messages. */
+void tp_isa_list(char *buf, size_t cap, const int has[TP_ISA_COUNT]);
+
+/* Whether this CPU can run isa (AMX: and Linux granted the tile state). */
+int tp_isa_cpu_has(tp_isa isa);
+/* The process's path: tp_isa_choose(getenv("TENSORPAR_ISA"), the CPU),
+ * decided once (pthread_once); later changes to the environment are not
+ * seen.  tp_isa_check fails when TENSORPAR_ISA was refused, or when a knob
+ * it replaced (TENSORPAR_KERNEL, TENSORPAR_AMX) is set; tp_matmul_ex,
+ * tp_matmul_group, tp_model_load and the benchmarks then fail with that
+ * message, and tp_isa_selected() is scalar, so nothing runs an instruction
+ * the user did not allow. */
+tp_status tp_isa_check(void);
+tp_isa tp_isa_selected(void);
+
+/* The kernel path of the process's ISA (AMX runs on the AVX-512 path). */
 tp_kernel_path tp_kernel_path_default(void);
-/* Whether this CPU can run path p (AUTO and SCALAR: always). */
+/* Whether this process may run path p: p is no higher than
+ * tp_kernel_path_default() (AUTO and SCALAR: always). */
 int tp_kernel_path_supported(tp_kernel_path p);
-/* Whether the CPU has AVX512_BF16 (vdpbf16ps). */
+/* Whether vdpbf16ps may run: the CPU has AVX512_BF16 and the ISA is
+ * avx512 or amx. */
 int tp_kernel_has_bf16_dot(void);
-/* Whether the AMX bf16 GEMM can run: the CPU has AMX-TILE and AMX-BF16 (and
- * AVX512_BF16), and the Linux kernel granted the tile state to this process.
- * It runs on the AVX-512 path only. */
+/* Whether the AMX bf16 GEMM may run: the ISA is amx (so the CPU has
+ * AMX-TILE, AMX-BF16 and AVX512_BF16, and Linux granted the tile state to
+ * this process).  It runs on the AVX-512 path only. */
 int tp_kernel_has_amx(void);
 const char *tp_kernel_path_name(tp_kernel_path p);
-/* Parses "scalar", "avx2", "avx512" or "auto". */
-tp_status tp_kernel_path_parse(const char *s, tp_kernel_path *out);
 
 /* How tp_matmul_ex multiplies. */
 typedef struct {
-    tp_kernel_path path; /* AUTO: tp_kernel_path_default(); an unsupported
-                            path falls back to the best supported one below */
+    tp_kernel_path path; /* AUTO: tp_kernel_path_default(); a path this
+                            process may not run (tp_kernel_path_supported)
+                            is refused with TP_ERR_UNSUPPORTED */
     int bf16_dot;        /* bf16 weights only, AVX-512 BF16 only: round the
                             activations to bf16 and use vdpbf16ps (about 2x
                             the f32 rate, NOT exact: products carry x's bf16
@@ -60,9 +96,11 @@ typedef struct {
 } tp_matmul_opts;
 
 /* The process defaults: path from tp_kernel_path_default(), bf16_dot from
- * TENSORPAR_BF16_DOT=1, blas from TENSORPAR_BLAS=1 (both default 0), amx
- * from TENSORPAR_AMX (default 1; 0 turns it off, 2 the two-part split);
- * read once, like TENSORPAR_KERNEL. */
+ * TENSORPAR_BF16_DOT=1, blas from TENSORPAR_BLAS=1 (both default 0; they
+ * choose numerics and a library, not an ISA, so TENSORPAR_ISA leaves them
+ * alone: bf16_dot is ignored where tp_kernel_has_bf16_dot() is 0, and
+ * OpenBLAS picks its own kernels from cpuid), amx 1 (used where
+ * tp_kernel_has_amx()); read once, like TENSORPAR_ISA. */
 void tp_matmul_opts_default(tp_matmul_opts *o);
 
 /* y[T, out] = x[T, in] · W[out, in]ᵀ (+ bias[out] if bias != NULL).
@@ -135,10 +173,13 @@ void tp_attention(float *out, const float *q, const float *k, const float *v,
  * fewer repetitions.  Takes ~1 minute on 2 cores. */
 tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick);
 
-/* The machine's own limits, the first part of tp_kernel_bench: AVX-512 FMA
- * peak (registers only) and read bandwidth over 1 GiB of 2 MiB pages, on
- * one thread and on the pool's threads; medians; and the lockstep scaling
- * of FMA work over the pool's threads.  ~2 s with quick != 0. */
+/* The machine's own limits, the first part of tp_kernel_bench, measured
+ * with the instructions of the process's kernel path: the compute peak
+ * (registers only; FMA on the AVX-512 and AVX2 paths, the baseline's
+ * 4-lane multiply and add on the scalar one) and read bandwidth over 1 GiB
+ * of 2 MiB pages, on one thread and on the pool's threads; medians; and
+ * the lockstep scaling of that compute work over the pool's threads.  ~2 s
+ * with quick != 0.  Fails as tp_isa_check() does. */
 typedef struct {
     double fma_gflops_1, fma_gflops_n;   /* GFLOP/s */
     double read_gbs_1, read_gbs_n;       /* GB/s */
@@ -147,6 +188,7 @@ typedef struct {
      * every core alone, less when it slows one. */
     double lockstep_scaling;
     int threads;                         /* the pool's size */
+    tp_kernel_path path;                 /* the instructions measured with */
 } tp_machine_peaks;
 tp_status tp_machine_peaks_measure(tp_machine_peaks *out, tp_threadpool *pool, int quick);
 

@@ -32,6 +32,12 @@ int cli_parse_ids(const char *s, int64_t **ids, int *n);
 /* Prints "tensorpar <cmd>: error: <tp_error()>" and returns 1. */
 int cli_report(const char *cmd);
 
+/* tensorpar --isa-list: the paths this CPU supports, the chosen one marked. */
+int cmd_isa_list(void);
+/* 0 if TENSORPAR_ISA (and the environment around it) is accepted; else
+ * prints why and returns 2. */
+int cli_isa_check(void);
+
 /* Commands: int cmd_x(int argc, char **argv) with argv[0] = "x". */
 int cmd_make_model(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
@@ -42,6 +48,7 @@ int cmd_bench_forward(int argc, char **argv);
 int cmd_bench_decode(int argc, char **argv);
 int cmd_bench_all(int argc, char **argv);
 int cmd_bench_tokenize(int argc, char **argv);
+int cmd_bench_kernels(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_chat_template(int argc, char **argv);

@@ -333,16 +333,16 @@ static int bench_pair(int argc, char **argv, bench_mode mode)
     if (mode == MODE_FORWARD) {
         double fl = prefill_flops(&mc, j.seq);
         if (cli_flag(o, n, "--json")) {
-            printf("{\"bench\": \"forward\", \"seq\": %lld, \"dtype\": \"%s\", \"flops\": %.0f, "
+            printf("{\"bench\": \"forward\", \"isa\": \"%s\", \"seq\": %lld, \"dtype\": \"%s\", \"flops\": %.0f, "
                    "\"tp1\": {\"tp\": 1, \"threads\": %d, \"seconds\": %.6f, \"gflops\": %.3f, \"comm_share\": %.4f}, "
                    "\"tpN\": {\"tp\": %d, \"threads\": %d, \"seconds\": %.6f, \"gflops\": %.3f, \"comm_share\": %.4f}, "
                    "\"speedup\": %.4f}\n",
-                   (long long)j.seq, dtype_label(&c1, &mc), fl, c1.threads, f1.seconds, fl / f1.seconds / 1e9,
+                   tp_isa_name(tp_isa_selected()), (long long)j.seq, dtype_label(&c1, &mc), fl, c1.threads, f1.seconds, fl / f1.seconds / 1e9,
                    f1.comm_share, cn.tp, cn.threads, fn.seconds, fl / fn.seconds / 1e9, fn.comm_share, speedup);
             return 0;
         }
-        printf("forward pass of %lld tokens, %s weights, median of %d (%.1f GFLOP per pass)\n\n", (long long)j.seq,
-               dtype_label(&c1, &mc), j.reps, fl / 1e9);
+        printf("forward pass of %lld tokens, %s weights, median of %d (%.1f GFLOP per pass); kernel path %s\n\n",
+               (long long)j.seq, dtype_label(&c1, &mc), j.reps, fl / 1e9, tp_isa_name(tp_isa_selected()));
         printf("%-16s %10s %10s %10s %11s\n", "config", "seconds", "tokens/s", "GFLOP/s", "comm share");
         const config *cs[2] = {&c1, &cn};
         const figures *fs[2] = {&f1, &fn};
@@ -355,18 +355,18 @@ static int bench_pair(int argc, char **argv, bench_mode mode)
     }
     double tok1 = (double)j.new_tokens / f1.seconds, tokn = (double)j.new_tokens / fn.seconds;
     if (cli_flag(o, n, "--json")) {
-        printf("{\"bench\": \"decode\", \"new_tokens\": %lld, \"dtype\": \"%s\", "
+        printf("{\"bench\": \"decode\", \"isa\": \"%s\", \"new_tokens\": %lld, \"dtype\": \"%s\", "
                "\"tp1\": {\"tp\": 1, \"threads\": %d, \"tokens_per_s\": %.4f, \"weight_bytes_per_token\": %.0f, "
                "\"weight_bytes_per_s\": %.0f, \"comm_share\": %.4f}, "
                "\"tpN\": {\"tp\": %d, \"threads\": %d, \"tokens_per_s\": %.4f, \"weight_bytes_per_token\": %.0f, "
                "\"weight_bytes_per_s\": %.0f, \"comm_share\": %.4f}, \"speedup\": %.4f}\n",
-               (long long)j.new_tokens, dtype_label(&c1, &mc), c1.threads, tok1, f1.weight_bytes,
+               tp_isa_name(tp_isa_selected()), (long long)j.new_tokens, dtype_label(&c1, &mc), c1.threads, tok1, f1.weight_bytes,
                f1.weight_bytes * tok1, f1.comm_share, cn.tp, cn.threads, tokn, fn.weight_bytes, fn.weight_bytes * tokn,
                fn.comm_share, speedup);
         return 0;
     }
-    printf("decode of %lld tokens after a %lld-token prompt, %s weights, median of %d\n\n", (long long)j.new_tokens,
-           (long long)j.seq, dtype_label(&c1, &mc), j.reps);
+    printf("decode of %lld tokens after a %lld-token prompt, %s weights, median of %d; kernel path %s\n\n",
+           (long long)j.new_tokens, (long long)j.seq, dtype_label(&c1, &mc), j.reps, tp_isa_name(tp_isa_selected()));
     printf("%-16s %10s %16s %12s %11s\n", "config", "tokens/s", "weight MB/token", "weight GB/s", "comm share");
     const config *cs[2] = {&c1, &cn};
     const figures *fs[2] = {&f1, &fn};
@@ -643,8 +643,8 @@ static void print_json(const all_figures *a, const job *jf, const job *jd, doubl
     const figures *f = a->med.f;
     const tp_machine_peaks *pk = &a->med.pk;
     double tok12 = (double)jd->new_tokens / f[D12].seconds, tok21 = (double)jd->new_tokens / f[D21].seconds;
-    printf("{\"bench\": \"all\", \"seq\": %lld, \"new_tokens\": %lld, \"reps\": %d, \"rounds\": %d, "
-           "\"loadavg\": %.2f, ", (long long)jf->seq, (long long)jd->new_tokens, a->rounds, a->rounds, load);
+    printf("{\"bench\": \"all\", \"isa\": \"%s\", \"seq\": %lld, \"new_tokens\": %lld, \"reps\": %d, \"rounds\": %d, "
+           "\"loadavg\": %.2f, ", tp_isa_name(tp_isa_selected()), (long long)jf->seq, (long long)jd->new_tokens, a->rounds, a->rounds, load);
     for (int i = 0; i < N_RATIOS; i++) printf("\"%s\": %.4f, ", ratio_info[i].key, a->ratio[i].med);
     printf("\"ratio_ranges\": {");
     for (int i = 0; i < N_RATIOS; i++)
@@ -666,8 +666,11 @@ static void print_tables(const all_figures *a, const job *jf, const job *jd, con
     const figures *f = a->med.f;
     const tp_machine_peaks *pk = &a->med.pk;
     double tok12 = (double)jd->new_tokens / f[D12].seconds, tok21 = (double)jd->new_tokens / f[D21].seconds;
-    printf("machine (2 threads, pinned): FMA peak %.1f GFLOP/s (%.1f on 1 thread), read bandwidth %.1f GB/s "
-           "(%.1f on 1 thread), lockstep scaling %.3f\n", pk->fma_gflops_n, pk->fma_gflops_1, pk->read_gbs_n,
+    printf("kernel path %s (TENSORPAR_ISA=scalar|avx2|avx512|amx chooses; `tensorpar --isa-list`)\n",
+           tp_isa_name(tp_isa_selected()));
+    printf("machine (2 threads, pinned, %s instructions): compute peak %.1f GFLOP/s (%.1f on 1 thread), read bandwidth "
+           "%.1f GB/s (%.1f on 1 thread), lockstep scaling %.3f\n", tp_kernel_path_name(tp_kernel_path_default()),
+           pk->fma_gflops_n, pk->fma_gflops_1, pk->read_gbs_n,
            pk->read_gbs_1, pk->lockstep_scaling);
     printf("model %s: prefill of %lld tokens = %.1f GFLOP; medians of %d rounds (each: the machine, then every "
            "configuration once); load average %.2f\n\n", model, (long long)jf->seq, a->flops / 1e9, a->rounds, load);

@@ -30,7 +30,9 @@ static void usage(FILE *f)
     fprintf(f, "usage: tensorpar <command> [options]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (commands[i].summary) fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].summary);
-    fprintf(f, "\n'tensorpar <command> --help' describes a command.\n");
+    fprintf(f, "\n  --isa-list     the instruction-set paths this CPU supports, the chosen one marked\n"
+               "\n'tensorpar <command> --help' describes a command.\n"
+               "TENSORPAR_ISA=scalar|avx2|avx512|amx chooses the kernels' path (default: the best this CPU has).\n");
 }
 
 int main(int argc, char **argv)
@@ -40,6 +42,10 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
+    if (!strcmp(argv[1], "--isa-list")) return cmd_isa_list();
+    /* Before any command runs, so each refuses a bad TENSORPAR_ISA alike. */
+    int rc = cli_isa_check();
+    if (rc) return rc;
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
     fprintf(stderr, "tensorpar: unknown command '%s'\n\n", argv[1]);

@@ -8,6 +8,7 @@
  * Work proceeds in blocks through a small accumulator on the stack: the
  * sources are streamed once and the accumulator stays in L1. */
 #include "comm_internal.h"
+#include "tensorpar/kernels.h"
 
 #include <string.h>
 
@@ -38,22 +39,25 @@ static inline uint16_t f32_to_bf16(float f)
 static inline float maxf(float a, float b) { return (b > a || b != b) ? b : a; }
 static inline double maxd(double a, double b) { return (b > a || b != b) ? b : a; }
 
-/* The hot loops get AVX-512 and AVX2 clones, picked at load time from what
- * the CPU has; baseline otherwise.  AVX2 made bf16 2.5x faster on the
+/* The hot loops get AVX-512 and AVX2 copies, and the process's kernel
+ * path (TENSORPAR_ISA, else the CPU's best) picks one, so that
+ * TENSORPAR_ISA=scalar runs no AVX instruction here either (a target_clones
+ * resolver would ask the CPU alone).  AVX2 made bf16 2.5x faster on the
  * development machine; AVX-512 matters for small f32 all-reduces, whose
  * time is the peer's cache lines crossing between cores: one 64-byte load
  * per line instead of two keeps twice as many lines in flight (4 KiB over 2
- * ranks: 1.85 -> 1.45 us). */
-#if defined(__x86_64__) && (defined(__clang__) || __GNUC__ >= 6)
-#define HOT __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define HOT
+ * ranks: 1.85 -> 1.45 us).  Every copy adds the same elements in the same
+ * order, so all give the same bits. */
+#if defined(__x86_64__)
+#define REDUCE_COPIES 1
+#define T_AVX512 __attribute__((target("avx512f")))
+#define T_AVX2 __attribute__((target("avx2")))
 #endif
 
 /* Loops of constant length GROUP, which the compiler vectorizes (to 256
- * bits in the AVX2 clone) even at -O2; lanes are independent elements, so
+ * bits in the AVX2 copy) even at -O2; lanes are independent elements, so
  * the per-element order of additions is unchanged.  always_inline: a
- * separate function would not be part of the clones. */
+ * separate function would not get the copies' instruction sets. */
 #define GROUP 16
 #define INLINE static inline __attribute__((always_inline))
 
@@ -71,7 +75,7 @@ INLINE void sum_f32(float *acc, const float *a, const float *s, size_t m)
     for (size_t i = g; i < m; i++) acc[i] = a[i] + s[i];
 }
 
-HOT static void reduce_f32(float *dst, const void *const *srcs, int n, size_t count, tp_reduce_op op)
+INLINE void reduce_f32(float *dst, const void *const *srcs, int n, size_t count, tp_reduce_op op)
 {
     float acc[BLOCK];
     if (n == 1) { memmove(dst, srcs[0], count * sizeof(float)); return; }
@@ -104,7 +108,7 @@ INLINE void bf16_sum_groups(float *acc, const uint16_t *s, size_t m, int first)
             for (int j = 0; j < GROUP; j++) acc[i + j] += bf16_to_f32(s[i + j]);
 }
 
-HOT static void reduce_half(uint16_t *dst, const void *const *srcs, int n, size_t count,
+INLINE void reduce_half(uint16_t *dst, const void *const *srcs, int n, size_t count,
                             tp_reduce_op op, int is_bf16)
 {
     float acc[BLOCK];
@@ -129,6 +133,48 @@ HOT static void reduce_half(uint16_t *dst, const void *const *srcs, int n, size_
             for (size_t i = 0; i < m; i++) d[i] = tp_f16_from_f32(acc[i]);
         }
     }
+}
+
+#ifdef REDUCE_COPIES
+T_AVX512 static void reduce_f32_avx512(float *dst, const void *const *srcs, int n, size_t count, tp_reduce_op op)
+{
+    reduce_f32(dst, srcs, n, count, op);
+}
+T_AVX2 static void reduce_f32_avx2(float *dst, const void *const *srcs, int n, size_t count, tp_reduce_op op)
+{
+    reduce_f32(dst, srcs, n, count, op);
+}
+T_AVX512 static void reduce_half_avx512(uint16_t *dst, const void *const *srcs, int n, size_t count,
+                                        tp_reduce_op op, int is_bf16)
+{
+    reduce_half(dst, srcs, n, count, op, is_bf16);
+}
+T_AVX2 static void reduce_half_avx2(uint16_t *dst, const void *const *srcs, int n, size_t count, tp_reduce_op op,
+                                    int is_bf16)
+{
+    reduce_half(dst, srcs, n, count, op, is_bf16);
+}
+#endif
+
+static void reduce_f32_any(float *dst, const void *const *srcs, int n, size_t count, tp_reduce_op op)
+{
+#ifdef REDUCE_COPIES
+    tp_kernel_path p = tp_kernel_path_default();
+    if (p == TP_KERNEL_AVX512) { reduce_f32_avx512(dst, srcs, n, count, op); return; }
+    if (p == TP_KERNEL_AVX2) { reduce_f32_avx2(dst, srcs, n, count, op); return; }
+#endif
+    reduce_f32(dst, srcs, n, count, op);
+}
+
+static void reduce_half_any(uint16_t *dst, const void *const *srcs, int n, size_t count, tp_reduce_op op,
+                            int is_bf16)
+{
+#ifdef REDUCE_COPIES
+    tp_kernel_path p = tp_kernel_path_default();
+    if (p == TP_KERNEL_AVX512) { reduce_half_avx512(dst, srcs, n, count, op, is_bf16); return; }
+    if (p == TP_KERNEL_AVX2) { reduce_half_avx2(dst, srcs, n, count, op, is_bf16); return; }
+#endif
+    reduce_half(dst, srcs, n, count, op, is_bf16);
 }
 
 static void reduce_f64(double *dst, const void *const *srcs, int n, size_t count, tp_reduce_op op)
@@ -181,9 +227,9 @@ void tp_comm_reduce_ordered(void *dst, const void *const *srcs, int n, size_t co
                             tp_dtype dt, tp_reduce_op op)
 {
     switch (dt) {
-    case TP_F32: reduce_f32(dst, srcs, n, count, op); break;
-    case TP_BF16: reduce_half(dst, srcs, n, count, op, 1); break;
-    case TP_F16: reduce_half(dst, srcs, n, count, op, 0); break;
+    case TP_F32: reduce_f32_any(dst, srcs, n, count, op); break;
+    case TP_BF16: reduce_half_any(dst, srcs, n, count, op, 1); break;
+    case TP_F16: reduce_half_any(dst, srcs, n, count, op, 0); break;
     case TP_F64: reduce_f64(dst, srcs, n, count, op); break;
     case TP_I64: reduce_i64(dst, srcs, n, count, op); break;
     case TP_I32: reduce_i32(dst, srcs, n, count, op); break;

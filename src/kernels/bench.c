@@ -21,14 +21,19 @@ static double median(double *v, int n)
     return v[n / 2];
 }
 
-/* The peaks are measured with AVX-512 code (x86-64 only). */
-#if TP_KERNELS_X86
-/* ---- FMA peak: 24 independent FMA chains in registers ------------------ */
+/* ---- compute peak: independent chains of vector FMAs in registers ------
+ * One worker per path, each on its own instructions: 24 chains of 16-lane
+ * FMAs (AVX-512: 32 registers), 12 of 8-lane FMAs (AVX2: 16 registers),
+ * and for the scalar path 12 chains of 4-lane multiply-then-add in the
+ * x86-64 baseline (SSE2 has no FMA; GCC vector types, so no intrinsics).
+ * Every worker runs `iters` vector steps, 2 × lanes FLOP each. */
 
 #define FMA_ITERS 240000000L   /* ~50 ms per run at peak */
 
 typedef struct { long iters; float sink[64]; } fma_job;
+typedef float v4f __attribute__((vector_size(16)));
 
+#if TP_KERNELS_X86   /* the AVX-512 and AVX2 workers are x86-64 code */
 TP_T512 static void fma512_worker(void *p, int ti, int nt)
 {
     (void)nt;
@@ -40,6 +45,35 @@ TP_T512 static void fma512_worker(void *p, int ti, int nt)
         for (int i = 0; i < 24; i++) a[i] = _mm512_fmadd_ps(a[i], m, c);
     for (int i = 1; i < 24; i++) a[0] = _mm512_add_ps(a[0], a[i]);
     j->sink[ti % 64] = _mm512_reduce_add_ps(a[0]);
+}
+
+TP_TAVX2 static void fma256_worker(void *p, int ti, int nt)
+{
+    (void)nt;
+    fma_job *j = p;
+    __m256 a[12], m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+    for (int i = 0; i < 12; i++) a[i] = _mm256_set1_ps((float)i);
+    for (long it = 0; it < j->iters / 12; it++)
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++) a[i] = _mm256_fmadd_ps(a[i], m, c);
+    for (int i = 1; i < 12; i++) a[0] = _mm256_add_ps(a[0], a[i]);
+    float t[8];
+    _mm256_storeu_ps(t, a[0]);
+    j->sink[ti % 64] = t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
+}
+#endif
+
+static void mul_add128_worker(void *p, int ti, int nt)
+{
+    (void)nt;
+    fma_job *j = p;
+    v4f a[12], m = {0.999999f, 0.999999f, 0.999999f, 0.999999f}, c = {1e-7f, 1e-7f, 1e-7f, 1e-7f};
+    for (int i = 0; i < 12; i++) a[i] = (v4f){(float)i, (float)i, (float)i, (float)i};
+    for (long it = 0; it < j->iters / 12; it++)
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++) a[i] = a[i] * m + c;
+    for (int i = 1; i < 12; i++) a[0] += a[i];
+    j->sink[ti % 64] = a[0][0] + a[0][1] + a[0][2] + a[0][3];
 }
 
 /* Seconds per run of fn with nt threads (a pool of exactly nt, or NULL). */
@@ -57,13 +91,13 @@ static double time_run(tp_threadpool *pool, tp_parallel_fn fn, void *ctx)
  * an idle machine; less when the host slows one core (another tenant on
  * its sibling), since each step waits for the slowest — as a TP run's
  * collectives do, while one thread on one core only feels its own. */
-static double lockstep_scaling(tp_threadpool *pool, int chunks)
+static double lockstep_scaling(tp_threadpool *pool, int chunks, tp_parallel_fn fma, long iters)
 {
-    fma_job j = {FMA_ITERS / 2, {0}};
+    fma_job j = {iters / 2, {0}};
     double one = 0, all = 0;
     for (int c = 0; c < chunks; c++) {
-        one += time_run(NULL, fma512_worker, &j);
-        all += time_run(pool, fma512_worker, &j);
+        one += time_run(NULL, fma, &j);
+        all += time_run(pool, fma, &j);
     }
     return tp_threadpool_size(pool) * one / all;
 }
@@ -80,7 +114,10 @@ static double lockstep_scaling(tp_threadpool *pool, int chunks)
 
 typedef struct { const float *buf; int64_t n; int prefetch; float sink[64]; } bw_job;
 
-TP_T512 static void bw_worker(void *p, int ti, int nt)
+#if TP_KERNELS_X86
+/* Each worker reads its share in 512-byte units (tp_split_range over n/128
+ * floats), 8 vectors at a time, and prefetches only inside its share. */
+TP_T512 static void bw512_worker(void *p, int ti, int nt)
 {
     bw_job *j = p;
     int64_t b, e;
@@ -106,21 +143,91 @@ TP_T512 static void bw_worker(void *p, int ti, int nt)
     j->sink[ti % 64] = _mm512_reduce_add_ps(s[0]);
 }
 
+TP_TAVX2 static void bw256_worker(void *p, int ti, int nt)
+{
+    bw_job *j = p;
+    int64_t b, e;
+    tp_split_range(j->n / 128, ti, nt, &b, &e);
+    __m256 s[8];
+    for (int u = 0; u < 8; u++) s[u] = _mm256_setzero_ps();
+    const char *q = (const char *)j->buf;
+    int64_t end = e * 512, pf_last = end - 64;
+    if (j->prefetch) {
+        for (int64_t i = b * 512; i < end; i += 256)
+#pragma GCC unroll 8
+            for (int u = 0; u < 8; u++) {
+                int64_t f = i + BW_PF_BYTES + 32 * u;
+                if (u % 2 == 0) _mm_prefetch(q + (f < pf_last ? f : pf_last), _MM_HINT_T0);   /* one per line */
+                s[u] = _mm256_add_ps(s[u], _mm256_load_ps((const float *)(q + i + 32 * u)));
+            }
+    } else {
+        for (int64_t i = b * 512; i < end; i += 256)
+#pragma GCC unroll 8
+            for (int u = 0; u < 8; u++) s[u] = _mm256_add_ps(s[u], _mm256_load_ps((const float *)(q + i + 32 * u)));
+    }
+    for (int u = 1; u < 8; u++) s[0] = _mm256_add_ps(s[0], s[u]);
+    float t[8];
+    _mm256_storeu_ps(t, s[0]);
+    j->sink[ti % 64] = t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
+}
+#endif
+
+/* The baseline: 16-byte vectors through memcpy (no aliasing questions;
+ * compiled to plain SSE2 loads). */
+static void bw128_worker(void *p, int ti, int nt)
+{
+    bw_job *j = p;
+    int64_t b, e;
+    tp_split_range(j->n / 128, ti, nt, &b, &e);
+    v4f s[8] = {{0}};
+    const char *q = (const char *)j->buf;
+    int64_t end = e * 512, pf_last = end - 64;
+    for (int64_t i = b * 512; i < end; i += 128)
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; u++) {
+            int64_t f = i + BW_PF_BYTES + 16 * u;
+            if (j->prefetch && u % 4 == 0) __builtin_prefetch(q + (f < pf_last ? f : pf_last));
+            v4f v;
+            memcpy(&v, q + i + 16 * u, sizeof v);
+            s[u] += v;
+        }
+    for (int u = 1; u < 8; u++) s[0] += s[u];
+    j->sink[ti % 64] = s[0][0] + s[0][1] + s[0][2] + s[0][3];
+}
+
+/* The peak workers of the process's kernel path, and what to call them. */
+typedef struct {
+    tp_parallel_fn fma, bw;
+    int lanes;          /* floats per vector: 2 × lanes FLOP per fma step */
+    const char *what;
+} peak_kernels;
+
+static peak_kernels peak_kernels_for(tp_kernel_path p)
+{
+#if TP_KERNELS_X86
+    if (p == TP_KERNEL_AVX512) return (peak_kernels){fma512_worker, bw512_worker, 16, "avx512: 16-lane FMA"};
+    if (p == TP_KERNEL_AVX2) return (peak_kernels){fma256_worker, bw256_worker, 8, "avx2: 8-lane FMA"};
+    return (peak_kernels){mul_add128_worker, bw128_worker, 4, "scalar: baseline SSE2 4-lane mul + add"};
+#else
+    (void)p;
+    return (peak_kernels){mul_add128_worker, bw128_worker, 4, "scalar: 4-lane mul + add"};
+#endif
+}
+
 /* GB/s of the plain and the prefetching loop, median of reps each; the runs
  * alternate so that a busy neighbour slows both alike. */
-static void read_bw(const float *buf, int64_t n, tp_threadpool *pool, int reps, double *plain, double *pf)
+static void read_bw(const float *buf, int64_t n, tp_threadpool *pool, int reps, tp_parallel_fn bw, double *plain,
+                    double *pf)
 {
     double t[2][REPS_MAX];
     for (int r = 0; r < reps; r++)
         for (int v = 0; v < 2; v++) {
             bw_job bj = {buf, n, v, {0}};
-            t[v][r] = time_run(pool, bw_worker, &bj);
+            t[v][r] = time_run(pool, bw, &bj);
         }
     *plain = (double)n * 4 / median(t[0], reps) / 1e9;
     *pf = (double)n * 4 / median(t[1], reps) / 1e9;
 }
-
-#endif /* TP_KERNELS_X86 */
 
 /* ---- matmul ------------------------------------------------------------ */
 
@@ -142,26 +249,45 @@ static tp_status make_weight(tp_tensor *w, tp_dtype dt, int64_t n, int64_t k, tp
     return TP_OK;
 }
 
-/* AMX: x split into 3 bf16 parts (exact products), 2 parts, 1 (bf16-dot). */
+/* The GEMM table's columns: the process's path on f32 and bf16 weights,
+ * then what else it may run (bf16-dot, AMX with x split into 3 bf16 parts
+ * for exact products, 2, or 1 = bf16-dot; AVX2 next to AVX-512; OpenBLAS,
+ * which the scalar path never calls).  "-" where the path rules one out. */
 enum { V_F32, V_BF16, V_BF16DOT, V_AMX3, V_AMX2, V_AMX1, V_AVX2_F32, V_BLAS_F32, V_BLAS_BF16, NVAR };
-static const char *const var_names[NVAR] = {"avx512 f32", "avx512 bf16", "avx512 bf16-dot", "amx bf16 x3",
-                                            "amx bf16 x2", "amx bf16-dot", "avx2 f32", "openblas f32",
-                                            "openblas bf16"};
+static const char *const var_names[NVAR] = {"f32", "bf16", "avx512 bf16-dot", "amx bf16 x3", "amx bf16 x2",
+                                            "amx bf16-dot", "avx2 f32", "openblas f32", "openblas bf16"};
 
-static double time_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, tp_threadpool *pool,
-                          const tp_matmul_opts *o, int reps)
+/* Options for variant v on path `path`; 0 if the process may not run it. */
+static int variant_opts(int v, tp_kernel_path path, tp_matmul_opts *o)
 {
-    double t[REPS_MAX];
-    tp_matmul_ex(y, x, T, W, NULL, pool, o);   /* warm up */
-    for (int r = 0; r < reps; r++) {
-        double t0 = tp_now();
-        tp_matmul_ex(y, x, T, W, NULL, pool, o);
-        t[r] = tp_now() - t0;
+    *o = (tp_matmul_opts){path, 0, 0, 0};
+    switch (v) {
+    case V_BF16DOT: o->bf16_dot = 1; return tp_kernel_has_bf16_dot();
+    case V_AMX3: case V_AMX2: case V_AMX1:
+        o->amx = v == V_AMX2 ? 2 : 1;
+        o->bf16_dot = v == V_AMX1;
+        return tp_kernel_has_amx();
+    case V_AVX2_F32: o->path = TP_KERNEL_AVX2; return path == TP_KERNEL_AVX512;
+    case V_BLAS_F32: case V_BLAS_BF16: o->blas = 1; return path != TP_KERNEL_SCALAR;
+    default: return 1;
     }
-    return median(t, reps);
 }
 
-#if TP_KERNELS_X86
+/* *sec: the median time of reps calls after one to warm up. */
+static tp_status time_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, tp_threadpool *pool,
+                             const tp_matmul_opts *o, int reps, double *sec)
+{
+    double t[REPS_MAX];
+    tp_status st = tp_matmul_ex(y, x, T, W, NULL, pool, o);   /* warm up */
+    for (int r = 0; r < reps && !st; r++) {
+        double t0 = tp_now();
+        st = tp_matmul_ex(y, x, T, W, NULL, pool, o);
+        t[r] = tp_now() - t0;
+    }
+    if (!st) *sec = median(t, reps);
+    return st;
+}
+
 /* tp_machine_peaks_measure; plain_gbs, if not NULL, gets the plain loop's
  * bandwidth on 1 and on the pool's threads. */
 static tp_status measure_peaks(tp_machine_peaks *out, tp_threadpool *pool, int quick, double *plain_gbs)
@@ -171,17 +297,23 @@ static tp_status measure_peaks(tp_machine_peaks *out, tp_threadpool *pool, int q
      * buffer small enough to be cached; the figures then mean nothing. */
     int nt = tp_threadpool_size(pool), reps = quick > 1 ? 1 : quick ? 3 : 7;
     out->threads = nt;
-    if (!tp_kernel_path_supported(TP_KERNEL_AVX512))
-        return tp_fail(TP_ERR_UNSUPPORTED, "tp_kernel_bench: needs AVX-512");
+    tp_status st = tp_isa_check();
+    if (st) return st;
+    out->path = tp_kernel_path_default();
+    peak_kernels k = peak_kernels_for(out->path);
     double t[REPS_MAX];
 
-    /* FMA peak */
-    fma_job fj = {FMA_ITERS, {0}};
-    for (int r = 0; r < reps; r++) t[r] = time_run(NULL, fma512_worker, &fj);
-    out->fma_gflops_1 = 2.0 * 16 * FMA_ITERS / 24 * 24 / median(t, reps) / 1e9;
-    for (int r = 0; r < reps; r++) t[r] = time_run(pool, fma512_worker, &fj);
-    out->fma_gflops_n = nt * 2.0 * 16 * FMA_ITERS / 24 * 24 / median(t, reps) / 1e9;
-    out->lockstep_scaling = lockstep_scaling(pool, quick > 1 ? 2 : 24);
+    /* compute peak */
+    /* The smoke run's builds (-O0 under sanitizers) take seconds per
+     * million steps: a thousandth of the work there. */
+    long iters = quick > 1 ? FMA_ITERS / 1000 : FMA_ITERS;
+    fma_job fj = {iters, {0}};
+    double flop = 2.0 * k.lanes * (double)iters;
+    for (int r = 0; r < reps; r++) t[r] = time_run(NULL, k.fma, &fj);
+    out->fma_gflops_1 = flop / median(t, reps) / 1e9;
+    for (int r = 0; r < reps; r++) t[r] = time_run(pool, k.fma, &fj);
+    out->fma_gflops_n = nt * flop / median(t, reps) / 1e9;
+    out->lockstep_scaling = lockstep_scaling(pool, quick > 1 ? 2 : 24, k.fma, iters);
 
     /* read bandwidth over 1 GiB of huge pages (the L3 may hold 300 MiB) */
     int64_t n = quick > 1 ? (int64_t)1 << 22 : (int64_t)1 << 28;
@@ -189,23 +321,14 @@ static tp_status measure_peaks(tp_machine_peaks *out, tp_threadpool *pool, int q
     if (!buf) return tp_fail(TP_ERR_NOMEM, "tp_kernel_bench: no memory for 1 GiB");
     for (int64_t i = 0; i < n; i++) buf[i] = 1.0f;
     double plain[2], pf[2];
-    read_bw(buf, n, NULL, reps, &plain[0], &pf[0]);
-    read_bw(buf, n, pool, reps, &plain[1], &pf[1]);
+    read_bw(buf, n, NULL, reps, k.bw, &plain[0], &pf[0]);
+    read_bw(buf, n, pool, reps, k.bw, &plain[1], &pf[1]);
     out->read_gbs_1 = plain[0] > pf[0] ? plain[0] : pf[0];
     out->read_gbs_n = plain[1] > pf[1] ? plain[1] : pf[1];
     if (plain_gbs) { plain_gbs[0] = plain[0]; plain_gbs[1] = plain[1]; }
     tp_free(buf);
     return TP_OK;
 }
-#else
-static tp_status measure_peaks(tp_machine_peaks *out, tp_threadpool *pool, int quick, double *plain_gbs)
-{
-    (void)pool, (void)quick;
-    memset(out, 0, sizeof *out);
-    if (plain_gbs) plain_gbs[0] = plain_gbs[1] = 0;
-    return tp_fail(TP_ERR_UNSUPPORTED, "tp_kernel_bench: needs AVX-512 (an x86-64 CPU)");
-}
-#endif
 
 tp_status tp_machine_peaks_measure(tp_machine_peaks *out, tp_threadpool *pool, int quick)
 {
@@ -224,17 +347,17 @@ static tp_status gemv_cold(FILE *out, tp_threadpool *pool, const tp_machine_peak
                                     {"o_proj", 1, 1024, 2048},  {"gate/up", 1, 3072, 1024},
                                     {"down", 1, 1024, 3072},    {"lm_head", 1, 151936, 1024},
                                     {"lm_head/2", 1, 75968, 1024}};
-    int reps = quick ? 3 : 5;
+    int reps = quick > 1 ? 1 : quick ? 3 : 5;
     size_t total = quick > 1 ? (size_t)16 << 20 : (size_t)512 << 20;
     fprintf(out, "\nGEMV, bf16 weights cold (copies cycled through %zu MiB), T=1, GB/s of weights and share of "
             "the read bandwidth:\n%-14s %12s %8s %10s %-2d %8s\n", total >> 20, "shape", "1 thread", "share",
             "threads:", tp_threadpool_size(pool), "share");
     tp_matmul_opts o;
-    tp_matmul_opts_default(&o);
-    o.path = TP_KERNEL_AVX512;
+    tp_matmul_opts_default(&o);   /* the process's path */
     o.bf16_dot = 0;
     for (size_t s = 0; s < sizeof dshapes / sizeof *dshapes; s++) {
         const shape *sh = &dshapes[s];
+        if (quick > 1 && sh->n > 50000) continue;
         size_t bytes = (size_t)(sh->n * sh->k) * 2;
         int m = (int)((total + bytes - 1) / bytes);
         if (m < 2) m = 2;
@@ -274,13 +397,16 @@ static tp_status gemv_cold(FILE *out, tp_threadpool *pool, const tp_machine_peak
 
 tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick)
 {
-    int nt = tp_threadpool_size(pool), reps = quick ? 3 : 7;
+    int nt = tp_threadpool_size(pool), reps = quick > 1 ? 1 : quick ? 3 : 7;
     tp_machine_peaks pk;
     double plain[2];
     tp_status st0 = measure_peaks(&pk, pool, quick, plain);
     if (st0) return st0;
-    fprintf(out, "FMA peak (AVX-512, registers only): %.1f GFLOP/s on 1 thread, %.1f on %d\n", pk.fma_gflops_1,
-            pk.fma_gflops_n, nt);
+    tp_kernel_path path = pk.path;
+    fprintf(out, "kernel path: %s (TENSORPAR_ISA=%s)\n", tp_isa_name(tp_isa_selected()),
+            getenv("TENSORPAR_ISA") && *getenv("TENSORPAR_ISA") ? getenv("TENSORPAR_ISA") : "unset: the CPU's best");
+    fprintf(out, "compute peak (%s, registers only): %.1f GFLOP/s on 1 thread, %.1f on %d\n",
+            peak_kernels_for(path).what, pk.fma_gflops_1, pk.fma_gflops_n, nt);
     fprintf(out, "read bandwidth (1 GiB, 2 MiB pages): %.1f GB/s on 1 thread, %.1f on %d "
             "(without software prefetch: %.1f, %.1f)\n", pk.read_gbs_1, pk.read_gbs_n, nt, plain[0], plain[1]);
 
@@ -289,40 +415,46 @@ tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick)
         {"q_proj", 512, 2048, 1024}, {"k/v_proj", 512, 1024, 1024}, {"o_proj", 512, 1024, 2048},
         {"gate/up", 512, 3072, 1024}, {"down", 512, 1024, 3072}, {"lm_head T=64", 64, 151936, 1024},
     };
+    /* The scalar loops' rate does not depend on T (no blocking), and at
+     * ~1 GFLOP/s the full shapes would take minutes: 16 rows there; the
+     * smoke run (sanitizer builds) 8 rows. */
+    int64_t t_cap = quick > 1 ? 8 : path == TP_KERNEL_SCALAR ? 16 : 512;
     tp_rng rng;
     tp_rng_seed(&rng, 7);
     float *x = malloc((size_t)512 * 3072 * sizeof(float));
     float *y = tp_alloc((size_t)512 * 151936 * sizeof(float));
     if (!x || !y) { free(x); tp_free(y); return tp_fail(TP_ERR_NOMEM, "tp_kernel_bench: no memory"); }
     for (int64_t i = 0; i < 512 * 3072; i++) x[i] = (float)tp_rng_normal(&rng);
-    fprintf(out, "\nGEMM GFLOP/s, %d thread(s) (OpenBLAS under OPENBLAS_CORETYPE=%s):\n%-14s", nt,
+    char rows[32] = "";
+    if (t_cap < 512) snprintf(rows, sizeof rows, ", T = %lld rows", (long long)t_cap);
+    fprintf(out, "\nGEMM GFLOP/s, %d thread(s)%s (OpenBLAS under OPENBLAS_CORETYPE=%s):\n%-14s", nt, rows,
             getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(auto)", "shape");
-    for (int v = 0; v < NVAR; v++) fprintf(out, " %16s", var_names[v]);
+    for (int v = 0; v < NVAR; v++) {
+        char name[32];
+        snprintf(name, sizeof name, "%s%s%s", v <= V_BF16 ? tp_kernel_path_name(path) : "", v <= V_BF16 ? " " : "",
+                 var_names[v]);
+        fprintf(out, " %16s", name);
+    }
     fprintf(out, "\n");
     tp_status st = TP_OK;
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes && !st; s++) {
         const shape *sh = &shapes[s];
+        int64_t T = sh->T < t_cap ? sh->T : t_cap;
+        if (quick > 1 && sh->n > 100000) continue;   /* the smoke run leaves out the lm_head shapes */
         tp_tensor wf = {0}, wb = {0};
         if ((st = make_weight(&wf, TP_F32, sh->n, sh->k, &rng)) || (st = make_weight(&wb, TP_BF16, sh->n, sh->k, &rng))) {
             tp_tensor_release(&wf);
             break;
         }
         fprintf(out, "%-14s", sh->name);
-        int r = sh->n > 100000 ? (reps < 3 ? reps : 3) : reps;
-        for (int v = 0; v < NVAR; v++) {
-            tp_matmul_opts o = {TP_KERNEL_AVX512, 0, 0, 0};
-            const tp_tensor *W = &wf;
-            if (v == V_BF16 || v == V_BF16DOT || v == V_BLAS_BF16 || (v >= V_AMX3 && v <= V_AMX1)) W = &wb;
-            if (v == V_BF16DOT) { if (!tp_kernel_has_bf16_dot()) { fprintf(out, " %16s", "-"); continue; } o.bf16_dot = 1; }
-            if (v >= V_AMX3 && v <= V_AMX1) {
-                if (!tp_kernel_has_amx()) { fprintf(out, " %16s", "-"); continue; }
-                o.amx = v == V_AMX2 ? 2 : 1;
-                o.bf16_dot = v == V_AMX1;
-            }
-            if (v == V_AVX2_F32) o.path = TP_KERNEL_AVX2;
-            if (v == V_BLAS_F32 || v == V_BLAS_BF16) o.blas = 1;
-            double sec = time_matmul(y, x, sh->T, W, pool, &o, r);
-            fprintf(out, " %16.1f", 2.0 * (double)sh->T * (double)sh->n * (double)sh->k / sec / 1e9);
+        int r = sh->n > 100000 || path == TP_KERNEL_SCALAR ? (reps < 3 ? reps : 3) : reps;
+        for (int v = 0; v < NVAR && !st; v++) {
+            tp_matmul_opts o;
+            if (!variant_opts(v, path, &o)) { fprintf(out, " %16s", "-"); continue; }
+            const tp_tensor *W = v == V_F32 || v == V_AVX2_F32 || v == V_BLAS_F32 ? &wf : &wb;
+            double sec;
+            st = time_matmul(y, x, T, W, pool, &o, r, &sec);
+            if (!st) fprintf(out, " %16.1f", 2.0 * (double)T * (double)sh->n * (double)sh->k / sec / 1e9);
             fflush(out);
         }
         fprintf(out, "\n");
@@ -338,17 +470,20 @@ tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick)
             "bf16-dot");
     for (size_t s = 0; s < sizeof gshapes / sizeof *gshapes && !st; s++) {
         const shape *sh = &gshapes[s];
+        if (quick > 1 && sh->n > 100000) continue;
         tp_tensor wf = {0}, wb = {0};
         if ((st = make_weight(&wf, TP_F32, sh->n, sh->k, &rng)) || (st = make_weight(&wb, TP_BF16, sh->n, sh->k, &rng))) {
             tp_tensor_release(&wf);
             break;
         }
         fprintf(out, "%-14s", sh->name);
-        for (int v = 0; v < 3; v++) {
-            tp_matmul_opts o = {TP_KERNEL_AVX512, v == 2, 0, 0};
+        for (int v = 0; v < 3 && !st; v++) {
+            tp_matmul_opts o = {path, v == 2, 0, 0};
             const tp_tensor *W = v ? &wb : &wf;
-            double sec = time_matmul(y, x, sh->T, W, pool, &o, reps);
-            fprintf(out, " %*.1f", v == 2 ? 16 : 12, (double)tp_tensor_nbytes(W) / sec / 1e9);
+            double sec;
+            if (v == 2 && !tp_kernel_has_bf16_dot()) { fprintf(out, " %16s", "-"); continue; }
+            st = time_matmul(y, x, sh->T, W, pool, &o, reps, &sec);
+            if (!st) fprintf(out, " %*.1f", v == 2 ? 16 : 12, (double)tp_tensor_nbytes(W) / sec / 1e9);
         }
         fprintf(out, "\n");
         tp_tensor_release(&wf);

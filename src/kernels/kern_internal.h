@@ -19,9 +19,15 @@
 #define TP_KERNELS_X86 0
 #endif
 
-/* The path actually run for a request: AUTO becomes the default, and a path
- * the CPU lacks falls back to the best one below it. */
+/* The path actually run for a request by the element-wise kernels: AUTO
+ * becomes the default, and a path above the process's ISA is lowered to it
+ * (never raised), so no caller can run an instruction TENSORPAR_ISA or the
+ * CPU rules out. */
 tp_kernel_path tp_kernel_resolve(tp_kernel_path p);
+
+/* tp_isa_choose with TENSORPAR_ISA, after refusing the knobs it replaced
+ * (isa.c). */
+tp_status tp_isa_choose_env(const int has[TP_ISA_COUNT], tp_isa *out);
 
 /* Matmul pieces (matmul.c, gemm_avx512.c, gemm_avx2.c).  y = x·Wᵀ, no bias;
  * W is f32 or bf16 [n, k] row-major.  The GEMV functions take T <= 4.

@@ -102,6 +102,19 @@ static tp_status check_weight(const tp_tensor *W, int64_t T)
     return TP_OK;
 }
 
+/* A refused TENSORPAR_ISA, or a path above the process's, is an error
+ * here rather than a quiet fallback: the caller asked for something else. */
+static tp_status check_path(const tp_matmul_opts *opts)
+{
+    tp_status st = tp_isa_check();
+    if (st) return st;
+    if (!tp_kernel_path_supported(opts->path))
+        return tp_fail(TP_ERR_UNSUPPORTED, "tp_matmul: the %s path is not available (this process runs %s: "
+                       "TENSORPAR_ISA or the CPU)", tp_kernel_path_name(opts->path),
+                       tp_isa_name(tp_isa_selected()));
+    return TP_OK;
+}
+
 /* ---- the x86-64 SIMD paths ------------------------------------------ */
 
 #if TP_KERNELS_X86
@@ -231,7 +244,8 @@ static tp_status group_simd(const tp_matmul_out *outs, int count, const float *x
 tp_status tp_matmul_ex(float *y, const float *x, int64_t T, const tp_tensor *W,
                        const tp_tensor *bias, tp_threadpool *pool, const tp_matmul_opts *opts)
 {
-    tp_status st = check_weight(W, T);
+    tp_status st = check_path(opts);
+    if (!st) st = check_weight(W, T);
     if (st) return st;
     int64_t n = W->shape[0], k = W->shape[1];
     if (T == 0 || n == 0) return TP_OK;
@@ -246,6 +260,8 @@ tp_status tp_matmul_ex(float *y, const float *x, int64_t T, const tp_tensor *W,
 tp_status tp_matmul_group(const tp_matmul_out *outs, int count, const float *x, int64_t T, tp_threadpool *pool,
                           const tp_matmul_opts *opts)
 {
+    tp_status st0 = check_path(opts);
+    if (st0) return st0;
     for (int i = 0; i < count; i++) {
         tp_status st = check_weight(outs[i].w, T);
         if (st) return st;

@@ -110,9 +110,11 @@ static tp_status read_fuse_norm(int *out)
 tp_status tp_model_load(tp_model **out, const char *model_dir, const tp_model_options *opt)
 {
     *out = NULL;
+    tp_status s = tp_isa_check();   /* a refused TENSORPAR_ISA stops us before any file is read */
+    if (s) return s;
     tp_model *m = calloc(1, sizeof *m);
     if (!m) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    tp_status s = tp_config_load(&m->cfg, model_dir);
+    s = tp_config_load(&m->cfg, model_dir);
     if (s) { free(m); return s; }
     const tp_model_config *c = &m->cfg;
     m->weight_dtype = choose_weight_dtype(c, opt);

@@ -1,9 +1,11 @@
 #!/usr/bin/python3
 """End-to-end: the model benchmarks run and say what they should.
 
-CI runs each of `bench forward`, `bench decode`, `bench load` and
-`bench all --json --png` (two rounds) once on a tiny model, only to prove that they
-work: the JSON has its keys with positive numbers and the chart is a PNG.
+CI runs each of `bench forward`, `bench decode`, `bench load`,
+`bench all --json --png` (two rounds) and `bench kernels --smoke` once on a tiny
+model, only to prove that they work on the kernel path the process runs (any
+CPU; CI runs them again per path): the JSON has its keys with positive numbers,
+names that path, and the chart is a PNG.
 Timings are never asserted (the machines are shared and noisy)."""
 
 import json
@@ -35,6 +37,12 @@ def tearDownModule():
     shutil.rmtree(WORK, ignore_errors=True)
 
 
+def chosen_isa():
+    """The path this process runs: the one `--isa-list` marks."""
+    lines = run("--isa-list").stdout.split("\n")
+    return [ln.split()[0] for ln in lines if ln.endswith(" (chosen)")][0]
+
+
 def positive(test, obj, key):
     test.assertIn(key, obj)
     test.assertIsInstance(obj[key], (int, float), key)
@@ -46,6 +54,7 @@ class BenchTest(unittest.TestCase):
         p = run("bench", "forward", "--model", MODEL, "--seq", "16", "--reps", "1", "--tp", "2", "--json")
         j = json.loads(p.stdout)
         self.assertEqual(j["bench"], "forward")
+        self.assertEqual(j["isa"], chosen_isa())
         for side in ("tp1", "tpN"):
             for k in ("seconds", "gflops"):
                 positive(self, j[side], k)
@@ -83,6 +92,7 @@ class BenchTest(unittest.TestCase):
                 "--smoke", "--json", "--png", png, timeout=300)
         j = json.loads(p.stdout)
         self.assertEqual(j["rounds"], 2)
+        self.assertEqual(j["isa"], chosen_isa())
         for k in ALL_KEYS:
             positive(self, j, k)
             lo, hi = j["ratio_ranges"][k]
@@ -94,6 +104,22 @@ class BenchTest(unittest.TestCase):
         self.assertIn("2", j["speedup_by_tp"])
         with open(png, "rb") as f:
             self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+    def test_kernels(self):
+        isa = chosen_isa()
+        p = run("bench", "kernels", "--smoke", "--threads", "2", timeout=300)
+        self.assertIn(f"kernel path: {isa} ", p.stdout)
+        path = "avx512" if isa == "amx" else isa
+        rows = [ln.split() for ln in p.stdout.split("\n") if ln.startswith(("q_proj ", "down "))]
+        self.assertEqual(len(rows), 5, p.stdout)   # GEMM and cold GEMV: q_proj, down; GEMV: "down T=1"
+        gemm = rows[0]
+        self.assertGreater(float(gemm[1]), 0)           # this path's f32 GEMM
+        self.assertGreater(float(gemm[2]), 0)           # and bf16
+        self.assertIn(f"{path} f32", p.stdout)
+        if isa != "amx":
+            self.assertEqual(gemm[4:7], ["-"] * 3, "AMX columns without AMX")
+        for line in p.stdout.split("\n"):
+            self.assertNotIn("nan", line.lower())
 
     def test_bad_options(self):
         p = run("bench", "forward", "--model", MODEL, "--seq", "0", check=False)

@@ -130,7 +130,8 @@ int main(void)
     return check_summary();
 #else
     if (!tp_kernel_has_amx()) {
-        printf("skipped: no AMX (or the kernel did not grant the tile state)\n");
+        printf("skipped: %s\n", tp_isa_cpu_has(TP_ISA_AMX) ? "TENSORPAR_ISA chose a path without AMX"
+                                 : "this CPU has no AMX (or Linux did not grant the tile state)");
         return check_summary();
     }
     tp_rng_seed(&rng, 99);

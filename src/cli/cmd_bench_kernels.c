@@ -1,0 +1,30 @@
+/* tensorpar bench kernels: the kernel micro-benchmarks (tp_kernel_bench) on
+ * the process's instruction-set path: the compute peak and read bandwidth,
+ * GEMM GFLOP/s at the qwen3-0.6b prefill shapes, GEMV GB/s for decode. */
+#include "cli.h"
+#include "tensorpar/kernels.h"
+
+int cmd_bench_kernels(int argc, char **argv)
+{
+    cli_option o[] = {
+        {"--threads", "N", "threads of the pool (default 2)", 0, {0}},
+        {"--quick", NULL, "fewer repetitions (~1 minute on 2 cores)", 0, {0}},
+        {"--smoke", NULL, "one repetition, small buffers, no lm_head shapes: proves it runs, figures mean nothing",
+         0, {0}},
+    };
+    int n = (int)(sizeof o / sizeof o[0]);
+    int rc = cli_parse(argc, argv, o, n, "tensorpar bench kernels [--threads N] [--quick|--smoke]",
+                       "Measures the kernels on the path TENSORPAR_ISA (or the CPU) gives; prints which.", NULL, NULL);
+    if (rc) return rc == 1 ? 0 : 2;
+    long long threads = 2;
+    if (cli_int(o, n, "--threads", &threads)) return cli_report("bench kernels");
+    if (threads < 1 || threads > 1024) {
+        fprintf(stderr, "tensorpar bench kernels: error: --threads must be 1..1024\n");
+        return 2;
+    }
+    tp_threadpool *pool = NULL;
+    if (tp_threadpool_create(&pool, (int)threads)) return cli_report("bench kernels");
+    tp_status st = tp_kernel_bench(stdout, pool, cli_flag(o, n, "--smoke") ? 2 : cli_flag(o, n, "--quick"));
+    tp_threadpool_destroy(pool);
+    return st ? cli_report("bench kernels") : 0;
+}
