@@ -19,7 +19,11 @@ cd "$(dirname "$0")/.."
 # Inside the namespace (see the end): register qemu and run the tests.
 if [ "${1:-}" = "--in-namespace" ]; then
   shift
-  mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+  if ! mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc; then
+    echo "test-arm64: no binfmt_misc of our own here (it needs Linux 6.7 or later);" \
+         "install qemu-user-binfmt to register qemu-aarch64 for the whole host" >&2
+    exit 1
+  fi
   # ELF64, little-endian, EM_AARCH64 (183); F: qemu is opened now, once.
   printf '%s' ':qemu-aarch64:M::\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00:\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff:/usr/bin/qemu-aarch64:F' \
     > /proc/sys/fs/binfmt_misc/register
