@@ -24,7 +24,11 @@
 uint64_t tp_shm_proc_start(int pid, char *state)
 {
     char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    /* The main thread's task entry holds the same fields as /proc/<pid>/stat.
+     * It is read because user-mode emulators (qemu-user) rewrite
+     * /proc/<own pid>/stat for the program they run, with a start time of
+     * their own making, so a rank would disagree with its peers about it. */
+    snprintf(path, sizeof path, "/proc/%d/task/%d/stat", pid, pid);
     *state = '?';
     FILE *f = fopen(path, "r");
     if (!f) return 0;

@@ -12,6 +12,7 @@ static void silu_mul_scalar(float *a, const float *b, int64_t n)
     for (int64_t i = 0; i < n; i++) a[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
 }
 
+#if TP_KERNELS_X86
 TP_T512 static void silu_mul_avx512(float *a, const float *b, int64_t n)
 {
     for (int64_t i = 0; i < n; i += 16) {
@@ -32,12 +33,15 @@ TP_TAVX2 static void silu_mul_avx2(float *a, const float *b, int64_t n)
     }
     silu_mul_scalar(a + i, b + i, n - i);
 }
+#endif
 
 void tp_silu_mul_path(tp_kernel_path p, float *a, const float *b, int64_t n)
 {
     switch (tp_kernel_resolve(p)) {
+#if TP_KERNELS_X86
     case TP_KERNEL_AVX512: silu_mul_avx512(a, b, n); break;
     case TP_KERNEL_AVX2: silu_mul_avx2(a, b, n); break;
+#endif
     default: silu_mul_scalar(a, b, n); break;
     }
 }
@@ -58,6 +62,7 @@ static void softmax_scalar(float *x, int64_t n)
     for (int64_t i = 0; i < n; i++) x[i] *= inv;
 }
 
+#if TP_KERNELS_X86
 TP_T512 static void softmax_avx512(float *x, int64_t n)
 {
     __m512 mx = _mm512_set1_ps(-INFINITY);
@@ -102,13 +107,16 @@ TP_TAVX2 static void softmax_avx2(float *x, int64_t n)
     for (int64_t i = 0; i < n8; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), iv));
     for (int64_t i = n8; i < n; i++) x[i] *= inv;
 }
+#endif
 
 void tp_softmax_path(tp_kernel_path p, float *x, int64_t n)
 {
     if (n <= 0) return;
     switch (tp_kernel_resolve(p)) {
+#if TP_KERNELS_X86
     case TP_KERNEL_AVX512: softmax_avx512(x, n); break;
     case TP_KERNEL_AVX2: softmax_avx2(x, n); break;
+#endif
     default: softmax_scalar(x, n); break;
     }
 }

@@ -97,6 +97,9 @@ static void scalar_worker(void *p, int ti, int nt)
     free(scores);
 }
 
+/* The flash kernels below are AVX-512 and AVX2 code (x86-64 only). */
+#if TP_KERNELS_X86
+
 /* All the cache lines of one row of d floats, into L1.  For rows that lie
  * a page or so apart, which no hardware prefetcher follows. */
 static inline void prefetch_row(const float *row, int64_t d)
@@ -392,12 +395,14 @@ static void flash_worker(void *p, int ti, int nt)
         }
     }
 }
+#endif /* TP_KERNELS_X86 */
 
 void tp_attention_path(tp_kernel_path p, float *out, const float *q, const float *k,
                        const float *v, int64_t T, int64_t pos0, int64_t n_heads, int64_t n_kv,
                        int64_t d, int64_t window, tp_threadpool *pool)
 {
     attn_job j = {out, q, k, v, T, pos0, n_heads, n_kv, d, window, tp_kernel_resolve(p), NULL, 0, NULL, NULL};
+#if TP_KERNELS_X86
     if (j.path != TP_KERNEL_SCALAR) {
         int nt = tp_threadpool_size(pool);
         int64_t groups = n_heads / heads_per_item(&j);
@@ -413,6 +418,9 @@ void tp_attention_path(tp_kernel_path p, float *out, const float *q, const float
     }
     if (j.scratch) tp_parallel_run(pool, flash_worker, &j);
     else tp_parallel_run(pool, scalar_worker, &j);   /* scalar, or no memory for the scratch */
+#else
+    tp_parallel_run(pool, scalar_worker, &j);
+#endif
     free(j.scratch);
     free(j.pack);
     free(j.next);

@@ -33,6 +33,7 @@ static double median(double *v, int n)
 typedef struct { long iters; float sink[64]; } fma_job;
 typedef float v4f __attribute__((vector_size(16)));
 
+#if TP_KERNELS_X86   /* the AVX-512 and AVX2 workers are x86-64 code */
 TP_T512 static void fma512_worker(void *p, int ti, int nt)
 {
     (void)nt;
@@ -60,6 +61,7 @@ TP_TAVX2 static void fma256_worker(void *p, int ti, int nt)
     _mm256_storeu_ps(t, a[0]);
     j->sink[ti % 64] = t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
 }
+#endif
 
 static void mul_add128_worker(void *p, int ti, int nt)
 {
@@ -112,6 +114,7 @@ static double lockstep_scaling(tp_threadpool *pool, int chunks, tp_parallel_fn f
 
 typedef struct { const float *buf; int64_t n; int prefetch; float sink[64]; } bw_job;
 
+#if TP_KERNELS_X86
 /* Each worker reads its share in 512-byte units (tp_split_range over n/128
  * floats), 8 vectors at a time, and prefetches only inside its share. */
 TP_T512 static void bw512_worker(void *p, int ti, int nt)
@@ -167,6 +170,7 @@ TP_TAVX2 static void bw256_worker(void *p, int ti, int nt)
     _mm256_storeu_ps(t, s[0]);
     j->sink[ti % 64] = t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
 }
+#endif
 
 /* The baseline: 16-byte vectors through memcpy (no aliasing questions;
  * compiled to plain SSE2 loads). */
@@ -200,9 +204,14 @@ typedef struct {
 
 static peak_kernels peak_kernels_for(tp_kernel_path p)
 {
+#if TP_KERNELS_X86
     if (p == TP_KERNEL_AVX512) return (peak_kernels){fma512_worker, bw512_worker, 16, "avx512: 16-lane FMA"};
     if (p == TP_KERNEL_AVX2) return (peak_kernels){fma256_worker, bw256_worker, 8, "avx2: 8-lane FMA"};
     return (peak_kernels){mul_add128_worker, bw128_worker, 4, "scalar: baseline SSE2 4-lane mul + add"};
+#else
+    (void)p;
+    return (peak_kernels){mul_add128_worker, bw128_worker, 4, "scalar: 4-lane mul + add"};
+#endif
 }
 
 /* GB/s of the plain and the prefetching loop, median of reps each; the runs

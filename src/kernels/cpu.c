@@ -9,6 +9,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if TP_KERNELS_X86
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -16,6 +18,7 @@
 #define ARCH_GET_XCOMP_PERM 0x1022
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
+#endif
 
 typedef struct {
     int has[TP_ISA_COUNT];    /* what the CPU (and, for AMX, the OS) can run */
@@ -38,6 +41,9 @@ static int env_flag(const char *name)
     return v && *v && strcmp(v, "0") != 0;
 }
 
+/* ---- which paths the CPU has: the one place that knows, per architecture ---- */
+
+#if TP_KERNELS_X86
 /* AMX tile data is a large xstate component the kernel hands out only on
  * request (arch_prctl, Linux 5.16+); without the grant the first tile
  * instruction faults.  The grant is per process and permanent, so asking
@@ -67,14 +73,9 @@ static int cpu_has_bf16(int has_avx512)
 #endif
 }
 
-static cpu_info g_info;   /* written once under pthread_once, read-only after */
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-
-static void detect(void)
+static void detect_simd(cpu_info *c)
 {
-    cpu_info *c = &g_info;
     __builtin_cpu_init();
-    c->has[TP_ISA_SCALAR] = 1;
     c->has[TP_ISA_AVX2] = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     /* The AVX-512 path uses F and BW (16-bit masked loads); VL is implied on
      * every CPU that has both. */
@@ -83,6 +84,24 @@ static void detect(void)
     c->has_bf16 = cpu_has_bf16(c->has[TP_ISA_AVX512]);
     /* The AMX GEMM splits x with vcvtneps2bf16, hence has_bf16. */
     c->has[TP_ISA_AMX] = amx_usable(c->has_bf16);
+}
+#else
+/* Any other architecture (arm64, ...): the portable C path only. */
+static void detect_simd(cpu_info *c)
+{
+    c->has[TP_ISA_AVX2] = c->has[TP_ISA_AVX512] = c->has[TP_ISA_AMX] = 0;
+    c->has_bf16 = 0;
+}
+#endif
+
+static cpu_info g_info;   /* written once under pthread_once, read-only after */
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static void detect(void)
+{
+    cpu_info *c = &g_info;
+    c->has[TP_ISA_SCALAR] = 1;
+    detect_simd(c);
     if (tp_isa_choose_env(c->has, &c->isa) != TP_OK) {
         /* Refused: run nothing but the plain loops until the caller sees
          * the error (tp_isa_check), which every status-returning entry

@@ -8,6 +8,17 @@
 
 #include "tensorpar/kernels.h"
 
+/* Which paths this build has.  The SIMD paths (AVX2, AVX-512, AMX) are
+ * x86-64 code: CMake compiles gemm_avx2.c, gemm_avx512.c and gemm_amx.c
+ * there only, and the element-wise kernels keep their SIMD versions under
+ * this flag.  Every other architecture (arm64, tested under qemu-aarch64)
+ * runs the portable C path, which cpu.c then reports as the only one. */
+#if defined(__x86_64__)
+#define TP_KERNELS_X86 1
+#else
+#define TP_KERNELS_X86 0
+#endif
+
 /* The path actually run for a request by the element-wise kernels: AUTO
  * becomes the default, and a path above the process's ISA is lowered to it
  * (never raised), so no caller can run an instruction TENSORPAR_ISA or the
@@ -24,6 +35,7 @@ tp_status tp_isa_choose_env(const int has[TP_ISA_COUNT], tp_isa *out);
  * only with TP_ERR_NOMEM. */
 void tp_matmul_scalar(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
                       int64_t n, int64_t k, tp_threadpool *pool);
+#if TP_KERNELS_X86
 tp_status tp_gemm_avx512(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
                     int64_t n, int64_t k, int bf16_dot, tp_threadpool *pool);
 tp_status tp_gemv_avx512(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
@@ -48,6 +60,7 @@ tp_status tp_gemm_avx2(float *y, const float *x, int64_t T, const void *W, tp_dt
                   int64_t n, int64_t k, tp_threadpool *pool);
 tp_status tp_gemv_avx2(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
                   int64_t n, int64_t k, tp_threadpool *pool);
+#endif
 
 /* Element-wise kernels with an explicit path. */
 void tp_rmsnorm_path(tp_kernel_path p, float *out, const float *x, const float *w,

@@ -79,6 +79,45 @@ void tp_matmul_scalar(float *y, const float *x, int64_t T, const void *W, tp_dty
     tp_parallel_run(pool, scalar_worker, &j);
 }
 
+/* ---- shared by every path ------------------------------------------- */
+
+static tp_status add_bias(float *y, int64_t T, int64_t out, const tp_tensor *bias)
+{
+    float *b = malloc((size_t)out * sizeof(float));
+    if (!b) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for the bias");
+    tp_row_to_f32(b, bias, 0);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t o = 0; o < out; o++) y[t * out + o] += b[o];
+    free(b);
+    return TP_OK;
+}
+
+static tp_status check_weight(const tp_tensor *W, int64_t T)
+{
+    if (W->ndim != 2) return tp_fail(TP_ERR_INTERNAL, "tp_matmul: weight must be 2-D");
+    if (W->dtype != TP_F32 && W->dtype != TP_BF16)
+        return tp_fail(TP_ERR_UNSUPPORTED, "tp_matmul: weights of dtype %s", tp_dtype_name(W->dtype));
+    if (W->shape[1] > INT32_MAX / 16 || T > INT32_MAX || W->shape[0] > INT32_MAX)
+        return tp_fail(TP_ERR_UNSUPPORTED, "tp_matmul: matrix too large");
+    return TP_OK;
+}
+
+/* A refused TENSORPAR_ISA, or a path above the process's, is an error
+ * here rather than a quiet fallback: the caller asked for something else. */
+static tp_status check_path(const tp_matmul_opts *opts)
+{
+    tp_status st = tp_isa_check();
+    if (st) return st;
+    if (!tp_kernel_path_supported(opts->path))
+        return tp_fail(TP_ERR_UNSUPPORTED, "tp_matmul: the %s path is not available (this process runs %s: "
+                       "TENSORPAR_ISA or the CPU)", tp_kernel_path_name(opts->path),
+                       tp_isa_name(tp_isa_selected()));
+    return TP_OK;
+}
+
+/* ---- the x86-64 SIMD paths ------------------------------------------ */
+
+#if TP_KERNELS_X86
 /* ---- OpenBLAS --------------------------------------------------------- */
 
 /* bf16 weights: each thread widens its own blocks of rows and hands them to
@@ -113,29 +152,6 @@ static void matmul_blas(float *y, const float *x, int64_t T, const void *W, tp_d
     }
 }
 
-/* ---- entry points ----------------------------------------------------- */
-
-static tp_status add_bias(float *y, int64_t T, int64_t out, const tp_tensor *bias)
-{
-    float *b = malloc((size_t)out * sizeof(float));
-    if (!b) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for the bias");
-    tp_row_to_f32(b, bias, 0);
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t o = 0; o < out; o++) y[t * out + o] += b[o];
-    free(b);
-    return TP_OK;
-}
-
-static tp_status check_weight(const tp_tensor *W, int64_t T)
-{
-    if (W->ndim != 2) return tp_fail(TP_ERR_INTERNAL, "tp_matmul: weight must be 2-D");
-    if (W->dtype != TP_F32 && W->dtype != TP_BF16)
-        return tp_fail(TP_ERR_UNSUPPORTED, "tp_matmul: weights of dtype %s", tp_dtype_name(W->dtype));
-    if (W->shape[1] > INT32_MAX / 16 || T > INT32_MAX || W->shape[0] > INT32_MAX)
-        return tp_fail(TP_ERR_UNSUPPORTED, "tp_matmul: matrix too large");
-    return TP_OK;
-}
-
 /* The GEMM that a prefill of these weights runs: 1 the AVX-512 GEMM, 2 the
  * AMX GEMM, 0 any other path (GEMV, scalar, AVX2, OpenBLAS). */
 static int gemm_kind(tp_kernel_path path, int64_t T, tp_dtype wt, int bf16_dot, const tp_matmul_opts *opts)
@@ -150,48 +166,24 @@ static int amx_passes(int bf16_dot, const tp_matmul_opts *opts)
     return bf16_dot ? 1 : opts->amx == 2 ? 2 : 3;
 }
 
-/* A refused TENSORPAR_ISA, or a path above the process's, is an error
- * here rather than a quiet fallback: the caller asked for something else. */
-static tp_status check_path(const tp_matmul_opts *opts)
+/* The SIMD paths of tp_matmul_ex (k > 0, the path is not SCALAR). */
+static tp_status matmul_simd(float *y, const float *x, int64_t T, const tp_tensor *W, tp_kernel_path path,
+                             tp_threadpool *pool, const tp_matmul_opts *opts)
 {
-    tp_status st = tp_isa_check();
-    if (st) return st;
-    if (!tp_kernel_path_supported(opts->path))
-        return tp_fail(TP_ERR_UNSUPPORTED, "tp_matmul: the %s path is not available (this process runs %s: "
-                       "TENSORPAR_ISA or the CPU)", tp_kernel_path_name(opts->path),
-                       tp_isa_name(tp_isa_selected()));
-    return TP_OK;
-}
-
-tp_status tp_matmul_ex(float *y, const float *x, int64_t T, const tp_tensor *W,
-                       const tp_tensor *bias, tp_threadpool *pool, const tp_matmul_opts *opts)
-{
-    tp_status st = check_path(opts);
-    if (!st) st = check_weight(W, T);
-    if (st) return st;
     int64_t n = W->shape[0], k = W->shape[1];
-    if (T == 0 || n == 0) return TP_OK;
-    tp_kernel_path path = tp_kernel_resolve(opts->path);
     int bf16_dot = opts->bf16_dot && W->dtype == TP_BF16 && tp_kernel_has_bf16_dot();
     int gemm = gemm_kind(path, T, W->dtype, bf16_dot, opts);
-    if (k == 0) {
-        memset(y, 0, (size_t)(T * n) * sizeof(float));
-    } else if (path == TP_KERNEL_SCALAR) {
-        tp_matmul_scalar(y, x, T, W->data, W->dtype, n, k, pool);
-    } else if (T <= TP_GEMV_MAX_T) {
-        if (path == TP_KERNEL_AVX512) st = tp_gemv_avx512(y, x, T, W->data, W->dtype, n, k, bf16_dot, pool);
-        else st = tp_gemv_avx2(y, x, T, W->data, W->dtype, n, k, pool);
-    } else if (opts->blas && !bf16_dot) {
-        matmul_blas(y, x, T, W->data, W->dtype, n, k, pool);
-    } else if (gemm == 2) {
-        st = tp_gemm_amx(y, x, T, W->data, n, k, amx_passes(bf16_dot, opts), pool);
-    } else if (gemm == 1) {
-        st = tp_gemm_avx512(y, x, T, W->data, W->dtype, n, k, bf16_dot, pool);
-    } else {
-        st = tp_gemm_avx2(y, x, T, W->data, W->dtype, n, k, pool);
+    if (T <= TP_GEMV_MAX_T) {
+        if (path == TP_KERNEL_AVX512) return tp_gemv_avx512(y, x, T, W->data, W->dtype, n, k, bf16_dot, pool);
+        return tp_gemv_avx2(y, x, T, W->data, W->dtype, n, k, pool);
     }
-    if (!st && bias && bias->data) st = add_bias(y, T, n, bias);
-    return st;
+    if (opts->blas && !bf16_dot) {
+        matmul_blas(y, x, T, W->data, W->dtype, n, k, pool);
+        return TP_OK;
+    }
+    if (gemm == 2) return tp_gemm_amx(y, x, T, W->data, n, k, amx_passes(bf16_dot, opts), pool);
+    if (gemm == 1) return tp_gemm_avx512(y, x, T, W->data, W->dtype, n, k, bf16_dot, pool);
+    return tp_gemm_avx2(y, x, T, W->data, W->dtype, n, k, pool);
 }
 
 #define GROUP_MAX 8
@@ -211,6 +203,60 @@ static int groupable(const tp_matmul_out *outs, int count, int64_t T, tp_kernel_
     return kind;
 }
 
+/* The grouped GEMM of tp_matmul_group, where the weights can share one:
+ * *done = 1 and the outputs (without bias), else *done = 0. */
+static tp_status group_simd(const tp_matmul_out *outs, int count, const float *x, int64_t T, tp_threadpool *pool,
+                            const tp_matmul_opts *opts, int *done)
+{
+    tp_kernel_path path = tp_kernel_resolve(opts->path);
+    const tp_tensor *w0 = outs[0].w;
+    int bf16_dot = opts->bf16_dot && w0->dtype == TP_BF16 && tp_kernel_has_bf16_dot();
+    int kind = groupable(outs, count, T, path, bf16_dot, opts);
+    *done = kind != 0;
+    if (!kind) return TP_OK;
+    tp_gemm_part parts[GROUP_MAX];
+    for (int i = 0; i < count; i++) parts[i] = (tp_gemm_part){outs[i].y, outs[i].w->data, outs[i].w->shape[0]};
+    int64_t k = w0->shape[1];
+    if (kind == 2) return tp_gemm_amx_group(parts, count, x, T, k, amx_passes(bf16_dot, opts), pool);
+    return tp_gemm_avx512_group(parts, count, x, T, w0->dtype, k, 0, pool);
+}
+#else
+/* Other architectures have only the SCALAR path (cpu.c), so tp_kernel_resolve
+ * never hands out another one and these are never reached. */
+static tp_status matmul_simd(float *y, const float *x, int64_t T, const tp_tensor *W, tp_kernel_path path,
+                             tp_threadpool *pool, const tp_matmul_opts *opts)
+{
+    (void)y, (void)x, (void)T, (void)W, (void)pool, (void)opts;
+    return tp_fail(TP_ERR_INTERNAL, "tp_matmul: the %s path is x86-64 code", tp_kernel_path_name(path));
+}
+
+static tp_status group_simd(const tp_matmul_out *outs, int count, const float *x, int64_t T, tp_threadpool *pool,
+                            const tp_matmul_opts *opts, int *done)
+{
+    (void)outs, (void)count, (void)x, (void)T, (void)pool, (void)opts;
+    *done = 0;
+    return TP_OK;
+}
+#endif /* TP_KERNELS_X86 */
+
+/* ---- entry points ----------------------------------------------------- */
+
+tp_status tp_matmul_ex(float *y, const float *x, int64_t T, const tp_tensor *W,
+                       const tp_tensor *bias, tp_threadpool *pool, const tp_matmul_opts *opts)
+{
+    tp_status st = check_path(opts);
+    if (!st) st = check_weight(W, T);
+    if (st) return st;
+    int64_t n = W->shape[0], k = W->shape[1];
+    if (T == 0 || n == 0) return TP_OK;
+    tp_kernel_path path = tp_kernel_resolve(opts->path);
+    if (k == 0) memset(y, 0, (size_t)(T * n) * sizeof(float));
+    else if (path == TP_KERNEL_SCALAR) tp_matmul_scalar(y, x, T, W->data, W->dtype, n, k, pool);
+    else st = matmul_simd(y, x, T, W, path, pool, opts);
+    if (!st && bias && bias->data) st = add_bias(y, T, n, bias);
+    return st;
+}
+
 tp_status tp_matmul_group(const tp_matmul_out *outs, int count, const float *x, int64_t T, tp_threadpool *pool,
                           const tp_matmul_opts *opts)
 {
@@ -221,20 +267,12 @@ tp_status tp_matmul_group(const tp_matmul_out *outs, int count, const float *x, 
         if (st) return st;
     }
     if (count < 1 || T == 0) return TP_OK;
-    tp_kernel_path path = tp_kernel_resolve(opts->path);
-    const tp_tensor *w0 = outs[0].w;
-    int bf16_dot = opts->bf16_dot && w0->dtype == TP_BF16 && tp_kernel_has_bf16_dot();
-    int kind = groupable(outs, count, T, path, bf16_dot, opts);
-    tp_status st = TP_OK;
-    if (!kind) {
+    int grouped = 0;
+    tp_status st = group_simd(outs, count, x, T, pool, opts, &grouped);
+    if (!grouped) {
         for (int i = 0; i < count && !st; i++) st = tp_matmul_ex(outs[i].y, x, T, outs[i].w, outs[i].bias, pool, opts);
         return st;
     }
-    tp_gemm_part parts[GROUP_MAX];
-    for (int i = 0; i < count; i++) parts[i] = (tp_gemm_part){outs[i].y, outs[i].w->data, outs[i].w->shape[0]};
-    int64_t k = w0->shape[1];
-    if (kind == 2) st = tp_gemm_amx_group(parts, count, x, T, k, amx_passes(bf16_dot, opts), pool);
-    else st = tp_gemm_avx512_group(parts, count, x, T, w0->dtype, k, 0, pool);
     for (int i = 0; i < count && !st; i++)
         if (outs[i].bias && outs[i].bias->data) st = add_bias(outs[i].y, T, outs[i].w->shape[0], outs[i].bias);
     return st;

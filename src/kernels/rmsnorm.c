@@ -21,6 +21,7 @@ static void rmsnorm_scalar(float *out, const float *x, const float *w, int64_t r
     }
 }
 
+#if TP_KERNELS_X86
 TP_T512 static void rmsnorm_avx512(float *out, const float *x, const float *w, int64_t rows, int64_t n, double eps)
 {
     for (int64_t r = 0; r < rows; r++) {
@@ -66,13 +67,16 @@ TP_TAVX2 static void rmsnorm_avx2(float *out, const float *x, const float *w, in
         for (; i < n; i++) o[i] = w[i] * (xr[i] * invs);
     }
 }
+#endif
 
 void tp_rmsnorm_path(tp_kernel_path p, float *out, const float *x, const float *w,
                      int64_t rows, int64_t n, double eps)
 {
     switch (tp_kernel_resolve(p)) {
+#if TP_KERNELS_X86
     case TP_KERNEL_AVX512: rmsnorm_avx512(out, x, w, rows, n, eps); break;
     case TP_KERNEL_AVX2: rmsnorm_avx2(out, x, w, rows, n, eps); break;
+#endif
     default: rmsnorm_scalar(out, x, w, rows, n, eps); break;
     }
 }

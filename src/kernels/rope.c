@@ -85,6 +85,7 @@ static void rope_table_scalar(float *x, int64_t T, int64_t n_heads, int64_t head
     }
 }
 
+#if TP_KERNELS_X86
 TP_T512 static void rope_table_avx512(float *x, int64_t T, int64_t n_heads, int64_t head_dim, const float *table)
 {
     int64_t half = head_dim / 2;
@@ -120,13 +121,16 @@ TP_TAVX2 static void rope_table_avx2(float *x, int64_t T, int64_t n_heads, int64
         }
     }
 }
+#endif
 
 void tp_rope_apply_table_path(tp_kernel_path p, float *x, int64_t T, int64_t n_heads,
                               int64_t head_dim, const float *table)
 {
     switch (tp_kernel_resolve(p)) {
+#if TP_KERNELS_X86
     case TP_KERNEL_AVX512: rope_table_avx512(x, T, n_heads, head_dim, table); break;
     case TP_KERNEL_AVX2: rope_table_avx2(x, T, n_heads, head_dim, table); break;
+#endif
     default: rope_table_scalar(x, T, n_heads, head_dim, table); break;
     }
 }

@@ -4,6 +4,11 @@
 #ifndef TP_VMATH_H
 #define TP_VMATH_H
 
+#include "kernels/kern_internal.h"
+
+/* x86-64 only (TP_KERNELS_X86): the users keep their SIMD code under the
+ * same flag. */
+#if TP_KERNELS_X86
 #include <immintrin.h>
 
 #define TP_T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,avx2")))
@@ -173,5 +178,7 @@ static inline __mmask16 tp_mask16(int64_t valid)
 {
     return valid >= 16 ? (__mmask16)0xffff : valid <= 0 ? (__mmask16)0 : (__mmask16)((1u << valid) - 1);
 }
+
+#endif /* TP_KERNELS_X86 */
 
 #endif

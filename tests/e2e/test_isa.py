@@ -12,6 +12,7 @@
     an AVX2-only CPU (Haswell) does the same on its own best path."""
 
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import unittest
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tpe2e import BIN, rel  # noqa: E402
+from tpe2e import BIN, NATIVE, rel  # noqa: E402
 
 VALID = ["scalar", "avx2", "avx512", "amx"]
 OLD_KNOBS = ("TENSORPAR_KERNEL", "TENSORPAR_AMX")
@@ -126,6 +127,8 @@ class IsaTest(unittest.TestCase):
 
 def qemu_usable():
     q = shutil.which("qemu-x86_64")
+    if not NATIVE or platform.machine() != "x86_64":
+        return None, "the CLI is not an x86-64 program of this machine (a cross build, run emulated)"
     if not q:
         return None, "qemu-x86_64 not installed (Debian qemu-user)"
     with open(BIN, "rb") as f:

@@ -2,6 +2,7 @@
 are, and running the CLI with a clear failure message."""
 
 import os
+import platform
 import subprocess
 import sys
 
@@ -26,6 +27,23 @@ TOKENIZERS = os.path.join(ROOT, "tests", "data", "tokenizers")
 
 
 BIN = find_bin()
+
+# Whether the CLI has the mpi backend: CTest says so (TENSORPAR_HAVE_MPI=0 for
+# a build without MPI, such as the arm64 cross build); the mpi runs are then
+# skipped, with MPI_SKIP printed as the reason.
+HAVE_MPI = os.environ.get("TENSORPAR_HAVE_MPI", "1") != "0"
+
+
+def _elf_machine(path):
+    with open(path, "rb") as f:
+        h = f.read(20)
+    return int.from_bytes(h[18:20], "little") if h[:4] == b"\x7fELF" else None
+
+
+# Whether the CLI is a program of this machine's architecture; not for the
+# arm64 cross build, which runs under qemu-aarch64 (and far slower).
+NATIVE = _elf_machine(BIN) == {"x86_64": 62, "aarch64": 183}.get(platform.machine())
+MPI_SKIP = "skipped: mpi runs (this build of tensorpar has no mpi backend)"
 
 
 # Variables that make a process a rank of some job: a test's own commands
