@@ -8,7 +8,13 @@
  * Signals are read through a signalfd (SIGCHLD for the ranks, SIGTERM,
  * SIGINT, SIGHUP for the launcher), which keeps the launcher free of
  * handlers and global flags.  Ranks get PR_SET_PDEATHSIG so that they die
- * with the launcher even when it is killed with SIGKILL. */
+ * with the launcher even when it is killed with SIGKILL.
+ *
+ * A rank that stops without exiting (SIGSTOP, a frozen cgroup) sends no
+ * SIGCHLD the launcher acts on: for the shm backend the launcher also
+ * watches the ranks' heartbeats in the segment (shm_heartbeat.c) and stops
+ * the job when one is silent for TENSORPAR_HANG_TIMEOUT, wherever the others
+ * are (even finished). */
 #include "comm_internal.h"
 
 #include <errno.h>
@@ -28,6 +34,7 @@
 extern char **environ;
 
 #define DEFAULT_GRACE_S 2.0
+#define WATCH_EVERY_MS 100
 
 /* ---- environment for the ranks ---------------------------------------- */
 
@@ -103,6 +110,8 @@ typedef struct {
     double kill_at, grace;
     int exit_code;
     sigset_t old_mask;
+    tp_shm_watch *watch;         /* the ranks' heartbeats, or NULL     */
+    double hang_s;               /* 0: no heartbeat check              */
 } job;
 
 static void start_child(job *j, int i, const char *path, char *const argv[], char **envp, pid_t parent)
@@ -140,6 +149,8 @@ static void begin_stop(job *j)
     j->stopping = 1;
     j->kill_at = tp_now() + j->grace;
     signal_all(j, SIGTERM);
+    /* A stopped rank would keep its SIGTERM pending until the SIGKILL. */
+    signal_all(j, SIGCONT);
 }
 
 static void describe_failure(job *j, int i, int status)
@@ -173,6 +184,24 @@ static void reap(job *j)
     }
 }
 
+/* A rank whose heartbeat is silent is frozen: the job cannot go on. */
+static void check_heartbeats(job *j)
+{
+    if (!j->watch || j->hang_s <= 0 || j->stopping) return;
+    double now = tp_now();
+    for (int i = 0; i < j->n; i++) {
+        if (!j->kids[i].alive) continue;
+        double silent = tp_shm_watch_silent(j->watch, i, now);
+        if (silent <= j->hang_s) continue;
+        fprintf(stderr, "%s: rank %d (pid %d) stopped responding (no heartbeat for %.1f s; "
+                "TENSORPAR_HANG_TIMEOUT sets the limit); stopping the ranks\n", j->name, i,
+                (int)j->kids[i].pid, silent);
+        j->exit_code = 1;
+        begin_stop(j);
+        return;
+    }
+}
+
 static void on_signal(job *j, int sig)
 {
     if (sig == SIGCHLD) { reap(j); return; }
@@ -193,7 +222,7 @@ static void on_signal(job *j, int sig)
 static void watch(job *j, int sfd)
 {
     while (j->running > 0) {
-        int timeout_ms = -1;
+        int timeout_ms = j->watch && j->hang_s > 0 && !j->stopping ? WATCH_EVERY_MS : -1;
         if (j->stopping && !j->killed) {
             double left = j->kill_at - tp_now();
             timeout_ms = left > 0 ? (int)(left * 1000) + 1 : 0;
@@ -206,6 +235,7 @@ static void watch(job *j, int sfd)
         }
         /* A SIGCHLD can be merged with another: reap on every wake-up. */
         reap(j);
+        check_heartbeats(j);
         if (j->stopping && !j->killed && tp_now() >= j->kill_at) {
             signal_all(j, SIGKILL);
             j->killed = 1;
@@ -239,6 +269,7 @@ static tp_status run_job(job *j, const char *path, char *const argv[], rank_env 
             begin_stop(j);
             break;
         }
+        tp_shm_watch_announce(j->watch, i, j->kids[i].pid);
         j->running++;
     }
     watch(j, sfd);
@@ -255,7 +286,10 @@ static tp_status launch_shm(const tp_launch_options *o, const char *path, char *
     int n = o->nprocs, fd = -1;
     char rendezvous[64];
     make_rendezvous(rendezvous, sizeof rendezvous);
-    tp_status st = TP_OK;
+    double hang_s;
+    tp_status st = tp_comm_hang_timeout(&hang_s);
+    if (st) return st;
+    tp_shm_watch *watch = NULL;
     if (n > 1) {
         st = tp_shm_segment_create(rendezvous, n, &fd);
         if (st) return tp_fail_context(st, "creating the job's shared memory");
@@ -263,6 +297,7 @@ static tp_status launch_shm(const tp_launch_options *o, const char *path, char *
         tp_shm_segment_name(name, sizeof name, rendezvous);
         shm_unlink(name);                      /* nothing to leave behind */
         fcntl(fd, F_SETFD, 0);                 /* let the ranks inherit it */
+        st = tp_shm_watch_open(fd, n, &watch);
     }
     rank_env *envs = calloc((size_t)n, sizeof *envs);
     child *kids = calloc((size_t)n, sizeof *kids);
@@ -271,9 +306,11 @@ static tp_status launch_shm(const tp_launch_options *o, const char *path, char *
         st = rank_env_build(&envs[r], r, n, rendezvous, n > 1 ? TP_BACKEND_SHM : TP_BACKEND_SELF, fd);
     if (st == TP_OK) {
         job j = {.name = o->name, .what = "rank", .kids = kids, .n = n,
-                 .grace = o->kill_grace_s > 0 ? o->kill_grace_s : DEFAULT_GRACE_S};
+                 .grace = o->kill_grace_s > 0 ? o->kill_grace_s : DEFAULT_GRACE_S,
+                 .watch = watch, .hang_s = hang_s};
         st = run_job(&j, path, argv, envs, exit_code);
     }
+    tp_shm_watch_close(watch);
     for (int r = 0; envs && r < n; r++) free(envs[r].envp);
     free(envs);
     free(kids);
