@@ -99,6 +99,8 @@ static tp_status make_rendezvous(char *buf, size_t cap)
 typedef struct {
     pid_t pid;
     int alive;
+    int ended;          /* reaped in the current look; status is valid */
+    int status;
 } child;
 
 typedef struct {
@@ -164,24 +166,41 @@ static void describe_failure(job *j, int i, int status)
     else
         snprintf(cause, sizeof cause, "exited with status %d", WEXITSTATUS(status));
     fprintf(stderr, "%s: %s %s%s\n", j->name, who, cause,
-            is_rank && j->running > 0 ? "; stopping the other ranks" : "");
+            is_rank && j->running > 0 && !j->stopping ? "; stopping the other ranks" : "");
+}
+
+/* Whether a child's end is news: a failure before we stopped the job, or a
+ * signal we did not send (the cause, even if the job is stopping already
+ * because a rank that noticed it exited first). */
+static int is_news(const job *j, int status)
+{
+    if (WIFEXITED(status)) return WEXITSTATUS(status) != 0 && !j->stopping;
+    int sig = WTERMSIG(status);
+    return !(j->stopping && sig == SIGTERM) && !(j->killed && sig == SIGKILL);
 }
 
 static void reap(job *j)
 {
+    /* Ranks that notice a peer's death exit soon after it: when several
+     * ended since the last look, the ones killed by a signal are told first,
+     * as they are the cause. */
     for (int i = 0; i < j->n; i++) {
-        if (!j->kids[i].alive) continue;
-        int status;
-        pid_t r = waitpid(j->kids[i].pid, &status, WNOHANG);
-        if (r != j->kids[i].pid) continue;
-        j->kids[i].alive = 0;
+        child *c = &j->kids[i];
+        c->ended = 0;
+        if (!c->alive || waitpid(c->pid, &c->status, WNOHANG) != c->pid) continue;
+        c->alive = 0;
+        c->ended = 1;
         j->running--;
-        int failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
-        if (!failed || j->stopping) continue;
-        j->exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        describe_failure(j, i, status);
-        begin_stop(j);
     }
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < j->n; i++) {
+            child *c = &j->kids[i];
+            if (!c->ended || WIFSIGNALED(c->status) != (pass == 0) || !is_news(j, c->status)) continue;
+            if (!j->stopping)
+                j->exit_code = WIFEXITED(c->status) ? WEXITSTATUS(c->status) : 128 + WTERMSIG(c->status);
+            describe_failure(j, i, c->status);
+            begin_stop(j);
+        }
 }
 
 /* A rank whose heartbeat is silent is frozen: the job cannot go on. */

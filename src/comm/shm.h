@@ -187,6 +187,9 @@ void tp_shm_backoff_init(shm_backoff *b);
  * rank) died or left, another rank reported a failure, or the group's
  * timeout passed; `what` names what was awaited. */
 tp_status tp_shm_backoff(shm_backoff *b, shm_world *w, const tp_group *g, int peer, const char *what);
+/* Fails, naming the cause, if another rank reported a failure or `peer`
+ * (a global rank; -1: none) died or left; TP_OK otherwise. */
+tp_status tp_shm_check_peer(shm_world *w, int peer, const char *what);
 /* Waits until *c >= target. */
 tp_status tp_shm_wait_ge(shm_world *w, const tp_group *g, _Atomic uint64_t *c, uint64_t target,
                          int peer, const char *what);

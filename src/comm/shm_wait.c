@@ -129,7 +129,7 @@ static tp_status check_silence(shm_backoff *b, shm_world *w, int peer, double no
     return silent > w->hang_s ? report_silent(w, peer, silent, what) : TP_OK;
 }
 
-static tp_status check_peers(shm_backoff *b, shm_world *w, int peer, double now, const char *what)
+tp_status tp_shm_check_peer(shm_world *w, int peer, const char *what)
 {
     int failed = atomic_load_explicit(&w->h->failed_rank, memory_order_acquire);
     if (failed >= 0 && failed != w->me) return report_flagged(w, failed, what);
@@ -139,7 +139,7 @@ static tp_status check_peers(shm_backoff *b, shm_world *w, int peer, double now,
         return tp_fail(TP_ERR_COMM, "rank %d has already left the job while rank %d waited for %s",
                        peer, w->me, what);
     if (!tp_shm_rank_alive(w, peer)) return report_dead(w, peer, what);
-    return check_silence(b, w, peer, now, what);
+    return TP_OK;
 }
 
 tp_status tp_shm_backoff(shm_backoff *b, shm_world *w, const tp_group *g, int peer, const char *what)
@@ -163,7 +163,8 @@ tp_status tp_shm_backoff(shm_backoff *b, shm_world *w, const tp_group *g, int pe
     }
     if (now >= b->next_check) {
         b->next_check = now + CHECK_EVERY_S;
-        tp_status st = check_peers(b, w, peer, now, what);
+        tp_status st = tp_shm_check_peer(w, peer, what);
+        if (st == TP_OK && peer >= 0 && peer != w->me) st = check_silence(b, w, peer, now, what);
         if (st) return st;
     }
     if (waited > g->timeout_s)
