@@ -20,7 +20,7 @@ A run whose victim had already exited when the signal came (the signal
 landed after the end) is not counted and is drawn again.
 
     /usr/bin/python3 tests/faults/faults.py [--runs 100] [--cases TP2-KILL,...]
-        [--bin build/tensorpar] [--tokens 400] [--json out.json]
+        [--bin build/tensorpar] [--tokens 250] [--hang-timeout S] [--json out.json]
 
 Prints one line per case: passed/runs, the time from the signal to the end
 of the job (median, max), where the signals landed; exit status 1 if any run
@@ -242,6 +242,7 @@ def main():
     ap.add_argument("--model", help="model directory (default: a small llama made here)")
     ap.add_argument("--tokens", type=int, default=250, help="new tokens per run")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--hang-timeout", help="TENSORPAR_HANG_TIMEOUT for the jobs (default: theirs, 2 s)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
@@ -253,6 +254,8 @@ def main():
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
     rng = random.Random(seed)
     env = {k: v for k, v in os.environ.items() if k not in JOB_VARS}
+    if args.hang_timeout:
+        env["TENSORPAR_HANG_TIMEOUT"] = args.hang_timeout
     print(f"faults.py: {args.runs} runs per case, seed {seed}, {args.bin}", flush=True)
     with tempfile.TemporaryDirectory(prefix="tp-faults-") as tmp:
         model = args.model
