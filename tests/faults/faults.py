@@ -117,8 +117,8 @@ def calibrate(binary, model, tp, tokens, env):
     """Length of an undisturbed run, and of one that stops after the first
     token (start-up, loading and prefill): kills before the latter land in
     those phases."""
-    full = statistics.median(Job(binary, model, tp, tokens, env).clean_run() for _ in range(3))
-    first = statistics.median(Job(binary, model, tp, 1, env).clean_run() for _ in range(3))
+    full = statistics.median(Job(binary, model, tp, tokens, env).clean_run() for _ in range(2))
+    first = statistics.median(Job(binary, model, tp, 1, env).clean_run() for _ in range(2))
     return full, first
 
 
@@ -239,7 +239,8 @@ def main():
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--bin")
-    ap.add_argument("--model", help="model directory (default: a small llama made here)")
+    ap.add_argument("--model", help="model directory (default: a llama of --preset made here)")
+    ap.add_argument("--preset", default="small", help="make-model preset of that llama (default small)")
     ap.add_argument("--tokens", type=int, default=250, help="new tokens per run")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--hang-timeout", help="TENSORPAR_HANG_TIMEOUT for the jobs (default: theirs, 2 s)")
@@ -261,7 +262,7 @@ def main():
         model = args.model
         if not model:
             model = os.path.join(tmp, "model")
-            subprocess.run([args.bin, "make-model", "--arch", "llama", "--preset", "small", "--out", model],
+            subprocess.run([args.bin, "make-model", "--arch", "llama", "--preset", args.preset, "--out", model],
                            check=True, capture_output=True, env=env)
         tps = sorted({int(c[2]) for c in cases})
         calib = {tp: calibrate(args.bin, model, tp, args.tokens, env) for tp in tps}
