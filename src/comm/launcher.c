@@ -13,8 +13,9 @@
  * A rank that stops without exiting (SIGSTOP, a frozen cgroup) sends no
  * SIGCHLD the launcher acts on: for the shm backend the launcher also
  * watches the ranks' heartbeats in the segment (shm_heartbeat.c) and stops
- * the job when one is silent for TENSORPAR_HANG_TIMEOUT, wherever the others
- * are (even finished). */
+ * the job when one is silent for TENSORPAR_HANG_TIMEOUT (plus a margin that
+ * lets the waiting ranks report it first), wherever the others are (even
+ * finished). */
 #include "comm_internal.h"
 
 #include <errno.h>
@@ -35,6 +36,10 @@ extern char **environ;
 
 #define DEFAULT_GRACE_S 2.0
 #define WATCH_EVERY_MS 100
+/* The ranks waiting for a frozen one notice it after TENSORPAR_HANG_TIMEOUT
+ * and say what they waited for; the launcher is the backstop, for a rank
+ * frozen where nobody waits for it, and acts a little later. */
+#define WATCH_BACKSTOP_S 0.5
 
 /* ---- environment for the ranks ---------------------------------------- */
 
@@ -211,7 +216,7 @@ static void check_heartbeats(job *j)
     for (int i = 0; i < j->n; i++) {
         if (!j->kids[i].alive) continue;
         double silent = tp_shm_watch_silent(j->watch, i, now);
-        if (silent <= j->hang_s) continue;
+        if (silent <= j->hang_s + WATCH_BACKSTOP_S) continue;
         fprintf(stderr, "%s: rank %d (pid %d) stopped responding (no heartbeat for %.1f s; "
                 "TENSORPAR_HANG_TIMEOUT sets the limit); stopping the ranks\n", j->name, i,
                 (int)j->kids[i].pid, silent);

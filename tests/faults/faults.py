@@ -130,6 +130,18 @@ def names_victim(err, victim, sig):
     return re.search(pat, err) is not None
 
 
+def named_by(err, victim):
+    """Who named the victim: the launcher ("tensorpar: rank R (pid P) was
+    killed by signal 9 / stopped responding"), a waiting rank (an error
+    message), or both."""
+    who = []
+    if re.search(rf"^tensorpar: rank {victim} \(pid \d+\) (was killed|stopped responding)", err, re.M):
+        who.append("launcher")
+    if re.search(rf"error: [^\n]*\brank {victim}\b[^\n]*(died|stopped responding)", err):
+        who.append("rank")
+    return "+".join(who) or "-"
+
+
 def one_run(job, sig, tp, calib, rng):
     """One attempt; returns a result dict, or None if the signal came after
     the victim had already finished (not counted)."""
@@ -194,7 +206,7 @@ def one_run(job, sig, tp, calib, rng):
         fails.append(f"left in /dev/shm: {ours}")
     return {"victim": victim, "at": round(t_sig - t_start, 4), "took": round(took, 4),
             "rc": p.returncode, "fails": fails, "stopped_victim_left": leftover_victim,
-            "by_launcher": "stopping the" in err, "stderr": err[-2000:] if fails else ""}
+            "named_by": named_by(err, victim), "stderr": err[-2000:] if fails else ""}
 
 
 def run_case(case, args, model, env, rng, calib):
@@ -225,11 +237,12 @@ def run_case(case, args, model, env, rng, calib):
         "victims": {str(v): sum(r["victim"] == v for r in results) for v in range(tp)},
         "phases": {ph: sum(r["phase"] == ph for r in results) for ph in ("start/load/prefill", "decode")},
         "missed": missed, "run_s": round(full, 3), "first_token_s": round(first, 3),
-        "named_by_launcher": sum(r["by_launcher"] for r in results),
+        "named_by": {k: sum(r["named_by"] == k for r in results)
+                     for k in sorted({r["named_by"] for r in results})},
     }
     print(f"{case}: {summary['passed']}/{summary['runs']} passed; time to exit median "
           f"{summary['median_s']:.2f} s, max {summary['max_s']:.2f} s; victims {summary['victims']}; "
-          f"phases {summary['phases']}; {missed} signals landed after the end (redrawn); "
+          f"phases {summary['phases']}; named by {summary['named_by']}; {missed} signals landed after the end (redrawn); "
           f"undisturbed run {full:.2f} s, first token {first:.2f} s", flush=True)
     return summary, results
 
