@@ -8,9 +8,10 @@
   - a rank that hangs: the others time out (TENSORPAR_COMM_TIMEOUT), naming it,
     and a busy rank is not taken for a frozen one however short
     TENSORPAR_HANG_TIMEOUT is (its heartbeat runs),
-  - a frozen rank (SIGSTOP): the launcher names it after TENSORPAR_HANG_TIMEOUT;
-    frozen before it joined, the others name it; busy before it joins, it
-    is waited for,
+  - a frozen rank (SIGSTOP): the ranks waiting for it name it after
+    TENSORPAR_HANG_TIMEOUT; frozen where nobody waits for it, the launcher
+    does, a little later; frozen before it joined, the others name it; busy
+    before it joins, it is waited for,
   - without the launcher (torchrun-style), a killed rank is noticed by the
     survivor within about 2 s, and a frozen one after TENSORPAR_HANG_TIMEOUT,
 and in every case nothing of the job is left in /dev/shm.
@@ -202,6 +203,29 @@ def test_stopped_rank(tmp):
     print(f"frozen rank: launcher exited {p.returncode} after {took:.2f} s")
 
 
+def test_stopped_unawaited(tmp):
+    # Rank 1 stalls (asleep, but beating); rank 0, waiting for it, freezes:
+    # no rank waits for rank 0, so the launcher's watch is what notices.
+    d = os.path.join(tmp, "stopped-unawaited")
+    os.mkdir(d)
+    p = start_loop(d, 2, {"TENSORPAR_COMM_TIMEOUT": "30"}, ("--stall-rank", "1"))
+    pids = wait_pids(d, 2)
+    check(pids is not None, "ranks did not start")
+    if not pids:
+        p.kill()
+        return
+    time.sleep(0.8)
+    t0 = time.time()
+    os.kill(pids[0], signal.SIGSTOP)
+    err = finish(p)
+    took = time.time() - t0
+    check(p.returncode == 1 and f"tensorpar launch: rank 0 (pid {pids[0]}) stopped responding" in err,
+          f"launcher's message for a frozen rank nobody waits for: {p.returncode} {err!r}")
+    check(2.4 < took < 4, f"the launcher noticed after {took:.1f} s (TENSORPAR_HANG_TIMEOUT 2 + 0.5)")
+    check(not any(alive(x) for x in pids), "a rank survived")
+    print(f"frozen rank nobody waits for: the launcher ended the job after {took:.2f} s")
+
+
 def test_stopped_before_join(tmp):
     # Rank 1 freezes before it joins (before any heartbeat): rank 0, waiting
     # for it to join, names it.  A rank that is merely slow to join is waited for.
@@ -291,6 +315,7 @@ def main():
         test_hang(tmp)
         test_busy_is_not_frozen(tmp)
         test_stopped_rank(tmp)
+        test_stopped_unawaited(tmp)
         test_stopped_before_join(tmp)
         test_torchrun_style(tmp)
         test_torchrun_stopped(tmp)
