@@ -13,6 +13,8 @@ For each case (TP2-KILL, TP4-KILL, TP2-STOP, TP4-STOP) and each run:
     exit within 5 s of the signal, with a status other than 0 and a message
     naming the victim ("rank R ... killed by signal" / "died" for SIGKILL,
     "rank R ... stopped responding" for SIGSTOP);
+  - no sanitizer report (under an ASan/UBSan build: the ranks that notice
+    the fault exit through their error paths);
   - afterwards no process of the job is left (a frozen victim still there
     is SIGKILLed by this script and counted) and no /dev/shm entry of the
     job exists.
@@ -200,6 +202,8 @@ def one_run(job, sig, tp, calib, rng):
         fails.append("exit status 0")
     if not names_victim(err, victim, sig):
         fails.append("no message naming the victim")
+    if "Sanitizer" in err or "runtime error:" in err:
+        fails.append("a sanitizer report")
     if survivors:
         fails.append(f"processes left: {survivors}")
     if ours:
