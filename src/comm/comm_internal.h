@@ -94,7 +94,9 @@ tp_status tp_shm_watch_open(int fd, int n, tp_shm_watch **out);
 void tp_shm_watch_close(tp_shm_watch *w);
 /* Records a rank's pid as soon as it is forked. */
 void tp_shm_watch_announce(tp_shm_watch *w, int rank, int pid);
-/* How long the rank's heartbeat has been silent (0 before it beats). */
-double tp_shm_watch_silent(tp_shm_watch *w, int rank, double now);
+/* How long the rank's heartbeat has been silent; before the rank beats and
+ * after it left the job, how long the launcher's child `pid` (the rank, or
+ * a wrapper that runs it) has been stopped. */
+double tp_shm_watch_silent(tp_shm_watch *w, int rank, int pid, double now);
 
 #endif

@@ -215,7 +215,7 @@ static void check_heartbeats(job *j)
     double now = tp_now();
     for (int i = 0; i < j->n; i++) {
         if (!j->kids[i].alive) continue;
-        double silent = tp_shm_watch_silent(j->watch, i, now);
+        double silent = tp_shm_watch_silent(j->watch, i, (int)j->kids[i].pid, now);
         if (silent <= j->hang_s + WATCH_BACKSTOP_S) continue;
         fprintf(stderr, "%s: rank %d (pid %d) stopped responding (no heartbeat for %.1f s; "
                 "TENSORPAR_HANG_TIMEOUT sets the limit); stopping the ranks\n", j->name, i,

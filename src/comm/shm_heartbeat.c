@@ -12,9 +12,9 @@
  * time means the rank stopped responding.
  *
  * The watchers are the peers (while they wait for it, shm_wait.c) and the
- * launcher (always, for ranks that have started beating): the latter also
- * catches a rank frozen where no peer waits for it, e.g. after the others
- * have finished. */
+ * launcher (always): the latter also catches a rank frozen where no peer
+ * waits for it, e.g. after the others have finished.  Before a rank beats
+ * and after it has left, a stopped process is what counts as silent. */
 #include "shm.h"
 
 #include <errno.h>
@@ -183,15 +183,22 @@ void tp_shm_watch_announce(tp_shm_watch *w, int rank, int pid)
     atomic_store_explicit(&w->ri[rank].pid, (int32_t)pid, memory_order_release);
 }
 
-double tp_shm_watch_silent(tp_shm_watch *w, int rank, double now)
+double tp_shm_watch_silent(tp_shm_watch *w, int rank, int pid, double now)
 {
     if (!w || rank < 0 || rank >= w->n) return 0;
     uint64_t beat = atomic_load_explicit(&w->ri[rank].beat, memory_order_acquire);
     /* A rank that has not started beating may be any program, busy before
-     * it joins; one that has left stops beating on purpose. */
+     * it joins; one that has left stops beating on purpose, but must still
+     * exit.  For those only a stopped process counts as silent (and its
+     * "counter" stands still for as long as it stays stopped). */
     if (beat == 0 || atomic_load_explicit(&w->ri[rank].state, memory_order_acquire) == RANK_LEFT) {
-        tp_shm_silence_init(&w->silence[rank], now);
-        return 0;
+        char state;
+        tp_shm_proc_start(pid, &state);
+        if (state != 'T' && state != 't') {
+            tp_shm_silence_init(&w->silence[rank], now);
+            return 0;
+        }
+        beat = UINT64_MAX;
     }
     return tp_shm_silence(&w->silence[rank], rank, beat, now);
 }

@@ -9,8 +9,9 @@
     and a busy rank is not taken for a frozen one however short
     TENSORPAR_HANG_TIMEOUT is (its heartbeat runs),
   - a frozen rank (SIGSTOP): the ranks waiting for it name it after
-    TENSORPAR_HANG_TIMEOUT; frozen where nobody waits for it, the launcher
-    does, a little later; frozen before it joined, the others name it; busy
+    TENSORPAR_HANG_TIMEOUT; frozen where nobody waits for it (or after it
+    left the job), the launcher does, a little later; frozen before it
+    joined, the others name it; busy
     before it joins, it is waited for,
   - without the launcher (torchrun-style), a killed rank is noticed by the
     survivor within about 2 s, and a frozen one after TENSORPAR_HANG_TIMEOUT,
@@ -226,6 +227,22 @@ def test_stopped_unawaited(tmp):
     print(f"frozen rank nobody waits for: the launcher ended the job after {took:.2f} s")
 
 
+def test_stopped_after_leaving(tmp):
+    # Rank 1 freezes after it has left the job (no heartbeat any more), while
+    # rank 0 has finished: only the launcher, waiting for it to exit, can tell.
+    d = os.path.join(tmp, "stopped-after")
+    os.mkdir(d)
+    script = '"$0" selftest comm --quick --out-dir "$1" || exit 1; if [ "$RANK" = 1 ]; then kill -STOP $$; fi'
+    t0 = time.time()
+    p = subprocess.Popen([BIN, "launch", "-n", "2", "--", "sh", "-c", script, BIN, d], env=ENV,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err = finish(p)
+    took = time.time() - t0
+    check(p.returncode == 1 and "tensorpar launch: rank 1 (pid" in err and "stopped responding" in err,
+          f"a rank frozen after leaving: status {p.returncode} after {took:.1f} s: {err!r}")
+    print(f"rank frozen after leaving the job: status {p.returncode} after {took:.2f} s")
+
+
 def test_stopped_before_join(tmp):
     # Rank 1 freezes before it joins (before any heartbeat): rank 0, waiting
     # for it to join, names it.  A rank that is merely slow to join is waited for.
@@ -316,6 +333,7 @@ def main():
         test_busy_is_not_frozen(tmp)
         test_stopped_rank(tmp)
         test_stopped_unawaited(tmp)
+        test_stopped_after_leaving(tmp)
         test_stopped_before_join(tmp)
         test_torchrun_style(tmp)
         test_torchrun_stopped(tmp)
