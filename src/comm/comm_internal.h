@@ -50,6 +50,7 @@ typedef struct {
     tp_backend backend;
     int rank, world_size, local_rank, local_size;
     double timeout_s;
+    double hang_s;          /* TENSORPAR_HANG_TIMEOUT (shm); 0: off          */
     char rendezvous[200];   /* "" when none is known                        */
     int shm_fd;             /* segment inherited from the launcher, or -1    */
 } tp_comm_env;
@@ -80,5 +81,22 @@ void tp_shm_segment_name(char *buf, size_t cap, const char *rendezvous);
  * returning its descriptor (the launcher unlinks the name at once and hands
  * the descriptor to its children). */
 tp_status tp_shm_segment_create(const char *rendezvous, int n, int *fd_out);
+
+/* TENSORPAR_HANG_TIMEOUT: seconds a rank's heartbeat may be silent before it
+ * counts as stopped responding (default 2; 0 turns the check off). */
+tp_status tp_comm_hang_timeout(double *out);
+
+/* Liveness (shm_heartbeat.c).  A rank's heartbeat thread: */
+typedef struct tp_shm_beat tp_shm_beat;
+/* The launcher's view of the ranks' slots in the segment `fd`: */
+typedef struct tp_shm_watch tp_shm_watch;
+tp_status tp_shm_watch_open(int fd, int n, tp_shm_watch **out);
+void tp_shm_watch_close(tp_shm_watch *w);
+/* Records a rank's pid as soon as it is forked. */
+void tp_shm_watch_announce(tp_shm_watch *w, int rank, int pid);
+/* How long the rank's heartbeat has been silent; before the rank beats and
+ * after it left the job, how long the launcher's child `pid` (the rank, or
+ * a wrapper that runs it) has been stopped. */
+double tp_shm_watch_silent(tp_shm_watch *w, int rank, int pid, double now);
 
 #endif

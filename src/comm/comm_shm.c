@@ -175,7 +175,8 @@ static tp_status step_sync(tp_group *g, const shm_step_info *info, const char *o
 /* ---- single copy (cross-memory attach) -------------------------------- */
 
 /* Copies `bytes` from member p's address space.  A dead peer shows up as
- * ESRCH here, and is named like in every wait. */
+ * ESRCH here, and a peer that gave up on a failure elsewhere (and freed its
+ * buffer) as EFAULT: both are named like in every wait. */
 static tp_status cma_read(tp_group *g, int p, void *dst, size_t src, size_t bytes)
 {
     shm_group *s = sg(g);
@@ -184,10 +185,13 @@ static tp_status cma_read(tp_group *g, int p, void *dst, size_t src, size_t byte
         struct iovec l = {d, bytes}, r = {(void *)(uintptr_t)src, bytes};
         ssize_t k = process_vm_readv(s->pid[p], &l, 1, &r, 1, 0);
         if (k < 0 && errno == EINTR) continue;
-        if (k <= 0)
+        if (k <= 0) {
+            int err = k < 0 ? errno : 0;
+            tp_status st = tp_shm_check_peer(s->w, g->global[p], "its buffer to be read");
+            if (st) return st;
             return tp_fail(TP_ERR_COMM, "rank %d could not read rank %d's buffer (pid %d): %s",
-                           g->global[g->rank], g->global[p], s->pid[p],
-                           k < 0 ? strerror(errno) : "no progress");
+                           g->global[g->rank], g->global[p], s->pid[p], err ? strerror(err) : "no progress");
+        }
         d += k;
         src += (size_t)k;
         bytes -= (size_t)k;

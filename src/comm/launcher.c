@@ -8,7 +8,14 @@
  * Signals are read through a signalfd (SIGCHLD for the ranks, SIGTERM,
  * SIGINT, SIGHUP for the launcher), which keeps the launcher free of
  * handlers and global flags.  Ranks get PR_SET_PDEATHSIG so that they die
- * with the launcher even when it is killed with SIGKILL. */
+ * with the launcher even when it is killed with SIGKILL.
+ *
+ * A rank that stops without exiting (SIGSTOP, a frozen cgroup) sends no
+ * SIGCHLD the launcher acts on: for the shm backend the launcher also
+ * watches the ranks' heartbeats in the segment (shm_heartbeat.c) and stops
+ * the job when one is silent for TENSORPAR_HANG_TIMEOUT (plus a margin that
+ * lets the waiting ranks report it first), wherever the others are (even
+ * finished). */
 #include "comm_internal.h"
 
 #include <errno.h>
@@ -28,6 +35,11 @@
 extern char **environ;
 
 #define DEFAULT_GRACE_S 2.0
+#define WATCH_EVERY_MS 100
+/* The ranks waiting for a frozen one notice it after TENSORPAR_HANG_TIMEOUT
+ * and say what they waited for; the launcher is the backstop, for a rank
+ * frozen where nobody waits for it, and acts a little later. */
+#define WATCH_BACKSTOP_S 0.5
 
 /* ---- environment for the ranks ---------------------------------------- */
 
@@ -92,6 +104,8 @@ static tp_status make_rendezvous(char *buf, size_t cap)
 typedef struct {
     pid_t pid;
     int alive;
+    int ended;          /* reaped in the current look; status is valid */
+    int status;
 } child;
 
 typedef struct {
@@ -103,6 +117,8 @@ typedef struct {
     double kill_at, grace;
     int exit_code;
     sigset_t old_mask;
+    tp_shm_watch *watch;         /* the ranks' heartbeats, or NULL     */
+    double hang_s;               /* 0: no heartbeat check              */
 } job;
 
 static void start_child(job *j, int i, const char *path, char *const argv[], char **envp, pid_t parent)
@@ -140,6 +156,8 @@ static void begin_stop(job *j)
     j->stopping = 1;
     j->kill_at = tp_now() + j->grace;
     signal_all(j, SIGTERM);
+    /* A stopped rank would keep its SIGTERM pending until the SIGKILL. */
+    signal_all(j, SIGCONT);
 }
 
 static void describe_failure(job *j, int i, int status)
@@ -153,23 +171,58 @@ static void describe_failure(job *j, int i, int status)
     else
         snprintf(cause, sizeof cause, "exited with status %d", WEXITSTATUS(status));
     fprintf(stderr, "%s: %s %s%s\n", j->name, who, cause,
-            is_rank && j->running > 0 ? "; stopping the other ranks" : "");
+            is_rank && j->running > 0 && !j->stopping ? "; stopping the other ranks" : "");
+}
+
+/* Whether a child's end is news: a failure before we stopped the job, or a
+ * signal we did not send (the cause, even if the job is stopping already
+ * because a rank that noticed it exited first). */
+static int is_news(const job *j, int status)
+{
+    if (WIFEXITED(status)) return WEXITSTATUS(status) != 0 && !j->stopping;
+    int sig = WTERMSIG(status);
+    return !(j->stopping && sig == SIGTERM) && !(j->killed && sig == SIGKILL);
 }
 
 static void reap(job *j)
 {
+    /* Ranks that notice a peer's death exit soon after it: when several
+     * ended since the last look, the ones killed by a signal are told first,
+     * as they are the cause. */
+    for (int i = 0; i < j->n; i++) {
+        child *c = &j->kids[i];
+        c->ended = 0;
+        if (!c->alive || waitpid(c->pid, &c->status, WNOHANG) != c->pid) continue;
+        c->alive = 0;
+        c->ended = 1;
+        j->running--;
+    }
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < j->n; i++) {
+            child *c = &j->kids[i];
+            if (!c->ended || WIFSIGNALED(c->status) != (pass == 0) || !is_news(j, c->status)) continue;
+            if (!j->stopping)
+                j->exit_code = WIFEXITED(c->status) ? WEXITSTATUS(c->status) : 128 + WTERMSIG(c->status);
+            describe_failure(j, i, c->status);
+            begin_stop(j);
+        }
+}
+
+/* A rank whose heartbeat is silent is frozen: the job cannot go on. */
+static void check_heartbeats(job *j)
+{
+    if (!j->watch || j->hang_s <= 0 || j->stopping) return;
+    double now = tp_now();
     for (int i = 0; i < j->n; i++) {
         if (!j->kids[i].alive) continue;
-        int status;
-        pid_t r = waitpid(j->kids[i].pid, &status, WNOHANG);
-        if (r != j->kids[i].pid) continue;
-        j->kids[i].alive = 0;
-        j->running--;
-        int failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
-        if (!failed || j->stopping) continue;
-        j->exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        describe_failure(j, i, status);
+        double silent = tp_shm_watch_silent(j->watch, i, (int)j->kids[i].pid, now);
+        if (silent <= j->hang_s + WATCH_BACKSTOP_S) continue;
+        fprintf(stderr, "%s: rank %d (pid %d) stopped responding (no heartbeat for %.1f s; "
+                "TENSORPAR_HANG_TIMEOUT sets the limit); stopping the ranks\n", j->name, i,
+                (int)j->kids[i].pid, silent);
+        j->exit_code = 1;
         begin_stop(j);
+        return;
     }
 }
 
@@ -193,7 +246,7 @@ static void on_signal(job *j, int sig)
 static void watch(job *j, int sfd)
 {
     while (j->running > 0) {
-        int timeout_ms = -1;
+        int timeout_ms = j->watch && j->hang_s > 0 && !j->stopping ? WATCH_EVERY_MS : -1;
         if (j->stopping && !j->killed) {
             double left = j->kill_at - tp_now();
             timeout_ms = left > 0 ? (int)(left * 1000) + 1 : 0;
@@ -206,6 +259,7 @@ static void watch(job *j, int sfd)
         }
         /* A SIGCHLD can be merged with another: reap on every wake-up. */
         reap(j);
+        check_heartbeats(j);
         if (j->stopping && !j->killed && tp_now() >= j->kill_at) {
             signal_all(j, SIGKILL);
             j->killed = 1;
@@ -239,6 +293,7 @@ static tp_status run_job(job *j, const char *path, char *const argv[], rank_env 
             begin_stop(j);
             break;
         }
+        tp_shm_watch_announce(j->watch, i, j->kids[i].pid);
         j->running++;
     }
     watch(j, sfd);
@@ -255,7 +310,10 @@ static tp_status launch_shm(const tp_launch_options *o, const char *path, char *
     int n = o->nprocs, fd = -1;
     char rendezvous[64];
     make_rendezvous(rendezvous, sizeof rendezvous);
-    tp_status st = TP_OK;
+    double hang_s;
+    tp_status st = tp_comm_hang_timeout(&hang_s);
+    if (st) return st;
+    tp_shm_watch *watch = NULL;
     if (n > 1) {
         st = tp_shm_segment_create(rendezvous, n, &fd);
         if (st) return tp_fail_context(st, "creating the job's shared memory");
@@ -263,6 +321,7 @@ static tp_status launch_shm(const tp_launch_options *o, const char *path, char *
         tp_shm_segment_name(name, sizeof name, rendezvous);
         shm_unlink(name);                      /* nothing to leave behind */
         fcntl(fd, F_SETFD, 0);                 /* let the ranks inherit it */
+        st = tp_shm_watch_open(fd, n, &watch);
     }
     rank_env *envs = calloc((size_t)n, sizeof *envs);
     child *kids = calloc((size_t)n, sizeof *kids);
@@ -271,9 +330,11 @@ static tp_status launch_shm(const tp_launch_options *o, const char *path, char *
         st = rank_env_build(&envs[r], r, n, rendezvous, n > 1 ? TP_BACKEND_SHM : TP_BACKEND_SELF, fd);
     if (st == TP_OK) {
         job j = {.name = o->name, .what = "rank", .kids = kids, .n = n,
-                 .grace = o->kill_grace_s > 0 ? o->kill_grace_s : DEFAULT_GRACE_S};
+                 .grace = o->kill_grace_s > 0 ? o->kill_grace_s : DEFAULT_GRACE_S,
+                 .watch = watch, .hang_s = hang_s};
         st = run_job(&j, path, argv, envs, exit_code);
     }
+    tp_shm_watch_close(watch);
     for (int r = 0; envs && r < n; r++) free(envs[r].envp);
     free(envs);
     free(kids);

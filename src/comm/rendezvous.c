@@ -104,6 +104,19 @@ static tp_status read_timeout(tp_comm_env *e, const tp_comm_options *o)
     return TP_OK;
 }
 
+tp_status tp_comm_hang_timeout(double *out)
+{
+    *out = 2.0;
+    const char *s = getenv("TENSORPAR_HANG_TIMEOUT");
+    if (!s || !*s) return TP_OK;
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !(v >= 0) || v > 1e9)
+        return tp_fail(TP_ERR_INVALID, "TENSORPAR_HANG_TIMEOUT='%s' is not a number of seconds (0: no check)", s);
+    *out = v;
+    return TP_OK;
+}
+
 /* Keeps names usable in /dev/shm: anything odd becomes '_'. */
 static void sanitize(char *s)
 {
@@ -143,7 +156,9 @@ tp_status tp_comm_env_read(tp_comm_env *e, const tp_comm_options *o)
     } else if ((st = read_layout(e, &under_mpirun))) {
         return st;
     }
-    if ((st = read_backend(e, o, under_mpirun)) || (st = read_timeout(e, o))) return st;
+    if ((st = read_backend(e, o, under_mpirun)) || (st = read_timeout(e, o)) ||
+        (st = tp_comm_hang_timeout(&e->hang_s)))
+        return st;
     read_rendezvous(e, o);
     long fd;
     int has_fd;

@@ -26,7 +26,7 @@
 #include <stdint.h>
 
 #define SHM_MAGIC 0x74656e736f72706dull   /* "tensorpm" */
-#define SHM_VERSION 2u
+#define SHM_VERSION 3u
 #define SHM_LINE 128                      /* two lines: the adjacent-line
                                              prefetcher shares pairs */
 #define SHM_AREAS 32
@@ -39,6 +39,8 @@
 
 enum { AREA_FREE = 0, AREA_INIT, AREA_READY };
 enum { RANK_ABSENT = 0, RANK_ALIVE, RANK_LEFT };
+/* Why failed_rank was set. */
+enum { FAIL_DIED = 0, FAIL_SILENT };
 
 /* What a step belongs to, written by each rank before it publishes the step:
  * a rank that reads a peer's step compares it with its own, so that ranks
@@ -83,7 +85,8 @@ typedef struct {
     uint64_t start_time;      /* /proc/<pid>/stat field 22 */
     uint64_t probe_addr;      /* a word peers read to test process_vm_readv */
     _Atomic int32_t cma;      /* 0 unknown, 1 could read every peer, -1 not */
-    char pad[SHM_LINE - 28];
+    _Atomic uint64_t beat;    /* heartbeat counter, 0 until the rank attaches */
+    char pad[SHM_LINE - 40];
 } shm_rank_info;
 
 _Static_assert(sizeof(shm_seq) == SHM_LINE, "shm_seq is one line pair");
@@ -119,8 +122,16 @@ typedef struct {
     _Atomic uint64_t attached;
     _Atomic int32_t failed_rank;   /* -1, or a rank found dead            */
     _Atomic int32_t failed_by;
+    _Atomic int32_t failed_why;    /* FAIL_DIED or FAIL_SILENT            */
     shm_area_entry table[SHM_AREAS];
 } shm_header;
+
+/* How long a watcher has seen a counter stand still (shm_heartbeat.c). */
+typedef struct {
+    int who;                        /* whose counter                       */
+    uint64_t seen;                  /* its value since `since`             */
+    double since, last;             /* first and latest look at that value */
+} shm_silence;
 
 /* Per-process view of the segment, shared by all of its groups. */
 typedef struct {
@@ -132,6 +143,8 @@ typedef struct {
     double spin_s;                  /* busy-wait this long before yielding */
     double yield_s;                 /* then sched_yield until this, then sleep */
     uint64_t probe;                 /* what peers read in the CMA probe    */
+    double hang_s;                  /* TENSORPAR_HANG_TIMEOUT; 0: off      */
+    tp_shm_beat *beat;              /* this rank's heartbeat thread        */
     struct { uint64_t hash; int count; } *occ;   /* sub-group creations  */
     int nocc, capocc;
 } shm_world;
@@ -166,6 +179,7 @@ typedef struct {
     double start, next_check;
     long iter;
     long sleep_ns;
+    shm_silence silence;            /* of the awaited peer                 */
 } shm_backoff;
 
 void tp_shm_backoff_init(shm_backoff *b);
@@ -173,6 +187,9 @@ void tp_shm_backoff_init(shm_backoff *b);
  * rank) died or left, another rank reported a failure, or the group's
  * timeout passed; `what` names what was awaited. */
 tp_status tp_shm_backoff(shm_backoff *b, shm_world *w, const tp_group *g, int peer, const char *what);
+/* Fails, naming the cause, if another rank reported a failure or `peer`
+ * (a global rank; -1: none) died or left; TP_OK otherwise. */
+tp_status tp_shm_check_peer(shm_world *w, int peer, const char *what);
 /* Waits until *c >= target. */
 tp_status tp_shm_wait_ge(shm_world *w, const tp_group *g, _Atomic uint64_t *c, uint64_t target,
                          int peer, const char *what);
@@ -180,5 +197,14 @@ tp_status tp_shm_wait_ge(shm_world *w, const tp_group *g, _Atomic uint64_t *c, u
 int tp_shm_rank_alive(shm_world *w, int r);
 /* Start time of a process (field 22 of /proc/<pid>/stat), and its state letter. */
 uint64_t tp_shm_proc_start(int pid, char *state);
+
+/* ---- liveness (shm_heartbeat.c) ---- */
+/* Starts a thread that bumps *counter every 50 ms until stopped. */
+tp_status tp_shm_beat_start(_Atomic uint64_t *counter, tp_shm_beat **out);
+void tp_shm_beat_stop(tp_shm_beat *b);
+void tp_shm_silence_init(shm_silence *s, double now);
+/* Seconds that `who`'s counter has shown `value`, as seen by this watcher
+ * while it was running itself (a long gap between two looks restarts it). */
+double tp_shm_silence(shm_silence *s, int who, uint64_t value, double now);
 
 #endif

@@ -310,6 +310,15 @@ tp_status tp_shm_attach(shm_world **out, const tp_comm_env *e, double timeout_s)
     if (st) { free(w); return st; }
     if (!named) close(e->shm_fd);
     register_me(w);
+    /* Beat from now on: the peers may wait for us from here. */
+    w->hang_s = e->hang_s;
+    shm_rank_info *mine = (shm_rank_info *)((char *)w->h + w->h->ranks_off) + w->me;
+    st = tp_shm_beat_start(&mine->beat, &w->beat);
+    if (st) {
+        if (named) shm_unlink(name);
+        tp_shm_detach(w);
+        return st;
+    }
     uint64_t n = atomic_fetch_add(&w->h->attached, 1) + 1;
     /* The last rank to attach removes the name: from here on the segment
      * lives only as long as the ranks that map it. */
@@ -330,6 +339,8 @@ void tp_shm_detach(shm_world *w)
     if (!w || --w->refs > 0) return;
     shm_rank_info *ri = (shm_rank_info *)((char *)w->h + w->h->ranks_off) + w->me;
     atomic_store_explicit(&ri->state, RANK_LEFT, memory_order_release);
+    /* After RANK_LEFT: nobody takes the silence that follows for a hang. */
+    tp_shm_beat_stop(w->beat);
     munmap(w->h, w->bytes);
     free(w->occ);
     free(w);

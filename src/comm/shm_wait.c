@@ -5,9 +5,10 @@
  * tp_shm_attach), then yields the core (ranks may outnumber cores, and the peer we
  * wait for may need ours) until 50 ms or 2 ms have passed (the same two
  * cases), then sleeps with a growing interval.  Every 50 ms
- * it checks that the awaited peer still exists and that no other rank has
- * reported a failure, so a dead peer is noticed within a fraction of a
- * second instead of at the timeout. */
+ * it checks that the awaited peer still exists, that its heartbeat runs
+ * (shm_heartbeat.c) and that no other rank has reported a failure, so a
+ * dead or frozen peer is noticed within a fraction of a second, or
+ * TENSORPAR_HANG_TIMEOUT, instead of at the timeout. */
 #include "shm.h"
 
 #include <errno.h>
@@ -68,25 +69,74 @@ void tp_shm_backoff_init(shm_backoff *b)
     b->next_check = b->start + CHECK_EVERY_S;
     b->iter = 0;
     b->sleep_ns = SLEEP_MIN_NS;
+    tp_shm_silence_init(&b->silence, b->start);
+}
+
+/* Tells the other ranks, so that those waiting on someone else stop too. */
+static void flag_failure(shm_world *w, int peer, int why)
+{
+    int expected = -1;
+    if (atomic_compare_exchange_strong(&w->h->failed_rank, &expected, peer)) {
+        atomic_store(&w->h->failed_why, why);
+        atomic_store_explicit(&w->h->failed_by, w->me, memory_order_release);
+    }
 }
 
 static tp_status report_dead(shm_world *w, int peer, const char *what)
 {
     shm_rank_info *ri = (shm_rank_info *)((char *)w->h + w->h->ranks_off) + peer;
-    int expected = -1;
-    /* Tell the other ranks, so that those waiting on someone else stop too. */
-    if (atomic_compare_exchange_strong(&w->h->failed_rank, &expected, peer))
-        atomic_store(&w->h->failed_by, w->me);
+    flag_failure(w, peer, FAIL_DIED);
     return tp_fail(TP_ERR_COMM, "rank %d (pid %d) died while rank %d waited for %s", peer,
                    (int)atomic_load(&ri->pid), w->me, what);
 }
 
-static tp_status check_peers(shm_world *w, int peer, const char *what)
+static tp_status report_silent(shm_world *w, int peer, double silent, const char *what)
+{
+    shm_rank_info *ri = (shm_rank_info *)((char *)w->h + w->h->ranks_off) + peer;
+    flag_failure(w, peer, FAIL_SILENT);
+    return tp_fail(TP_ERR_COMM, "rank %d (pid %d) stopped responding (no heartbeat for %.1f s) while rank %d "
+                   "waited for %s (TENSORPAR_HANG_TIMEOUT sets the limit)", peer, (int)atomic_load(&ri->pid),
+                   silent, w->me, what);
+}
+
+static tp_status report_flagged(shm_world *w, int failed, const char *what)
+{
+    /* The flagging rank writes failed_by last; it is a few stores behind. */
+    int by = -1;
+    for (int i = 0; i < 1000 && (by = atomic_load_explicit(&w->h->failed_by, memory_order_acquire)) < 0; i++)
+        tp_cpu_relax();
+    int silent = by >= 0 && atomic_load(&w->h->failed_why) == FAIL_SILENT;
+    return tp_fail(TP_ERR_COMM, "rank %d %s (noticed by rank %d) while rank %d waited for %s", failed,
+                   silent ? "stopped responding" : "died", by, w->me, what);
+}
+
+/* A peer that runs beats; one whose heartbeat is silent for hang_s of our
+ * own running time is frozen.  Before it attaches it has no heartbeat yet
+ * and may legitimately be busy for long (starting up, importing): then only
+ * a stopped process counts as silent. */
+static tp_status check_silence(shm_backoff *b, shm_world *w, int peer, double now, const char *what)
+{
+    if (w->hang_s <= 0) return TP_OK;
+    shm_rank_info *ri = (shm_rank_info *)((char *)w->h + w->h->ranks_off) + peer;
+    int pid = atomic_load_explicit(&ri->pid, memory_order_acquire);
+    if (pid <= 0) return TP_OK;
+    uint64_t beat = atomic_load_explicit(&ri->beat, memory_order_acquire);
+    if (beat == 0) {
+        char state;
+        tp_shm_proc_start(pid, &state);
+        if (state != 'T' && state != 't') {
+            tp_shm_silence_init(&b->silence, now);
+            return TP_OK;
+        }
+    }
+    double silent = tp_shm_silence(&b->silence, peer, beat, now);
+    return silent > w->hang_s ? report_silent(w, peer, silent, what) : TP_OK;
+}
+
+tp_status tp_shm_check_peer(shm_world *w, int peer, const char *what)
 {
     int failed = atomic_load_explicit(&w->h->failed_rank, memory_order_acquire);
-    if (failed >= 0 && failed != w->me)
-        return tp_fail(TP_ERR_COMM, "rank %d died (noticed by rank %d) while rank %d waited for %s",
-                       failed, (int)atomic_load(&w->h->failed_by), w->me, what);
+    if (failed >= 0 && failed != w->me) return report_flagged(w, failed, what);
     if (peer < 0 || peer == w->me) return TP_OK;
     shm_rank_info *ri = (shm_rank_info *)((char *)w->h + w->h->ranks_off) + peer;
     if (atomic_load_explicit(&ri->state, memory_order_acquire) == RANK_LEFT)
@@ -117,7 +167,8 @@ tp_status tp_shm_backoff(shm_backoff *b, shm_world *w, const tp_group *g, int pe
     }
     if (now >= b->next_check) {
         b->next_check = now + CHECK_EVERY_S;
-        tp_status st = check_peers(w, peer, what);
+        tp_status st = tp_shm_check_peer(w, peer, what);
+        if (st == TP_OK && peer >= 0 && peer != w->me) st = check_silence(b, w, peer, now, what);
         if (st) return st;
     }
     if (waited > g->timeout_s)

@@ -6,8 +6,15 @@
     the others and exits non-zero within 5 s,
   - the launcher killed with SIGTERM, and with SIGKILL: no rank survives,
   - a rank that hangs: the others time out (TENSORPAR_COMM_TIMEOUT), naming it,
+    and a busy rank is not taken for a frozen one however short
+    TENSORPAR_HANG_TIMEOUT is (its heartbeat runs),
+  - a frozen rank (SIGSTOP): the ranks waiting for it name it after
+    TENSORPAR_HANG_TIMEOUT; frozen where nobody waits for it (or after it
+    left the job), the launcher does, a little later; frozen before it
+    joined, the others name it; busy
+    before it joins, it is waited for,
   - without the launcher (torchrun-style), a killed rank is noticed by the
-    survivor within about 2 s,
+    survivor within about 2 s, and a frozen one after TENSORPAR_HANG_TIMEOUT,
 and in every case nothing of the job is left in /dev/shm.
 
     TENSORPAR_BIN=build/tensorpar /usr/bin/python3 tests/e2e/test_launcher.py
@@ -25,6 +32,7 @@ from tpe2e import Checks, job_env  # noqa: E402
 BIN = os.environ["TENSORPAR_BIN"]
 ENV = job_env()
 ENV.pop("TENSORPAR_COMM_TIMEOUT", None)
+ENV.pop("TENSORPAR_HANG_TIMEOUT", None)
 
 check = Checks()
 failures = check.failures
@@ -152,6 +160,110 @@ def test_hang(tmp):
     print(f"hung rank: reported, launcher done after {took:.2f} s")
 
 
+def test_busy_is_not_frozen(tmp):
+    d = os.path.join(tmp, "busy")
+    os.mkdir(d)
+    p = start_loop(d, 2, {"TENSORPAR_COMM_TIMEOUT": "2.5", "TENSORPAR_HANG_TIMEOUT": "0.5"}, ("--stall-rank", "1"))
+    try:
+        _, err = p.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+    check("rank 1 did not answer within 2.5 s" in err and "stopped responding" not in err,
+          f"a busy rank was taken for a frozen one: {err!r}")
+    print("busy rank: waited for until TENSORPAR_COMM_TIMEOUT")
+
+
+def finish(p, limit=20):
+    try:
+        _, err = p.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+    return err
+
+
+def test_stopped_rank(tmp):
+    d = os.path.join(tmp, "stopped")
+    os.mkdir(d)
+    p = start_loop(d, 3)
+    pids = wait_pids(d, 3)
+    check(pids is not None, "ranks did not start")
+    if not pids:
+        p.kill()
+        return
+    time.sleep(0.3)
+    t0 = time.time()
+    os.kill(pids[2], signal.SIGSTOP)
+    err = finish(p)
+    took = time.time() - t0
+    check(p.returncode == 1, f"launcher exit status {p.returncode} after a rank froze")
+    check(f"rank 2 (pid {pids[2]}) stopped responding" in err, f"message for a frozen rank: {err!r}")
+    check(1.9 < took < 3.5, f"frozen rank: the launcher ended after {took:.1f} s (TENSORPAR_HANG_TIMEOUT is 2)")
+    check(not any(alive(x) for x in pids), "a rank survived (the frozen one must be woken to die)")
+    print(f"frozen rank: launcher exited {p.returncode} after {took:.2f} s")
+
+
+def test_stopped_unawaited(tmp):
+    # Rank 1 stalls (asleep, but beating); rank 0, waiting for it, freezes:
+    # no rank waits for rank 0, so the launcher's watch is what notices.
+    d = os.path.join(tmp, "stopped-unawaited")
+    os.mkdir(d)
+    p = start_loop(d, 2, {"TENSORPAR_COMM_TIMEOUT": "30"}, ("--stall-rank", "1"))
+    pids = wait_pids(d, 2)
+    check(pids is not None, "ranks did not start")
+    if not pids:
+        p.kill()
+        return
+    time.sleep(0.8)
+    t0 = time.time()
+    os.kill(pids[0], signal.SIGSTOP)
+    err = finish(p)
+    took = time.time() - t0
+    check(p.returncode == 1 and f"tensorpar launch: rank 0 (pid {pids[0]}) stopped responding" in err,
+          f"launcher's message for a frozen rank nobody waits for: {p.returncode} {err!r}")
+    check(2.4 < took < 4, f"the launcher noticed after {took:.1f} s (TENSORPAR_HANG_TIMEOUT 2 + 0.5)")
+    check(not any(alive(x) for x in pids), "a rank survived")
+    print(f"frozen rank nobody waits for: the launcher ended the job after {took:.2f} s")
+
+
+def test_stopped_after_leaving(tmp):
+    # Rank 1 freezes after it has left the job (no heartbeat any more), while
+    # rank 0 has finished: only the launcher, waiting for it to exit, can tell.
+    d = os.path.join(tmp, "stopped-after")
+    os.mkdir(d)
+    script = '"$0" selftest comm --quick --out-dir "$1" || exit 1; if [ "$RANK" = 1 ]; then kill -STOP $$; fi'
+    t0 = time.time()
+    p = subprocess.Popen([BIN, "launch", "-n", "2", "--", "sh", "-c", script, BIN, d], env=ENV,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err = finish(p)
+    took = time.time() - t0
+    check(p.returncode == 1 and "tensorpar launch: rank 1 (pid" in err and "stopped responding" in err,
+          f"a rank frozen after leaving: status {p.returncode} after {took:.1f} s: {err!r}")
+    print(f"rank frozen after leaving the job: status {p.returncode} after {took:.2f} s")
+
+
+def test_stopped_before_join(tmp):
+    # Rank 1 freezes before it joins (before any heartbeat): rank 0, waiting
+    # for it to join, names it.  A rank that is merely slow to join is waited for.
+    for what, pre, hang in (("frozen", "kill -STOP $$", "1"), ("slow", "sleep 1.5", "0.5")):
+        d = os.path.join(tmp, f"join-{what}")
+        os.mkdir(d)
+        script = f'if [ "$RANK" = 1 ]; then {pre}; fi; exec "$0" selftest comm --quick --out-dir "$1"'
+        t0 = time.time()
+        p = subprocess.Popen([BIN, "launch", "-n", "2", "--", "sh", "-c", script, BIN, d],
+                             env=dict(ENV, TENSORPAR_HANG_TIMEOUT=hang), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        err = finish(p)
+        took = time.time() - t0
+        if what == "frozen":
+            check(p.returncode != 0 and "rank 1 (pid" in err and "stopped responding" in err and took < 4,
+                  f"rank frozen before joining: status {p.returncode} after {took:.1f} s: {err!r}")
+        else:
+            check(p.returncode == 0, f"a rank slow to join was not waited for: {p.returncode} {err!r}")
+        print(f"rank {what} before joining: status {p.returncode} after {took:.2f} s")
+
+
 def test_torchrun_style(tmp):
     d = os.path.join(tmp, "torchrun")
     os.mkdir(d)
@@ -184,6 +296,33 @@ def test_torchrun_style(tmp):
     check(not [f for f in os.listdir("/dev/shm") if f"-m-127.0.0.1-{port}" in f], "segment left in /dev/shm")
 
 
+def test_torchrun_stopped(tmp):
+    d = os.path.join(tmp, "torchrun-stop")
+    os.mkdir(d)
+    port = str(30000 + (os.getpid() + 7) % 20000)
+    procs = []
+    for r in range(2):
+        env = dict(ENV, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        procs.append(subprocess.Popen([BIN, "selftest", "comm", "--loop", "60", "--out-dir", d], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    pids = wait_pids(d, 2)
+    check(pids is not None, "torchrun-style ranks did not start")
+    if pids:
+        time.sleep(0.3)
+        t0 = time.time()
+        os.kill(pids[0], signal.SIGSTOP)
+        err = finish(procs[1], 10)
+        took = time.time() - t0
+        check(procs[1].returncode == 1, f"survivor exit status {procs[1].returncode}")
+        check(f"rank 0 (pid {pids[0]}) stopped responding" in err, f"survivor's message: {err!r}")
+        check(1.9 < took < 3.5, f"survivor noticed the frozen rank after {took:.1f} s")
+        print(f"torchrun-style: survivor noticed the frozen rank after {took:.2f} s")
+    for q in procs:
+        if q.poll() is None:
+            q.kill()
+        q.communicate()
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         test_exit_codes()
@@ -191,7 +330,13 @@ def main():
         test_kill_launcher(tmp, signal.SIGTERM)
         test_kill_launcher(tmp, signal.SIGKILL)
         test_hang(tmp)
+        test_busy_is_not_frozen(tmp)
+        test_stopped_rank(tmp)
+        test_stopped_unawaited(tmp)
+        test_stopped_after_leaving(tmp)
+        test_stopped_before_join(tmp)
         test_torchrun_style(tmp)
+        test_torchrun_stopped(tmp)
     print(f"{len(failures)} failed")
     return 1 if failures else 0
 
