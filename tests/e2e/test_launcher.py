@@ -73,6 +73,21 @@ def start_loop(d, n, extra_env=None, extra=()):
                             stderr=subprocess.PIPE, text=True)
 
 
+def started_job(tmp, name, n, extra_env=None, extra=()):
+    """A `launch -n n` job of the comm selftest loop in tmp/name, and its
+    ranks' pids once all have started (None, after killing it, if they
+    did not)."""
+    d = os.path.join(tmp, name)
+    os.mkdir(d)
+    p = start_loop(d, n, extra_env, extra)
+    pids = wait_pids(d, n)
+    check(pids is not None, "ranks did not start")
+    if not pids:
+        p.kill()
+        p.communicate()
+    return p, pids
+
+
 def test_exit_codes():
     p = subprocess.run([BIN, "launch", "-n", "3", "--", "sh", "-c",
                         'test "$WORLD_SIZE" = 3 && test "$LOCAL_WORLD_SIZE" = 3 && test "$RANK" = "$LOCAL_RANK" '
@@ -93,13 +108,8 @@ def test_exit_codes():
 
 
 def test_kill_rank(tmp):
-    d = os.path.join(tmp, "kill-rank")
-    os.mkdir(d)
-    p = start_loop(d, 3)
-    pids = wait_pids(d, 3)
-    check(pids is not None, "ranks did not start")
+    p, pids = started_job(tmp, "kill-rank", 3)
     if not pids:
-        p.kill()
         return
     time.sleep(0.3)
     t0 = time.time()
@@ -120,13 +130,8 @@ def test_kill_rank(tmp):
 
 
 def test_kill_launcher(tmp, sig):
-    d = os.path.join(tmp, f"kill-launcher-{sig}")
-    os.mkdir(d)
-    p = start_loop(d, 2)
-    pids = wait_pids(d, 2)
-    check(pids is not None, "ranks did not start")
+    p, pids = started_job(tmp, f"kill-launcher-{sig}", 2)
     if not pids:
-        p.kill()
         return
     t0 = time.time()
     p.send_signal(sig)
@@ -184,13 +189,8 @@ def finish(p, limit=20):
 
 
 def test_stopped_rank(tmp):
-    d = os.path.join(tmp, "stopped")
-    os.mkdir(d)
-    p = start_loop(d, 3)
-    pids = wait_pids(d, 3)
-    check(pids is not None, "ranks did not start")
+    p, pids = started_job(tmp, "stopped", 3)
     if not pids:
-        p.kill()
         return
     time.sleep(0.3)
     t0 = time.time()
@@ -207,13 +207,8 @@ def test_stopped_rank(tmp):
 def test_stopped_unawaited(tmp):
     # Rank 1 stalls (asleep, but beating); rank 0, waiting for it, freezes:
     # no rank waits for rank 0, so the launcher's watch is what notices.
-    d = os.path.join(tmp, "stopped-unawaited")
-    os.mkdir(d)
-    p = start_loop(d, 2, {"TENSORPAR_COMM_TIMEOUT": "30"}, ("--stall-rank", "1"))
-    pids = wait_pids(d, 2)
-    check(pids is not None, "ranks did not start")
+    p, pids = started_job(tmp, "stopped-unawaited", 2, {"TENSORPAR_COMM_TIMEOUT": "30"}, ("--stall-rank", "1"))
     if not pids:
-        p.kill()
         return
     time.sleep(0.8)
     t0 = time.time()
