@@ -158,6 +158,25 @@ struct tp_style {
     /* Default: 1 for every built-in style that installs a forward. */
     int (*should_use_local_tensors)(const tp_style *st, const tp_module_ctx *mod);
 
+    /* Backward (§3.4; src/parallel/style_backward.c).  The defaults are the
+     * conjugates of the forward moves (tp_redistribute_backward), so a style
+     * that states its layouts gets both directions.  Not called in the
+     * forward path.
+     * The output gradient arrives placed desc.output; leave it as the local
+     * backward consumes it.  Default: backward of local_output -> output. */
+    tp_status (*transform_grad_output_pre_backward)(const tp_style *st, const tp_module_ctx *mod,
+                                                    const tp_forward_desc *d, tp_dtensor *gy);
+    /* The input gradient arrives as the local backward left it
+     * (tp_style_local_input_grad_layout); bring it to desc.input.
+     * Default: backward of input -> compute_input. */
+    tp_status (*transform_grad_input_post_backward)(const tp_style *st, const tp_module_ctx *mod,
+                                                    const tp_forward_desc *d, tp_dtensor *gx);
+    /* One parameter's gradient, as the local backward left it.  Default:
+     * with param_grad_allreduce, a Partial sum all-reduced to Replicate;
+     * otherwise nothing (it is already placed like its parameter). */
+    tp_status (*reduce_param_grad_post_backward)(const tp_style *st, const tp_module_ctx *mod,
+                                                 const tp_forward_desc *d, tp_dtensor *gw);
+
     void *user;                    /* free for custom styles               */
 };
 
@@ -174,6 +193,19 @@ tp_status tp_style_post_forward(const tp_style *st, const tp_module_ctx *mod,
 tp_status tp_style_context_enter(const tp_style *st, const tp_module_ctx *mod, void **state);
 void tp_style_context_leave(const tp_style *st, const tp_module_ctx *mod, void *state);
 int tp_style_use_local_tensors(const tp_style *st, const tp_module_ctx *mod);
+/* The backward hooks or their defaults, in the order training calls them:
+ * pre_backward on the output gradient, the module's local backward, then
+ * post_backward on the input gradient and param_grad on each parameter's. */
+tp_status tp_style_pre_backward(const tp_style *st, const tp_module_ctx *mod,
+                                const tp_forward_desc *d, tp_dtensor *gy);
+tp_status tp_style_post_backward(const tp_style *st, const tp_module_ctx *mod,
+                                 const tp_forward_desc *d, tp_dtensor *gx);
+tp_status tp_style_param_grad(const tp_style *st, const tp_module_ctx *mod,
+                              const tp_forward_desc *d, tp_dtensor *gw);
+/* The layout of the input gradient that the module's local backward
+ * produces: Partial when a replicated input fed a sharded computation
+ * (allreduce_backward_input), else desc.compute_input. */
+tp_placement tp_style_local_input_grad_layout(const tp_forward_desc *d);
 
 /* The built-in style templates (implementations bound to options); the
  * registry copies them.  Exposed so custom styles can start from one:
