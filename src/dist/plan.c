@@ -70,19 +70,20 @@ static int can_all_to_all(int mesh_ndim, const tp_placement *src, const tp_place
 
 /* The one rule (§1.5).  Per pair, on one mesh dimension:
  *
- *   from \ to       Replicate    Shard(j) / StridedShard(j,s)   Partial
- *   Replicate       none         local_slice                    zero_nonroot
- *   Partial         all_reduce   reduce_scatter                 none
- *   Shard(i)        all_gather   all_to_all (i != j, plain)     all_gather, then zero_nonroot
- *                                else all_gather, then slice
- *   StridedShard    all_gather   all_gather, then local_slice   all_gather, then zero_nonroot
+ *   from \ to     Replicate   Shard(j)            StridedShard(j,s)   Partial
+ *   Replicate     none        local_slice         local_slice         zero_nonroot
+ *   Partial       all_reduce  reduce_scatter      reduce_scatter      none
+ *   Shard(i)      all_gather  all_to_all (i!=j)   gather, then slice  gather, then zero
+ *   StridedShard  all_gather  gather, then slice  gather, then slice  gather, then zero
  *
+ * (equal placements: none.)
  * Replicate -> Partial communicates nothing: group rank 0 keeps the value,
  * the others hold zeros (exact in every dtype, where DTensor's divide by P
  * is not).  StridedShard <-> Shard is gather + slice rather than one
- * all-to-all: the pieces would be strided on both sides, the pair only
- * occurs when saving or re-planning packed weights, and the gather is the
- * step every other path already uses. */
+ * all-to-all: the pieces would be strided on both sides, no built-in
+ * style moves an activation between the two, and the gather + slice is
+ * what every other path already runs.  A multi-dimension plan may still
+ * refuse the all-to-all (see can_all_to_all) and gather instead. */
 tp_collective tp_placement_step(tp_placement from, tp_placement to, int ndim, tp_placement *via)
 {
     *via = to;
