@@ -454,7 +454,10 @@ tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick)
             const tp_tensor *W = v == V_F32 || v == V_AVX2_F32 || v == V_BLAS_F32 ? &wf : &wb;
             double sec;
             st = time_matmul(y, x, T, W, pool, &o, r, &sec);
-            if (!st) fprintf(out, " %16.1f", 2.0 * (double)T * (double)sh->n * (double)sh->k / sec / 1e9);
+            /* Four decimals below 1 GFLOP/s, so a slow build (sanitizers,
+             * an emulator) never prints a measured rate as 0.0. */
+            double gflops = 2.0 * (double)T * (double)sh->n * (double)sh->k / sec / 1e9;
+            if (!st) fprintf(out, " %16.*f", gflops < 1.0 ? 4 : 1, gflops);
             fflush(out);
         }
         fprintf(out, "\n");

@@ -16,7 +16,7 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tpe2e import NATIVE, run  # noqa: E402
+from tpe2e import run  # noqa: E402
 
 WORK = None
 MODEL = None
@@ -113,11 +113,10 @@ class BenchTest(unittest.TestCase):
         rows = [ln.split() for ln in p.stdout.split("\n") if ln.startswith(("q_proj ", "down "))]
         self.assertEqual(len(rows), 5, p.stdout)   # GEMM and cold GEMV: q_proj, down; GEMV: "down T=1"
         gemm = rows[0]
-        # Emulated (the arm64 cross build under qemu-aarch64) the scalar GEMM
-        # runs at a few MFLOP/s, which prints as 0.0.
-        measured = self.assertGreater if NATIVE else self.assertGreaterEqual
-        measured(float(gemm[1]), 0)           # this path's f32 GEMM
-        measured(float(gemm[2]), 0)           # and bf16
+        # Rates below 1 GFLOP/s print with 4 decimals (the ASan build, the
+        # arm64 build under qemu-aarch64), so every measured rate is > 0.
+        self.assertGreater(float(gemm[1]), 0)   # this path's f32 GEMM
+        self.assertGreater(float(gemm[2]), 0)   # and bf16
         self.assertIn(f"{path} f32", p.stdout)
         if isa != "amx":
             self.assertEqual(gemm[4:7], ["-"] * 3, "AMX columns without AMX")
