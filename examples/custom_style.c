@@ -1,16 +1,16 @@
 /* examples/custom_style.c — registering a tensor-parallel style of your own.
  *
  * Registers `colwise_custom` (a ColwiseParallel instance: it behaves like
- * `colwise`), uses it in a plan for q/k/v, runs the model split over the
- * job's ranks, and checks that the logits equal those of the built-in plan.
+ * `colwise`) in a style registry of the program's own, uses it in a plan for
+ * q/k/v, loads the model with that registry, runs it split over the job's
+ * ranks, and checks that the logits equal those of the built-in plan.  The
+ * style stays invisible to the default registry (tp_style_register would
+ * put it there, for every model of the process).
  *
  *   tensorpar make-model --arch llama --preset tiny --out /tmp/m
  *   tensorpar launch -n 2 -- build/examples/custom_style /tmp/m
  */
-#include "tensorpar/comm.h"
-#include "tensorpar/dist.h"
-#include "tensorpar/models.h"
-#include "tensorpar/parallel.h"
+#include <tensorpar.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -40,9 +40,11 @@ static tp_status write_plan(const tp_model_config *cfg, const char *path)
     return s;
 }
 
-static tp_status logits_with(const char *dir, const tp_mesh *mesh, const char *plan, float *out)
+static tp_status logits_with(const char *dir, const tp_mesh *mesh, const char *plan,
+                             const tp_style_registry *styles, float *out)
 {
-    tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .threads = 1, .mesh = mesh, .tp_plan = plan};
+    tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .threads = 1, .mesh = mesh, .tp_plan = plan,
+                           .styles = styles};
     tp_model *m;
     tp_status s = tp_model_load(&m, dir, &mo);
     if (s) return s;
@@ -59,9 +61,9 @@ static tp_status logits_with(const char *dir, const tp_mesh *mesh, const char *p
 int main(int argc, char **argv)
 {
     if (argc != 2) { fprintf(stderr, "usage: tensorpar launch -n N -- custom_style MODEL_DIR\n"); return 2; }
-    tp_style custom = *tp_style_lookup("colwise");
-    custom.name = "colwise_custom";
-    if (tp_style_register(&custom)) return fail("register");
+    tp_style_registry *styles;
+    if (tp_style_registry_new(&styles)) return fail("registry");
+    if (tp_style_registry_set(styles, "colwise_custom", tp_style_lookup("colwise"))) return fail("register");
 
     tp_group *world;
     tp_mesh *mesh;
@@ -76,7 +78,10 @@ int main(int argc, char **argv)
     float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
     if (!a || !b) return fail("memory");
     int rc = 0;
-    if (logits_with(argv[1], mesh, plan_path, a) || logits_with(argv[1], mesh, "auto", b)) rc = fail("forward");
+    if (logits_with(argv[1], mesh, plan_path, styles, a) || logits_with(argv[1], mesh, "auto", NULL, b))
+        rc = fail("forward");
+    /* the default registry does not know the style: the same plan fails */
+    if (!rc && logits_with(argv[1], mesh, plan_path, NULL, b) == TP_OK) rc = fail("colwise_custom is visible to every model");
     remove(plan_path);
     double diff = 0;
     for (size_t i = 0; !rc && i < n; i++) diff = fmax(diff, fabs((double)a[i] - b[i]));
@@ -85,6 +90,7 @@ int main(int argc, char **argv)
     if (!rc && diff != 0) rc = 1;
     free(a);
     free(b);
+    tp_style_registry_free(styles);
     tp_mesh_free(mesh);
     tp_group_free(world);
     return rc;

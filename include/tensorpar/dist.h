@@ -107,6 +107,17 @@ typedef enum {
 } tp_collective;
 
 const char *tp_collective_name(tp_collective c);
+/* 1 when c moves data between ranks (not none, local_slice, zero_nonroot). */
+int tp_collective_communicates(tp_collective c);
+
+/* The one rule for changing one mesh dimension's placement (§1.5; the table
+ * is in src/dist/plan.c): the operation that starts the move from `from` to
+ * `to`, and in *via the placement it lands on: `to` itself, or Replicate
+ * when the pair takes two steps (a sharded source that cannot reach `to`
+ * in one all-to-all is gathered first).  Both placements normalized for a
+ * tensor of ndim dims.  tp_redistribute_plan and the plan report both ask
+ * this function; nothing else decides a collective. */
+tp_collective tp_placement_step(tp_placement from, tp_placement to, int ndim, tp_placement *via);
 
 /* One step changes the placement of one mesh dimension. */
 typedef struct {
@@ -203,6 +214,26 @@ tp_status tp_redistribute(const tp_dtensor *src, const tp_placement *dst_pl, tp_
 tp_status tp_redistribute_local(const tp_mesh *mesh, tp_dtype dtype, int ndim, const int64_t *gshape,
                                 const tp_placement *src_pl, const void *src_local,
                                 const tp_placement *dst_pl, void *dst_local);
+
+/* ---- backward (src/dist/backward.c) ------------------------------------ */
+
+/* The conjugate of tp_redistribute for gradients, as DTensor's
+ * Redistribute.backward: the gradient `grad_out` (placed as the forward's
+ * output, or Partial when it is a per-rank partial sum) goes back to the
+ * forward's source placements `fwd_src_pl`, except that a Partial source
+ * becomes Replicate unless the gradient itself is Partial.  The global value
+ * is unchanged (the adjoint of an identity); only the layout, and so the
+ * collective, changes.  Collective like tp_redistribute. */
+tp_status tp_redistribute_backward(const tp_dtensor *grad_out, const tp_placement *fwd_src_pl,
+                                   tp_dtensor *grad_in);
+/* The same on raw local buffers (see tp_redistribute_local). */
+tp_status tp_redistribute_backward_local(const tp_mesh *mesh, tp_dtype dtype, int ndim, const int64_t *gshape,
+                                         const tp_placement *grad_pl, const void *grad_local,
+                                         const tp_placement *fwd_src_pl, void *grad_in_local);
+/* Where the gradient lands: the rule above, per mesh dimension, no
+ * communication. */
+void tp_redistribute_backward_placements(int mesh_ndim, const tp_placement *fwd_src,
+                                         const tp_placement *grad_pl, tp_placement *out);
 
 #ifdef __cplusplus
 }

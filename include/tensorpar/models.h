@@ -16,6 +16,7 @@ extern "C" {
 #endif
 
 struct tp_mesh;          /* dist.h */
+struct tp_style_registry; /* parallel.h */
 struct tp_module_tp;     /* a module's tensor-parallel state (models/tp_module.h) */
 struct tp_model_tp;      /* the model's plan resolution and mesh */
 
@@ -70,6 +71,9 @@ typedef struct {
      * ("auto" or NULL: the model type's built-in plan; else a JSON file). */
     const struct tp_mesh *mesh;
     const char *tp_plan;
+    /* Where the plan's style names are looked up: NULL for the default
+     * registry.  It must outlive the model (the model keeps its styles). */
+    const struct tp_style_registry *styles;
 } tp_model_options;
 
 /* ---- parameters ------------------------------------------------------ */

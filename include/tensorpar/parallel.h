@@ -158,6 +158,25 @@ struct tp_style {
     /* Default: 1 for every built-in style that installs a forward. */
     int (*should_use_local_tensors)(const tp_style *st, const tp_module_ctx *mod);
 
+    /* Backward (§3.4; src/parallel/style_backward.c).  The defaults are the
+     * conjugates of the forward moves (tp_redistribute_backward), so a style
+     * that states its layouts gets both directions.  Not called in the
+     * forward path.
+     * The output gradient arrives placed desc.output; leave it as the local
+     * backward consumes it.  Default: backward of local_output -> output. */
+    tp_status (*transform_grad_output_pre_backward)(const tp_style *st, const tp_module_ctx *mod,
+                                                    const tp_forward_desc *d, tp_dtensor *gy);
+    /* The input gradient arrives as the local backward left it
+     * (tp_style_local_input_grad_layout); bring it to desc.input.
+     * Default: backward of input -> compute_input. */
+    tp_status (*transform_grad_input_post_backward)(const tp_style *st, const tp_module_ctx *mod,
+                                                    const tp_forward_desc *d, tp_dtensor *gx);
+    /* One parameter's gradient, as the local backward left it.  Default:
+     * with param_grad_allreduce, a Partial sum all-reduced to Replicate;
+     * otherwise nothing (it is already placed like its parameter). */
+    tp_status (*reduce_param_grad_post_backward)(const tp_style *st, const tp_module_ctx *mod,
+                                                 const tp_forward_desc *d, tp_dtensor *gw);
+
     void *user;                    /* free for custom styles               */
 };
 
@@ -174,6 +193,19 @@ tp_status tp_style_post_forward(const tp_style *st, const tp_module_ctx *mod,
 tp_status tp_style_context_enter(const tp_style *st, const tp_module_ctx *mod, void **state);
 void tp_style_context_leave(const tp_style *st, const tp_module_ctx *mod, void *state);
 int tp_style_use_local_tensors(const tp_style *st, const tp_module_ctx *mod);
+/* The backward hooks or their defaults, in the order training calls them:
+ * pre_backward on the output gradient, the module's local backward, then
+ * post_backward on the input gradient and param_grad on each parameter's. */
+tp_status tp_style_pre_backward(const tp_style *st, const tp_module_ctx *mod,
+                                const tp_forward_desc *d, tp_dtensor *gy);
+tp_status tp_style_post_backward(const tp_style *st, const tp_module_ctx *mod,
+                                 const tp_forward_desc *d, tp_dtensor *gx);
+tp_status tp_style_param_grad(const tp_style *st, const tp_module_ctx *mod,
+                              const tp_forward_desc *d, tp_dtensor *gw);
+/* The layout of the input gradient that the module's local backward
+ * produces: Partial when a replicated input fed a sharded computation
+ * (allreduce_backward_input), else desc.compute_input. */
+tp_placement tp_style_local_input_grad_layout(const tp_forward_desc *d);
 
 /* The built-in style templates (implementations bound to options); the
  * registry copies them.  Exposed so custom styles can start from one:
@@ -182,31 +214,45 @@ const tp_style *tp_style_builtin(size_t i);   /* NULL past the end */
 
 /* ---- the registry (§3.5) ----------------------------------------------- */
 
-/* The global registry holds the built-ins of §2.1 in order from first use.
- * register: a new name is appended, an existing name is replaced in place.
- * The style is copied (name included).  Not thread-safe: register before
- * building models. */
+/* A registry is an ordered mapping name -> style instance.  The default
+ * registry (process-wide, created once on first use from any thread) holds
+ * the built-ins of §2.1 in order; tp_style_registry_new makes a registry
+ * whose own mapping is layered over the default one, e.g. for one model
+ * (tp_model_options.styles).  Every function taking a registry accepts NULL
+ * for the default one.
+ *
+ * Registering copies the style (name included).  A new name is appended; an
+ * existing name is replaced in place with no error, as Transformers'
+ * ParallelInterface.register does (§3.5).  Registration and lookup are
+ * thread-safe.  A replaced or deleted style is not freed until its registry
+ * is: plans and models resolved earlier keep using the instance they
+ * resolved.  A registry must therefore outlive the plans and models resolved
+ * with it. */
+typedef struct tp_style_registry tp_style_registry;
+const tp_style_registry *tp_style_registry_default(void);
+/* Registers in the default registry. */
 tp_status tp_style_register(const tp_style *style);
-/* Global lookup; NULL when not found (no error set). */
+/* Default-registry lookup; NULL when not found (no error set). */
 const tp_style *tp_style_lookup(const char *name);
 
-/* A registry view: a local mapping layered over the global one. */
-typedef struct tp_style_registry tp_style_registry;
 tp_status tp_style_registry_new(tp_style_registry **out);
+/* Frees the registry and every style it ever held; no-op for NULL and for
+ * the default registry. */
 void tp_style_registry_free(tp_style_registry *v);
-/* Local first, then global; v == NULL means the global registry only. */
+/* Its own mapping first, then the default one's; NULL when not found. */
 const tp_style *tp_style_registry_get(const tp_style_registry *v, const char *name);
 int tp_style_registry_contains(const tp_style_registry *v, const char *name);
-/* Writes the local mapping only (the style's name is set to `name`). */
+/* Registers in v's own mapping (the style's name is set to `name`). */
 tp_status tp_style_registry_set(tp_style_registry *v, const char *name, const tp_style *style);
-/* Removes from the local mapping only; TP_ERR_INVALID when not there. */
+/* Removes from v's own mapping only; TP_ERR_INVALID when not there. */
 tp_status tp_style_registry_del(tp_style_registry *v, const char *name);
-/* valid_keys(): global names in order, then local additions. */
+/* valid_keys(): the default registry's names in order, then v's additions. */
 size_t tp_style_registry_count(const tp_style_registry *v);
 const char *tp_style_registry_name(const tp_style_registry *v, size_t i);
 /* "['embedding_rowwise', 'embedding_colwise', ...]" (malloc'd). */
 char *tp_style_registry_names_repr(const tp_style_registry *v);
-/* Restores the global registry to the built-ins (tests). */
+/* Restores the default registry to the built-ins and frees every style it
+ * held (tests; no plan or model resolved with it may be alive). */
 void tp_style_registry_reset(void);
 
 /* ---- plans (§4.1, §4.2) ------------------------------------------------ */
@@ -327,9 +373,9 @@ typedef struct {
  * order: style names (one error listing all), keys that match nothing
  * (warnings, user plans), validate_param of each matched parameter, styles
  * not supported for dense models, heads and KV heads, tied placements.
- * view may be NULL (global registry).  Prints nothing: see tp_plan_log_*. */
+ * styles may be NULL (the default registry).  Prints nothing: see tp_plan_log_*. */
 tp_status tp_plan_resolve(const tp_model_config *cfg, const tp_plan *plan, int tp_size,
-                          const tp_style_registry *view, tp_plan_resolution **out);
+                          const tp_style_registry *styles, tp_plan_resolution **out);
 void tp_plan_resolution_free(tp_plan_resolution *r);
 /* Whether the resolved plan can run on tensorpar's dense decoder (§1.3),
  * checked before any weight is read: every module's declared input is what

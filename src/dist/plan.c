@@ -52,12 +52,12 @@ static void mark_dirty(int mesh_ndim, const tp_placement *src, const tp_placemen
     }
 }
 
-/* Shard(i) -> Shard(j) in one all-to-all, when no other mesh dimension ever
- * shards i or j (otherwise the nesting would change under it: gather and
- * re-slice instead). */
+/* The all-to-all that tp_placement_step picks for Shard(i) -> Shard(j) on
+ * mesh dimension g is valid only when no other mesh dimension ever shards i
+ * or j (otherwise the nesting would change under it: gather and re-slice
+ * instead). */
 static int can_all_to_all(int mesh_ndim, const tp_placement *src, const tp_placement *dst, int g)
 {
-    if (src[g].kind != TP_SHARD || dst[g].kind != TP_SHARD || src[g].dim == dst[g].dim) return 0;
     for (int h = 0; h < mesh_ndim; h++) {
         if (h == g) continue;
         for (int k = 0; k < 2; k++) {
@@ -68,12 +68,36 @@ static int can_all_to_all(int mesh_ndim, const tp_placement *src, const tp_place
     return 1;
 }
 
-static tp_collective transition(tp_placement from, tp_placement to)
+/* The one rule (§1.5).  Per pair, on one mesh dimension:
+ *
+ *   from \ to     Replicate   Shard(j)            StridedShard(j,s)   Partial
+ *   Replicate     none        local_slice         local_slice         zero_nonroot
+ *   Partial       all_reduce  reduce_scatter      reduce_scatter      none
+ *   Shard(i)      all_gather  all_to_all (i!=j)   gather, then slice  gather, then zero
+ *   StridedShard  all_gather  gather, then slice  gather, then slice  gather, then zero
+ *
+ * (equal placements: none.)
+ * Replicate -> Partial communicates nothing: group rank 0 keeps the value,
+ * the others hold zeros (exact in every dtype, where DTensor's divide by P
+ * is not).  StridedShard <-> Shard is gather + slice rather than one
+ * all-to-all: the pieces would be strided on both sides, no built-in
+ * style moves an activation between the two, and the gather + slice is
+ * what every other path already runs.  A multi-dimension plan may still
+ * refuse the all-to-all (see can_all_to_all) and gather instead. */
+tp_collective tp_placement_step(tp_placement from, tp_placement to, int ndim, tp_placement *via)
 {
-    if (is_sharded(from)) return TP_COLL_ALL_GATHER;          /* to Replicate */
-    if (from.kind == TP_PARTIAL)
-        return to.kind == TP_REPLICATE ? TP_COLL_ALL_REDUCE : TP_COLL_REDUCE_SCATTER;
-    return to.kind == TP_PARTIAL ? TP_COLL_ZERO_NONROOT : TP_COLL_LOCAL_SLICE;
+    *via = to;
+    if (tp_placement_equal(from, to, ndim)) return TP_COLL_NONE;
+    if (from.kind == TP_REPLICATE) return to.kind == TP_PARTIAL ? TP_COLL_ZERO_NONROOT : TP_COLL_LOCAL_SLICE;
+    if (from.kind == TP_PARTIAL) return to.kind == TP_REPLICATE ? TP_COLL_ALL_REDUCE : TP_COLL_REDUCE_SCATTER;
+    if (from.kind == TP_SHARD && to.kind == TP_SHARD) return TP_COLL_ALL_TO_ALL;
+    if (to.kind != TP_REPLICATE) *via = tp_replicate();
+    return TP_COLL_ALL_GATHER;
+}
+
+int tp_collective_communicates(tp_collective c)
+{
+    return c != TP_COLL_NONE && c != TP_COLL_LOCAL_SLICE && c != TP_COLL_ZERO_NONROOT;
 }
 
 tp_status tp_redistribute_plan(int mesh_ndim, const tp_placement *src, const tp_placement *dst,
@@ -89,12 +113,11 @@ tp_status tp_redistribute_plan(int mesh_ndim, const tp_placement *src, const tp_
     int n = 0;
     for (int g = mesh_ndim - 1; g >= 0; g--) {
         if (!dirty[g] || !is_sharded(cur[g])) continue;
-        tp_placement to = tp_replicate();
-        tp_collective c = TP_COLL_ALL_GATHER;
-        if (can_all_to_all(mesh_ndim, src, dst, g)) {
-            to = dst[g];
-            c = TP_COLL_ALL_TO_ALL;
-        }
+        tp_placement to;
+        tp_collective c = tp_placement_step(cur[g], dst[g], ndim, &to);
+        /* Open to Replicate unless one all-to-all lands on dst. */
+        if (c != TP_COLL_ALL_TO_ALL || !can_all_to_all(mesh_ndim, src, dst, g))
+            c = tp_placement_step(cur[g], tp_replicate(), ndim, &to);
         steps[n++] = (tp_redist_step){g, c, cur[g], to};
         cur[g] = to;
     }
@@ -102,8 +125,10 @@ tp_status tp_redistribute_plan(int mesh_ndim, const tp_placement *src, const tp_
      * again after phase 2 re-slices it. */
     for (int g = 0; g < mesh_ndim; g++) {
         if (!dirty[g] || tp_placement_equal(cur[g], dst[g], ndim)) continue;
-        steps[n++] = (tp_redist_step){g, transition(cur[g], dst[g]), cur[g], dst[g]};
-        cur[g] = dst[g];
+        tp_placement to;
+        tp_collective c = tp_placement_step(cur[g], dst[g], ndim, &to);
+        steps[n++] = (tp_redist_step){g, c, cur[g], to};
+        cur[g] = to;
     }
     *nsteps = n;
     return TP_OK;

@@ -23,11 +23,11 @@ static tp_status check_same_plan(const struct tp_model_tp *tp)
     return s;
 }
 
-static tp_status resolve(struct tp_model_tp *tp, const tp_model_config *cfg, const char *spec)
+static tp_status resolve(struct tp_model_tp *tp, const tp_model_config *cfg, const tp_model_options *opt)
 {
     tp_plan plan = {0};
-    tp_status s = tp_plan_load(spec, cfg, &plan);
-    if (!s) s = tp_plan_resolve(cfg, &plan, tp->size, NULL, &tp->res);
+    tp_status s = tp_plan_load(opt->tp_plan, cfg, &plan);
+    if (!s) s = tp_plan_resolve(cfg, &plan, tp->size, opt->styles, &tp->res);
     if (!s) s = tp_plan_check_flow(tp->res);
     tp_plan_free(&plan);
     if (s) return s;
@@ -149,7 +149,7 @@ tp_status tp_model_tp_setup(tp_model *m, const tp_model_options *opt)
     tp->rank = opt->mesh ? tp_mesh_coord(opt->mesh, 0) : 0;
     if (opt->mesh && tp_mesh_ndim(opt->mesh) != 1)
         return tp_fail(TP_ERR_UNSUPPORTED, "the model takes a 1-D tensor-parallel mesh");
-    tp_status s = resolve(tp, &m->cfg, opt->tp_plan);
+    tp_status s = resolve(tp, &m->cfg, opt);
     if (!s) s = attach_modules(m);
     if (!s) s = attach_blocks(m);
     return s;

@@ -26,35 +26,35 @@ uint64_t tp_plan_rank_bytes(const tp_plan_resolution *r, int rank, size_t dtype_
     return total;   /* the tied lm_head shares the embedding's bytes */
 }
 
-/* The collective that turns layout `from` into `to` (§1.5). */
-static tp_collective collective_of(tp_placement from, tp_placement to)
+/* The collectives that turn layout `from` into `to`, as tp_redistribute
+ * performs them (tp_placement_step decides; a pair may take two steps, of
+ * which only the communicating ones are listed).  Activations are
+ * [batch, seq, hidden]: 3 dims, so Shard(-1) is the hidden dim and Shard(1)
+ * the sequence. */
+static void add_comms(tp_plan_comm *v, size_t *n, const char *module, tp_placement from, tp_placement to,
+                      int64_t elements)
 {
-    if (from.kind == to.kind && (from.kind == TP_REPLICATE || from.kind == TP_PARTIAL ||
-                                 (from.dim == to.dim && from.split == to.split)))
-        return TP_COLL_NONE;
-    if (from.kind == TP_PARTIAL) return to.kind == TP_REPLICATE ? TP_COLL_ALL_REDUCE : TP_COLL_REDUCE_SCATTER;
-    if (from.kind == TP_REPLICATE) return TP_COLL_LOCAL_SLICE;
-    if (to.kind == TP_REPLICATE) return TP_COLL_ALL_GATHER;
-    return TP_COLL_ALL_TO_ALL;
+    for (int k = 0; k < 2 && !tp_placement_equal(from, to, 3); k++) {
+        tp_placement via;
+        tp_collective c = tp_placement_step(from, to, 3, &via);
+        if (tp_collective_communicates(c)) v[(*n)++] = (tp_plan_comm){module, c, elements};
+        from = via;
+    }
 }
-
-static int communicates(tp_collective c) { return c != TP_COLL_NONE && c != TP_COLL_LOCAL_SLICE; }
 
 tp_status tp_plan_comms(const tp_plan_resolution *r, tp_plan_comm **out, size_t *n)
 {
     *out = NULL;
     *n = 0;
-    tp_plan_comm *v = calloc(2 * r->n_modules + 1, sizeof *v);
+    tp_plan_comm *v = calloc(4 * r->n_modules + 1, sizeof *v);
     if (!v) return tp_fail(TP_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < r->n_modules; i++) {
         const tp_module_plan *m = &r->modules[i];
         const tp_forward_desc *d = &m->fwd;
         if (!d->installed) continue;
-        tp_collective pre = d->ids_input ? TP_COLL_NONE : collective_of(d->input, d->compute_input);
-        tp_collective post = collective_of(d->local_output, d->output);
         /* Input widths are not tracked; dense plans never communicate there. */
-        if (communicates(pre)) v[(*n)++] = (tp_plan_comm){m->name, pre, r->cfg.hidden_size};
-        if (communicates(post)) v[(*n)++] = (tp_plan_comm){m->name, post, m->out_features};
+        if (!d->ids_input) add_comms(v, n, m->name, d->input, d->compute_input, r->cfg.hidden_size);
+        add_comms(v, n, m->name, d->local_output, d->output, m->out_features);
     }
     *out = v;
     return TP_OK;

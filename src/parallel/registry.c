@@ -1,8 +1,11 @@
-/* The style registry (§3.5): a process-wide ordered mapping name -> style
- * instance, which is the library's one piece of global mutable state, and
- * registry views that layer a local mapping over it. */
+/* The style registry (§3.5): registry objects, each an ordered mapping
+ * name -> style instance.  The default registry (the process-wide one, the
+ * library's one piece of global mutable state) holds the built-ins; a
+ * registry made with tp_style_registry_new layers its own mapping over it,
+ * so that a model can use styles the rest of the process does not see. */
 #include "parallel_internal.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,10 +30,33 @@ typedef struct {
     size_t n, cap;
 } style_map;
 
-struct tp_style_registry { style_map local; };
+/* A registry: its own ordered mapping, layered over `parent` (the default
+ * registry) unless it is the default registry itself.
+ *
+ * Lifetime: resolved plans and models keep `const tp_style *` into the
+ * mapping, and §3.5 lets a name be registered again at any time.  An entry
+ * that is replaced or deleted therefore moves to `retired` and is freed only
+ * when the registry is destroyed (or reset), never while a plan could still
+ * point at it.  This was preferred over reference counts because a style
+ * pointer is handed to hooks and copied into per-module records everywhere:
+ * counting every holder would touch all of them, while the cost here is one
+ * kept copy per re-registration, which is rare (styles are set up before
+ * models are built).
+ *
+ * Locking: `lock` guards map and retired.  Writers take it for writing,
+ * readers for reading; the style a lookup returns stays valid after the lock
+ * is released (see Lifetime).  No code holds two registries' locks for
+ * writing, and a view reads its parent only under its own read lock, so
+ * there is no lock-order cycle. */
+struct tp_style_registry {
+    pthread_rwlock_t lock;
+    style_map map;
+    style_map retired;
+    const tp_style_registry *parent;
+};
 
-static style_map global;
-static int global_ready;
+static tp_style_registry default_registry = {.lock = PTHREAD_RWLOCK_INITIALIZER};
+static pthread_once_t default_once = PTHREAD_ONCE_INIT;
 
 static tp_style *copy_style(const char *name, const tp_style *st)
 {
@@ -56,24 +82,12 @@ static long map_find(const style_map *m, const char *name)
     return -1;
 }
 
-/* Replaces in place (order kept) or appends. */
-static tp_status map_put(style_map *m, const char *name, const tp_style *st)
+static tp_status map_append(style_map *m, tp_style *c)
 {
-    if (!name || !*name) return tp_fail(TP_ERR_INVALID, "a tensor parallel style needs a non-empty name");
-    tp_style *c = copy_style(name, st);
-    if (!c) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    long i = map_find(m, name);
-    if (i >= 0) {
-        /* Styles are registered before models are built (§3.5), so no
-         * resolution still points at the copy being replaced. */
-        free_style(m->v[i]);
-        m->v[i] = c;
-        return TP_OK;
-    }
     if (m->n == m->cap) {
         size_t cap = m->cap ? m->cap * 2 : 32;
         tp_style **nv = realloc(m->v, cap * sizeof *nv);
-        if (!nv) { free_style(c); return tp_fail(TP_ERR_NOMEM, "out of memory"); }
+        if (!nv) return tp_fail(TP_ERR_NOMEM, "out of memory");
         m->v = nv;
         m->cap = cap;
     }
@@ -88,27 +102,69 @@ static void map_clear(style_map *m)
     memset(m, 0, sizeof *m);
 }
 
-/* Built-ins are installed on first use, so there is no init call to forget. */
-static style_map *glob(void)
+/* Replaces in place (order kept, as Transformers' ParallelInterface does:
+ * a plain mapping update, no error) or appends.  The caller holds the
+ * write lock. */
+static tp_status put_locked(tp_style_registry *r, tp_style *c)
 {
-    if (!global_ready) {
-        global_ready = 1;
-        for (size_t i = 0; i < N_BUILTINS; i++)
-            if (map_put(&global, builtins[i]->name, builtins[i])) break;
-    }
-    return &global;
+    long i = map_find(&r->map, c->name);
+    if (i < 0) return map_append(&r->map, c);
+    /* Reserve the retired slot first so that a failure leaves the mapping
+     * unchanged. */
+    tp_status s = map_append(&r->retired, r->map.v[i]);
+    if (!s) r->map.v[i] = c;
+    return s;
 }
+
+static tp_status registry_put(tp_style_registry *r, const char *name, const tp_style *st)
+{
+    if (!name || !*name) return tp_fail(TP_ERR_INVALID, "a tensor parallel style needs a non-empty name");
+    tp_style *c = copy_style(name, st);
+    if (!c) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    pthread_rwlock_wrlock(&r->lock);
+    tp_status s = put_locked(r, c);
+    pthread_rwlock_unlock(&r->lock);
+    if (s) free_style(c);
+    return s;
+}
+
+/* Built-ins are installed on first use, so there is no init call to forget;
+ * pthread_once makes that first use safe from any thread. */
+static void install_builtins_into(style_map *m)
+{
+    for (size_t i = 0; i < N_BUILTINS; i++) {
+        tp_style *c = copy_style(builtins[i]->name, builtins[i]);
+        /* Out of memory at start-up: lookups then fail with "not found". */
+        if (!c || map_append(m, c)) { free_style(c); break; }
+    }
+}
+
+static void install_builtins(void) { install_builtins_into(&default_registry.map); }
+
+static tp_style_registry *default_reg(void)
+{
+    pthread_once(&default_once, install_builtins);
+    return &default_registry;
+}
+
+const tp_style_registry *tp_style_registry_default(void) { return default_reg(); }
+
+static const tp_style_registry *or_default(const tp_style_registry *r) { return r ? r : default_reg(); }
 
 void tp_style_registry_reset(void)
 {
-    map_clear(&global);
-    global_ready = 0;
+    tp_style_registry *r = default_reg();
+    pthread_rwlock_wrlock(&r->lock);
+    map_clear(&r->map);
+    map_clear(&r->retired);
+    install_builtins_into(&r->map);
+    pthread_rwlock_unlock(&r->lock);
 }
 
 tp_status tp_style_register(const tp_style *style)
 {
     if (!style) return tp_fail(TP_ERR_INVALID, "tp_style_register: NULL style");
-    return map_put(glob(), style->name, style);
+    return registry_put(default_reg(), style->name, style);
 }
 
 const tp_style *tp_style_lookup(const char *name) { return tp_style_registry_get(NULL, name); }
@@ -116,23 +172,37 @@ const tp_style *tp_style_lookup(const char *name) { return tp_style_registry_get
 tp_status tp_style_registry_new(tp_style_registry **out)
 {
     *out = calloc(1, sizeof **out);
-    return *out ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!*out) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (pthread_rwlock_init(&(*out)->lock, NULL)) {
+        free(*out);
+        *out = NULL;
+        return tp_fail(TP_ERR_NOMEM, "cannot create the registry's lock");
+    }
+    (*out)->parent = default_reg();
+    return TP_OK;
 }
 
 void tp_style_registry_free(tp_style_registry *v)
 {
-    if (!v) return;
-    map_clear(&v->local);
+    if (!v || v == &default_registry) return;
+    map_clear(&v->map);
+    map_clear(&v->retired);
+    pthread_rwlock_destroy(&v->lock);
     free(v);
 }
 
+/* Local first, then the parent's. */
 const tp_style *tp_style_registry_get(const tp_style_registry *v, const char *name)
 {
     if (!name) return NULL;
-    long i;
-    if (v && (i = map_find(&v->local, name)) >= 0) return v->local.v[i];
-    style_map *g = glob();
-    return (i = map_find(g, name)) >= 0 ? g->v[i] : NULL;
+    const tp_style *st = NULL;
+    for (const tp_style_registry *r = or_default(v); r && !st; r = r->parent) {
+        pthread_rwlock_rdlock((pthread_rwlock_t *)&r->lock);
+        long i = map_find(&r->map, name);
+        if (i >= 0) st = r->map.v[i];
+        pthread_rwlock_unlock((pthread_rwlock_t *)&r->lock);
+    }
+    return st;
 }
 
 int tp_style_registry_contains(const tp_style_registry *v, const char *name)
@@ -142,51 +212,93 @@ int tp_style_registry_contains(const tp_style_registry *v, const char *name)
 
 tp_status tp_style_registry_set(tp_style_registry *v, const char *name, const tp_style *style)
 {
-    if (!v) return tp_fail(TP_ERR_INVALID, "tp_style_registry_set: no registry view (use tp_style_register)");
-    return map_put(&v->local, name, style);
+    if (!v) return tp_fail(TP_ERR_INVALID, "tp_style_registry_set: no registry (use tp_style_register)");
+    if (!style) return tp_fail(TP_ERR_INVALID, "tp_style_registry_set: NULL style");
+    return registry_put(v, name, style);
 }
 
 tp_status tp_style_registry_del(tp_style_registry *v, const char *name)
 {
-    long i = v ? map_find(&v->local, name) : -1;
+    if (!v || !name) return tp_fail(TP_ERR_INVALID, "tp_style_registry_del: no registry or name");
+    pthread_rwlock_wrlock(&v->lock);
+    long i = map_find(&v->map, name);
+    tp_status s = i < 0 ? TP_ERR_INVALID : map_append(&v->retired, v->map.v[i]);
+    if (!s) {
+        memmove(&v->map.v[i], &v->map.v[i + 1], (v->map.n - (size_t)i - 1) * sizeof v->map.v[0]);
+        v->map.n--;
+    }
+    pthread_rwlock_unlock(&v->lock);
     if (i < 0) return tp_fail(TP_ERR_INVALID, "style '%s' is not in this registry view's local mapping", name);
-    free_style(v->local.v[i]);
-    memmove(&v->local.v[i], &v->local.v[i + 1], (v->local.n - (size_t)i - 1) * sizeof v->local.v[0]);
-    v->local.n--;
-    return TP_OK;
+    return s;
 }
 
-/* The i-th local name that the global mapping lacks, or NULL. */
-static const char *local_addition(const tp_style_registry *v, size_t i)
+/* Calls fn(name, arg) for valid_keys() in order: the parent's names, then
+ * the local names the parent lacks.  Names stay valid after the locks are
+ * released (entries are only freed with their registry). */
+static void each_name(const tp_style_registry *v, void (*fn)(const char *, void *), void *arg)
 {
-    if (!v) return NULL;
-    for (size_t k = 0; k < v->local.n; k++)
-        if (map_find(glob(), v->local.v[k]->name) < 0 && i-- == 0) return v->local.v[k]->name;
-    return NULL;
+    v = or_default(v);
+    pthread_rwlock_rdlock((pthread_rwlock_t *)&v->lock);
+    const tp_style_registry *p = v->parent;
+    if (p) pthread_rwlock_rdlock((pthread_rwlock_t *)&p->lock);
+    for (size_t i = 0; p && i < p->map.n; i++) fn(p->map.v[i]->name, arg);
+    for (size_t i = 0; i < v->map.n; i++)
+        if (!p || map_find(&p->map, v->map.v[i]->name) < 0) fn(v->map.v[i]->name, arg);
+    if (p) pthread_rwlock_unlock((pthread_rwlock_t *)&p->lock);
+    pthread_rwlock_unlock((pthread_rwlock_t *)&v->lock);
+}
+
+static void count_one(const char *name, void *arg)
+{
+    (void)name;
+    (*(size_t *)arg)++;
 }
 
 size_t tp_style_registry_count(const tp_style_registry *v)
 {
-    size_t n = glob()->n;
-    while (local_addition(v, n - glob()->n)) n++;
+    size_t n = 0;
+    each_name(v, count_one, &n);
     return n;
+}
+
+typedef struct {
+    size_t i;
+    const char *name;
+} nth_name;
+
+static void pick_nth(const char *name, void *arg)
+{
+    nth_name *q = arg;
+    if (q->i-- == 0) q->name = name;
 }
 
 const char *tp_style_registry_name(const tp_style_registry *v, size_t i)
 {
-    style_map *g = glob();
-    return i < g->n ? g->v[i]->name : local_addition(v, i - g->n);
+    nth_name q = {i, NULL};
+    each_name(v, pick_nth, &q);
+    return q.name;
 }
 
+typedef struct {
+    tp_par_buf b;
+    int first;
+} repr_acc;
+
+static void repr_one(const char *name, void *arg)
+{
+    repr_acc *a = arg;
+    if (!a->first) tp_par_buf_puts(&a->b, ", ");
+    a->first = 0;
+    tp_par_buf_pyrepr(&a->b, name);
+}
+
+/* One pass under the locks, so the list is consistent even while another
+ * thread registers. */
 char *tp_style_registry_names_repr(const tp_style_registry *v)
 {
-    tp_par_buf b = {0};
-    tp_par_buf_puts(&b, "[");
-    size_t n = tp_style_registry_count(v);
-    for (size_t i = 0; i < n; i++) {
-        if (i) tp_par_buf_puts(&b, ", ");
-        tp_par_buf_pyrepr(&b, tp_style_registry_name(v, i));
-    }
-    tp_par_buf_puts(&b, "]");
-    return tp_par_buf_take(&b);
+    repr_acc a = {.first = 1};
+    tp_par_buf_puts(&a.b, "[");
+    each_name(v, repr_one, &a);
+    tp_par_buf_puts(&a.b, "]");
+    return tp_par_buf_take(&a.b);
 }

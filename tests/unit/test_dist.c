@@ -142,6 +142,43 @@ static void test_plans_1d(void)
     PLAN0(tp_replicate(), tp_replicate());
 }
 
+/* The one decider, every pair of kinds: the first operation and where it
+ * lands (to itself, or Replicate for a two-step pair). */
+static void test_step_table(void)
+{
+    enum { R, P, S0, S2, SS0, SS2, SS0b, N };
+    tp_placement pl[N] = {tp_replicate(), tp_partial(), tp_shard(0), tp_shard(-1),
+                          tp_strided_shard(0, 2), tp_strided_shard(2, 2), tp_strided_shard(0, 4)};
+    /* want[from][to]; an upper-case G means all_gather landing on Replicate. */
+    static const char *want[N] = {
+        /* to:      R P S0 S2 SS0 SS2 SS0b */
+        /* R    */ "nzlllll",
+        /* P    */ "anrrrrr",
+        /* S0   */ "gGntGGG",
+        /* S2   */ "gGtnGGG",
+        /* SS0  */ "gGGGnGG",
+        /* SS2  */ "gGGGGnG",
+        /* SS0b */ "gGGGGGn",
+    };
+    for (int a = 0; a < N; a++)
+        for (int b = 0; b < N; b++) {
+            char w = want[a][b];
+            tp_placement via;
+            tp_collective c = tp_placement_step(pl[a], pl[b], 3, &via);
+            tp_collective wc = w == 'n' ? TP_COLL_NONE : w == 'z' ? TP_COLL_ZERO_NONROOT
+                             : w == 'l' ? TP_COLL_LOCAL_SLICE : w == 'a' ? TP_COLL_ALL_REDUCE
+                             : w == 'r' ? TP_COLL_REDUCE_SCATTER : w == 't' ? TP_COLL_ALL_TO_ALL
+                             : TP_COLL_ALL_GATHER;
+            tp_placement wv = w == 'G' ? tp_replicate() : pl[b];
+            CHECK_MSG(c == wc && tp_placement_equal(via, wv, 3), "step %d -> %d: %s", a, b, tp_collective_name(c));
+        }
+    /* Only the moves between ranks count as communication. */
+    CHECK(!tp_collective_communicates(TP_COLL_NONE) && !tp_collective_communicates(TP_COLL_LOCAL_SLICE) &&
+          !tp_collective_communicates(TP_COLL_ZERO_NONROOT) && tp_collective_communicates(TP_COLL_ALL_REDUCE) &&
+          tp_collective_communicates(TP_COLL_ALL_GATHER) && tp_collective_communicates(TP_COLL_REDUCE_SCATTER) &&
+          tp_collective_communicates(TP_COLL_ALL_TO_ALL));
+}
+
 #define PLAN2(a0, a1, b0, b1, ...) do { tp_placement A[2] = {a0, a1}, B[2] = {b0, b1}; \
     tp_collective W[] = {__VA_ARGS__}; expect_plan(2, A, B, 2, (int)(sizeof W / sizeof W[0]), W, __LINE__); } while (0)
 
@@ -220,6 +257,7 @@ int main(void)
     test_partition();
     test_nested_and_shapes();
     test_plans_1d();
+    test_step_table();
     test_plans_2d();
     test_one_rank();
     return check_summary();

@@ -3,6 +3,8 @@
 #include "check.h"
 #include "tensorpar/parallel.h"
 
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -173,9 +175,151 @@ static void test_forward_descs(void)
     CHECK(tp_style_lookup("mla_kv_a_proj")->support == TP_STYLE_NOT_YET);
 }
 
+
+/* Registration from several threads at once: each of 4 threads registers
+ * 1000 times, half under one shared name and half under 100 names of its
+ * own (each 5 times), while looking names up and listing them. */
+#define N_THREADS 4
+#define N_REGS 1000
+#define N_OWN 100
+
+typedef struct {
+    int id;
+    int failures;
+} reg_worker;
+
+static void *register_many(void *arg)
+{
+    reg_worker *w = arg;
+    tp_style st = *tp_style_lookup("colwise");
+    char name[32];
+    for (int i = 0; i < N_REGS; i++) {
+        if (i % 2) snprintf(name, sizeof name, "thr%d_%d", w->id, (i / 2) % N_OWN);
+        else snprintf(name, sizeof name, "thr_shared");
+        st.name = name;
+        if (tp_style_register(&st) != TP_OK) w->failures++;
+        const tp_style *got = tp_style_lookup(name);
+        if (!got || strcmp(got->name, name) || strcmp(got->impl, "ColwiseParallel")) w->failures++;
+        if (i % 100 == 0) {
+            char *names = tp_style_registry_names_repr(NULL);
+            if (!names || !strstr(names, "'replicate'")) w->failures++;
+            free(names);
+        }
+    }
+    return NULL;
+}
+
+static void test_registry_threads(void)
+{
+    tp_style_registry_reset();
+    pthread_t th[N_THREADS];
+    reg_worker w[N_THREADS];
+    for (int i = 0; i < N_THREADS; i++) {
+        w[i] = (reg_worker){.id = i};
+        CHECK(pthread_create(&th[i], NULL, register_many, &w[i]) == 0);
+    }
+    for (int i = 0; i < N_THREADS; i++) {
+        pthread_join(th[i], NULL);
+        CHECK_MSG(w[i].failures == 0, "thread %d: %d failures", i, w[i].failures);
+    }
+    /* every name once: the built-ins, the shared one, 100 per thread */
+    CHECK(tp_style_registry_count(NULL) == N21 + 1 + N_THREADS * N_OWN);
+    CHECK(!strcmp(tp_style_registry_name(NULL, N21 - 1), "replicate"));
+    CHECK(tp_style_lookup("thr_shared") && tp_style_lookup("thr3_99") && !tp_style_lookup("thr4_0"));
+    tp_style_registry_reset();
+    CHECK(tp_style_registry_count(NULL) == N21 && !tp_style_lookup("thr_shared"));
+}
+
+static tp_model_config tiny_llama(void)
+{
+    tp_model_config c;
+    tp_preset_config(&c, TP_ARCH_LLAMA, "tiny");
+    return c;
+}
+
+/* The built-in plan with q_proj under `style`, resolved over 2 ranks. */
+static tp_status resolve_with(const char *style, const tp_style_registry *reg, tp_plan_resolution **out)
+{
+    tp_model_config c = tiny_llama();
+    tp_plan p = {0};
+    tp_status s = tp_plan_builtin(&c, &p);
+    if (!s) s = tp_plan_set(&p, "model.layers.*.self_attn.q_proj", style);
+    *out = NULL;
+    if (!s) s = tp_plan_resolve(&c, &p, 2, reg, out);
+    tp_plan_free(&p);
+    return s;
+}
+
+/* A plan resolved before a re-registration keeps the instance it resolved
+ * (the replaced copy is not freed: under ASan a use after free would stop
+ * the test). */
+static void test_reregister_live_plan(void)
+{
+    tp_style_registry_reset();
+    tp_style custom = *tp_style_lookup("colwise");
+    custom.name = "colwise_live";
+    CHECK(tp_style_register(&custom) == TP_OK);
+    tp_plan_resolution *r = NULL;
+    CHECK(resolve_with("colwise_live", NULL, &r) == TP_OK);
+    const tp_param_plan *q = r ? tp_plan_find_param(r, "model.layers.1.self_attn.q_proj.weight") : NULL;
+    CHECK(q && q->style && !strcmp(q->style->name, "colwise_live"));
+    /* replace it (as rowwise) twice, then delete a view's copy */
+    tp_style row = *tp_style_lookup("rowwise");
+    row.name = "colwise_live";
+    CHECK(tp_style_register(&row) == TP_OK && tp_style_register(&row) == TP_OK);
+    CHECK(!strcmp(tp_style_lookup("colwise_live")->impl, "RowwiseParallel"));
+    if (q && q->style) {
+        /* the plan still sees the ColwiseParallel it resolved */
+        CHECK(!strcmp(q->style->impl, "ColwiseParallel") && !strcmp(q->style->name, "colwise_live"));
+        tp_param_slice sl;
+        CHECK(tp_plan_param_slice(r, (size_t)(q - r->params), 1, &sl) == TP_OK);
+        CHECK(sl.dim == 0 && sl.local_shape[0] == 32 && sl.local_shape[1] == 64);
+    }
+    const tp_module_plan *mp = r ? tp_plan_find_module(r, "model.layers.0.self_attn.q_proj") : NULL;
+    tp_forward_desc d;
+    CHECK(mp && mp->style && tp_style_install_forward(mp->style, &(tp_module_ctx){.kind = TP_MODULE_LINEAR}, &d) == TP_OK);
+    CHECK(mp && d.output.kind == TP_SHARD);
+    tp_plan_resolution_free(r);
+    tp_style_registry_reset();
+}
+
+/* A model's own registry: its style resolves there and nowhere else. */
+static void test_per_model_registry(void)
+{
+    tp_style_registry_reset();
+    tp_style_registry *mine = NULL;
+    CHECK(tp_style_registry_new(&mine) == TP_OK);
+    tp_style custom = *tp_style_lookup("colwise");
+    CHECK(tp_style_registry_set(mine, "colwise_mine", &custom) == TP_OK);
+    CHECK(!tp_style_lookup("colwise_mine") && !tp_style_registry_contains(tp_style_registry_default(), "colwise_mine"));
+    tp_plan_resolution *r = NULL;
+    CHECK(resolve_with("colwise_mine", mine, &r) == TP_OK);
+    const tp_param_plan *q = r ? tp_plan_find_param(r, "model.layers.0.self_attn.q_proj.weight") : NULL;
+    CHECK(q && q->style == tp_style_registry_get(mine, "colwise_mine") && q->placement.kind == TP_SHARD);
+    tp_plan_resolution_free(r);
+    /* re-setting and deleting in the per-model registry, too, keeps the
+     * resolved instance */
+    CHECK(resolve_with("colwise_mine", mine, &r) == TP_OK);
+    CHECK(tp_style_registry_set(mine, "colwise_mine", tp_style_lookup("rowwise")) == TP_OK);
+    CHECK(tp_style_registry_del(mine, "colwise_mine") == TP_OK);
+    q = r ? tp_plan_find_param(r, "model.layers.0.self_attn.q_proj.weight") : NULL;
+    CHECK(q && !strcmp(q->style->impl, "ColwiseParallel"));
+    tp_plan_resolution_free(r);
+    /* the default registry does not know it */
+    CHECK(resolve_with("colwise_mine", NULL, &r) == TP_ERR_INVALID && !r);
+    CHECK(strstr(tp_error(), "Unsupported tensor parallel style") && strstr(tp_error(), "'colwise_mine'"));
+    tp_style_registry_free(mine);
+    /* the default registry is not freed by mistake */
+    tp_style_registry_free((tp_style_registry *)tp_style_registry_default());
+    CHECK(tp_style_lookup("colwise") != NULL);
+}
+
 int main(void)
 {
     test_registry();
+    test_registry_threads();
+    test_reregister_live_plan();
+    test_per_model_registry();
     test_placements();
     test_forward_descs();
     return check_summary();

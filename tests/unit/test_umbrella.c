@@ -1,0 +1,48 @@
+/* The public umbrella header: a C program that includes only <tensorpar.h>
+ * (and none of the library's private src/ headers: tests/CMakeLists.txt
+ * builds this test without them) reaches one function of every subsystem. */
+#include <tensorpar.h>
+
+#include <stdio.h>
+#include <string.h>
+
+static int failed;
+
+#define EXPECT(cond) do { \
+    if (!(cond)) { failed++; fprintf(stderr, "%s:%d: failed: %s (%s)\n", __FILE__, __LINE__, #cond, tp_error()); } \
+} while (0)
+
+int main(void)
+{
+    /* base */
+    tp_dtype dt;
+    EXPECT(tp_dtype_parse("bf16", &dt) == TP_OK && dt == TP_BF16 && tp_dtype_size(dt) == 2);
+    /* kernels */
+    tp_isa isa;
+    EXPECT(tp_isa_parse("scalar", &isa) == TP_OK && !strcmp(tp_isa_name(isa), "scalar"));
+    /* io */
+    tp_arch arch;
+    EXPECT(tp_arch_parse("qwen2", &arch) == TP_OK && arch == TP_ARCH_QWEN2);
+    /* comm */
+    tp_backend be;
+    EXPECT(tp_backend_parse("shm", &be) == TP_OK && !strcmp(tp_backend_name(be), "shm"));
+    /* dist: 10 rows over 3 ranks, torch.chunk style: 4, 4, 2 */
+    int64_t start, size;
+    tp_chunk_range(10, 3, 2, &start, &size);
+    EXPECT(start == 8 && size == 2);
+    /* models */
+    tp_model_config cfg;
+    EXPECT(tp_preset_config(&cfg, TP_ARCH_LLAMA, "tiny") == TP_OK && cfg.hidden_size == 64);
+    /* parallel */
+    const tp_style *st = tp_style_registry_get(NULL, "colwise");
+    EXPECT(st && !strcmp(st->impl, "ColwiseParallel"));
+    /* text */
+    tp_sampling sp;
+    tp_sampling_defaults(&sp);
+    EXPECT(tp_sampling_validate(&sp) == TP_OK);
+    sp.top_p = 2.0;
+    EXPECT(tp_sampling_validate(&sp) != TP_OK);
+
+    printf("%s\n", failed ? "FAILED" : "ok");
+    return failed ? 1 : 0;
+}
