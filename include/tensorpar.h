@@ -16,6 +16,7 @@
 #define TENSORPAR_H
 
 #include "tensorpar/base.h"
+#include "tensorpar/settings.h"
 #include "tensorpar/kernels.h"
 #include "tensorpar/io.h"
 #include "tensorpar/comm.h"

@@ -7,6 +7,8 @@
  *   - tensors of up to 4 dimensions over an owned or borrowed buffer,
  *   - large aligned allocations that ask the kernel for 2 MiB pages,
  *   - a thread pool.
+ * The TENSORPAR_* settings table is base/ too, with its own header
+ * (tensorpar/settings.h).
  *
  * Convention: every fallible function returns tp_status.  On failure it has
  * written a one-line human message to the calling thread's error buffer, which

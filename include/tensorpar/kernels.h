@@ -50,7 +50,7 @@ void tp_isa_list(char *buf, size_t cap, const int has[TP_ISA_COUNT]);
 
 /* Whether this CPU can run isa (AMX: and Linux granted the tile state). */
 int tp_isa_cpu_has(tp_isa isa);
-/* The process's path: tp_isa_choose(getenv("TENSORPAR_ISA"), the CPU),
+/* The process's path: tp_isa_choose(TENSORPAR_ISA from the settings table, the CPU),
  * decided once (pthread_once); later changes to the environment are not
  * seen.  tp_isa_check fails when TENSORPAR_ISA was refused, or when a knob
  * it replaced (TENSORPAR_KERNEL, TENSORPAR_AMX) is set; tp_matmul_ex,

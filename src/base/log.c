@@ -1,5 +1,6 @@
 /* Logging to stderr, with the rank in the prefix when running as a rank. */
 #include "tensorpar/base.h"
+#include "tensorpar/settings.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
@@ -7,14 +8,9 @@
 
 static tp_log_level threshold(void)
 {
-    /* Read each time: logging is rare, and this keeps the library free of
-     * mutable global state. */
-    const char *s = getenv("TENSORPAR_LOG");
-    if (!s) return TP_LOG_INFO;
-    if (!strcmp(s, "debug")) return TP_LOG_DEBUG;
-    if (!strcmp(s, "warn")) return TP_LOG_WARN;
-    if (!strcmp(s, "error")) return TP_LOG_ERROR;
-    return TP_LOG_INFO;
+    /* The table's names are in tp_log_level's order; a bad value reads as
+     * the default (info) and tp_settings_check reports it. */
+    return (tp_log_level)tp_setting_enum(TP_SET_LOG);
 }
 
 void tp_rank_prefix(char *buf, size_t cap)

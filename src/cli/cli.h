@@ -51,6 +51,11 @@ int cli_usage_error(const char *cmd);
 
 /* tensorpar --isa-list: the paths this CPU supports, the chosen one marked. */
 int cmd_isa_list(void);
+/* tensorpar --help-env: every TENSORPAR_* setting, its type, default and doc. */
+int cmd_help_env(void);
+/* 0 if every setting in the environment is valid; else prints why and
+ * returns CLI_EXIT_USAGE. */
+int cli_settings_check(void);
 /* 0 if TENSORPAR_ISA (and the environment around it) is accepted; else
  * prints why and returns 2. */
 int cli_isa_check(void);

@@ -31,6 +31,7 @@ static void usage(FILE *f)
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (commands[i].summary) fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\n  --isa-list     the instruction-set paths this CPU supports, the chosen one marked\n");
+    fprintf(f, "  --help-env     the TENSORPAR_* environment variables: type, default, meaning\n");
     fprintf(f, "\n'tensorpar <command> --help' describes a command.\n\n%s", CLI_EXIT_HELP);
     fprintf(f, "TENSORPAR_ISA=scalar|avx2|avx512|amx chooses the kernels' path (default: the best this CPU has).\n");
     fprintf(f, "\nWith RANK and WORLD_SIZE set (torchrun-style; WORLD_SIZE > 1 needs RANK) or under\n"
@@ -46,8 +47,11 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(argv[1], "--isa-list")) return cmd_isa_list();
-    /* Before any command runs, so each refuses a bad TENSORPAR_ISA alike. */
+    if (!strcmp(argv[1], "--help-env")) return cmd_help_env();
+    /* Before any command runs, so each refuses a bad TENSORPAR_ISA or any
+     * other bad setting alike. */
     int rc = cli_isa_check();
+    if (!rc) rc = cli_settings_check();
     if (rc) return rc;
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);

@@ -6,6 +6,7 @@
 #include "tp_cli.h"
 
 #include "tensorpar/parallel.h"
+#include "tensorpar/settings.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -142,8 +143,7 @@ tp_status cli_tp_choose(void *ctx, int64_t *id)
 
 int cli_pin_wanted(void)
 {
-    const char *pin = getenv("TENSORPAR_PIN");
-    return !(pin && !strcmp(pin, "0"));
+    return tp_setting_bool(TP_SET_PIN);
 }
 
 int cli_tp_threads(const cli_option *o, int n, const cli_tp *tp, tp_model_options *mo)

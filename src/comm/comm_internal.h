@@ -45,6 +45,15 @@ struct tp_group {
     void *impl;             /* backend state                                 */
 };
 
+/* The shm backend's sizes, from the settings table (tp_comm_shm_settings):
+ * only a segment's creator uses them, and the ranks take them from its
+ * header, so all ranks of a job agree. */
+typedef struct {
+    size_t slot_bytes;      /* TENSORPAR_SHM_SLOT_KB                         */
+    size_t oneshot_max;     /* TENSORPAR_SHM_ONESHOT_KB                      */
+    uint64_t cma_min;       /* TENSORPAR_SHM_CMA(_KB); UINT64_MAX: no CMA    */
+} tp_shm_settings;
+
 /* Job layout as read from the environment (rendezvous.c). */
 typedef struct {
     tp_backend backend;
@@ -53,6 +62,7 @@ typedef struct {
     double hang_s;          /* TENSORPAR_HANG_TIMEOUT (shm); 0: off          */
     char rendezvous[200];   /* "" when none is known                        */
     int shm_fd;             /* segment inherited from the launcher, or -1    */
+    tp_shm_settings shm;    /* for a segment this process creates            */
 } tp_comm_env;
 
 /* tp_comm_all_reduce_rows from the backend's reduce_scatterv and
@@ -80,7 +90,10 @@ void tp_shm_segment_name(char *buf, size_t cap, const char *rendezvous);
 /* Creates and initialises the world segment for n ranks under `name`,
  * returning its descriptor (the launcher unlinks the name at once and hands
  * the descriptor to its children). */
-tp_status tp_shm_segment_create(const char *rendezvous, int n, int *fd_out);
+tp_status tp_shm_segment_create(const char *rendezvous, int n, const tp_shm_settings *cfg, int *fd_out);
+/* Fills o from the settings table; a bad value of one of its variables is
+ * the error. */
+tp_status tp_comm_shm_settings(tp_shm_settings *o);
 
 /* TENSORPAR_HANG_TIMEOUT: seconds a rank's heartbeat may be silent before it
  * counts as stopped responding (default 2; 0 turns the check off). */

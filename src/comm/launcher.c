@@ -311,11 +311,13 @@ static tp_status launch_shm(const tp_launch_options *o, const char *path, char *
     char rendezvous[64];
     make_rendezvous(rendezvous, sizeof rendezvous);
     double hang_s;
+    tp_shm_settings shm_cfg;
     tp_status st = tp_comm_hang_timeout(&hang_s);
+    if (!st) st = tp_comm_shm_settings(&shm_cfg);
     if (st) return st;
     tp_shm_watch *watch = NULL;
     if (n > 1) {
-        st = tp_shm_segment_create(rendezvous, n, &fd);
+        st = tp_shm_segment_create(rendezvous, n, &shm_cfg, &fd);
         if (st) return tp_fail_context(st, "creating the job's shared memory");
         char name[256];
         tp_shm_segment_name(name, sizeof name, rendezvous);

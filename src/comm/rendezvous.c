@@ -3,6 +3,8 @@
  * the timeout and the rendezvous name that tells concurrent jobs apart
  * (tp-semantics §5.3). */
 #include "comm_internal.h"
+#include "shm.h"
+#include "tensorpar/settings.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -72,10 +74,10 @@ static tp_status read_layout(tp_comm_env *e, int *under_mpirun)
 static tp_status read_backend(tp_comm_env *e, const tp_comm_options *o, int under_mpirun)
 {
     tp_backend b = o ? o->backend : TP_BACKEND_AUTO;
-    const char *s = getenv("TENSORPAR_BACKEND");
-    if (b == TP_BACKEND_AUTO && s && *s) {
-        tp_status st = tp_backend_parse(s, &b);
-        if (st) return tp_fail_context(st, "TENSORPAR_BACKEND");
+    if (b == TP_BACKEND_AUTO && tp_setting_is_set(TP_SET_BACKEND)) {
+        tp_status st = tp_setting_check(TP_SET_BACKEND);
+        if (!st) st = tp_backend_parse(tp_setting_info_of(TP_SET_BACKEND)->names[tp_setting_enum(TP_SET_BACKEND)], &b);
+        if (st) return st;
     }
     if (b == TP_BACKEND_AUTO)
         b = under_mpirun ? TP_BACKEND_MPI : e->world_size > 1 ? TP_BACKEND_SHM : TP_BACKEND_SELF;
@@ -94,27 +96,29 @@ static tp_status read_timeout(tp_comm_env *e, const tp_comm_options *o)
 {
     e->timeout_s = 30.0;
     if (o && o->timeout_s > 0) { e->timeout_s = o->timeout_s; return TP_OK; }
-    const char *s = getenv("TENSORPAR_COMM_TIMEOUT");
-    if (!s || !*s) return TP_OK;
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || *end || !(v > 0))
-        return tp_fail(TP_ERR_INVALID, "TENSORPAR_COMM_TIMEOUT='%s' is not a positive number of seconds", s);
-    e->timeout_s = v;
+    e->timeout_s = tp_setting_seconds(TP_SET_COMM_TIMEOUT);
+    return tp_setting_check(TP_SET_COMM_TIMEOUT);
+}
+
+tp_status tp_comm_shm_settings(tp_shm_settings *o)
+{
+    o->slot_bytes = (size_t)tp_setting_int(TP_SET_SHM_SLOT_KB) << 10;
+    o->oneshot_max = (size_t)tp_setting_int(TP_SET_SHM_ONESHOT_KB) << 10;
+    /* TENSORPAR_SHM_CMA=0 turns the single-copy algorithms off (to compare,
+     * or where process_vm_readv is unwelcome). */
+    o->cma_min = tp_setting_bool(TP_SET_SHM_CMA) ? (uint64_t)tp_setting_int(TP_SET_SHM_CMA_KB) << 10 : UINT64_MAX;
+    tp_status st;
+    if ((st = tp_setting_check(TP_SET_SHM_SLOT_KB)) || (st = tp_setting_check(TP_SET_SHM_ONESHOT_KB)) ||
+        (st = tp_setting_check(TP_SET_SHM_CMA)) || (st = tp_setting_check(TP_SET_SHM_CMA_KB)) ||
+        (st = tp_setting_check(TP_SET_SHM_FD)))
+        return st;
     return TP_OK;
 }
 
 tp_status tp_comm_hang_timeout(double *out)
 {
-    *out = 2.0;
-    const char *s = getenv("TENSORPAR_HANG_TIMEOUT");
-    if (!s || !*s) return TP_OK;
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || *end || !(v >= 0) || v > 1e9)
-        return tp_fail(TP_ERR_INVALID, "TENSORPAR_HANG_TIMEOUT='%s' is not a number of seconds (0: no check)", s);
-    *out = v;
-    return TP_OK;
+    *out = tp_setting_seconds(TP_SET_HANG_TIMEOUT);
+    return tp_setting_check(TP_SET_HANG_TIMEOUT);
 }
 
 /* Keeps names usable in /dev/shm: anything odd becomes '_'. */
@@ -128,7 +132,7 @@ static void sanitize(char *s)
 
 static void read_rendezvous(tp_comm_env *e, const tp_comm_options *o)
 {
-    const char *r = o && o->rendezvous ? o->rendezvous : getenv("TENSORPAR_RENDEZVOUS");
+    const char *r = o && o->rendezvous ? o->rendezvous : tp_setting_string(TP_SET_RENDEZVOUS);
     const char *addr = getenv("MASTER_ADDR"), *port = getenv("MASTER_PORT");
     e->rendezvous[0] = '\0';
     if (r && *r)
@@ -160,8 +164,6 @@ tp_status tp_comm_env_read(tp_comm_env *e, const tp_comm_options *o)
         (st = tp_comm_hang_timeout(&e->hang_s)))
         return st;
     read_rendezvous(e, o);
-    long fd;
-    int has_fd;
-    if (env_int("TENSORPAR_SHM_FD", 0, &fd, &has_fd) == TP_OK && has_fd) e->shm_fd = (int)fd;
-    return TP_OK;
+    if (tp_setting_is_set(TP_SET_SHM_FD)) e->shm_fd = (int)tp_setting_int(TP_SET_SHM_FD);
+    return tp_comm_shm_settings(&e->shm);
 }

@@ -30,12 +30,11 @@
 #define SHM_LINE 128                      /* two lines: the adjacent-line
                                              prefetcher shares pairs */
 #define SHM_AREAS 32
-#define SHM_SLOT_BYTES_DEFAULT (256u << 10)
-#define SHM_ONESHOT_MAX_DEFAULT (64u << 10)
 #define SHM_P2P_BYTES (64u << 10)
-/* Smallest all-reduce / all-gather / reduce-scatter that reads the peers'
- * buffers directly (process_vm_readv) instead of going through the slots. */
-#define SHM_CMA_MIN_DEFAULT (16u << 10)
+/* The slot size, the one-shot limit and the smallest collective that reads
+ * the peers' buffers directly (process_vm_readv) instead of going through
+ * the slots: their defaults are in the settings table (src/base/settings.c,
+ * TENSORPAR_SHM_*), read by tp_comm_shm_settings. */
 
 enum { AREA_FREE = 0, AREA_INIT, AREA_READY };
 enum { RANK_ABSENT = 0, RANK_ALIVE, RANK_LEFT };

@@ -21,19 +21,6 @@ void tp_shm_segment_name(char *buf, size_t cap, const char *rendezvous)
     snprintf(buf, cap, "/tensorpar-%u-%s", (unsigned)getuid(), rendezvous);
 }
 
-/* Tuning knobs for experiments (TENSORPAR_SHM_SLOT_KB, _ONESHOT_KB): only
- * the creator reads them and the ranks take them from the header, so all
- * ranks of a job always agree on the algorithms. */
-static size_t knob_kb(const char *name, long lo, size_t dflt)
-{
-    const char *s = getenv(name);
-    long kb = s ? strtol(s, NULL, 10) : -1;
-    if (kb >= lo && kb <= (1L << 20)) return (size_t)kb << 10;
-    return dflt;
-}
-
-static size_t slot_bytes(void) { return knob_kb("TENSORPAR_SHM_SLOT_KB", 4, SHM_SLOT_BYTES_DEFAULT); }
-
 static void layout(shm_header *h, int n)
 {
     size_t off = round_up(sizeof *h, 4096);
@@ -67,7 +54,7 @@ static void area_init(shm_header *h, char *base, const int32_t *members, int n)
     }
 }
 
-static void header_init(shm_header *h, const char *rendezvous, int n)
+static void header_init(shm_header *h, const char *rendezvous, int n, const tp_shm_settings *cfg)
 {
     h->version = SHM_VERSION;
     h->world = n;
@@ -75,13 +62,10 @@ static void header_init(shm_header *h, const char *rendezvous, int n)
     h->creator_pid = (int32_t)getpid();
     char state;
     h->creator_start = tp_shm_proc_start(h->creator_pid, &state);
-    h->slot_bytes = slot_bytes();
+    h->slot_bytes = cfg->slot_bytes;
     h->p2p_bytes = SHM_P2P_BYTES;
-    h->oneshot_max = knob_kb("TENSORPAR_SHM_ONESHOT_KB", 0, SHM_ONESHOT_MAX_DEFAULT);
-    /* TENSORPAR_SHM_CMA=0 turns the single-copy algorithms off (to compare,
-     * or where process_vm_readv is unwelcome). */
-    const char *cma = getenv("TENSORPAR_SHM_CMA");
-    h->cma_min = cma && !strcmp(cma, "0") ? UINT64_MAX : knob_kb("TENSORPAR_SHM_CMA_KB", 0, SHM_CMA_MIN_DEFAULT);
+    h->oneshot_max = cfg->oneshot_max;
+    h->cma_min = cfg->cma_min;
     layout(h, n);
     atomic_store(&h->attached, 0);
     atomic_store(&h->failed_rank, -1);
@@ -97,13 +81,14 @@ static void header_init(shm_header *h, const char *rendezvous, int n)
 }
 
 /* Creates name (O_EXCL) sized and initialised for n ranks. */
-static tp_status create_named(const char *name, const char *rendezvous, int n, int *fd_out)
+static tp_status create_named(const char *name, const char *rendezvous, int n, const tp_shm_settings *cfg,
+                              int *fd_out)
 {
     int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) return tp_fail(errno == EEXIST ? TP_ERR_COMM : TP_ERR_IO, "shm_open %s: %s", name, strerror(errno));
     shm_header tmp;
     memset(&tmp, 0, sizeof tmp);
-    tmp.slot_bytes = slot_bytes();
+    tmp.slot_bytes = cfg->slot_bytes;
     tmp.p2p_bytes = SHM_P2P_BYTES;
     layout(&tmp, n);
     /* Only the header, the rank table and the world area's control part
@@ -119,18 +104,18 @@ static tp_status create_named(const char *name, const char *rendezvous, int n, i
         shm_unlink(name);
         return st;
     }
-    header_init(h, rendezvous, n);
+    header_init(h, rendezvous, n, cfg);
     atomic_store_explicit(&h->magic, SHM_MAGIC, memory_order_release);
     munmap(h, map_bytes);
     *fd_out = fd;
     return TP_OK;
 }
 
-tp_status tp_shm_segment_create(const char *rendezvous, int n, int *fd_out)
+tp_status tp_shm_segment_create(const char *rendezvous, int n, const tp_shm_settings *cfg, int *fd_out)
 {
     char name[256];
     tp_shm_segment_name(name, sizeof name, rendezvous);
-    return create_named(name, rendezvous, n, fd_out);
+    return create_named(name, rendezvous, n, cfg, fd_out);
 }
 
 /* Maps a segment given its descriptor; checks that it is this job's. */
@@ -172,7 +157,7 @@ static tp_status rank0_create(shm_world *w, const char *name, const tp_comm_env 
 {
     for (int attempt = 0; attempt < 2; attempt++) {
         int fd;
-        tp_status st = create_named(name, e->rendezvous, e->world_size, &fd);
+        tp_status st = create_named(name, e->rendezvous, e->world_size, &e->shm, &fd);
         if (st == TP_OK) {
             st = map_fd(w, fd, e->rendezvous, e->world_size);
             close(fd);

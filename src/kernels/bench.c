@@ -2,6 +2,7 @@
  * machine.  Every figure is the median of several repetitions. */
 #include "kernels/kern_internal.h"
 #include "kernels/vmath.h"
+#include "tensorpar/settings.h"
 
 #include <cblas.h>
 #include <stdlib.h>
@@ -404,7 +405,7 @@ tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick)
     if (st0) return st0;
     tp_kernel_path path = pk.path;
     fprintf(out, "kernel path: %s (TENSORPAR_ISA=%s)\n", tp_isa_name(tp_isa_selected()),
-            getenv("TENSORPAR_ISA") && *getenv("TENSORPAR_ISA") ? getenv("TENSORPAR_ISA") : "unset: the CPU's best");
+            tp_setting_is_set(TP_SET_ISA) ? tp_setting_string(TP_SET_ISA) : "unset: the CPU's best");
     fprintf(out, "compute peak (%s, registers only): %.1f GFLOP/s on 1 thread, %.1f on %d\n",
             peak_kernels_for(path).what, pk.fma_gflops_1, pk.fma_gflops_n, nt);
     fprintf(out, "read bandwidth (1 GiB, 2 MiB pages): %.1f GB/s on 1 thread, %.1f on %d "

@@ -5,6 +5,7 @@
  * The decision lives in a static filled under pthread_once, so it is
  * computed exactly once, thread-safely, and never changes after. */
 #include "kernels/kern_internal.h"
+#include "tensorpar/settings.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -33,12 +34,6 @@ static const char *const path_names[] = {"auto", "scalar", "avx2", "avx512"};
 const char *tp_kernel_path_name(tp_kernel_path p)
 {
     return (unsigned)p < 4 ? path_names[p] : "?";
-}
-
-static int env_flag(const char *name)
-{
-    const char *v = getenv(name);
-    return v && *v && strcmp(v, "0") != 0;
 }
 
 /* ---- which paths the CPU has: the one place that knows, per architecture ---- */
@@ -110,8 +105,8 @@ static void detect(void)
         tp_clear_error();
         c->isa = TP_ISA_SCALAR;
     }
-    c->bf16_dot = env_flag("TENSORPAR_BF16_DOT");
-    c->blas = env_flag("TENSORPAR_BLAS");
+    c->bf16_dot = tp_setting_bool(TP_SET_BF16_DOT);
+    c->blas = tp_setting_bool(TP_SET_BLAS);
 }
 
 static const cpu_info *info(void)

@@ -3,6 +3,7 @@
  * the environment, for tp_isa_choose_env), so the tests can feed them any
  * CPU; cpu.c asks cpuid what `has` holds and calls them once per process. */
 #include "kernels/kern_internal.h"
+#include "tensorpar/settings.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,12 +63,7 @@ tp_status tp_isa_choose_env(const int has[TP_ISA_COUNT], tp_isa *out)
 {
     /* The knobs TENSORPAR_ISA replaced: a user who still sets one would
      * otherwise get a path they did not ask for without a word. */
-    static const char *const removed[] = {"TENSORPAR_KERNEL", "TENSORPAR_AMX"};
-    for (size_t i = 0; i < sizeof removed / sizeof *removed; i++) {
-        const char *v = getenv(removed[i]);
-        if (v && *v)
-            return tp_fail(TP_ERR_INVALID, "%s is no longer read; TENSORPAR_ISA=scalar|avx2|avx512|amx "
-                           "replaces it (unset %s)", removed[i], removed[i]);
-    }
-    return tp_isa_choose(getenv("TENSORPAR_ISA"), has, out);
+    tp_status st;
+    if ((st = tp_setting_check(TP_SET_KERNEL)) || (st = tp_setting_check(TP_SET_AMX))) return st;
+    return tp_isa_choose(tp_setting_string(TP_SET_ISA), has, out);
 }

@@ -2,6 +2,7 @@
  * read from the checkpoint with its shape checked against the config. */
 #include "tensorpar/models.h"
 #include "tensorpar/kernels.h"
+#include "tensorpar/settings.h"
 #include "tp_module.h"
 
 #include <stdlib.h>
@@ -100,17 +101,16 @@ static tp_status load_weights(tp_model *m, const char *dir, int show_progress)
 
 static tp_status read_fuse_norm(int *out)
 {
-    const char *e = getenv("TENSORPAR_FUSE_NORM");
-    *out = 1;
-    if (!e || !*e || !strcmp(e, "1")) return TP_OK;
-    if (!strcmp(e, "0")) { *out = 0; return TP_OK; }
-    return tp_fail(TP_ERR_INVALID, "TENSORPAR_FUSE_NORM is '%s'; it takes 0 or 1", e);
+    *out = tp_setting_bool(TP_SET_FUSE_NORM);
+    return tp_setting_check(TP_SET_FUSE_NORM);
 }
 
 tp_status tp_model_load(tp_model **out, const char *model_dir, const tp_model_options *opt)
 {
     *out = NULL;
-    tp_status s = tp_isa_check();   /* a refused TENSORPAR_ISA stops us before any file is read */
+    /* A refused TENSORPAR_ISA or any bad setting stops us before any file is read. */
+    tp_status s = tp_isa_check();
+    if (!s) s = tp_settings_check();
     if (s) return s;
     tp_model *m = calloc(1, sizeof *m);
     if (!m) return tp_fail(TP_ERR_NOMEM, "out of memory");

@@ -1,6 +1,7 @@
 /* The group API on one rank (self backend), the environment rules of
  * tp-semantics §5.3, backend names, and tp_launch on plain programs. */
 #include "check.h"
+#include "tensorpar/settings.h"
 #include "tensorpar/comm.h"
 
 #include <stdlib.h>
@@ -12,6 +13,7 @@ static void clear_env(void)
                           "TENSORPAR_RENDEZVOUS", "TENSORPAR_COMM_TIMEOUT", "TENSORPAR_SHM_FD",
                           "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+    tp_settings_reload();
 }
 
 static void test_names(void)
@@ -38,11 +40,11 @@ static void test_env_errors(void)
     setenv("RANK", "2", 1);
     CHECK(tp_comm_init(&g, NULL) == TP_ERR_INVALID && strstr(tp_error(), "RANK=2 must be smaller than WORLD_SIZE=2"));
     setenv("RANK", "1", 1);
-    setenv("TENSORPAR_BACKEND", "carrier-pigeon", 1);
+    setenv("TENSORPAR_BACKEND", "carrier-pigeon", 1); tp_settings_reload();
     CHECK(tp_comm_init(&g, NULL) == TP_ERR_INVALID && strstr(tp_error(), "carrier-pigeon"));
-    setenv("TENSORPAR_BACKEND", "shm", 1);
+    setenv("TENSORPAR_BACKEND", "shm", 1); tp_settings_reload();
     CHECK(tp_comm_init(&g, NULL) == TP_ERR_INVALID && strstr(tp_error(), "no rendezvous"));
-    setenv("TENSORPAR_COMM_TIMEOUT", "-1", 1);
+    setenv("TENSORPAR_COMM_TIMEOUT", "-1", 1); tp_settings_reload();
     CHECK(tp_comm_init(&g, NULL) == TP_ERR_INVALID && strstr(tp_error(), "TENSORPAR_COMM_TIMEOUT"));
     clear_env();
 }

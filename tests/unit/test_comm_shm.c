@@ -3,6 +3,7 @@
  * A run with 4 KiB slots (TENSORPAR_SHM_SLOT_KB) pushes every collective
  * through many chunks. */
 #include "check.h"
+#include "tensorpar/settings.h"
 #include "tensorpar/comm.h"
 
 #include <dirent.h>
@@ -153,28 +154,28 @@ int main(int argc, char **argv)
 {
     (void)argc;
     if (tp_launch_in_job()) return rank_main();
-    unsetenv("TENSORPAR_BACKEND");
+    unsetenv("TENSORPAR_BACKEND"); tp_settings_reload();
     for (int n = 2; n <= 4; n++) {
         int code = -1;
         CHECK(tp_launch_self(n, TP_BACKEND_SHM, argv, &code) == TP_OK);
         CHECK_MSG(code == 0, "%d ranks: exit code %d", n, code);
     }
     /* Everything through the slots, as where process_vm_readv is denied. */
-    setenv("TENSORPAR_SHM_CMA", "0", 1);
+    setenv("TENSORPAR_SHM_CMA", "0", 1); tp_settings_reload();
     int code = -1;
     CHECK(tp_launch_self(2, TP_BACKEND_SHM, argv, &code) == TP_OK);
     CHECK_MSG(code == 0, "2 ranks without CMA: exit code %d", code);
-    unsetenv("TENSORPAR_SHM_CMA");
+    unsetenv("TENSORPAR_SHM_CMA"); tp_settings_reload();
     /* Single copy from the smallest message on, in 4 KiB slots (so 8 KiB
      * scratch chunks), and everything through chunked slots. */
-    setenv("TENSORPAR_SHM_SLOT_KB", "4", 1);
-    setenv("TENSORPAR_SHM_CMA_KB", "0", 1);
+    setenv("TENSORPAR_SHM_SLOT_KB", "4", 1); tp_settings_reload();
+    setenv("TENSORPAR_SHM_CMA_KB", "0", 1); tp_settings_reload();
     CHECK(tp_launch_self(3, TP_BACKEND_SHM, argv, &code) == TP_OK);
     CHECK_MSG(code == 0, "3 ranks, CMA always, 4 KiB slots: exit code %d", code);
-    unsetenv("TENSORPAR_SHM_CMA_KB");
+    unsetenv("TENSORPAR_SHM_CMA_KB"); tp_settings_reload();
     CHECK(tp_launch_self(3, TP_BACKEND_SHM, argv, &code) == TP_OK);
     CHECK_MSG(code == 0, "3 ranks with 4 KiB slots: exit code %d", code);
-    unsetenv("TENSORPAR_SHM_SLOT_KB");
+    unsetenv("TENSORPAR_SHM_SLOT_KB"); tp_settings_reload();
     setenv("TEST_MISMATCH", "1", 1);
     CHECK(tp_launch_self(2, TP_BACKEND_SHM, argv, &code) == TP_OK);
     CHECK_MSG(code == 0, "mismatched collectives: exit code %d", code);

@@ -2,6 +2,7 @@
  * through tp_isa_choose's has[]), the messages of a refusal, the knobs it
  * replaced, and that the process's own choice keeps its kernels to it. */
 #include "check.h"
+#include "tensorpar/settings.h"
 #include "tensorpar/kernels.h"
 #include "kernels/kern_internal.h"
 
@@ -89,27 +90,28 @@ static void test_env(void)
     char *saved[3];
     for (int i = 0; i < 3; i++) {
         saved[i] = getenv(vars[i]) ? strdup(getenv(vars[i])) : NULL;
-        unsetenv(vars[i]);
+        unsetenv(vars[i]); tp_settings_reload();
     }
     tp_isa got;
-    setenv("TENSORPAR_ISA", "scalar", 1);
+    setenv("TENSORPAR_ISA", "scalar", 1); tp_settings_reload();
     CHECK(tp_isa_choose_env(cpu, &got) == TP_OK && got == TP_ISA_SCALAR);
-    unsetenv("TENSORPAR_ISA");
+    unsetenv("TENSORPAR_ISA"); tp_settings_reload();
     CHECK(tp_isa_choose_env(cpu, &got) == TP_OK && got == TP_ISA_AVX2);
-    setenv("TENSORPAR_ISA", "sse2", 1);
+    setenv("TENSORPAR_ISA", "sse2", 1); tp_settings_reload();
     CHECK(tp_isa_choose_env(cpu, &got) == TP_ERR_INVALID && contains(tp_error(), "TENSORPAR_ISA=sse2"));
-    unsetenv("TENSORPAR_ISA");
+    unsetenv("TENSORPAR_ISA"); tp_settings_reload();
     const char *removed[] = {"TENSORPAR_KERNEL", "TENSORPAR_AMX"};
     for (int i = 0; i < 2; i++) {
-        setenv(removed[i], "0", 1);
+        setenv(removed[i], "0", 1); tp_settings_reload();
         CHECK(tp_isa_choose_env(cpu, &got) == TP_ERR_INVALID);
         CHECK_MSG(contains(tp_error(), removed[i]) && contains(tp_error(), "TENSORPAR_ISA"), "%s", tp_error());
-        unsetenv(removed[i]);
+        unsetenv(removed[i]); tp_settings_reload();
     }
     for (int i = 0; i < 3; i++) {
         if (saved[i]) setenv(vars[i], saved[i], 1);
         free(saved[i]);
     }
+    tp_settings_reload();
 }
 
 /* The process's choice (made from the real CPU and the environment ctest

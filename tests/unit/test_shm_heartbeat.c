@@ -2,6 +2,7 @@
  * heartbeat stand still, restarting after the watcher itself was away), the
  * heartbeat thread, and TENSORPAR_HANG_TIMEOUT. */
 #include "check.h"
+#include "tensorpar/settings.h"
 #include "comm/shm.h"
 
 #include <math.h>
@@ -54,17 +55,17 @@ static void test_beat_thread(void)
 static void test_hang_timeout_env(void)
 {
     double h = -1;
-    unsetenv("TENSORPAR_HANG_TIMEOUT");
+    unsetenv("TENSORPAR_HANG_TIMEOUT"); tp_settings_reload();
     CHECK(tp_comm_hang_timeout(&h) == TP_OK && near(h, 2.0));
-    setenv("TENSORPAR_HANG_TIMEOUT", "0.5", 1);
+    setenv("TENSORPAR_HANG_TIMEOUT", "0.5", 1); tp_settings_reload();
     CHECK(tp_comm_hang_timeout(&h) == TP_OK && near(h, 0.5));
-    setenv("TENSORPAR_HANG_TIMEOUT", "0", 1);
+    setenv("TENSORPAR_HANG_TIMEOUT", "0", 1); tp_settings_reload();
     CHECK(tp_comm_hang_timeout(&h) == TP_OK && near(h, 0.0));
-    setenv("TENSORPAR_HANG_TIMEOUT", "-1", 1);
+    setenv("TENSORPAR_HANG_TIMEOUT", "-1", 1); tp_settings_reload();
     CHECK(tp_comm_hang_timeout(&h) == TP_ERR_INVALID);
-    setenv("TENSORPAR_HANG_TIMEOUT", "2s", 1);
+    setenv("TENSORPAR_HANG_TIMEOUT", "2s", 1); tp_settings_reload();
     CHECK(tp_comm_hang_timeout(&h) == TP_ERR_INVALID);
-    unsetenv("TENSORPAR_HANG_TIMEOUT");
+    unsetenv("TENSORPAR_HANG_TIMEOUT"); tp_settings_reload();
 }
 
 int main(void)
