@@ -9,12 +9,13 @@
 # summary line per harness: executions, exec/s, seconds, corpus size.
 # FUZZ_JOBS=k runs k harnesses at a time (default 1).  FUZZ_SUMMARY_ONLY=1
 # prints the summary of the last runs' logs without building or running.
+# FUZZ_BUILD_DIR=dir builds and runs somewhere else than build-fuzz/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-1000000}
 shift || true
 jobs=${FUZZ_JOBS:-1}
-build=build-fuzz
+build=${FUZZ_BUILD_DIR:-build-fuzz}
 
 if [ -z "${FUZZ_SUMMARY_ONLY:-}" ]; then
     CC=clang cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTP_FUZZ=ON -DTP_WERROR=ON >/dev/null
