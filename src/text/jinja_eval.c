@@ -120,12 +120,20 @@ static tp_status concat_list(jctx *c, jv x, jv y, jv *out)
     return TP_OK;
 }
 
+/* A repeated string stays below this: chat templates repeat rules of '='
+ * at most, and a fuzzed 'x' * 32 ** 5 took seconds to build. */
+#define MAX_REPEAT_BYTES (4u << 20)
+
 /* "ab" * 3, [x] * 3 */
 static tp_status repeat(jctx *c, jv seq, int64_t times, jv *out)
 {
     if (times < 0) times = 0;
+    /* Empty sequences stay empty however large `times` is (the loops below
+     * would otherwise spin `times` times doing nothing: '' * 10 ** 18). */
+    if (seq.k == JV_STR ? seq.u.s.n == 0 : seq.u.l->n == 0) times = 0;
     if (seq.k == JV_STR) {
-        if (times && seq.u.s.n > (64u << 20) / (uint64_t)times) return tp_fail(TP_ERR_INVALID, "string repetition too large");
+        if (times && seq.u.s.n > MAX_REPEAT_BYTES / (uint64_t)times)
+            return tp_fail(TP_ERR_INVALID, "string repetition too large");
         jbuf b = {0};
         for (int64_t i = 0; i < times; i++) jb_put(&b, seq.u.s.p, seq.u.s.n);
         tp_status s = jv_from_buf(c->a, &b, out);

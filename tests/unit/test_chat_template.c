@@ -192,6 +192,16 @@ static void test_errors(void)
     CHECK(tp_chat_template_load(&t, "/nonexistent/tokenizer_config.json") == TP_ERR_IO);
 }
 
+/* Templates the fuzzer (tests/fuzz/fuzz_chat_template) found too slow:
+ * repeating an empty sequence spun once per repetition, and 'x' * 32 ** 5
+ * built a 33 MB string a byte at a time. */
+static void test_fuzz_regressions(void)
+{
+    EXPECT("[{{ '' * 1000000000000000000 }}]{{ [] * 1000000000000000000 }}{{ ('' * 5) | length }}", "[][]0");
+    EXPECT_ERR("{{ 'x' * 32 ** 5 }}", "string repetition too large");
+    EXPECT("{{ ('=' * 80) | length }}|{{ ('ab' * (2 * 1024 * 1024)) | length }}", "80|4194304");
+}
+
 int main(void)
 {
     test_literals_and_operators();
@@ -202,5 +212,6 @@ int main(void)
     test_loops_and_scope();
     test_if_and_macros();
     test_errors();
+    test_fuzz_regressions();
     return check_summary();
 }
