@@ -200,6 +200,12 @@ static void test_fuzz_regressions(void)
     EXPECT("[{{ '' * 1000000000000000000 }}]{{ [] * 1000000000000000000 }}{{ ('' * 5) | length }}", "[][]0");
     EXPECT_ERR("{{ 'x' * 32 ** 5 }}", "string repetition too large");
     EXPECT("{{ ('=' * 80) | length }}|{{ ('ab' * (2 * 1024 * 1024)) | length }}", "80|4194304");
+    /* Nested loops over long strings ran for minutes: a render has a budget
+     * of loop iterations, far above what chat templates use. */
+    EXPECT_ERR("{% set s = 'x' * 1000 %}{% for a in s %}{% for b in s %}{% for c in s %}{% endfor %}{% endfor %}{% endfor %}",
+               "template loops ran more than 2000000 iterations");
+    EXPECT("{% set ns = namespace(n=0) %}{% for a in range(300) %}{% for b in range(300) %}{% set ns.n = ns.n + 1 %}"
+           "{% endfor %}{% endfor %}{{ ns.n }}", "90000");
 }
 
 int main(void)
