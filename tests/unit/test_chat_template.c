@@ -200,6 +200,10 @@ static void test_fuzz_regressions(void)
     EXPECT("[{{ '' * 1000000000000000000 }}]{{ [] * 1000000000000000000 }}{{ ('' * 5) | length }}", "[][]0");
     EXPECT_ERR("{{ 'x' * 32 ** 5 }}", "string repetition too large");
     EXPECT("{{ ('=' * 80) | length }}|{{ ('ab' * (2 * 1024 * 1024)) | length }}", "80|4194304");
+    /* A long number with an exponent overflowed the lexer's buffer by one. */
+    EXPECT("{{ 1" "000000000000000000000000000000000000000000000000000000000000" "e5 > 1e64 }}", "True");
+    char *r = render("{{ 1" "0000000000000000000000000000000000000000000000000000000000000" "e5 }}", NULL);
+    free(r);   /* lexes as a number and a name; ASan checks the buffer */
     /* Nested loops over long strings ran for minutes: a render has a budget
      * of loop iterations, far above what chat templates use. */
     EXPECT_ERR("{% set s = 'x' * 1000 %}{% for a in s %}{% for b in s %}{% for c in s %}{% endfor %}{% endfor %}{% endfor %}",
