@@ -31,7 +31,7 @@ typedef struct {
 /* Loop iterations one render may run.  Chat templates loop over messages
  * and tools, a few thousand steps; nested loops over long strings ran for
  * minutes and gigabytes under the fuzzer before this budget. */
-#define MAX_LOOP_STEPS 2000000
+#define MAX_LOOP_STEPS 200000
 
 #define TRY(x) do { tp_status s_ = (x); if (s_) return s_; } while (0)
 

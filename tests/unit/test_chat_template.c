@@ -207,7 +207,7 @@ static void test_fuzz_regressions(void)
     /* Nested loops over long strings ran for minutes: a render has a budget
      * of loop iterations, far above what chat templates use. */
     EXPECT_ERR("{% set s = 'x' * 1000 %}{% for a in s %}{% for b in s %}{% for c in s %}{% endfor %}{% endfor %}{% endfor %}",
-               "template loops ran more than 2000000 iterations");
+               "template loops ran more than 200000 iterations");
     EXPECT("{% set ns = namespace(n=0) %}{% for a in range(300) %}{% for b in range(300) %}{% set ns.n = ns.n + 1 %}"
            "{% endfor %}{% endfor %}{{ ns.n }}", "90000");
 }
