@@ -7,16 +7,20 @@
 # Fails on any crash, leak, timeout, out-of-memory or sanitizer report; the
 # input that caused it is saved as build-fuzz/artifacts/<h>-*.  Prints one
 # summary line per harness: executions, exec/s, seconds, corpus size.
-# FUZZ_JOBS=k runs k harnesses at a time (default 1).
+# FUZZ_JOBS=k runs k harnesses at a time (default 1).  FUZZ_SUMMARY_ONLY=1
+# prints the summary of the last runs' logs without building or running.
+# FUZZ_BUILD_DIR=dir builds and runs somewhere else than build-fuzz/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-1000000}
 shift || true
 jobs=${FUZZ_JOBS:-1}
-build=build-fuzz
+build=${FUZZ_BUILD_DIR:-build-fuzz}
 
-CC=clang cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTP_FUZZ=ON -DTP_WERROR=ON >/dev/null
-cmake --build "$build" -j"$(nproc)" --target fuzz_all >/dev/null
+if [ -z "${FUZZ_SUMMARY_ONLY:-}" ]; then
+    CC=clang cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTP_FUZZ=ON -DTP_WERROR=ON >/dev/null
+    cmake --build "$build" -j"$(nproc)" --target fuzz_all >/dev/null
+fi
 
 # Bigger inputs only slow the harnesses down: the largest seed of each
 # (the Qwen3 chat template, a byte-level tokenizer.json) fits with room.
@@ -47,7 +51,9 @@ export TMPDIR=$scratch
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:allocator_may_return_null=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 mkdir -p "$build/artifacts" "$build/logs"
-rm -f "$build"/logs/*
+if [ -z "${FUZZ_SUMMARY_ONLY:-}" ]; then
+    for h in "${harnesses[@]}"; do rm -f "$build/logs/$h".*; done
+fi
 
 run_one() {
     local h=$1 log="$build/logs/$1.log" work="$build/corpus/$1"
@@ -60,13 +66,14 @@ run_one() {
     echo "$t0 $(date +%s.%N)" >"$build/logs/$h.time"
 }
 
-pids=()
+running=0
 for h in "${harnesses[@]}"; do
+    [ -n "${FUZZ_SUMMARY_ONLY:-}" ] && break
     run_one "$h" &
-    pids+=($!)
-    if [ ${#pids[@]} -ge "$jobs" ]; then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
+    running=$((running + 1))
+    if [ "$running" -ge "$jobs" ]; then wait -n; running=$((running - 1)); fi
 done
-for p in "${pids[@]}"; do wait "$p"; done
+wait
 
 fail=0
 for h in "${harnesses[@]}"; do

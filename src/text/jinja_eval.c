@@ -25,7 +25,13 @@ typedef struct {
     int depth;             /* macro call depth */
     int ctl;               /* pending break/continue */
     int located;           /* the error message already names a position */
+    uint64_t steps;        /* loop iterations so far (see MAX_LOOP_STEPS) */
 } jctx;
+
+/* Loop iterations one render may run.  Chat templates loop over messages
+ * and tools, a few thousand steps; nested loops over long strings ran for
+ * minutes and gigabytes under the fuzzer before this budget. */
+#define MAX_LOOP_STEPS 200000
 
 #define TRY(x) do { tp_status s_ = (x); if (s_) return s_; } while (0)
 
@@ -34,12 +40,19 @@ static tp_status exec_body(jctx *c, jscope *sc, const jnodes *body);
 
 static tp_status nomem(void) { return tp_fail(TP_ERR_NOMEM, "out of memory"); }
 
+
 /* Prefixes the current error with the node's position, once. */
 static tp_status at(jctx *c, const jnode *n, tp_status s)
 {
     if (s == TP_OK || c->located || s == TP_ERR_NOMEM) return s;
     c->located = 1;
     return tp_fail_context(s, "chat template error at line %d, column %d", n->line, n->col);
+}
+
+static tp_status count_step(jctx *c, const jnode *n)
+{
+    if (++c->steps <= MAX_LOOP_STEPS) return TP_OK;
+    return at(c, n, tp_fail(TP_ERR_INVALID, "template loops ran more than %d iterations", MAX_LOOP_STEPS));
 }
 
 static tp_status undefined_error(jv v)
@@ -120,12 +133,20 @@ static tp_status concat_list(jctx *c, jv x, jv y, jv *out)
     return TP_OK;
 }
 
+/* A repeated string stays below this: chat templates repeat rules of '='
+ * at most, and a fuzzed 'x' * 32 ** 5 took seconds to build. */
+#define MAX_REPEAT_BYTES (4u << 20)
+
 /* "ab" * 3, [x] * 3 */
 static tp_status repeat(jctx *c, jv seq, int64_t times, jv *out)
 {
     if (times < 0) times = 0;
+    /* Empty sequences stay empty however large `times` is (the loops below
+     * would otherwise spin `times` times doing nothing: '' * 10 ** 18). */
+    if (seq.k == JV_STR ? seq.u.s.n == 0 : seq.u.l->n == 0) times = 0;
     if (seq.k == JV_STR) {
-        if (times && seq.u.s.n > (64u << 20) / (uint64_t)times) return tp_fail(TP_ERR_INVALID, "string repetition too large");
+        if (times && seq.u.s.n > MAX_REPEAT_BYTES / (uint64_t)times)
+            return tp_fail(TP_ERR_INVALID, "string repetition too large");
         jbuf b = {0};
         for (int64_t i = 0; i < times; i++) jb_put(&b, seq.u.s.p, seq.u.s.n);
         tp_status s = jv_from_buf(c->a, &b, out);
@@ -588,6 +609,7 @@ static tp_status filter_items(jctx *c, jscope *sc, const jnode *n, jlistv **item
     if (!kept) return nomem();
     kept->n = 0;
     for (size_t i = 0; i < (*items)->n; i++) {
+        TRY(count_step(c, n));
         jscope *it = new_scope(c, sc);
         jv ok;
         if (!it) return nomem();
@@ -607,6 +629,7 @@ static tp_status exec_for(jctx *c, jscope *sc, const jnode *n)
     TRY(at(c, n->a, iter_items(c, seq, &items)));
     if (n->b) TRY(filter_items(c, sc, n, &items));
     for (size_t i = 0; i < items->n; i++) {
+        TRY(count_step(c, n));
         jscope *it = new_scope(c, sc);
         jv loop;
         if (!it) return nomem();

@@ -170,7 +170,9 @@ static tp_status lex_number(lexer *L)
     size_t n = 0;
     int is_float = 0;
     int after_dot = L->n && L->v[L->n - 1].k == JT_OP && js_eqc(L->v[L->n - 1].s, ".");
-    while (L->pos < L->len && n < sizeof buf - 1) {
+    /* Room for two more characters and the NUL: an exponent adds two at
+     * once (a fuzzed 62-digit "...e5" wrote buf[64]). */
+    while (L->pos < L->len && n < sizeof buf - 2) {
         char c = L->src[L->pos];
         if (isdigit((unsigned char)c)) buf[n++] = c;
         else if (c == '_') {}

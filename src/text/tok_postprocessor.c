@@ -7,6 +7,17 @@
 
 #include <string.h>
 
+/* Appends a post-processor's token id, which must be a token the file
+ * defines: the ids go straight to the model's embedding.  (A fuzzed id of
+ * 3.5e90 was converted to int32 with undefined behaviour.) */
+static tp_status push_id(tp_tokenizer *t, const cJSON *e, const char *key, const char *what, tok_ids *dst)
+{
+    double v = cJSON_IsNumber(e) ? e->valuedouble : -1;
+    if (!(v >= 0 && v <= INT32_MAX - 1) || v != (double)(int32_t)v || !tp_tokenizer_id_to_token(t, (int32_t)v))
+        return tp_tok_bad(t, TP_ERR_FORMAT, key, "'%s' has an id that is not a token of this file", what);
+    return tp_tok_ids_push(dst, (int32_t)v);
+}
+
 /* The ids of one template item {"SpecialToken": {"id": NAME}}. */
 static tp_status special_item(tp_tokenizer *t, const cJSON *item, const cJSON *specials, tok_ids *dst)
 {
@@ -20,9 +31,7 @@ static tp_status special_item(tp_tokenizer *t, const cJSON *item, const cJSON *s
                        name->valuestring);
     const cJSON *e;
     cJSON_ArrayForEach(e, ids) {
-        if (!cJSON_IsNumber(e) || e->valuedouble < 0)
-            return tp_tok_bad(t, TP_ERR_FORMAT, "post_processor.special_tokens", "'%s' has a bad id", name->valuestring);
-        tp_status st = tp_tok_ids_push(dst, (int32_t)e->valuedouble);
+        tp_status st = push_id(t, e, "post_processor.special_tokens", name->valuestring, dst);
         if (st) return st;
     }
     return TP_OK;
@@ -59,8 +68,8 @@ static tp_status parse_cls_sep(tp_tokenizer *t, const cJSON *j)
     if (!cJSON_IsNumber(cls) || !cJSON_IsNumber(sep))
         return tp_tok_bad(t, TP_ERR_FORMAT, "post_processor", "\"cls\" and \"sep\" must be [token, id]");
     t->prefix.len = t->suffix.len = 0;
-    tp_status st = tp_tok_ids_push(&t->prefix, (int32_t)cls->valuedouble);
-    if (!st) st = tp_tok_ids_push(&t->suffix, (int32_t)sep->valuedouble);
+    tp_status st = push_id(t, cls, "post_processor.cls", "cls", &t->prefix);
+    if (!st) st = push_id(t, sep, "post_processor.sep", "sep", &t->suffix);
     t->has_template = 1;
     return st;
 }

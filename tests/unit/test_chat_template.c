@@ -192,6 +192,26 @@ static void test_errors(void)
     CHECK(tp_chat_template_load(&t, "/nonexistent/tokenizer_config.json") == TP_ERR_IO);
 }
 
+/* Templates the fuzzer (tests/fuzz/fuzz_chat_template) found too slow:
+ * repeating an empty sequence spun once per repetition, and 'x' * 32 ** 5
+ * built a 33 MB string a byte at a time. */
+static void test_fuzz_regressions(void)
+{
+    EXPECT("[{{ '' * 1000000000000000000 }}]{{ [] * 1000000000000000000 }}{{ ('' * 5) | length }}", "[][]0");
+    EXPECT_ERR("{{ 'x' * 32 ** 5 }}", "string repetition too large");
+    EXPECT("{{ ('=' * 80) | length }}|{{ ('ab' * (2 * 1024 * 1024)) | length }}", "80|4194304");
+    /* A long number with an exponent overflowed the lexer's buffer by one. */
+    EXPECT("{{ 1" "000000000000000000000000000000000000000000000000000000000000" "e5 > 1e64 }}", "True");
+    char *r = render("{{ 1" "0000000000000000000000000000000000000000000000000000000000000" "e5 }}", NULL);
+    free(r);   /* lexes as a number and a name; ASan checks the buffer */
+    /* Nested loops over long strings ran for minutes: a render has a budget
+     * of loop iterations, far above what chat templates use. */
+    EXPECT_ERR("{% set s = 'x' * 1000 %}{% for a in s %}{% for b in s %}{% for c in s %}{% endfor %}{% endfor %}{% endfor %}",
+               "template loops ran more than 200000 iterations");
+    EXPECT("{% set ns = namespace(n=0) %}{% for a in range(300) %}{% for b in range(300) %}{% set ns.n = ns.n + 1 %}"
+           "{% endfor %}{% endfor %}{{ ns.n }}", "90000");
+}
+
 int main(void)
 {
     test_literals_and_operators();
@@ -202,5 +222,6 @@ int main(void)
     test_loops_and_scope();
     test_if_and_macros();
     test_errors();
+    test_fuzz_regressions();
     return check_summary();
 }

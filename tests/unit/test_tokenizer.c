@@ -296,6 +296,16 @@ static void test_fuzz_regressions(void)
     expect_error("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},"
                  "\"added_tokens\":[{\"id\":99999999,\"content\":\"<s>\",\"special\":true}]}",
                  TP_ERR_FORMAT, "token id 99999999");
+    /* Post-processor ids: 3.5e90 was cast to int32 (undefined); ids that are
+     * no token would reach the model's embedding. */
+    expect_error("{\"post_processor\":{\"type\":\"BertProcessing\",\"cls\":[\"a\",0],"
+                 "\"sep\":[\"a\",3555555555555555555555555555555555555555555555555555555555555555555555555555555555555555555]},"
+                 "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
+                 TP_ERR_FORMAT, "post_processor.sep");
+    expect_error("{\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}},"
+                 "{\"Sequence\":{\"id\":\"A\"}}],\"special_tokens\":{\"<s>\":{\"ids\":[7]}}},"
+                 "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}",
+                 TP_ERR_FORMAT, "'<s>' has an id that is not a token");
     /* Holes stay allowed: the vocabulary size is one past the largest id. */
     tp_tokenizer *t = make("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1000},\"merges\":[]}}");
     CHECK(t && tp_tokenizer_vocab_size(t) == 1001 && !tp_tokenizer_id_to_token(t, 500));
