@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fault injection (issue 11, item 6): SIGKILL or SIGSTOP one random rank of
+# Fault injection: SIGKILL or SIGSTOP one random rank of
 # a `tensorpar generate --tp 2|4` job at a random moment, N runs per case;
 # every run must end within 5 s, non-zero, naming the rank, leaving nothing.
 #   bash scripts/faults.sh [N] [more tests/faults/faults.py options]

@@ -1,8 +1,8 @@
 /* tensorpar/kernels.h — the numerical building blocks of a transformer layer.
  *
  * Activations are f32; weights are f32 or bf16 (tp_tensor).  Each kernel is
- * a plain loop that reads top to bottom; the speed issue adds SIMD paths
- * behind the same signatures, checked against these loops. */
+ * a plain loop that reads top to bottom; the SIMD paths (AVX2, AVX-512, AMX)
+ * sit behind the same signatures, checked against these loops. */
 #ifndef TENSORPAR_KERNELS_H
 #define TENSORPAR_KERNELS_H
 

@@ -1,6 +1,6 @@
 /* tensorpar bench load: what loading costs each rank — seconds, checkpoint
  * bytes read, peak resident memory — for TP = 1 and TP = N measured side by
- * side in one run, with the ratios the TP issue's targets speak of. */
+ * side in one run, with the ratios of our load targets (bench/README.md). */
 #include "tp_cli.h"
 #include "tensorpar/models.h"
 

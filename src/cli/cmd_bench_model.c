@@ -406,7 +406,7 @@ typedef struct {
     figures f[MAX_CONFIGS];
 } round_figures;
 
-/* The ratios of the speed issue's targets, in the order printed. */
+/* The speed ratios bench/README.md tracks, in the order printed. */
 enum { R_FMA12, R_FMA21, R_BF16, R_TP21_11, R_LOCK, R_TP21_LOCK, R_TP21_12, R_BW12, R_BW21, R_COMM, R_COMM_DEC,
        N_RATIOS };
 static const struct { const char *key, *what, *target; } ratio_info[N_RATIOS] = {
@@ -737,7 +737,7 @@ int cmd_bench_all(int argc, char **argv)
                        "2 threads) and then once each: prefill at TP=1x1, TP=1x2 and TP=2x1 (f32 weights;\n"
                        "each the median of 3 passes), "
                        "TP=1x2 with bf16 weights, decode with bf16 weights at TP=1x2 and TP=2x1, and the\n"
-                       "chart's TP sizes, each in its own processes.  Each ratio of the speed issue's\n"
+                       "chart's TP sizes, each in its own processes.  Each ratio of the speed targets\n"
                        "targets is taken within a round (the machine drifts between rounds); the median\n"
                        "over the rounds is printed, with the range.  The weights are converted to the\n"
                        "dtype at load, whatever the checkpoint stores.",
