@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """End-to-end: every registered style on every module kind of the built-in
-models, at TP = 2 and 3 (issue 11 item 3, tp-semantics.md §2, §4.7).
+models, at TP = 2 and 3 (tp-semantics.md §2, §4.7).
 
 Each case is the model type's built-in plan with one module kind's rule set
 to one style, on all layers.  It must either give the logits of TP = 1

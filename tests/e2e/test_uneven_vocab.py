@@ -141,7 +141,7 @@ class MakeModelPadding(unittest.TestCase):
         self.assertEqual(v, 151936)
 
     def test_set_vocab_size_is_honoured(self):
-        # the case: the tokenizer's exact size, odd, split over 2 ranks
+        # the tokenizer's exact size, odd, split over 2 ranks
         v, d = self.made("exact", "--preset", "tiny", "--set", "vocab_size=151669")
         self.assertEqual(v, 151669)
         ids = "151668,151643,0,75834,75835,9707"   # 75835 = ceil(151669 / 2)

@@ -483,7 +483,7 @@ static tp_status flow_json(const tp_model_config *c, const char *extra, int P, t
 }
 
 /* Layouts that do not fit are refused naming module and style; styles that
- * leave layouts to the module get the real ones (issue 11 item 3). */
+ * leave layouts to the module get the real ones. */
 static void test_flow(void)
 {
     tp_model_config c = tiny(TP_ARCH_LLAMA);
