@@ -1,5 +1,5 @@
-/* The option parsing of the test workers (tests/workers/*.c): "--name value"
- * and "--flag" pairs, no more.  The workers are test programs, not user
+/* The option parsing of the test workers (tests/workers/worker_NAME.c):
+ * "--name value" and "--flag" pairs, no more.  The workers are test programs, not user
  * commands, so they do without the CLI's parser and its help text. */
 #ifndef TP_WORKER_ARGS_H
 #define TP_WORKER_ARGS_H
