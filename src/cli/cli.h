@@ -75,13 +75,10 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_chat_template(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
-int cmd_selftest_dist(int argc, char **argv);
 
-/* Communication (comm/): launcher, collective benchmark, hidden self-tests. */
+/* Communication (comm/): launcher and collective benchmark. */
 int cmd_launch(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_bench_comm(int argc, char **argv);
-int cmd_selftest(int argc, char **argv);
-int cmd_selftest_comm(int argc, char **argv);
 
 #endif

@@ -12,6 +12,7 @@
 #include "tp_cli.h"
 #include "tensorpar/kernels.h"
 #include "tensorpar/models.h"
+#include "bench_chart_gp.h"   /* generated from bench/chart.gp */
 
 #include <math.h>
 #include <sched.h>
@@ -573,6 +574,36 @@ static void summarise(const round_figures *g, int rounds, const slot *s, int nco
     }
 }
 
+/* Writes s as a gnuplot single-quoted string: a quote inside is doubled. */
+static void gp_string(FILE *f, const char *s)
+{
+    fputc('\'', f);
+    for (; *s; s++) {
+        if (*s == '\'') fputc('\'', f);
+        fputc(*s, f);
+    }
+    fputc('\'', f);
+}
+
+/* Writes the gnuplot script: the variables bench/chart.gp reads, then it. */
+static int write_script(const char *path, const char *term, const char *png, const char *data,
+                        const all_figures *a, const job *j, const char *model_name, int max_tp, int cores,
+                        double ymax)
+{
+    FILE *g = fopen(path, "w");
+    if (!g) return -1;
+    fprintf(g, "term = '%s'\nout = ", term);
+    gp_string(g, png);
+    fprintf(g, "\ndata = ");
+    gp_string(g, data);
+    fprintf(g, "\nmodel = ");
+    gp_string(g, model_name);
+    fprintf(g, "\nseq = %lld\nr11 = %.6f\nr12 = %.6f\nmax_tp = %d\ncores = %d\nymax = %.4f\n%s",
+            (long long)j->seq, a->ratio[R_TP21_11].med, a->ratio[R_TP21_12].med, max_tp, cores, ymax,
+            bench_chart_gp);
+    return fclose(g) ? -1 : 0;
+}
+
 /* Writes the chart of forward-pass speedup against TP size with gnuplot. */
 static int draw_png(const all_figures *a, const job *j, const char *png, const char *model_name)
 {
@@ -595,27 +626,9 @@ static int draw_png(const all_figures *a, const job *j, const char *png, const c
     ymax = ymax * 1.2 + 0.1;   /* room for the value labels */
     /* pngcairo draws better; the plain png terminal is the fallback. */
     for (int attempt = 0; attempt < 2 && rc; attempt++) {
-        FILE *g = fopen(script, "w");
-        if (!g) break;
-        fprintf(g,
-                "set terminal %s size 800,520\n"
-                "set output '%s'\n"
-                "set title \"forward pass speedup against TP size: %s, seq %lld, 1 thread per rank\\n"
-                "TP=2 x 1 is %.2fx TP=1 x 1 and %.2fx TP=1 x 2 threads\"\n"
-                "set xlabel 'TP size (ranks)'\nset ylabel 'speedup over TP=1 x 1 thread'\n"
-                "set xrange [0.5:%d.5]\nset yrange [0:%.2f]\nset xtics 1\nset grid\n"
-                "set key outside bottom center horizontal\n"
-                "set style fill solid 0.6\nset boxwidth 0.5\n"
-                "set arrow from %d.5, graph 0 to %d.5, graph 1 nohead dt 2 lc rgb 'gray40'\n"
-                "set label \"more ranks than\\nthe %d cores:\\noversubscribed\" at %d.6, graph 0.9 tc rgb 'gray30'\n"
-                "plot '%s' using 1:($3 == 0 ? $2 : 1/0) with boxes lc rgb '#3070b0' title 'measured', "
-                "'' using 1:($3 == 1 ? $2 : 1/0) with boxes lc rgb '#c05050' title 'measured (oversubscribed)', "
-                "'' using 1:2:(sprintf('%%.2fx', $2)) with labels offset 0,0.8 notitle, "
-                "[x=1:%d] (x < %d ? x : %d) with lines dt 3 lc rgb 'black' title 'ideal (one core per rank)'\n",
-                attempt == 0 ? "pngcairo" : "png", png, model_name, (long long)j->seq,
-                a->ratio[R_TP21_11].med, a->ratio[R_TP21_12].med, max_tp, ymax, cores, cores, cores,
-                cores, data, max_tp, cores, cores);
-        fclose(g);
+        if (write_script(script, attempt == 0 ? "pngcairo" : "png", png, data, a, j, model_name, max_tp, cores,
+                         ymax))
+            break;
         char cmd[256];
         snprintf(cmd, sizeof cmd, "gnuplot '%s' 2>/dev/null", script);
         int st = system(cmd);

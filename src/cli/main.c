@@ -21,8 +21,6 @@ static const command commands[] = {
     {"plan", cmd_plan, "show how a model is split for tensor parallelism (reads config.json only)"},
     {"launch", cmd_launch, "run a program as N ranks (like torchrun)"},
     {"bench", cmd_bench, "measure speed: bench comm"},
-    {"selftest", cmd_selftest, NULL},   /* hidden: test workers */
-    {"selftest-dist", cmd_selftest_dist, NULL},   /* hidden: multi-rank test of dist/ */
 };
 
 static void usage(FILE *f)

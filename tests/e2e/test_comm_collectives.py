@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """End-to-end: every collective on every backend, checked bit for bit.
 
-Runs `tensorpar selftest comm` (the rank program that compares each
+Runs the worker_comm test program (tests/workers/, the rank program that compares each
 collective's result with a serial computation and checks that all ranks hold
 the same all-reduce bits) as 1..4 ranks:
   - on shm through `tensorpar launch`,
@@ -20,9 +20,10 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tpe2e import HAVE_MPI, MPI_SKIP, Checks, job_env  # noqa: E402
+from tpe2e import HAVE_MPI, MPI_SKIP, Checks, job_env, worker  # noqa: E402
 
 BIN = os.environ["TENSORPAR_BIN"]
+WORKER = worker("worker_comm")
 MPIRUN = shutil.which("mpirun") if HAVE_MPI else None
 ENV = job_env()
 MPI_ENV = job_env(mpi=True)
@@ -51,8 +52,8 @@ def run(label, cmd, n, d, env=ENV, timeout=120):
     return h
 
 
-def selftest(d, quick):
-    return [BIN, "selftest", "comm", "--out-dir", d] + (["--quick"] if quick else [])
+def worker_cmd(d, quick):
+    return [WORKER, "--out-dir", d] + (["--quick"] if quick else [])
 
 
 def main():
@@ -61,18 +62,18 @@ def main():
         for n in (1, 2, 3, 4):
             d = os.path.join(tmp, f"shm{n}")
             os.mkdir(d)
-            ref[n] = run(f"shm n={n}", [BIN, "launch", "-n", str(n), "--"] + selftest(d, n % 2 == 1), n, d)
+            ref[n] = run(f"shm n={n}", [BIN, "launch", "-n", str(n), "--"] + worker_cmd(d, n % 2 == 1), n, d)
         if MPIRUN:
             for n in (1, 2, 3, 4):
                 d = os.path.join(tmp, f"mpi{n}")
                 os.mkdir(d)
-                h = run(f"mpirun n={n}", [MPIRUN, "-n", str(n), "--oversubscribe"] + selftest(d, n % 2 == 1), n, d,
+                h = run(f"mpirun n={n}", [MPIRUN, "-n", str(n), "--oversubscribe"] + worker_cmd(d, n % 2 == 1), n, d,
                         env=MPI_ENV)
                 check(h == ref[n], f"mpi n={n}: hashes {h} differ from shm {ref[n]}")
             d = os.path.join(tmp, "launch-mpi")
             os.mkdir(d)
             run("launch --backend mpi n=2", [BIN, "launch", "-n", "2", "--backend", "mpi", "--"] +
-                selftest(d, True), 2, d, env=MPI_ENV)
+                worker_cmd(d, True), 2, d, env=MPI_ENV)
         elif not HAVE_MPI:
             print(MPI_SKIP)
         else:
@@ -85,7 +86,7 @@ def main():
         for r in range(2):
             env = dict(ENV, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(20000 + os.getpid() % 20000))
-            procs.append(subprocess.Popen(selftest(d, True), env=env, stdout=subprocess.PIPE,
+            procs.append(subprocess.Popen(worker_cmd(d, True), env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True))
         outs = [p.communicate(timeout=120)[0] for p in procs]
         check(all(p.returncode == 0 for p in procs), f"torchrun-style: {outs}")
@@ -99,7 +100,7 @@ def main():
         procs = []
         for i, d in enumerate(dirs):
             os.mkdir(d)
-            procs.append(subprocess.Popen([BIN, "launch", "-n", "2", "--"] + selftest(d, False), env=ENV,
+            procs.append(subprocess.Popen([BIN, "launch", "-n", "2", "--"] + worker_cmd(d, False), env=ENV,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         outs = [p.communicate(timeout=120)[0] for p in procs]
         check(all(p.returncode == 0 for p in procs), f"concurrent jobs: {outs}")

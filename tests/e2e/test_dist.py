@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """End-to-end: every redistribution of dist/ on 1..4 ranks, on shm and on mpi.
 
-Runs the hidden rank program `tensorpar selftest-dist`, which redistributes
+Runs the rank program worker_dist (tests/workers/), which redistributes
 DTensors between every pair of placements (Replicate, Partial, Shard(d),
 StridedShard(d, s)) for f32 and bf16, uneven and empty shards, on a 1-D mesh,
 on a 2-D mesh (world 4 as dp=2 x tp=2) and on its mesh["tp"], and compares
@@ -18,9 +18,10 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tpe2e import HAVE_MPI, MPI_SKIP, Checks, job_env  # noqa: E402
+from tpe2e import HAVE_MPI, MPI_SKIP, Checks, job_env, worker  # noqa: E402
 
 BIN = os.environ["TENSORPAR_BIN"]
+WORKER = worker("worker_dist")
 MPIRUN = shutil.which("mpirun") if HAVE_MPI else None
 ENV = job_env()
 MPI_ENV = job_env(mpi=True)
@@ -30,9 +31,9 @@ failures = check.failures
 
 
 def run(label, cmd, n, d, env=ENV, timeout=300):
-    p = subprocess.run(cmd + [BIN, "selftest-dist", "--verbose", "--out-dir", d], env=env,
+    p = subprocess.run(cmd + [WORKER, "--verbose", "--out-dir", d], env=env,
                        capture_output=True, text=True, timeout=timeout)
-    lines = [l for l in p.stdout.splitlines() if l.startswith("selftest-dist: rank")]
+    lines = [l for l in p.stdout.splitlines() if l.startswith("worker_dist: rank")]
     check(p.returncode == 0, f"{label}: exit {p.returncode}\n{p.stdout}{p.stderr}")
     check(len(lines) == n and all(", 0 failed" in l for l in lines), f"{label}: rank reports {lines}")
     hashes = []

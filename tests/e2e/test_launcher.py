@@ -27,9 +27,10 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tpe2e import Checks, job_env  # noqa: E402
+from tpe2e import Checks, job_env, worker  # noqa: E402
 
 BIN = os.environ["TENSORPAR_BIN"]
+WORKER = worker("worker_comm")
 ENV = job_env()
 ENV.pop("TENSORPAR_COMM_TIMEOUT", None)
 ENV.pop("TENSORPAR_HANG_TIMEOUT", None)
@@ -68,13 +69,13 @@ def wait_pids(d, n, timeout=20):
 
 def start_loop(d, n, extra_env=None, extra=()):
     env = dict(ENV, **(extra_env or {}))
-    return subprocess.Popen([BIN, "launch", "-n", str(n), "--", BIN, "selftest", "comm", "--loop", "60",
+    return subprocess.Popen([BIN, "launch", "-n", str(n), "--", WORKER, "--loop", "60",
                              "--out-dir", d, *extra], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
 def started_job(tmp, name, n, extra_env=None, extra=()):
-    """A `launch -n n` job of the comm selftest loop in tmp/name, and its
+    """A `launch -n n` job of the worker_comm loop in tmp/name, and its
     ranks' pids once all have started (None, after killing it, if they
     did not)."""
     d = os.path.join(tmp, name)
@@ -227,9 +228,9 @@ def test_stopped_after_leaving(tmp):
     # rank 0 has finished: only the launcher, waiting for it to exit, can tell.
     d = os.path.join(tmp, "stopped-after")
     os.mkdir(d)
-    script = '"$0" selftest comm --quick --out-dir "$1" || exit 1; if [ "$RANK" = 1 ]; then kill -STOP $$; fi'
+    script = '"$0" --quick --out-dir "$1" || exit 1; if [ "$RANK" = 1 ]; then kill -STOP $$; fi'
     t0 = time.time()
-    p = subprocess.Popen([BIN, "launch", "-n", "2", "--", "sh", "-c", script, BIN, d], env=ENV,
+    p = subprocess.Popen([BIN, "launch", "-n", "2", "--", "sh", "-c", script, WORKER, d], env=ENV,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     err = finish(p)
     took = time.time() - t0
@@ -244,9 +245,9 @@ def test_stopped_before_join(tmp):
     for what, pre, hang in (("frozen", "kill -STOP $$", "1"), ("slow", "sleep 1.5", "0.5")):
         d = os.path.join(tmp, f"join-{what}")
         os.mkdir(d)
-        script = f'if [ "$RANK" = 1 ]; then {pre}; fi; exec "$0" selftest comm --quick --out-dir "$1"'
+        script = f'if [ "$RANK" = 1 ]; then {pre}; fi; exec "$0" --quick --out-dir "$1"'
         t0 = time.time()
-        p = subprocess.Popen([BIN, "launch", "-n", "2", "--", "sh", "-c", script, BIN, d],
+        p = subprocess.Popen([BIN, "launch", "-n", "2", "--", "sh", "-c", script, WORKER, d],
                              env=dict(ENV, TENSORPAR_HANG_TIMEOUT=hang), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
         err = finish(p)
@@ -266,7 +267,7 @@ def test_torchrun_style(tmp):
     procs = []
     for r in range(2):
         env = dict(ENV, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        procs.append(subprocess.Popen([BIN, "selftest", "comm", "--loop", "60", "--out-dir", d], env=env,
+        procs.append(subprocess.Popen([WORKER, "--loop", "60", "--out-dir", d], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     pids = wait_pids(d, 2)
     check(pids is not None, "torchrun-style ranks did not start")
@@ -298,7 +299,7 @@ def test_torchrun_stopped(tmp):
     procs = []
     for r in range(2):
         env = dict(ENV, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        procs.append(subprocess.Popen([BIN, "selftest", "comm", "--loop", "60", "--out-dir", d], env=env,
+        procs.append(subprocess.Popen([WORKER, "--loop", "60", "--out-dir", d], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     pids = wait_pids(d, 2)
     check(pids is not None, "torchrun-style ranks did not start")

@@ -28,6 +28,16 @@ TOKENIZERS = os.path.join(ROOT, "tests", "data", "tokenizers")
 
 BIN = find_bin()
 
+
+def worker(name):
+    """The test worker `name` (tests/workers/<name>.c, a rank program): in
+    TENSORPAR_WORKERS (CTest sets it), else in workers/ beside the CLI."""
+    d = os.environ.get("TENSORPAR_WORKERS") or os.path.join(os.path.dirname(os.path.abspath(BIN)), "workers")
+    p = os.path.join(d, name)
+    if not os.path.exists(p):
+        raise RuntimeError(f"test worker {p} not found: set TENSORPAR_WORKERS")
+    return p
+
 # Whether the CLI has the mpi backend: CTest says so (TENSORPAR_HAVE_MPI=0 for
 # a build without MPI, such as the arm64 cross build); the mpi runs are then
 # skipped, with MPI_SKIP printed as the reason.

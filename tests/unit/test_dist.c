@@ -1,6 +1,6 @@
 /* dist/: the placement arithmetic, redistribution plans, and a one-rank mesh.
- * The multi-rank checks run through `tensorpar selftest-dist`
- * (tests/e2e/test_dist.py). */
+ * The multi-rank checks run in the worker_dist test program (tests/workers/,
+ * started by tests/e2e/test_dist.py). */
 #include "check.h"
 #include "tensorpar/comm.h"
 #include "tensorpar/dist.h"

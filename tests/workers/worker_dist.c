@@ -1,14 +1,15 @@
-/* tensorpar selftest-dist (hidden): the multi-rank check of dist/.
+/* worker_dist: the multi-rank check of dist/ (tests/e2e/test_dist.py).
  *
- * Run as every rank of a job (`tensorpar launch -n N -- tensorpar
- * selftest-dist`, or under mpirun).  For many global shapes, dtypes and
+ * Run as every rank of a job (`tensorpar launch -n N -- worker_dist`, or
+ * under mpirun).  For many global shapes, dtypes and
  * every pair of placements it builds a source DTensor, redistributes it and
  * compares this rank's local result, bit for bit, with a serial computation:
  * every rank can compute the whole global tensor (and every rank's Partial
  * summand) from the seed.  Values are multiples of 1/4 in [-4, 4], so sums
  * of up to a few summands are exact in f32 and bf16 whatever the order.
  * A last check with non-integer data compares hashes across all ranks. */
-#include "cli.h"
+#include "worker_args.h"
+#include "tensorpar/base.h"
 #include "tensorpar/comm.h"
 #include "tensorpar/dist.h"
 
@@ -137,7 +138,7 @@ static void fail(st_ctx *c, const tp_mesh *m, const tp_placement *a, const tp_pl
     char x[200], y[200], s[64];
     c->failures++;
     if (c->failures > 20) return;
-    fprintf(stderr, "selftest-dist: rank %d: %s: %s %s [%s] -> [%s]: %s\n", tp_mesh_world_rank(m), c->where,
+    fprintf(stderr, "worker_dist: rank %d: %s: %s %s [%s] -> [%s]: %s\n", tp_mesh_world_rank(m), c->where,
             tp_dtype_name(dt), tp_shape_str(ndim, gs, s, sizeof s), pl_list(a, tp_mesh_ndim(m), x, sizeof x),
             pl_list(b, tp_mesh_ndim(m), y, sizeof y), what);
 }
@@ -280,7 +281,7 @@ static void check_mesh(st_ctx *c, const tp_mesh *m)
     c->checks++;
     if (!ok) {
         c->failures++;
-        fprintf(stderr, "selftest-dist: rank %d: mesh groups are not row-major\n", R);
+        fprintf(stderr, "worker_dist: rank %d: mesh groups are not row-major\n", R);
     }
     tp_clear_error();
 }
@@ -308,7 +309,7 @@ static tp_status check_bitwise(st_ctx *c, tp_group *world, const tp_mesh *m, tp_
     for (int r = 0; !st && r < W; r++)
         if (all[r] != h) {
             c->failures++;
-            fprintf(stderr, "selftest-dist: rank %d: %s all-reduce differs from rank %d's\n",
+            fprintf(stderr, "worker_dist: rank %d: %s all-reduce differs from rank %d's\n",
                     tp_mesh_world_rank(m), tp_dtype_name(dt), r);
             break;
         }
@@ -348,33 +349,36 @@ static tp_status write_hash(const char *dir, int rank, uint64_t h)
     return fclose(f) ? tp_fail(TP_ERR_IO, "%s: write failed", path) : TP_OK;
 }
 
-int cmd_selftest_dist(int argc, char **argv)
+static int report(const char *prog)
 {
-    cli_option o[] = {
-        {"--seed", "N", "seed of the test data (default 1)", 0, {0}},
-        {"--verbose", NULL, "print the number of checks of every rank", 0, {0}},
-        {"--out-dir", "DIR", "write rank<R>.hash: a hash of the non-integer results", 0, {0}},
+    fprintf(stderr, "%s: error: %s\n", prog, tp_error());
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    enum { SEED, VERBOSE, OUT_DIR, NOPTS };
+    worker_opt o[NOPTS] = {
+        {"--seed", 1, NULL},     /* seed of the test data (default 1) */
+        {"--verbose", 0, NULL},  /* print the number of checks of every rank */
+        {"--out-dir", 1, NULL},  /* write DIR/rank<R>.hash: a hash of the non-integer results */
     };
-    int n = (int)(sizeof o / sizeof o[0]);
-    int rc = cli_parse(argc, argv, o, n, "tensorpar launch -n N -- tensorpar selftest-dist [--seed N]",
-                       "Checks every redistribution of dist/ on this job's ranks (a hidden test command).",
-                       NULL, NULL);
-    if (rc) return rc == 1 ? 0 : 2;
-    long long seed = 1;
-    if (cli_int(o, n, "--seed", &seed)) return cli_report("selftest-dist");
-    st_ctx c = {(uint64_t)seed, cli_flag(o, n, "--verbose"), 0, 0, 0, ""};
+    const char *prog = "worker_dist";
+    double seed;
+    if (worker_parse(prog, argc, argv, o, NOPTS) || worker_number(prog, &o[SEED], 1, &seed)) return 2;
+    st_ctx c = {(uint64_t)seed, o[VERBOSE].value != NULL, 0, 0, 0, ""};
     tp_group *world;
-    if (tp_comm_init(&world, NULL)) return cli_report("selftest-dist");
+    if (tp_comm_init(&world, NULL)) return report(prog);
     tp_status st = run_all(&c, world);
     int R = tp_group_rank(world), W = tp_group_size(world);
     const char *backend = tp_backend_name(tp_group_backend(world));
     if (!st && c.failures == 0) st = tp_comm_barrier(world);
     tp_group_free(world);
-    if (st) return cli_report("selftest-dist");
-    const char *dir = cli_value(o, n, "--out-dir");
-    if (dir && write_hash(dir, R, c.hash)) return cli_report("selftest-dist");
+    if (st) return report(prog);
+    const char *dir = o[OUT_DIR].value;
+    if (dir && write_hash(dir, R, c.hash)) return report(prog);
     if (c.verbose || (R == 0 && c.failures == 0))
-        printf("selftest-dist: rank %d of %d (%s): %ld checks, %ld failed\n", R, W, backend, c.checks,
+        printf("worker_dist: rank %d of %d (%s): %ld checks, %ld failed\n", R, W, backend, c.checks,
                c.failures);
     return c.failures ? 1 : 0;
 }

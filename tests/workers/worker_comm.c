@@ -1,16 +1,19 @@
-/* tensorpar selftest comm: the rank program of the collective tests.
+/* worker_comm: the rank program of the collective tests (tests/e2e).
  *
  * Launched as N ranks (tensorpar launch, mpirun, or by hand), it runs every
  * collective over the world and over mesh-like sub-groups, for f32 and bf16
  * (and, for all-reduce, f16/f64/i32/i64), for many sizes including zero,
  * uneven and chunk-crossing ones, and compares each result bit for bit
  * with a serial computation done here from the inputs every rank can
- * regenerate.  Each rank prints a hash of everything it received (--hash-out
- * writes it to a file), so runs on different backends can be compared.
+ * regenerate.  Each rank prints a hash of everything it received (--out-dir
+ * DIR writes it to DIR/rank<R>.hash), so runs on different backends can be
+ * compared; with --out-dir each rank also writes DIR/rank<R>.pid once it
+ * has joined.
  *
  * --loop SECONDS instead runs all-reduces for that long (the kill tests);
- * --pid-dir DIR makes each rank write DIR/rank<R>.pid once it has joined. */
-#include "cli.h"
+ * --stall-rank R then makes rank R stop answering after 0.5 s. */
+#include "worker_args.h"
+#include "tensorpar/base.h"
 #include "tensorpar/comm.h"
 
 #include <stdlib.h>
@@ -106,7 +109,7 @@ static void expect(ctx *c, int ok, const char *what, tp_dtype dt, size_t count)
     c->checks++;
     if (ok) return;
     c->failures++;
-    fprintf(stderr, "selftest comm: rank %d: %s: %s %s count %zu: wrong result\n",
+    fprintf(stderr, "worker_comm: rank %d: %s: %s %s count %zu: wrong result\n",
             tp_group_global_rank(c->g, tp_group_rank(c->g)), c->label, what, tp_dtype_name(dt), count);
 }
 
@@ -114,7 +117,7 @@ static int call_ok(ctx *c, tp_status st, const char *what)
 {
     if (st == TP_OK) return 1;
     c->failures++;
-    fprintf(stderr, "selftest comm: %s: %s: %s\n", c->label, what, tp_error());
+    fprintf(stderr, "worker_comm: %s: %s: %s\n", c->label, what, tp_error());
     return 0;
 }
 
@@ -419,12 +422,12 @@ static int loop(ctx *c, double seconds, int stall)
         }
         for (int i = 0; i < 1024; i++) buf[i] = (float)i;
         if (tp_comm_all_reduce(c->g, buf, buf, 1024, TP_F32, TP_REDUCE_SUM) != TP_OK) {
-            fprintf(stderr, "selftest comm: rank %d: %s\n", tp_group_rank(c->g), tp_error());
+            fprintf(stderr, "worker_comm: rank %d: %s\n", tp_group_rank(c->g), tp_error());
             return 1;
         }
         iters++;
     }
-    printf("selftest comm: rank %d: %ld all-reduces\n", tp_group_rank(c->g), iters);
+    printf("worker_comm: rank %d: %ld all-reduces\n", tp_group_rank(c->g), iters);
     return 0;
 }
 
@@ -441,31 +444,31 @@ static int write_file(const char *dir, int rank, const char *ext, const char *te
     return rename(tmp, path);
 }
 
-int cmd_selftest_comm(int argc, char **argv)
+int main(int argc, char **argv)
 {
-    cli_option opts[] = {
-        {"--quick", NULL, "fewer sizes", 0, {0}},
-        {"--out-dir", "DIR", "write DIR/rank<R>.hash (hash of all results) and .pid", 0, {0}},
-        {"--loop", "SECONDS", "only run all-reduces for this long", 0, {0}},
-        {"--backend", "NAME", "shm, mpi or self (default: from the environment)", 0, {0}},
-        {"--stall-rank", "R", "with --loop: rank R stops answering after 0.5 s", 0, {0}},
+    enum { QUICK, OUT_DIR, LOOP, BACKEND, STALL, NOPTS };
+    worker_opt opts[NOPTS] = {
+        {"--quick", 0, NULL},      /* fewer sizes */
+        {"--out-dir", 1, NULL},    /* write DIR/rank<R>.hash and .pid */
+        {"--loop", 1, NULL},       /* only run all-reduces for this many seconds */
+        {"--backend", 1, NULL},    /* shm, mpi or self (default: from the environment) */
+        {"--stall-rank", 1, NULL}, /* with --loop: this rank stops answering after 0.5 s */
     };
-    int nopts = sizeof opts / sizeof opts[0];
-    int rc = cli_parse(argc, argv, opts, nopts, "tensorpar selftest comm [options]",
-                       "Checks every collective against a serial computation (run it as N ranks).", NULL, NULL);
-    if (rc) return rc == 1 ? 0 : 2;
-    double loop_s = 0;
-    long long stall = -1;
-    if (cli_double(opts, nopts, "--loop", &loop_s) || cli_int(opts, nopts, "--stall-rank", &stall))
-        return cli_report("selftest comm");
+    const char *prog = "worker_comm";
+    double loop_s, stall;
+    if (worker_parse(prog, argc, argv, opts, NOPTS) || worker_number(prog, &opts[LOOP], 0, &loop_s) ||
+        worker_number(prog, &opts[STALL], -1, &stall))
+        return 2;
     tp_comm_options co;
     tp_comm_options_default(&co);
-    const char *b = cli_value(opts, nopts, "--backend");
-    if (b && tp_backend_parse(b, &co.backend)) return cli_report("selftest comm");
+    const char *b = opts[BACKEND].value;
     tp_group *world;
-    if (tp_comm_init(&world, &co)) return cli_report("selftest comm");
+    if ((b && tp_backend_parse(b, &co.backend)) || tp_comm_init(&world, &co)) {
+        fprintf(stderr, "%s: error: %s\n", prog, tp_error());
+        return 1;
+    }
     int me = tp_group_rank(world), n = tp_group_size(world);
-    const char *dir = cli_value(opts, nopts, "--out-dir");
+    const char *dir = opts[OUT_DIR].value;
     char text[64];
     if (dir) {
         snprintf(text, sizeof text, "%d\n", (int)getpid());
@@ -473,15 +476,15 @@ int cmd_selftest_comm(int argc, char **argv)
     }
     ctx c = {.g = world, .label = "world", .hash = 1469598103934665603ull, .ar_hash = 1469598103934665603ull};
     if (loop_s > 0) {
-        rc = loop(&c, loop_s, (int)stall);
+        int rc = loop(&c, loop_s, (int)stall);
         tp_group_free(world);
         return rc;
     }
-    int full = !cli_flag(opts, nopts, "--quick");
+    int full = !opts[QUICK].value;
     suite(&c, full);
     sub_groups(&c, full);
     compare_hashes(&c);
-    printf("selftest comm: rank %d of %d (%s): %d checks, %d failed, hash %016llx\n", me, n,
+    printf("worker_comm: rank %d of %d (%s): %d checks, %d failed, hash %016llx\n", me, n,
            tp_backend_name(tp_group_backend(world)), c.checks, c.failures, (unsigned long long)c.hash);
     if (dir) {
         snprintf(text, sizeof text, "%016llx\n", (unsigned long long)c.hash);
