@@ -215,6 +215,24 @@ tp_status tp_redistribute_local(const tp_mesh *mesh, tp_dtype dtype, int ndim, c
                                 const tp_placement *src_pl, const void *src_local,
                                 const tp_placement *dst_pl, void *dst_local);
 
+/* ---- redistribute with a row-wise epilogue (src/dist/redistribute_rows.c)
+ * Partial -> Replicate of an f32 matrix [rows, row_len] on a 1-D mesh, as
+ * two moves with a step between: Partial -> Shard(0) (each rank sums its own
+ * rows, torch.chunk's split, over every rank's summand in rank order), then
+ * fn(ctx, first_row, nrows, rows) on those rows — in one or more calls,
+ * ascending, rewriting them in place — then Shard(0) -> Replicate.  For the
+ * residual add and norm after a row-parallel module: each rank does its own
+ * rows while they are in its cache.  With src and dst apart this is one
+ * collective (tp_comm_all_reduce_rows); otherwise the two moves run through
+ * tp_redistribute_local.  The bits are the same either way. */
+typedef void (*tp_redist_rows_fn)(void *ctx, int64_t first_row, int64_t nrows, float *rows);
+typedef struct {
+    tp_redist_rows_fn fn;
+    void *ctx;
+} tp_redist_epilogue;
+tp_status tp_redistribute_rows(const tp_mesh *mesh, const int64_t gshape[2], const float *src_partial,
+                               float *dst_replicated, const tp_redist_epilogue *ep);
+
 /* ---- backward (src/dist/backward.c) ------------------------------------ */
 
 /* The conjugate of tp_redistribute for gradients, as DTensor's

@@ -5,7 +5,6 @@
  * applies the module's TP style; the code here is the same on one rank and
  * on many.  Head counts come from the width of the local activations, not
  * from the config, so a rank computes exactly the heads its shards hold. */
-#include "tensorpar/comm.h"
 #include "tensorpar/kernels.h"
 #include "tensorpar/models.h"
 #include "tp_module.h"
@@ -31,25 +30,26 @@ typedef struct {
     float *h;          /* [T, H] the normed residual stream, input of the next block */
     float *attn;       /* [T, heads * head_dim] attention output (local heads) */
     float *rope;       /* [T, head_dim] cos/sin of each position */
-    size_t *row_counts;  /* fused norm (below): rank p's rows of the stream; NULL: off */
+    int fused;         /* the fused add+norm (below) runs in this pass */
 } fwd_scratch;
 
 static void scratch_free(fwd_scratch *s)
 {
     tp_free(s->h); tp_free(s->attn); tp_free(s->rope);
-    free(s->row_counts);
 }
 
 /* ---- the residual add and norm under TP --------------------------------
  * o_proj and down_proj are rowwise: each rank holds a partial sum of the
  * block's output, which the plan all-reduces; then every rank adds it to
  * the residual stream and norms all T rows, the same work on each.  For a
- * prompt, tp_comm_all_reduce_rows does both in one collective: each rank
- * reduces its own rows (its share of the all-reduce anyway), adds and norms
- * them while they are in its cache, and what every rank receives is the
- * next block's normed input.  Each rank then keeps only its own rows of the
- * residual stream.  The bits are the all-reduce's: every row sums the same
- * terms in rank order (comm.h), and add and norm are row-wise. */
+ * prompt, the block output is instead moved as a DTensor Partial ->
+ * Shard(rows) -> Replicate with the add and norm as the row-wise epilogue
+ * between (tp_redistribute_rows): each rank reduces its own rows (its share
+ * of the all-reduce anyway), adds and norms them while they are in its
+ * cache, and what every rank receives is the next block's normed input.
+ * Each rank then keeps only its own rows of the residual stream.  The bits
+ * are the all-reduce's: every row sums the same terms in rank order, and
+ * add and norm are row-wise. */
 
 #define FUSE_MIN_ROWS 64   /* decode keeps the one small all-reduce */
 
@@ -70,20 +70,6 @@ static int fuse_norm(const tp_model *m, int64_t T)
     return 1;
 }
 
-/* Rank p's rows: torch.chunk's split of T, as the placements use. */
-static tp_status fuse_init(fwd_scratch *s, const tp_model *m, int64_t T)
-{
-    int n = m->tp->size;
-    s->row_counts = malloc((size_t)n * sizeof *s->row_counts);
-    if (!s->row_counts) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    for (int p = 0; p < n; p++) {
-        int64_t start, size;
-        tp_chunk_range(T, n, p, &start, &size);
-        s->row_counts[p] = (size_t)size;
-    }
-    return TP_OK;
-}
-
 static tp_status scratch_init(fwd_scratch *s, const tp_model *m, int64_t T, int64_t pos0)
 {
     const tp_model_config *c = &m->cfg;
@@ -94,7 +80,8 @@ static tp_status scratch_init(fwd_scratch *s, const tp_model *m, int64_t T, int6
     if (!s->h || !s->attn || !s->rope)
         return tp_fail(TP_ERR_NOMEM, "out of memory for activations of %lld tokens", (long long)T);
     tp_rope_table(s->rope, T, c->head_dim, m->inv_freq, pos0);
-    return fuse_norm(m, T) ? fuse_init(s, m, T) : TP_OK;
+    s->fused = fuse_norm(m, T);
+    return TP_OK;
 }
 
 /* ---- the element-wise kernels over the pool ----------------------------
@@ -182,7 +169,7 @@ static void par_silu_mul(tp_model *m, float *a, const float *b, int64_t T, int64
 static tp_status stream_module(tp_model *m, const fwd_scratch *sc, const tp_linear *lin, const tp_module_plan *block,
                                const float *in, int64_t T, int64_t width, tp_act *y, const char *what)
 {
-    if (sc->row_counts) return tp_module_linear_partial(m, lin, in, T, width, y);
+    if (sc->fused) return tp_module_linear_partial(m, lin, in, T, width, y);
     tp_status st = tp_module_linear(m, lin, in, T, width, y);
     if (!st) st = tp_module_block_output(m, block, y);
     return st ? st : check_replicated(y, m->cfg.hidden_size, what);
@@ -210,11 +197,11 @@ static tp_status add_norm(tp_model *m, fwd_scratch *sc, float *x, const tp_act *
                           const tp_module_plan *sp, int64_t T)
 {
     int64_t H = m->cfg.hidden_size;
-    if (!sc->row_counts && sp) {   /* sequence_parallel norm: the add on every row, the norm on own rows */
+    if (!sc->fused && sp) {   /* sequence_parallel norm: the add on every row, the norm on own rows */
         for (int64_t i = 0; i < T * H; i++) x[i] += y->data[i];
         return tp_module_norm_sp(m, sp, x, norm, T, H, sc->h);
     }
-    if (!sc->row_counts) {
+    if (!sc->fused) {
         par_add_rmsnorm(m, x, y->data, sc->h, norm, T, H);
         return TP_OK;
     }
@@ -222,8 +209,8 @@ static tp_status add_norm(tp_model *m, fwd_scratch *sc, float *x, const tp_act *
      * them: under a sequence_parallel norm it is that rule's effect too. */
     add_norm_rows_ctx c = {x, norm, H, m->cfg.rms_norm_eps, 0};
     double t0 = tp_now();
-    tp_status st = tp_comm_all_reduce_rows(tp_mesh_group(m->tp->mesh, 0), y->data, sc->h, sc->row_counts,
-                                           (size_t)H, add_norm_rows, &c);
+    tp_redist_epilogue ep = {add_norm_rows, &c};
+    tp_status st = tp_redistribute_rows(m->tp->mesh, (int64_t[2]){T, H}, y->data, sc->h, &ep);
     m->comm_seconds += tp_now() - t0 - c.seconds;
     return st;
 }

@@ -4,19 +4,20 @@
  * its shard. */
 #include "tp_module.h"
 
-#include "tensorpar/comm.h"
-
 #include <stdlib.h>
 #include <string.h>
 
-/* All ranks must have resolved the same plan (§4.4 step 9). */
+/* All ranks must have resolved the same plan (§4.4 step 9): the digests,
+ * one per rank, as a [size] DTensor Shard(0) -> Replicate on the 1-D mesh. */
 static tp_status check_same_plan(const struct tp_model_tp *tp)
 {
     if (!tp->mesh || tp->size == 1) return TP_OK;
     uint64_t mine = tp_plan_digest(tp->res);
     uint64_t *all = calloc((size_t)tp->size, sizeof *all);
     if (!all) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    tp_status s = tp_comm_all_gather(tp_mesh_group(tp->mesh, 0), &mine, all, 1, TP_I64);
+    tp_placement shard = tp_shard(0), rep = tp_replicate();
+    int64_t n = tp->size;
+    tp_status s = tp_redistribute_local(tp->mesh, TP_I64, 1, &n, &shard, &mine, &rep, all);
     for (int r = 1; !s && r < tp->size; r++)
         if (all[r] != all[0]) s = tp_plan_fail_disagree(0, r);
     free(all);
