@@ -1,5 +1,5 @@
 """The repository stands alone: a clone in a fresh temporary folder, with no
-../shared beside it, runs the README's main job (scripts/demo.sh) to the end.
+sibling "shared" folder beside it, runs the README's main job (scripts/demo.sh) to the end.
 
 It clones the committed HEAD of this checkout (what CI and a user get), so a
 dirty working tree is tested only once committed."""
