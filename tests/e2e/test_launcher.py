@@ -260,10 +260,11 @@ def test_stopped_before_join(tmp):
         print(f"rank {what} before joining: status {p.returncode} after {took:.2f} s")
 
 
-def test_torchrun_style(tmp):
-    d = os.path.join(tmp, "torchrun")
+def start_torchrun(tmp, name, port):
+    """Two ranks of the comm loop worker started torchrun-style (no
+    launcher), and their pids once both have started (None if not)."""
+    d = os.path.join(tmp, name)
     os.mkdir(d)
-    port = str(30000 + os.getpid() % 20000)
     procs = []
     for r in range(2):
         env = dict(ENV, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
@@ -271,38 +272,36 @@ def test_torchrun_style(tmp):
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     pids = wait_pids(d, 2)
     check(pids is not None, "torchrun-style ranks did not start")
+    return procs, pids
+
+
+def reap(procs):
+    for q in procs:
+        if q.poll() is None:
+            q.kill()
+        q.communicate()
+
+
+def test_torchrun_style(tmp):
+    port = str(30000 + os.getpid() % 20000)
+    procs, pids = start_torchrun(tmp, "torchrun", port)
     if pids:
         time.sleep(0.3)
         t0 = time.time()
         procs[1].kill()
-        try:
-            _, err = procs[0].communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            procs[0].kill()
-            _, err = procs[0].communicate()
+        err = finish(procs[0], 10)
         took = time.time() - t0
         check(procs[0].returncode == 1, f"survivor exit status {procs[0].returncode}")
         check(f"rank 1 (pid {pids[1]}) died" in err, f"survivor's message: {err!r}")
         check(took < 2.5, f"survivor noticed after {took:.1f} s")
         print(f"torchrun-style: survivor noticed the dead rank after {took:.2f} s")
-    for q in procs:
-        if q.poll() is None:
-            q.kill()
-        q.communicate()
+    reap(procs)
     check(not [f for f in os.listdir("/dev/shm") if f"-m-127.0.0.1-{port}" in f], "segment left in /dev/shm")
 
 
 def test_torchrun_stopped(tmp):
-    d = os.path.join(tmp, "torchrun-stop")
-    os.mkdir(d)
     port = str(30000 + (os.getpid() + 7) % 20000)
-    procs = []
-    for r in range(2):
-        env = dict(ENV, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        procs.append(subprocess.Popen([WORKER, "--loop", "60", "--out-dir", d], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    pids = wait_pids(d, 2)
-    check(pids is not None, "torchrun-style ranks did not start")
+    procs, pids = start_torchrun(tmp, "torchrun-stop", port)
     if pids:
         time.sleep(0.3)
         t0 = time.time()
@@ -313,10 +312,7 @@ def test_torchrun_stopped(tmp):
         check(f"rank 0 (pid {pids[0]}) stopped responding" in err, f"survivor's message: {err!r}")
         check(1.9 < took < 3.5, f"survivor noticed the frozen rank after {took:.1f} s")
         print(f"torchrun-style: survivor noticed the frozen rank after {took:.2f} s")
-    for q in procs:
-        if q.poll() is None:
-            q.kill()
-        q.communicate()
+    reap(procs)
 
 
 def main():
