@@ -20,28 +20,18 @@ struct tp_style_registry; /* parallel.h */
 struct tp_module_tp;     /* a module's tensor-parallel state (models/tp_module.h) */
 struct tp_model_tp;      /* the model's plan resolution and mesh */
 
-/* A Linear module: y = x·Wᵀ + b.  Under TP the tensors are this rank's
- * shards and `tp` says how the module's forward runs (its style). */
-typedef struct {
-    tp_tensor weight;   /* [out, in] (local) */
-    tp_tensor bias;     /* [out] or empty (data == NULL) */
-    struct tp_module_tp *tp;   /* NULL: a plain local module */
-} tp_linear;
-
-typedef struct {
-    tp_linear q_proj, k_proj, v_proj, o_proj;
-    tp_linear gate_proj, up_proj, down_proj;
-    tp_tensor input_layernorm, post_attention_layernorm;
-    tp_tensor q_norm, k_norm;      /* qwen3 only */
-} tp_layer;
+typedef struct tp_module tp_module;              /* module.h */
+typedef struct tp_layer_modules tp_layer_modules; /* module.h */
 
 typedef struct tp_model {
     tp_model_config cfg;
     tp_dtype weight_dtype;         /* f32 or bf16 */
-    tp_linear embed_tokens;        /* weight [vocab, hidden] (an Embedding) */
-    tp_layer *layers;
-    tp_tensor norm;                /* [hidden] */
-    tp_linear lm_head;             /* weight [vocab, hidden]; borrows embed_tokens' when tied */
+    /* The model as a table of modules (module.h), in pre-order; lm_head
+     * borrows embed_tokens' weight when tied. */
+    tp_module *modules;
+    size_t n_modules;
+    tp_layer_modules *layers;      /* per layer: the indices of its modules */
+    int embed_tokens, norm, lm_head;   /* indices into modules */
     struct tp_model_tp *tp;        /* NULL on a single rank without a plan */
     uint64_t bytes_read;           /* checkpoint bytes this rank read */
     double *inv_freq;              /* [head_dim / 2] */
@@ -84,13 +74,16 @@ typedef struct {
     char name[96];           /* Hugging Face name: model.layers.3.mlp.up_proj.weight */
     tp_param_kind kind;
     int ndim;
-    int64_t shape[2];        /* global shape */
+    int64_t shape[TP_MAX_DIMS];  /* global shape */
     tp_tensor *slot;         /* where the model keeps it (NULL without a model) */
-    tp_linear *module;       /* the Linear/Embedding it belongs to, or NULL */
+    tp_module *module;       /* the module it belongs to (NULL without a model) */
+    int module_index;        /* its index in the module table */
+    int param_index;         /* its index in that module's params[] */
 } tp_param_desc;
 
-/* Every parameter of the model described by cfg, in checkpoint order.  With
- * m != NULL (its layers allocated) each entry points at its tensor slot.
+/* Every parameter of the model described by cfg, in checkpoint order: the
+ * parameters of the module table (module.h) in its order.  With m != NULL
+ * (its module table built) each entry points at its tensor slot.
  * lm_head.weight is absent when embeddings are tied.  Free *out with free(). */
 tp_status tp_model_params(const tp_model_config *cfg, tp_model *m, tp_param_desc **out, size_t *n);
 

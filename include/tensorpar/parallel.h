@@ -315,7 +315,7 @@ typedef struct {
     int n;
     int64_t start[TP_PLAN_MAX_RANGES], len[TP_PLAN_MAX_RANGES];
     int ndim;
-    int64_t local_shape[2];
+    int64_t local_shape[TP_MAX_DIMS];
 } tp_param_slice;
 
 typedef struct {

@@ -12,6 +12,7 @@
 #include "tp_cli.h"
 #include "tensorpar/kernels.h"
 #include "tensorpar/models.h"
+#include "tensorpar/module.h"
 #include "bench_chart_gp.h"   /* generated from bench/chart.gp */
 
 #include <math.h>
@@ -50,25 +51,18 @@ static double median(const double *v, int n)
     return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
 }
 
-static uint64_t linear_bytes(const tp_linear *l)
-{
-    return tp_tensor_nbytes(&l->weight) + (l->bias.data ? tp_tensor_nbytes(&l->bias) : 0);
-}
-
-/* The weight bytes this rank streams per decoded token: every Linear and
- * norm of the layers, the final norm and the (local) lm_head.  The
- * embedding costs one row per token and is left out, unless it is the
- * lm_head (tied), where it is counted once as the lm_head. */
+/* The weight bytes this rank streams per decoded token: the parameters of
+ * every module of the table (the layers' Linears and norms, the final norm,
+ * the local lm_head) but the embedding, which costs one row per token;
+ * when tied, the lm_head counts the shared tensor once. */
 static double weight_bytes_per_token(const tp_model *m)
 {
-    uint64_t b = linear_bytes(&m->lm_head) + tp_tensor_nbytes(&m->norm);
-    for (int64_t i = 0; i < m->cfg.num_hidden_layers; i++) {
-        const tp_layer *L = &m->layers[i];
-        b += linear_bytes(&L->q_proj) + linear_bytes(&L->k_proj) + linear_bytes(&L->v_proj) +
-             linear_bytes(&L->o_proj) + linear_bytes(&L->gate_proj) + linear_bytes(&L->up_proj) +
-             linear_bytes(&L->down_proj) + tp_tensor_nbytes(&L->input_layernorm) +
-             tp_tensor_nbytes(&L->post_attention_layernorm);
-        if (L->q_norm.data) b += tp_tensor_nbytes(&L->q_norm) + tp_tensor_nbytes(&L->k_norm);
+    uint64_t b = 0;
+    for (size_t i = 0; i < tp_model_module_count(m); i++) {
+        const tp_module *mod = tp_model_module_at(m, i);
+        if (mod->type == TP_MT_EMBEDDING) continue;
+        for (int j = 0; j < mod->n_params; j++)
+            if (mod->params[j].local.data) b += tp_tensor_nbytes(&mod->params[j].local);
     }
     return (double)b;
 }

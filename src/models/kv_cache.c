@@ -20,7 +20,7 @@ tp_status tp_kv_cache_init(tp_kv_cache *c, const tp_model *m, int64_t capacity)
     for (int64_t l = 0; l < c->n_layers; l++) {
         /* The heads k_proj's output holds on this rank: its shard's heads,
          * or all of them when the plan gathers the output. */
-        c->n_kv[l] = tp_module_out_width(m, &m->layers[l].k_proj) / m->cfg.head_dim;
+        c->n_kv[l] = tp_module_out_width(m, &m->modules[m->layers[l].k_proj]) / m->cfg.head_dim;
         size_t bytes = (size_t)(capacity * c->n_kv[l] * c->head_dim) * sizeof(float);
         c->k[l] = tp_alloc(bytes);
         c->v[l] = tp_alloc(bytes);

@@ -1,5 +1,6 @@
-/* Loading a model: config.json, then every parameter of the parameter table
- * read from the checkpoint with its shape checked against the config. */
+/* Loading a model: config.json, the module table, then every parameter of
+ * the parameter table read from the checkpoint with its shape checked
+ * against the config. */
 #include "tensorpar/models.h"
 #include "tensorpar/kernels.h"
 #include "tensorpar/settings.h"
@@ -60,6 +61,14 @@ static tp_status load_param(tp_checkpoint *ck, const tp_param_desc *p, const tp_
     return s;
 }
 
+/* The module's record of the parameter says which part of it this rank holds. */
+static void record_slice(tp_model *m, size_t i, const tp_param_desc *p, const tp_param_slice *sl)
+{
+    tp_module_param *rec = &p->module->params[p->param_index];
+    rec->slice = *sl;
+    rec->placement = m->tp && m->tp->res->applied ? m->tp->res->params[i].placement : tp_replicate();
+}
+
 static void warn_unused(const tp_checkpoint *ck, const tp_param_desc *params, size_t n)
 {
     size_t unused = 0;
@@ -89,6 +98,7 @@ static tp_status load_weights(tp_model *m, const char *dir, int show_progress)
         tp_param_slice sl;
         s = tp_model_param_slice(m, i, &params[i], &sl);
         if (!s) s = load_param(ck, &params[i], &sl, param_dtype(&params[i], m->weight_dtype));
+        if (!s) record_slice(m, i, &params[i], &sl);
         if (show_progress) tp_progress_advance(&bar, 1);
     }
     if (show_progress) tp_progress_end(&bar);
@@ -118,9 +128,9 @@ tp_status tp_model_load(tp_model **out, const char *model_dir, const tp_model_op
     if (s) { free(m); return s; }
     const tp_model_config *c = &m->cfg;
     m->weight_dtype = choose_weight_dtype(c, opt);
-    m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
+    if ((s = tp_model_build_modules(m))) { tp_model_free(m); return s; }
     m->inv_freq = calloc((size_t)(c->head_dim / 2), sizeof(double));
-    if (!m->layers || !m->inv_freq) { tp_model_free(m); return tp_fail(TP_ERR_NOMEM, "out of memory"); }
+    if (!m->inv_freq) { tp_model_free(m); return tp_fail(TP_ERR_NOMEM, "out of memory"); }
     if ((s = read_fuse_norm(&m->fuse_norm))) { tp_model_free(m); return s; }
     const tp_rope_scaling *rs = &c->rope_scaling;
     tp_rope_inv_freq(m->inv_freq, c->head_dim, c->rope_theta, (int)rs->kind, rs->factor,
@@ -129,8 +139,12 @@ tp_status tp_model_load(tp_model **out, const char *model_dir, const tp_model_op
     if ((s = tp_model_tp_setup(m, opt))) { tp_model_free(m); return s; }
     if ((s = load_weights(m, model_dir, opt && opt->show_progress))) { tp_model_free(m); return s; }
     if (c->tie_word_embeddings) {
-        m->lm_head.weight = m->embed_tokens.weight;
-        m->lm_head.weight.owns_data = 0;
+        tp_module_param *head = &m->modules[m->lm_head].params[TP_MODULE_WEIGHT];
+        const tp_module_param *emb = &m->modules[m->embed_tokens].params[TP_MODULE_WEIGHT];
+        head->local = emb->local;
+        head->local.owns_data = 0;
+        head->slice = emb->slice;
+        head->placement = emb->placement;
     }
     if (m->tp) tp_plan_log_coverage(m->tp->res, m->tp->mesh ? tp_mesh_world_rank(m->tp->mesh) : 0);
     int threads = opt && opt->threads > 0 ? opt->threads : 1;
@@ -146,31 +160,15 @@ tp_status tp_model_load(tp_model **out, const char *model_dir, const tp_model_op
     return TP_OK;
 }
 
-static void release_linear(tp_linear *l)
-{
-    tp_tensor_release(&l->weight);
-    tp_tensor_release(&l->bias);
-}
-
 uint64_t tp_model_bytes_read(const tp_model *m) { return m->bytes_read; }
 
 void tp_model_free(tp_model *m)
 {
     if (!m) return;
-    for (int64_t i = 0; m->layers && i < m->cfg.num_hidden_layers; i++) {
-        tp_layer *L = &m->layers[i];
-        release_linear(&L->q_proj); release_linear(&L->k_proj);
-        release_linear(&L->v_proj); release_linear(&L->o_proj);
-        release_linear(&L->gate_proj); release_linear(&L->up_proj); release_linear(&L->down_proj);
-        tp_tensor_release(&L->input_layernorm); tp_tensor_release(&L->post_attention_layernorm);
-        tp_tensor_release(&L->q_norm); tp_tensor_release(&L->k_norm);
-    }
+    tp_module_table_free(m->modules, m->n_modules);
     free(m->layers);
-    release_linear(&m->lm_head);
-    release_linear(&m->embed_tokens);
     tp_model_tp_free(m);
     tp_act_cache_free(m);
-    tp_tensor_release(&m->norm);
     free(m->inv_freq);
     tp_threadpool_destroy(m->pool);
     free(m);

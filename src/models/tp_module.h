@@ -1,13 +1,15 @@
-/* The tensor-parallel side of a model (private to models/): each module's
- * style and shard, and the executor that runs a module's forward through its
- * style's hooks (tp-semantics.md §3.2): pre_forward -> local computation ->
- * post_forward.  All communication happens inside those hooks, through
- * dist's redistribute. */
+/* The inside of models/ (private): each module's style and shard, the
+ * state of a forward pass, and the executor that runs a module's forward
+ * through its style's hooks (tp-semantics.md §3.2): pre_forward -> local
+ * computation -> post_forward.  All communication happens inside those
+ * hooks, through dist's redistribute.  Each module kind has its file
+ * (module_<kind>.c) with its ops table. */
 #ifndef TP_MODELS_TP_MODULE_H
 #define TP_MODELS_TP_MODULE_H
 
 #include "tensorpar/dist.h"
 #include "tensorpar/models.h"
+#include "tensorpar/module.h"
 #include "tensorpar/parallel.h"
 
 struct tp_module_tp {
@@ -24,14 +26,9 @@ struct tp_model_tp {
     const tp_mesh *mesh;           /* 1-D TP mesh; NULL for validation only */
     int rank, size;
     tp_plan_resolution *res;
-    struct tp_module_tp *modules;  /* every Linear and Embedding          */
+    /* the TP state of every Linear and Embedding (tp_module.tp points here) */
+    struct tp_module_tp *modules;
     size_t n_modules;
-    /* per layer: the rules on self_attn and mlp (NULL: none), whose
-     * post_forward may reduce the block's output (gather, all_reduce) */
-    const tp_module_plan **blocks; /* [2 * layer + (mlp ? 1 : 0)]          */
-    /* per layer: sequence_parallel rules on input_layernorm (2 l) and
-     * post_attention_layernorm (2 l + 1); the final norm at 2 nl */
-    const tp_module_plan **norms;
 };
 
 /* An activation [T, width] of a feature dimension of `gwidth` columns, of
@@ -60,32 +57,98 @@ void tp_model_tp_free(tp_model *m);
  * model is not split). */
 tp_status tp_model_param_slice(const tp_model *m, size_t i, const tp_param_desc *p, tp_param_slice *out);
 
+static inline const tp_tensor *tp_module_weight(const tp_module *mod) { return &mod->params[TP_MODULE_WEIGHT].local; }
+/* A Linear's bias; data NULL when it has none. */
+static inline const tp_tensor *tp_module_bias(const tp_module *mod) { return &mod->params[TP_MODULE_BIAS].local; }
+
+/* Builds m->modules, m->layers and the top-level indices from m->cfg
+ * (params.c); the tensors are empty until loading. */
+tp_status tp_model_build_modules(tp_model *m);
+/* The ops table of a module type (NULL: a type not built yet). */
+const tp_module_ops *tp_module_ops_of(tp_module_type type);
+extern const tp_module_ops tp_container_ops, tp_decoder_layer_ops, tp_embedding_ops, tp_linear_ops,
+    tp_norm_ops, tp_attention_ops, tp_mlp_ops;
+
+/* ---- the forward pass ---------------------------------------------------- */
+
+/* What one forward pass allocates once and every layer reuses (forward.c). */
+typedef struct {
+    float *h;          /* [T, H] the normed residual stream, input of the next block */
+    float *attn;       /* [T, heads * head_dim] attention output (local heads) */
+    float *rope;       /* [T, head_dim] cos/sin of each position */
+    int fused;         /* the fused add+norm (module_norm.c) runs in this pass */
+} fwd_scratch;
+
+/* The state the modules' forward ops share.  The stream: the embedding
+ * writes x; a norm adds the pending block output (if any) to x and writes
+ * sc.h = norm(x); attention and MLP read sc.h and leave their output
+ * pending.  A lone Linear (lm_head) reads in [rows, in_width] into out. */
+struct tp_forward_pass {
+    tp_kv_cache *cache;
+    const int64_t *tokens;
+    int64_t T;
+    tp_act x;                      /* the residual stream [T, H], replicated */
+    tp_act pending;                /* a block's output not yet added (data NULL: none) */
+    fwd_scratch sc;
+    const float *in;
+    int64_t rows, in_width;
+    tp_act out;
+};
+
+/* Runs the children of a container in order. */
+tp_status tp_module_run_children(tp_model *m, const tp_module *mod, tp_forward_pass *f);
+
+/* ---- row-wise kernels over the pool (rows.c) -----------------------------
+ * Each thread takes a contiguous range of rows: bitwise the same result for
+ * any thread count. */
+void tp_par_rmsnorm(tp_model *m, float *out, const float *x, const tp_tensor *w, int64_t rows, int64_t n);
+void tp_par_add_rmsnorm(tp_model *m, float *x, const float *y, float *out, const tp_tensor *w, int64_t rows,
+                        int64_t n);
+void tp_par_rope(tp_model *m, float *x, int64_t T, int64_t heads, int64_t D, const float *table);
+void tp_par_silu_mul(tp_model *m, float *a, const float *b, int64_t T, int64_t width);
+
+/* ---- Linear modules (module_linear.c) ------------------------------------ */
+
+/* The context a style's hooks see for module mt. */
+tp_module_ctx tp_module_ctx_of(const tp_model *m, const struct tp_module_tp *mt, const tp_tensor *bias);
+/* Takes the local buffer of a DTensor as an owned activation (no copy when
+ * it is *mine). */
+tp_status tp_act_take_local(tp_model *m, tp_dtensor *d, int64_t gwidth, float **mine, tp_act *y);
+
 /* A Linear module on input x [T, x_width]. */
-tp_status tp_module_linear(tp_model *m, const tp_linear *lin, const float *x, int64_t T, int64_t x_width,
+tp_status tp_module_linear(tp_model *m, const tp_module *lin, const float *x, int64_t T, int64_t x_width,
                            tp_act *y);
 /* Modules reading the same input x (q, k, v; gate, up), run as one: each
  * through its own hooks, the local GEMMs of those whose pre_forward leaves
  * x in place in one call that packs x once.  ys[i] is lins[i]'s output;
  * the results are those of tp_module_linear on each.  At most 4. */
-tp_status tp_module_linear_group(tp_model *m, const tp_linear *const *lins, int count, const float *x, int64_t T,
+tp_status tp_module_linear_group(tp_model *m, const tp_module *const *lins, int count, const float *x, int64_t T,
                                  int64_t x_width, tp_act *ys);
 /* 1 if the module's output is Partial made Replicate by a plain sum over
  * the (1-D) TP group: the default post_forward, no bias after the
  * reduction, the whole output width on every rank (rowwise o_proj and
  * down_proj).  The caller may then form that sum itself, by any collective
  * that adds the same terms in rank order. */
-int tp_module_output_summed(const tp_model *m, const tp_linear *lin);
+int tp_module_output_summed(const tp_model *m, const tp_module *lin);
 /* Such a module without its post_forward: y is the rank's partial sum. */
-tp_status tp_module_linear_partial(tp_model *m, const tp_linear *lin, const float *x, int64_t T, int64_t x_width,
+tp_status tp_module_linear_partial(tp_model *m, const tp_module *lin, const float *x, int64_t T, int64_t x_width,
                                    tp_act *y);
-/* The rule on layer `layer`'s self_attn (mlp = 0) or mlp (1), or NULL. */
-const tp_module_plan *tp_module_block(const tp_model *m, int64_t layer, int mlp);
+/* The rule on a block (self_attn, mlp) whose hooks run on its output, or
+ * NULL. */
+const tp_module_plan *tp_module_block(const tp_model *m, const tp_module *block);
 /* A block's output (o_proj's or down_proj's) through the block's own
  * post_forward: e.g. `gather` all-reduces what local styles left partial. */
 tp_status tp_module_block_output(tp_model *m, const tp_module_plan *block, tp_act *y);
-/* The sequence_parallel rule on a norm of the residual stream (index as
- * tp_model_tp.norms), or NULL. */
-const tp_module_plan *tp_module_norm_rule(const tp_model *m, int64_t index);
+/* A module whose output joins the residual stream (o_proj, down_proj) of
+ * block `block`: replicated, or under the fused norm the rank's partial
+ * sum. */
+tp_status tp_module_linear_to_stream(tp_model *m, const tp_forward_pass *f, const tp_module *lin,
+                                     const tp_module *block, const float *in, int64_t T, int64_t width, tp_act *y);
+
+/* ---- norms (module_norm.c) ------------------------------------------------ */
+
+/* The sequence_parallel rule on a norm of the residual stream, or NULL. */
+const tp_module_plan *tp_module_norm_rule(const tp_model *m, const tp_module *norm);
 /* h = norm(x) [T, width] under a sequence_parallel rule (§2.10): x, whole
  * on every rank, is redistributed to this rank's tokens (Shard along the
  * sequence, no communication), the norm runs on those rows only, and the
@@ -93,8 +156,8 @@ const tp_module_plan *tp_module_norm_rule(const tp_model *m, int64_t index);
 tp_status tp_module_norm_sp(tp_model *m, const tp_module_plan *rule, const float *x, const tp_tensor *w,
                             int64_t T, int64_t width, float *h);
 /* The width of the module's output on this rank, before running it. */
-int64_t tp_module_out_width(const tp_model *m, const tp_linear *lin);
+int64_t tp_module_out_width(const tp_model *m, const tp_module *lin);
 /* The embedding lookup of T token ids (ids outside [0, vocab) are an error). */
-tp_status tp_module_embedding(tp_model *m, const int64_t *ids, int64_t T, tp_act *y);
+tp_status tp_module_embedding(tp_model *m, const tp_module *emb, const int64_t *ids, int64_t T, tp_act *y);
 
 #endif

@@ -1,7 +1,8 @@
 /* Applying a TP plan to a model: resolve and validate the plan for this TP
  * size before any weight is read (tp-semantics.md §5.6), check that every
- * rank resolved the same plan, and give each Linear/Embedding its style and
- * its shard. */
+ * rank resolved the same plan, and bind the modules of the module table:
+ * each Linear/Embedding its style and shard, each block and
+ * sequence_parallel norm its rule. */
 #include "tp_module.h"
 
 #include <stdlib.h>
@@ -55,7 +56,7 @@ static tp_placement output_layout(tp_placement w)
 }
 
 /* Fills a module's TP state from its weight's parameter record. */
-static tp_status attach(tp_model *m, tp_linear *lin, const tp_param_desc *p, const tp_param_plan *pp,
+static tp_status attach(tp_model *m, tp_module *mod, const tp_param_desc *p, const tp_param_plan *pp,
                         size_t param_index, struct tp_module_tp *mt)
 {
     struct tp_model_tp *tp = m->tp;
@@ -76,7 +77,7 @@ static tp_status attach(tp_model *m, tp_linear *lin, const tp_param_desc *p, con
         mt->weight_slice.local_shape[0] = p->shape[0];
         mt->weight_slice.local_shape[1] = p->shape[1];
     }
-    lin->tp = mt;
+    mod->tp = mt;
     return s;
 }
 
@@ -90,8 +91,10 @@ static tp_status attach_modules(tp_model *m)
     tp->modules = calloc(n + 1, sizeof *tp->modules);
     if (!tp->modules) { free(params); return tp_fail(TP_ERR_NOMEM, "out of memory"); }
     for (size_t i = 0; i < n && !s; i++) {
-        if (!params[i].module || params[i].slot != &params[i].module->weight) continue;
-        s = attach(m, params[i].module, &params[i], &tp->res->params[i], i, &tp->modules[tp->n_modules++]);
+        tp_module *mod = params[i].module;
+        if ((mod->type != TP_MT_LINEAR && mod->type != TP_MT_EMBEDDING) || params[i].param_index != TP_MODULE_WEIGHT)
+            continue;
+        s = attach(m, mod, &params[i], &tp->res->params[i], i, &tp->modules[tp->n_modules++]);
     }
     if (!s && m->cfg.tie_word_embeddings) {
         /* The tied head is no parameter of its own: it runs on the
@@ -99,44 +102,32 @@ static tp_status attach_modules(tp_model *m)
         tp_param_desc head = {.name = "lm_head.weight", .kind = TP_PARAM_WEIGHT, .ndim = 2,
                               .shape = {m->cfg.vocab_size, m->cfg.hidden_size}};
         const tp_param_plan *pp = tp->res->has_tied_head ? &tp->res->tied_head : NULL;
-        s = attach(m, &m->lm_head, &head, pp, n, &tp->modules[tp->n_modules++]);
-        if (!s && !pp) {
-            m->lm_head.tp->weight_slice = m->embed_tokens.tp->weight_slice;
-        }
+        tp_module *lm_head = &m->modules[m->lm_head];
+        s = attach(m, lm_head, &head, pp, n, &tp->modules[tp->n_modules++]);
+        if (!s && !pp) lm_head->tp->weight_slice = m->modules[m->embed_tokens].tp->weight_slice;
     }
     free(params);
     return s;
 }
 
-/* The rules on each layer's self_attn and mlp (their post_forward runs on
- * the block's output). */
-static tp_status attach_blocks(tp_model *m)
+/* The rules on the blocks (self_attn, mlp), whose post_forward runs on the
+ * block's output, and the sequence_parallel rules on the norms of the
+ * residual stream: each module of the table keeps its own. */
+static void attach_rules(tp_model *m)
 {
     struct tp_model_tp *tp = m->tp;
-    int64_t nl = m->cfg.num_hidden_layers;
-    if (!tp->res->applied || nl < 1) return TP_OK;
-    tp->blocks = calloc((size_t)(2 * nl), sizeof *tp->blocks);
-    if (!tp->blocks) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    for (int64_t l = 0; l < nl; l++) {
-        char name[96];
-        snprintf(name, sizeof name, "model.layers.%lld.self_attn", (long long)l);
-        tp->blocks[2 * l] = tp_plan_find_module(tp->res, name);
-        snprintf(name, sizeof name, "model.layers.%lld.mlp", (long long)l);
-        tp->blocks[2 * l + 1] = tp_plan_find_module(tp->res, name);
+    if (!tp->res->applied) return;
+    for (size_t i = 0; i < m->n_modules; i++) {
+        tp_module *mod = &m->modules[i];
+        if (mod->type == TP_MT_ATTENTION || mod->type == TP_MT_MLP) {
+            mod->plan = tp_plan_find_module(tp->res, mod->name);
+        } else if (mod->type == TP_MT_NORM && mod->parent >= 0 && m->modules[mod->parent].type != TP_MT_ATTENTION) {
+            const tp_module_plan *np = tp_plan_find_module(tp->res, mod->name);
+            /* only a rule that moves the input runs through hooks; the others
+             * leave the norm as it is (checked by tp_plan_check_flow) */
+            if (np && np->fwd.installed && np->fwd.input.kind == TP_SHARD && np->fwd.input.dim == 0) mod->plan = np;
+        }
     }
-    tp->norms = calloc((size_t)(2 * nl + 1), sizeof *tp->norms);
-    if (!tp->norms) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    for (int64_t i = 0; i <= 2 * nl; i++) {
-        char name[96];
-        if (i == 2 * nl) snprintf(name, sizeof name, "model.norm");
-        else snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)(i / 2),
-                      i % 2 ? "post_attention_layernorm" : "input_layernorm");
-        const tp_module_plan *np = tp_plan_find_module(tp->res, name);
-        /* only a rule that moves the input runs through hooks; the others
-         * leave the norm as it is (checked by tp_plan_check_flow) */
-        if (np && np->fwd.installed && np->fwd.input.kind == TP_SHARD && np->fwd.input.dim == 0) tp->norms[i] = np;
-    }
-    return TP_OK;
 }
 
 tp_status tp_model_tp_setup(tp_model *m, const tp_model_options *opt)
@@ -152,7 +143,7 @@ tp_status tp_model_tp_setup(tp_model *m, const tp_model_options *opt)
         return tp_fail(TP_ERR_UNSUPPORTED, "the model takes a 1-D tensor-parallel mesh");
     tp_status s = resolve(tp, &m->cfg, opt);
     if (!s) s = attach_modules(m);
-    if (!s) s = attach_blocks(m);
+    if (!s) attach_rules(m);
     return s;
 }
 
@@ -161,8 +152,6 @@ void tp_model_tp_free(tp_model *m)
     if (!m->tp) return;
     tp_plan_resolution_free(m->tp->res);
     free(m->tp->modules);
-    free(m->tp->blocks);
-    free(m->tp->norms);
     free(m->tp);
     m->tp = NULL;
 }
@@ -173,7 +162,6 @@ tp_status tp_model_param_slice(const tp_model *m, size_t i, const tp_param_desc 
     memset(out, 0, sizeof *out);
     out->dim = -1;
     out->ndim = p->ndim;
-    out->local_shape[0] = p->shape[0];
-    out->local_shape[1] = p->ndim == 2 ? p->shape[1] : 0;
+    memcpy(out->local_shape, p->shape, (size_t)p->ndim * sizeof *p->shape);
     return TP_OK;
 }

@@ -1,7 +1,10 @@
-/* Running one module's forward under its TP style: the style's pre_forward
- * brings the input into the layout the local computation needs, the module
- * computes on its local shards, and post_forward reduces or gathers the
- * output (tp-semantics.md §3.2).  A module without a style runs plainly. */
+/* The Linear module, y = x·Wᵀ + b, run under its TP style: the style's
+ * pre_forward brings the input into the layout the local computation
+ * needs, the module computes on its local shards, and post_forward reduces
+ * or gathers the output (tp-semantics.md §3.2).  A module without a style
+ * runs plainly.  Also the output of a block (self_attn, mlp) through the
+ * block's own rule, and the Linear's ops table.  Backward: added here by
+ * the training issue. */
 #include "tp_module.h"
 
 #include "tensorpar/kernels.h"
@@ -17,7 +20,7 @@ int64_t tp_act_offset(const tp_model *m, const tp_act *a)
     return start;
 }
 
-static tp_module_ctx module_ctx(const tp_model *m, const struct tp_module_tp *mt, const tp_tensor *bias)
+tp_module_ctx tp_module_ctx_of(const tp_model *m, const struct tp_module_tp *mt, const tp_tensor *bias)
 {
     tp_module_ctx c = {mt->name, mt->kind, m->tp->size, m->tp->rank, &m->cfg, m->tp->mesh, bias};
     return c;
@@ -28,7 +31,7 @@ static tp_module_ctx module_ctx(const tp_model *m, const struct tp_module_tp *mt
  * needed no collective, or an all-reduce done in place), that buffer is
  * handed over as it is and *mine becomes NULL: no copy of a [T, width]
  * activation per module. */
-static tp_status take_local(tp_model *m, tp_dtensor *d, int64_t gwidth, float **mine, tp_act *y)
+tp_status tp_act_take_local(tp_model *m, tp_dtensor *d, int64_t gwidth, float **mine, tp_act *y)
 {
     int64_t T = d->local.shape[0], width = d->local.shape[1];
     if (mine && *mine && d->local.data == *mine && !d->local.owns_data) {
@@ -47,15 +50,15 @@ static tp_status take_local(tp_model *m, tp_dtensor *d, int64_t gwidth, float **
 
 /* Under KV-head replication a rank's k/v output is one whole head: it is a
  * shard of the heads repeated kv_rep times, a tensor P times as wide. */
-static int64_t output_width(const tp_model *m, const struct tp_module_tp *mt, const tp_linear *lin)
+static int64_t output_width(const tp_model *m, const struct tp_module_tp *mt, const tp_module *lin)
 {
-    return mt->kv_rep > 1 ? lin->weight.shape[0] * m->tp->size : mt->out_features;
+    return mt->kv_rep > 1 ? tp_module_weight(lin)->shape[0] * m->tp->size : mt->out_features;
 }
 
-int64_t tp_module_out_width(const tp_model *m, const tp_linear *lin)
+int64_t tp_module_out_width(const tp_model *m, const tp_module *lin)
 {
     const struct tp_module_tp *mt = lin->tp;
-    if (!mt || !mt->plan || !mt->plan->fwd.installed || !m->tp->mesh) return lin->weight.shape[0];
+    if (!mt || !mt->plan || !mt->plan->fwd.installed || !m->tp->mesh) return tp_module_weight(lin)->shape[0];
     tp_placement out = mt->plan->fwd.output;
     int64_t global = output_width(m, mt, lin), start, size;
     if (out.kind == TP_REPLICATE) return global;
@@ -72,7 +75,7 @@ int64_t tp_module_out_width(const tp_model *m, const tp_linear *lin)
 #define GROUP_MAX 4
 
 typedef struct {
-    const tp_linear *lin;
+    const tp_module *lin;
     const struct tp_module_tp *mt;  /* NULL when the module runs plainly */
     tp_module_ctx ctx;
     tp_dtensor xd;                  /* TP: the input after pre_forward   */
@@ -96,7 +99,7 @@ static const char *module_name(const module_run *r)
 static tp_status module_begin(tp_model *m, module_run *r, const float *x, int64_t T, int64_t x_width,
                               const float **input)
 {
-    int64_t in = r->lin->weight.shape[1], out = r->lin->weight.shape[0];
+    int64_t in = tp_module_weight(r->lin)->shape[1], out = tp_module_weight(r->lin)->shape[0];
     *input = x;
     if (r->mt) {
         const tp_forward_desc *d = &r->mt->plan->fwd;
@@ -129,8 +132,8 @@ static tp_status module_begin(tp_model *m, module_run *r, const float *x, int64_
  * after its reduction. */
 static const tp_tensor *local_bias(const module_run *r)
 {
-    if (!r->lin->bias.data || (r->mt && r->mt->plan->fwd.bias_after_reduce)) return NULL;
-    return &r->lin->bias;
+    if (!tp_module_bias(r->lin)->data || (r->mt && r->mt->plan->fwd.bias_after_reduce)) return NULL;
+    return tp_module_bias(r->lin);
 }
 
 static void module_leave(module_run *r)
@@ -144,7 +147,7 @@ static void module_leave(module_run *r)
 /* post_forward and the output activation. */
 static tp_status module_finish(tp_model *m, module_run *r, int64_t T, tp_act *y)
 {
-    int64_t out = r->lin->weight.shape[0];
+    int64_t out = tp_module_weight(r->lin)->shape[0];
     if (!r->mt) {
         /* No hooks: the layout is what its shards give (a parameter rule
          * alone may shard them), which plan resolution checked. */
@@ -162,7 +165,7 @@ static tp_status module_finish(tp_model *m, module_run *r, int64_t T, tp_act *y)
     double t0 = tp_now();
     s = tp_style_post_forward(r->mt->plan->style, &r->ctx, d, &yd);
     m->comm_seconds += tp_now() - t0;
-    if (!s) return take_local(m, &yd, gout[1], &r->y, y);
+    if (!s) return tp_act_take_local(m, &yd, gout[1], &r->y, y);
     tp_dtensor_release(&yd);
     return s;
 }
@@ -178,8 +181,8 @@ static tp_status compute_local(tp_model *m, module_run *runs, const float *const
     int n = 0;
     tp_status s = TP_OK;
     for (int i = 0; i < count && !s; i++) {
-        if (inputs[i] == x) outs[n++] = (tp_matmul_out){runs[i].y, &runs[i].lin->weight, local_bias(&runs[i])};
-        else s = tp_matmul_ex(runs[i].y, inputs[i], T, &runs[i].lin->weight, local_bias(&runs[i]), m->pool, &opts);
+        if (inputs[i] == x) outs[n++] = (tp_matmul_out){runs[i].y, tp_module_weight(runs[i].lin), local_bias(&runs[i])};
+        else s = tp_matmul_ex(runs[i].y, inputs[i], T, tp_module_weight(runs[i].lin), local_bias(&runs[i]), m->pool, &opts);
     }
     return s ? s : tp_matmul_group(outs, n, x, T, m->pool, &opts);
 }
@@ -189,7 +192,7 @@ static tp_status compute_local(tp_model *m, module_run *runs, const float *const
  * read. */
 static void divide_output(const tp_model *m, module_run *r, int64_t T)
 {
-    int64_t n = T * r->lin->weight.shape[0];
+    int64_t n = T * tp_module_weight(r->lin)->shape[0];
     float P = (float)m->tp->size;
     for (int64_t i = 0; i < n; i++) r->y[i] /= P;
 }
@@ -197,7 +200,7 @@ static void divide_output(const tp_model *m, module_run *r, int64_t T)
 /* The group's modules up to their outputs: with finish, each through its
  * post_forward; without, each output left as the rank's partial sum (the
  * caller reduces it: tp_module_linear_partial). */
-static tp_status run_group(tp_model *m, const tp_linear *const *lins, int count, const float *x, int64_t T,
+static tp_status run_group(tp_model *m, const tp_module *const *lins, int count, const float *x, int64_t T,
                            int64_t x_width, tp_act *ys, int finish)
 {
     if (count < 1 || count > GROUP_MAX)
@@ -211,8 +214,8 @@ static tp_status run_group(tp_model *m, const tp_linear *const *lins, int count,
         runs[i].lin = lins[i];
         runs[i].mt = runs_plainly(m, lins[i]->tp) ? NULL : lins[i]->tp;
         if (runs[i].mt)
-            runs[i].ctx = module_ctx(m, runs[i].mt, runs[i].mt->plan->fwd.bias_after_reduce && lins[i]->bias.data
-                                                        ? &lins[i]->bias : NULL);
+            runs[i].ctx = tp_module_ctx_of(m, runs[i].mt, runs[i].mt->plan->fwd.bias_after_reduce && tp_module_bias(lins[i])->data
+                                                        ? tp_module_bias(lins[i]) : NULL);
         s = module_begin(m, &runs[i], x, T, x_width, &inputs[i]);
     }
     if (!s) s = compute_local(m, runs, inputs, count, x, T);
@@ -223,7 +226,7 @@ static tp_status run_group(tp_model *m, const tp_linear *const *lins, int count,
         if (finish) {
             s = module_finish(m, &runs[i], T, &ys[i]);
         } else {
-            int64_t out = lins[i]->weight.shape[0];
+            int64_t out = tp_module_weight(lins[i])->shape[0];
             ys[i] = (tp_act){runs[i].y, T, out, out, tp_partial()};
             runs[i].y = NULL;
         }
@@ -235,29 +238,29 @@ static tp_status run_group(tp_model *m, const tp_linear *const *lins, int count,
     return s;
 }
 
-tp_status tp_module_linear_group(tp_model *m, const tp_linear *const *lins, int count, const float *x, int64_t T,
+tp_status tp_module_linear_group(tp_model *m, const tp_module *const *lins, int count, const float *x, int64_t T,
                                  int64_t x_width, tp_act *ys)
 {
     return run_group(m, lins, count, x, T, x_width, ys, 1);
 }
 
-tp_status tp_module_linear(tp_model *m, const tp_linear *lin, const float *x, int64_t T, int64_t x_width,
+tp_status tp_module_linear(tp_model *m, const tp_module *lin, const float *x, int64_t T, int64_t x_width,
                            tp_act *y)
 {
     return run_group(m, &lin, 1, x, T, x_width, y, 1);
 }
 
-int tp_module_output_summed(const tp_model *m, const tp_linear *lin)
+int tp_module_output_summed(const tp_model *m, const tp_module *lin)
 {
     const struct tp_module_tp *mt = lin->tp;
     if (runs_plainly(m, mt) || tp_mesh_ndim(m->tp->mesh) != 1 || mt->kv_rep > 1) return 0;
     const tp_forward_desc *d = &mt->plan->fwd;
     return !mt->plan->style->transform_output_post_forward && d->local_output.kind == TP_PARTIAL &&
-           d->output.kind == TP_REPLICATE && !(d->bias_after_reduce && lin->bias.data) &&
-           output_width(m, mt, lin) == lin->weight.shape[0];
+           d->output.kind == TP_REPLICATE && !(d->bias_after_reduce && tp_module_bias(lin)->data) &&
+           output_width(m, mt, lin) == tp_module_weight(lin)->shape[0];
 }
 
-tp_status tp_module_linear_partial(tp_model *m, const tp_linear *lin, const float *x, int64_t T, int64_t x_width,
+tp_status tp_module_linear_partial(tp_model *m, const tp_module *lin, const float *x, int64_t T, int64_t x_width,
                                    tp_act *y)
 {
     if (!tp_module_output_summed(m, lin))
@@ -268,10 +271,10 @@ tp_status tp_module_linear_partial(tp_model *m, const tp_linear *lin, const floa
 
 /* ---- blocks (self_attn, mlp) ----------------------------------------- */
 
-const tp_module_plan *tp_module_block(const tp_model *m, int64_t layer, int mlp)
+const tp_module_plan *tp_module_block(const tp_model *m, const tp_module *block)
 {
-    if (!m->tp || !m->tp->blocks || !m->tp->mesh) return NULL;
-    return m->tp->blocks[2 * layer + (mlp ? 1 : 0)];
+    if (!m->tp || !m->tp->mesh) return NULL;
+    return block->plan;
 }
 
 tp_status tp_module_block_output(tp_model *m, const tp_module_plan *block, tp_act *y)
@@ -289,111 +292,39 @@ tp_status tp_module_block_output(tp_model *m, const tp_module_plan *block, tp_ac
     if (s) { tp_dtensor_release(&yd); return s; }
     float *mine = y->data;
     tp_act out;
-    if ((s = take_local(m, &yd, g[1], &mine, &out))) return s;
+    if ((s = tp_act_take_local(m, &yd, g[1], &mine, &out))) return s;
     if (mine) tp_act_free(m, mine);
     *y = out;
     return TP_OK;
 }
 
-/* ---- sequence-parallel norms ------------------------------------------ */
-
-const tp_module_plan *tp_module_norm_rule(const tp_model *m, int64_t index)
+/* A module's output joins the residual stream, which every rank holds in
+ * full: the output must have come back replicated. */
+static tp_status check_replicated(const tp_act *y, int64_t H, const char *what)
 {
-    if (!m->tp || !m->tp->norms || !m->tp->mesh) return NULL;
-    return m->tp->norms[index];
-}
-
-tp_status tp_module_norm_sp(tp_model *m, const tp_module_plan *rule, const float *x, const tp_tensor *w,
-                            int64_t T, int64_t width, float *h)
-{
-    const tp_forward_desc *d = &rule->fwd;
-    tp_module_ctx ctx = {rule->name, rule->kind, m->tp->size, m->tp->rank, &m->cfg, m->tp->mesh, NULL};
-    int64_t g[2] = {T, width};
-    tp_placement rep = tp_replicate();
-    tp_dtensor xd, own, yd, out;
-    /* The stream is a handle whose layout is known (Replicate): it is
-     * redistributed to the declared input, not relabelled (§2.10). */
-    tp_status s = tp_dtensor_from_local(&xd, m->tp->mesh, &rep, TP_F32, 2, g, (void *)x);
-    if (s) return s;
-    double t0 = tp_now();
-    s = tp_redistribute(&xd, &d->input, &own);
-    tp_dtensor_release(&xd);
-    if (!s) s = tp_style_pre_forward(rule->style, &ctx, d, &own);
-    m->comm_seconds += tp_now() - t0;
-    if (s) return s;
-    int64_t rows = own.local.shape[0];
-    float *y = tp_act_alloc(m, rows * width > 0 ? rows * width : 1);
-    if (!y) { tp_dtensor_release(&own); return tp_fail(TP_ERR_NOMEM, "out of memory"); }
-    tp_rmsnorm(y, own.local.data, w, rows, width, m->cfg.rms_norm_eps);
-    tp_dtensor_release(&own);
-    s = tp_dtensor_from_local(&yd, m->tp->mesh, &d->local_output, TP_F32, 2, g, y);
-    if (s) { tp_act_free(m, y); return s; }
-    t0 = tp_now();
-    s = tp_style_post_forward(rule->style, &ctx, d, &yd);
-    /* the consumers declare Replicate: the gather is theirs (§1.5) */
-    if (!s) s = tp_redistribute(&yd, &rep, &out);
-    m->comm_seconds += tp_now() - t0;
-    tp_dtensor_release(&yd);
-    tp_act_free(m, y);
-    if (s) return s;
-    memcpy(h, out.local.data, (size_t)(T * width) * sizeof(float));
-    tp_dtensor_release(&out);
+    if (y->width != H || y->pl.kind != TP_REPLICATE)
+        return tp_fail(TP_ERR_INVALID, "the output of %s is not replicated (%lld of %lld features on this rank); "
+                       "the plan must reduce it before the residual add", what, (long long)y->width, (long long)H);
     return TP_OK;
 }
 
-/* ---- embedding -------------------------------------------------------- */
-
-static tp_status check_ids(const tp_model *m, const int64_t *ids, int64_t T)
+tp_status tp_module_linear_to_stream(tp_model *m, const tp_forward_pass *f, const tp_module *lin,
+                                     const tp_module *block, const float *in, int64_t T, int64_t width, tp_act *y)
 {
-    int64_t V = m->cfg.vocab_size;
-    for (int64_t t = 0; t < T; t++)
-        if (ids[t] < 0 || ids[t] >= V)
-            return tp_fail(TP_ERR_INVALID, "token id %lld at position %lld is outside the vocabulary [0, %lld)",
-                           (long long)ids[t], (long long)t, (long long)V);
-    return TP_OK;
+    if (f->sc.fused) return tp_module_linear_partial(m, lin, in, T, width, y);
+    tp_status st = tp_module_linear(m, lin, in, T, width, y);
+    if (!st) st = tp_module_block_output(m, tp_module_block(m, block), y);
+    /* "o_proj", "down_proj": the last name component */
+    const char *what = strrchr(lin->name, '.');
+    return st ? st : check_replicated(y, m->cfg.hidden_size, what ? what + 1 : lin->name);
 }
 
-/* Looks up the rows this rank holds; ids whose row lives on another rank
- * give zeros (the MaskPartial lookup of embedding_rowwise, §2.6). */
-static void lookup_local(const tp_linear *emb, const tp_param_slice *sl, const int64_t *ids, int64_t T, float *y)
+/* ---- the ops table ------------------------------------------------------ */
+
+/* A Linear on its own (lm_head): f->in [rows, in_width] -> f->out. */
+static tp_status linear_forward(tp_model *m, const tp_module *mod, tp_forward_pass *f)
 {
-    int64_t width = emb->weight.shape[1];
-    for (int64_t t = 0; t < T; t++) {
-        int64_t row = ids[t], base = 0, found = sl->dim != 0;
-        for (int i = 0; sl->dim == 0 && i < sl->n && !found; base += sl->len[i], i++)
-            if (ids[t] >= sl->start[i] && ids[t] < sl->start[i] + sl->len[i]) { row = base + ids[t] - sl->start[i]; found = 1; }
-        if (found) tp_row_to_f32(y + t * width, &emb->weight, row);
-        else memset(y + t * width, 0, (size_t)width * sizeof(float));
-    }
+    return tp_module_linear(m, mod, f->in, f->rows, f->in_width, &f->out);
 }
 
-tp_status tp_module_embedding(tp_model *m, const int64_t *ids, int64_t T, tp_act *y)
-{
-    const tp_linear *emb = &m->embed_tokens;
-    const struct tp_module_tp *mt = emb->tp;
-    tp_status s = check_ids(m, ids, T);
-    if (s) return s;
-    int64_t width = emb->weight.shape[1];
-    float *buf = tp_act_alloc(m, T * width);
-    if (!buf) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    tp_param_slice whole = {.dim = -1};
-    lookup_local(emb, mt ? &mt->weight_slice : &whole, ids, T, buf);
-    if (!mt || !mt->plan || !mt->plan->fwd.installed || !m->tp->mesh) {
-        *y = (tp_act){buf, T, width, width, tp_replicate()};
-        return TP_OK;
-    }
-    const tp_forward_desc *d = &mt->plan->fwd;
-    tp_module_ctx ctx = module_ctx(m, mt, NULL);
-    int64_t gout[2] = {T, mt->in_features};
-    tp_dtensor yd;
-    s = tp_dtensor_from_local(&yd, m->tp->mesh, &d->local_output, TP_F32, 2, gout, buf);
-    if (!s) {
-        double t0 = tp_now();
-        s = tp_style_post_forward(mt->plan->style, &ctx, d, &yd);
-        m->comm_seconds += tp_now() - t0;
-        if (!s) s = take_local(m, &yd, gout[1], &buf, y);
-        else tp_dtensor_release(&yd);
-    }
-    tp_act_free(m, buf);
-    return s;
-}
+const tp_module_ops tp_linear_ops = {"linear", linear_forward, NULL};

@@ -1,0 +1,114 @@
+/* tensorpar/module.h — a model as a table of modules.
+ *
+ * Every module of the model (the embedding, each decoder layer and the
+ * attention, MLP, Linear and norm modules in it, the final norm, lm_head)
+ * is one entry of m->modules, in Hugging Face's pre-order (a parent before
+ * its children, children in checkpoint order).  An entry carries its
+ * Hugging Face name, its type, its place in the tree, its parameters as
+ * DTensor-like records (global shape of any rank up to TP_MAX_DIMS, this
+ * rank's local tensor and slice), an ops table and its TP style binding.
+ * The parameter table (tp_model_params), and so loading, make-model and the
+ * plan, are derived from it: a name is spelled in one place (params.c).
+ *
+ * A new kind of module (experts, a LoRA adapter) is a new ops table and a
+ * new tp_module_type, not a new field in every layer. */
+#ifndef TENSORPAR_MODULE_H
+#define TENSORPAR_MODULE_H
+
+#include "tensorpar/models.h"
+#include "tensorpar/parallel.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    TP_MT_CONTAINER,       /* holds modules, no computation of its own ("model") */
+    TP_MT_DECODER_LAYER,   /* model.layers.N: runs its children in order   */
+    TP_MT_EMBEDDING,       /* weight [vocab, hidden]                       */
+    TP_MT_LINEAR,          /* weight [out, in], optional bias [out]        */
+    TP_MT_NORM,            /* RMSNorm, weight [width]                      */
+    TP_MT_ATTENTION,       /* self_attn: q/k/v/o projections, q/k norms    */
+    TP_MT_MLP,             /* gate/up/down projections                     */
+    TP_MT_EXPERTS,         /* declared for mixture-of-experts models: 3-D parameters; not built yet */
+    TP_MT_ADAPTER,         /* declared for LoRA adapters; not built yet    */
+    TP_MT_COUNT
+} tp_module_type;
+
+const char *tp_module_type_name(tp_module_type t);
+
+#define TP_MODULE_MAX_PARAMS 4
+/* Where a Linear/Embedding/norm keeps its tensors in params[]: the weight
+ * first; a Linear's bias second, its local tensor empty (data NULL) when the
+ * module has none. */
+enum { TP_MODULE_WEIGHT = 0, TP_MODULE_BIAS = 1 };
+
+/* One parameter as a DTensor: global shape, this rank's local tensor and
+ * which global indices it holds. */
+typedef struct {
+    char suffix[24];               /* last name component: "weight", "bias" */
+    tp_param_kind kind;
+    int ndim;                      /* 1..TP_MAX_DIMS                         */
+    int64_t shape[TP_MAX_DIMS];    /* global shape                           */
+    tp_tensor local;               /* this rank's shard (or the whole tensor) */
+    tp_param_slice slice;          /* its ranges; dim = -1: whole            */
+    tp_placement placement;        /* on the 1-D TP mesh; Replicate when whole */
+    int tied_to;                   /* index of the module whose weight this one borrows, or -1 */
+} tp_module_param;
+
+/* The state of one forward pass (private to the library: models/tp_module.h). */
+typedef struct tp_forward_pass tp_forward_pass;
+typedef struct tp_backward_pass tp_backward_pass;
+
+typedef struct {
+    const char *name;              /* "linear", "attention", ...             */
+    /* Runs the module on the pass's state (each kind reads and writes the
+     * fields its file documents). */
+    tp_status (*forward)(tp_model *m, const tp_module *mod, tp_forward_pass *f);
+    /* NULL for every kind today: training adds the backward of each kind,
+     * next to its forward, with the styles' backward hooks. */
+    tp_status (*backward)(tp_model *m, const tp_module *mod, tp_backward_pass *b);
+} tp_module_ops;
+
+struct tp_module {
+    char name[96];                 /* "model.layers.3.self_attn.q_proj"      */
+    tp_module_type type;
+    int64_t layer;                 /* its decoder layer, or -1 outside the layers */
+    int parent, first_child, next_sibling;   /* indices into the table, -1: none */
+    int n_params;                  /* entries of params[] in use (a Linear without bias: 1) */
+    tp_module_param params[TP_MODULE_MAX_PARAMS];
+    const tp_module_ops *ops;      /* NULL: a type not built yet             */
+    /* Style binding.  Linear/Embedding: the style and shard of the module
+     * (NULL: a plain local module).  Attention/MLP/norm: the plan's rule on
+     * this module whose hooks run on its output (blocks) or input
+     * (sequence_parallel norms), or NULL. */
+    struct tp_module_tp *tp;
+    const tp_module_plan *plan;
+};
+
+/* Indices into m->modules of one decoder layer's modules (-1: absent, e.g.
+ * q_norm outside Qwen3), so the forward pass needs no name lookups. */
+struct tp_layer_modules {
+    int layer, input_layernorm, self_attn, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;
+    int post_attention_layernorm, mlp, gate_proj, up_proj, down_proj;
+};
+
+/* The module table of the model described by cfg, without tensors (local
+ * tensors empty, slices whole).  Free it with tp_module_table_free. */
+tp_status tp_module_table_build(const tp_model_config *cfg, tp_module **out, size_t *n);
+/* Releases the local tensors (not borrowed ones) and the table. */
+void tp_module_table_free(tp_module *mods, size_t n);
+/* Adds a parameter record to mod: global shape of ndim dimensions, whole
+ * (Replicate) until a plan slices it. */
+tp_status tp_module_add_param(tp_module *mod, const char *suffix, tp_param_kind kind, int ndim,
+                              const int64_t *shape);
+
+size_t tp_model_module_count(const tp_model *m);
+const tp_module *tp_model_module_at(const tp_model *m, size_t i);
+/* Index of the module named `name`, or -1. */
+int tp_model_module_find(const tp_model *m, const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

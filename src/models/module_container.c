@@ -1,0 +1,37 @@
+/* Containers: the model ("model": embed_tokens, the decoder layers, the
+ * final norm) and each decoder layer (input_layernorm, self_attn,
+ * post_attention_layernorm, mlp) run their children in table order; the
+ * forward pass state carries the residual stream between them.  Also the
+ * map from a module type to its ops table. */
+#include "tp_module.h"
+
+tp_status tp_module_run_children(tp_model *m, const tp_module *mod, tp_forward_pass *f)
+{
+    tp_status st = TP_OK;
+    for (int c = mod->first_child; c >= 0 && !st; c = m->modules[c].next_sibling) {
+        const tp_module *child = &m->modules[c];
+        if (!child->ops || !child->ops->forward)
+            return tp_fail(TP_ERR_UNSUPPORTED, "%s: modules of type %s have no forward yet", child->name,
+                           tp_module_type_name(child->type));
+        st = child->ops->forward(m, child, f);
+    }
+    return st;
+}
+
+const tp_module_ops tp_container_ops = {"container", tp_module_run_children, NULL};
+const tp_module_ops tp_decoder_layer_ops = {"decoder_layer", tp_module_run_children, NULL};
+
+const tp_module_ops *tp_module_ops_of(tp_module_type type)
+{
+    switch (type) {
+    case TP_MT_CONTAINER: return &tp_container_ops;
+    case TP_MT_DECODER_LAYER: return &tp_decoder_layer_ops;
+    case TP_MT_EMBEDDING: return &tp_embedding_ops;
+    case TP_MT_LINEAR: return &tp_linear_ops;
+    case TP_MT_NORM: return &tp_norm_ops;
+    case TP_MT_ATTENTION: return &tp_attention_ops;
+    case TP_MT_MLP: return &tp_mlp_ops;
+    case TP_MT_EXPERTS: case TP_MT_ADAPTER: case TP_MT_COUNT: break;   /* not built yet */
+    }
+    return NULL;
+}

@@ -1,0 +1,73 @@
+/* The Embedding module: the rows of the token ids, under its TP style
+ * (embedding_rowwise looks up the rows this rank holds and reduces).
+ * Backward: added here by the training issue. */
+#include "tp_module.h"
+
+#include "tensorpar/kernels.h"
+
+#include <string.h>
+
+static tp_status check_ids(const tp_model *m, const int64_t *ids, int64_t T)
+{
+    int64_t V = m->cfg.vocab_size;
+    for (int64_t t = 0; t < T; t++)
+        if (ids[t] < 0 || ids[t] >= V)
+            return tp_fail(TP_ERR_INVALID, "token id %lld at position %lld is outside the vocabulary [0, %lld)",
+                           (long long)ids[t], (long long)t, (long long)V);
+    return TP_OK;
+}
+
+/* Looks up the rows this rank holds; ids whose row lives on another rank
+ * give zeros (the MaskPartial lookup of embedding_rowwise, §2.6). */
+static void lookup_local(const tp_module *emb, const tp_param_slice *sl, const int64_t *ids, int64_t T, float *y)
+{
+    int64_t width = tp_module_weight(emb)->shape[1];
+    for (int64_t t = 0; t < T; t++) {
+        int64_t row = ids[t], base = 0, found = sl->dim != 0;
+        for (int i = 0; sl->dim == 0 && i < sl->n && !found; base += sl->len[i], i++)
+            if (ids[t] >= sl->start[i] && ids[t] < sl->start[i] + sl->len[i]) { row = base + ids[t] - sl->start[i]; found = 1; }
+        if (found) tp_row_to_f32(y + t * width, tp_module_weight(emb), row);
+        else memset(y + t * width, 0, (size_t)width * sizeof(float));
+    }
+}
+
+tp_status tp_module_embedding(tp_model *m, const tp_module *emb, const int64_t *ids, int64_t T, tp_act *y)
+{
+    const struct tp_module_tp *mt = emb->tp;
+    tp_status s = check_ids(m, ids, T);
+    if (s) return s;
+    int64_t width = tp_module_weight(emb)->shape[1];
+    float *buf = tp_act_alloc(m, T * width);
+    if (!buf) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    tp_param_slice whole = {.dim = -1};
+    lookup_local(emb, mt ? &mt->weight_slice : &whole, ids, T, buf);
+    if (!mt || !mt->plan || !mt->plan->fwd.installed || !m->tp->mesh) {
+        *y = (tp_act){buf, T, width, width, tp_replicate()};
+        return TP_OK;
+    }
+    const tp_forward_desc *d = &mt->plan->fwd;
+    tp_module_ctx ctx = tp_module_ctx_of(m, mt, NULL);
+    int64_t gout[2] = {T, mt->in_features};
+    tp_dtensor yd;
+    s = tp_dtensor_from_local(&yd, m->tp->mesh, &d->local_output, TP_F32, 2, gout, buf);
+    if (!s) {
+        double t0 = tp_now();
+        s = tp_style_post_forward(mt->plan->style, &ctx, d, &yd);
+        m->comm_seconds += tp_now() - t0;
+        if (!s) s = tp_act_take_local(m, &yd, gout[1], &buf, y);
+        else tp_dtensor_release(&yd);
+    }
+    tp_act_free(m, buf);
+    return s;
+}
+
+/* f->tokens -> f->x, the residual stream, which must come back whole. */
+static tp_status embedding_forward(tp_model *m, const tp_module *mod, tp_forward_pass *f)
+{
+    tp_status st = tp_module_embedding(m, mod, f->tokens, f->T, &f->x);
+    if (!st && (f->x.width != m->cfg.hidden_size || f->x.pl.kind != TP_REPLICATE))
+        st = tp_fail(TP_ERR_INVALID, "the embedding output is not replicated; the plan must gather it");
+    return st;
+}
+
+const tp_module_ops tp_embedding_ops = {"embedding", embedding_forward, NULL};

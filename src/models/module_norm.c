@@ -1,0 +1,131 @@
+/* The RMSNorm modules of the residual stream (input_layernorm,
+ * post_attention_layernorm, model.norm): each adds the pending block output
+ * to the stream and norms it, fused in one pass; under a sequence_parallel
+ * rule each rank norms its own rows.  (Qwen3's per-head q_norm/k_norm run
+ * inside the attention module.)  Backward: added here by the training
+ * issue. */
+#include "tp_module.h"
+
+#include "tensorpar/kernels.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- sequence-parallel norms ------------------------------------------ */
+
+const tp_module_plan *tp_module_norm_rule(const tp_model *m, const tp_module *norm)
+{
+    if (!m->tp || !m->tp->mesh) return NULL;
+    return norm->plan;
+}
+
+tp_status tp_module_norm_sp(tp_model *m, const tp_module_plan *rule, const float *x, const tp_tensor *w,
+                            int64_t T, int64_t width, float *h)
+{
+    const tp_forward_desc *d = &rule->fwd;
+    tp_module_ctx ctx = {rule->name, rule->kind, m->tp->size, m->tp->rank, &m->cfg, m->tp->mesh, NULL};
+    int64_t g[2] = {T, width};
+    tp_placement rep = tp_replicate();
+    tp_dtensor xd, own, yd, out;
+    /* The stream is a handle whose layout is known (Replicate): it is
+     * redistributed to the declared input, not relabelled (§2.10). */
+    tp_status s = tp_dtensor_from_local(&xd, m->tp->mesh, &rep, TP_F32, 2, g, (void *)x);
+    if (s) return s;
+    double t0 = tp_now();
+    s = tp_redistribute(&xd, &d->input, &own);
+    tp_dtensor_release(&xd);
+    if (!s) s = tp_style_pre_forward(rule->style, &ctx, d, &own);
+    m->comm_seconds += tp_now() - t0;
+    if (s) return s;
+    int64_t rows = own.local.shape[0];
+    float *y = tp_act_alloc(m, rows * width > 0 ? rows * width : 1);
+    if (!y) { tp_dtensor_release(&own); return tp_fail(TP_ERR_NOMEM, "out of memory"); }
+    tp_rmsnorm(y, own.local.data, w, rows, width, m->cfg.rms_norm_eps);
+    tp_dtensor_release(&own);
+    s = tp_dtensor_from_local(&yd, m->tp->mesh, &d->local_output, TP_F32, 2, g, y);
+    if (s) { tp_act_free(m, y); return s; }
+    t0 = tp_now();
+    s = tp_style_post_forward(rule->style, &ctx, d, &yd);
+    /* the consumers declare Replicate: the gather is theirs (§1.5) */
+    if (!s) s = tp_redistribute(&yd, &rep, &out);
+    m->comm_seconds += tp_now() - t0;
+    tp_dtensor_release(&yd);
+    tp_act_free(m, y);
+    if (s) return s;
+    memcpy(h, out.local.data, (size_t)(T * width) * sizeof(float));
+    tp_dtensor_release(&out);
+    return TP_OK;
+}
+
+
+/* ---- the residual add and norm under TP --------------------------------
+ * o_proj and down_proj are rowwise: each rank holds a partial sum of the
+ * block's output, which the plan all-reduces; then every rank adds it to
+ * the residual stream and norms all T rows, the same work on each.  For a
+ * prompt, the block output is instead moved as a DTensor Partial ->
+ * Shard(rows) -> Replicate with the add and norm as the row-wise epilogue
+ * between (tp_redistribute_rows): each rank reduces its own rows (its share
+ * of the all-reduce anyway), adds and norms them while they are in its
+ * cache, and what every rank receives is the next block's normed input.
+ * Each rank then keeps only its own rows of the residual stream.  The bits
+ * are the all-reduce's: every row sums the same terms in rank order, and
+ * add and norm are row-wise.  forward.c decides per pass (sc->fused). */
+
+typedef struct {
+    float *x;
+    const tp_tensor *w;
+    int64_t H;
+    double eps, seconds;   /* seconds: time in the add and norm */
+} add_norm_rows_ctx;
+
+static void add_norm_rows(void *p, int64_t first, int64_t nrows, float *rows)
+{
+    add_norm_rows_ctx *c = p;
+    double t0 = tp_now();
+    tp_add_rmsnorm(c->x + first * c->H, rows, rows, c->w, nrows, c->H, c->eps);
+    c->seconds += tp_now() - t0;
+}
+
+/* x += y, then sc->h = norm(x): the next block's input, whole on every
+ * rank.  Under the fused norm y is partial and x keeps this rank's rows;
+ * the collective counts as communication, the add and norm in it do not. */
+static tp_status add_norm(tp_model *m, fwd_scratch *sc, float *x, const tp_act *y, const tp_tensor *norm,
+                          const tp_module_plan *sp, int64_t T)
+{
+    int64_t H = m->cfg.hidden_size;
+    if (!sc->fused && sp) {   /* sequence_parallel norm: the add on every row, the norm on own rows */
+        for (int64_t i = 0; i < T * H; i++) x[i] += y->data[i];
+        return tp_module_norm_sp(m, sp, x, norm, T, H, sc->h);
+    }
+    if (!sc->fused) {
+        tp_par_add_rmsnorm(m, x, y->data, sc->h, norm, T, H);
+        return TP_OK;
+    }
+    /* The fused form below already norms each rank's own rows and gathers
+     * them: under a sequence_parallel norm it is that rule's effect too. */
+    add_norm_rows_ctx c = {x, norm, H, m->cfg.rms_norm_eps, 0};
+    double t0 = tp_now();
+    tp_redist_epilogue ep = {add_norm_rows, &c};
+    tp_status st = tp_redistribute_rows(m->tp->mesh, (int64_t[2]){T, H}, y->data, sc->h, &ep);
+    m->comm_seconds += tp_now() - t0 - c.seconds;
+    return st;
+}
+
+/* f->sc.h = norm(f->x + f->pending); the pending output is consumed.  The
+ * first norm (after the embedding) has nothing pending. */
+static tp_status norm_forward(tp_model *m, const tp_module *mod, tp_forward_pass *f)
+{
+    int64_t H = m->cfg.hidden_size;
+    const tp_tensor *w = tp_module_weight(mod);
+    const tp_module_plan *sp = tp_module_norm_rule(m, mod);
+    if (f->pending.data) {
+        tp_status st = add_norm(m, &f->sc, f->x.data, &f->pending, w, sp, f->T);
+        tp_act_release(m, &f->pending);
+        return st;
+    }
+    if (sp) return tp_module_norm_sp(m, sp, f->x.data, w, f->T, H, f->sc.h);
+    tp_par_rmsnorm(m, f->sc.h, f->x.data, w, f->T, H);
+    return TP_OK;
+}
+
+const tp_module_ops tp_norm_ops = {"norm", norm_forward, NULL};
