@@ -23,6 +23,7 @@
 #include "tensorpar/dist.h"
 #include "tensorpar/parallel.h"
 #include "tensorpar/models.h"
+#include "tensorpar/module.h"
 #include "tensorpar/text.h"
 
 #endif

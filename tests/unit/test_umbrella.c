@@ -33,6 +33,10 @@ int main(void)
     /* models */
     tp_model_config cfg;
     EXPECT(tp_preset_config(&cfg, TP_ARCH_LLAMA, "tiny") == TP_OK && cfg.hidden_size == 64);
+    tp_module *mods = NULL;
+    size_t n_mods = 0;
+    EXPECT(tp_module_table_build(&cfg, &mods, &n_mods) == TP_OK && n_mods == 28 && mods[1].type == TP_MT_EMBEDDING);
+    tp_module_table_free(mods, n_mods);
     /* parallel */
     const tp_style *st = tp_style_registry_get(NULL, "colwise");
     EXPECT(st && !strcmp(st->impl, "ColwiseParallel"));
