@@ -50,7 +50,7 @@ void tp_act_cache_free(tp_model *m);
 int64_t tp_act_offset(const tp_model *m, const tp_act *a);
 
 /* Resolves the plan (before any weight is read) and attaches each module's
- * TP state; m->cfg and the layer array must exist. */
+ * TP state; m->cfg and the module table must exist. */
 tp_status tp_model_tp_setup(tp_model *m, const tp_model_options *opt);
 void tp_model_tp_free(tp_model *m);
 /* This rank's slice of parameter i of the parameter table (whole when the
