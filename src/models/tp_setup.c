@@ -99,11 +99,14 @@ static tp_status attach_modules(tp_model *m)
     if (!s && m->cfg.tie_word_embeddings) {
         /* The tied head is no parameter of its own: it runs on the
          * embedding's shard, which the plan gave the same placement. */
-        tp_param_desc head = {.name = "lm_head.weight", .kind = TP_PARAM_WEIGHT, .ndim = 2,
-                              .shape = {m->cfg.vocab_size, m->cfg.hidden_size}};
-        const tp_param_plan *pp = tp->res->has_tied_head ? &tp->res->tied_head : NULL;
         tp_module *lm_head = &m->modules[m->lm_head];
-        s = attach(m, lm_head, &head, pp, n, &tp->modules[tp->n_modules++]);
+        const tp_module_param *w = &lm_head->params[TP_MODULE_WEIGHT];
+        tp_param_desc head = {.kind = w->kind, .ndim = w->ndim, .module = lm_head};
+        if (snprintf(head.name, sizeof head.name, "%s.%s", lm_head->name, w->suffix) >= (int)sizeof head.name)
+            s = tp_fail(TP_ERR_INTERNAL, "%s: its name is too long", lm_head->name);
+        memcpy(head.shape, w->shape, sizeof head.shape);
+        const tp_param_plan *pp = tp->res->has_tied_head ? &tp->res->tied_head : NULL;
+        if (!s) s = attach(m, lm_head, &head, pp, n, &tp->modules[tp->n_modules++]);
         if (!s && !pp) lm_head->tp->weight_slice = m->modules[m->embed_tokens].tp->weight_slice;
     }
     free(params);
