@@ -300,11 +300,13 @@ tp_status tp_module_block_output(tp_model *m, const tp_module_plan *block, tp_ac
 
 /* A module's output joins the residual stream, which every rank holds in
  * full: the output must have come back replicated. */
-static tp_status check_replicated(const tp_act *y, int64_t H, const char *what)
+static tp_status check_replicated(const tp_act *y, int64_t H, const tp_module *lin)
 {
-    if (y->width != H || y->pl.kind != TP_REPLICATE)
+    if (y->width != H || y->pl.kind != TP_REPLICATE) {
+        const char *last = strrchr(lin->name, '.'), *what = last ? last + 1 : lin->name;   /* "o_proj" */
         return tp_fail(TP_ERR_INVALID, "the output of %s is not replicated (%lld of %lld features on this rank); "
                        "the plan must reduce it before the residual add", what, (long long)y->width, (long long)H);
+    }
     return TP_OK;
 }
 
@@ -314,9 +316,7 @@ tp_status tp_module_linear_to_stream(tp_model *m, const tp_forward_pass *f, cons
     if (f->sc.fused) return tp_module_linear_partial(m, lin, in, T, width, y);
     tp_status st = tp_module_linear(m, lin, in, T, width, y);
     if (!st) st = tp_module_block_output(m, tp_module_block(m, block), y);
-    /* "o_proj", "down_proj": the last name component */
-    const char *what = strrchr(lin->name, '.');
-    return st ? st : check_replicated(y, m->cfg.hidden_size, what ? what + 1 : lin->name);
+    return st ? st : check_replicated(y, m->cfg.hidden_size, lin);
 }
 
 /* ---- the ops table ------------------------------------------------------ */
