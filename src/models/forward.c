@@ -22,21 +22,15 @@ static tp_status check_replicated(const tp_act *y, int64_t H, const char *what)
     return TP_OK;
 }
 
-/* What one forward pass allocates once and every layer reuses.  The big
- * buffers come from tp_alloc (2 MiB pages, no page faults after the first
- * touch of each pass's buffers); the rope table is computed once per pass
- * instead of once per layer and head. */
+/* What one forward pass allocates once and every layer reuses, from the
+ * model's activation arena (act_arena.c) before the first block's mark; the
+ * rope table is computed once per pass instead of once per layer and head. */
 typedef struct {
     float *h;          /* [T, H] the normed residual stream, input of the next block */
     float *attn;       /* [T, heads * head_dim] attention output (local heads) */
     float *rope;       /* [T, head_dim] cos/sin of each position */
     int fused;         /* the fused add+norm (below) runs in this pass */
 } fwd_scratch;
-
-static void scratch_free(fwd_scratch *s)
-{
-    tp_free(s->h); tp_free(s->attn); tp_free(s->rope);
-}
 
 /* ---- the residual add and norm under TP --------------------------------
  * o_proj and down_proj are rowwise: each rank holds a partial sum of the
@@ -70,13 +64,13 @@ static int fuse_norm(const tp_model *m, int64_t T)
     return 1;
 }
 
-static tp_status scratch_init(fwd_scratch *s, const tp_model *m, int64_t T, int64_t pos0)
+static tp_status scratch_init(fwd_scratch *s, tp_model *m, int64_t T, int64_t pos0)
 {
     const tp_model_config *c = &m->cfg;
-    s->h = tp_alloc((size_t)(T * c->hidden_size) * sizeof(float));
+    s->h = tp_act_alloc(m, T * c->hidden_size);
     /* Local query heads never outnumber the global ones. */
-    s->attn = tp_alloc((size_t)(T * c->num_attention_heads * c->head_dim) * sizeof(float));
-    s->rope = tp_alloc((size_t)(T * c->head_dim) * sizeof(float));
+    s->attn = tp_act_alloc(m, T * c->num_attention_heads * c->head_dim);
+    s->rope = tp_act_alloc(m, T * c->head_dim);
     if (!s->h || !s->attn || !s->rope)
         return tp_fail(TP_ERR_NOMEM, "out of memory for activations of %lld tokens", (long long)T);
     tp_rope_table(s->rope, T, c->head_dim, m->inv_freq, pos0);
@@ -349,19 +343,27 @@ tp_status tp_model_forward(tp_model *m, tp_kv_cache *cache, const int64_t *token
     int64_t H = m->cfg.hidden_size, nl = m->cfg.num_hidden_layers;
     tp_act x = {0};
     fwd_scratch sc = {0};
-    tp_status st = tp_module_embedding(m, tokens, T, &x);
+    /* Every activation below comes from the arena; tp_act_end frees them. */
+    tp_status st = tp_act_begin(m, T, all_logits ? T : 1);
+    if (st) return st;
+    st = tp_module_embedding(m, tokens, T, &x);
     if (!st && (x.width != H || x.pl.kind != TP_REPLICATE))
         st = tp_fail(TP_ERR_INVALID, "the embedding output is not replicated; the plan must gather it");
     if (!st) st = scratch_init(&sc, m, T, cache->length);
     /* Each residual add is fused with the norm that follows it, so the
-     * stream x is read and written once per block. */
+     * stream x is read and written once per block.  A block's buffers go
+     * at the rewind after it: the arena holds one block's working set. */
+    size_t block_mark = tp_act_mark(m);
     const tp_module_plan *sp0 = tp_module_norm_rule(m, 0);   /* layer 0's input_layernorm, or the final norm */
     if (!st && sp0) st = tp_module_norm_sp(m, sp0, x.data, nl > 0 ? &m->layers[0].input_layernorm : &m->norm, T, H, sc.h);
     else if (!st) par_rmsnorm(m, sc.h, x.data, nl > 0 ? &m->layers[0].input_layernorm : &m->norm, T, H);
+    tp_act_rewind(m, block_mark);
     for (int64_t l = 0; l < nl && !st; l++) {
         st = attention_block(m, &m->layers[l], cache, l, x.data, &sc, T);
+        tp_act_rewind(m, block_mark);
         if (!st) st = mlp_block(m, &m->layers[l], l, l + 1 < nl ? &m->layers[l + 1].input_layernorm : &m->norm,
                                 x.data, &sc, T);
+        tp_act_rewind(m, block_mark);
     }
     if (!st) {
         int64_t first = all_logits ? 0 : T - 1;
@@ -371,7 +373,7 @@ tp_status tp_model_forward(tp_model *m, tp_kv_cache *cache, const int64_t *token
         memcpy(cache->tokens + cache->length, tokens, (size_t)T * sizeof *tokens);
         cache->length += T;
     }
-    scratch_free(&sc);
     tp_act_release(m, &x);
+    tp_act_end(m);
     return st;
 }

@@ -132,6 +132,7 @@ tp_status tp_model_load(tp_model **out, const char *model_dir, const tp_model_op
         m->lm_head.weight = m->embed_tokens.weight;
         m->lm_head.weight.owns_data = 0;
     }
+    if ((s = tp_act_arena_init(m))) { tp_model_free(m); return s; }
     if (m->tp) tp_plan_log_coverage(m->tp->res, m->tp->mesh ? tp_mesh_world_rank(m->tp->mesh) : 0);
     int threads = opt && opt->threads > 0 ? opt->threads : 1;
     if ((s = tp_threadpool_create(&m->pool, threads))) { tp_model_free(m); return s; }
@@ -169,7 +170,7 @@ void tp_model_free(tp_model *m)
     release_linear(&m->lm_head);
     release_linear(&m->embed_tokens);
     tp_model_tp_free(m);
-    tp_act_cache_free(m);
+    tp_act_arena_free(m);
     tp_tensor_release(&m->norm);
     free(m->inv_freq);
     tp_threadpool_destroy(m->pool);
