@@ -50,6 +50,7 @@ struct tp_act_arena {
     int64_t per_token, per_block, per_head_row;
     size_t base_mark;          /* where the forward in progress began */
     size_t spilled_bytes;      /* this forward's allocations outside the arena */
+    size_t spilled_total;      /* and every forward's since load */
     size_t need_next;          /* at least this much for the next forward */
     float *spill[SPILL_MAX];
 };
@@ -171,9 +172,11 @@ void tp_act_rewind(tp_model *m, size_t mark)
     if (m->acts) tp_arena_rewind(&m->acts->arena, mark);
 }
 
-size_t tp_act_peak_bytes(const tp_model *m)
+tp_act_stats tp_act_arena_stats(const tp_model *m)
 {
-    return m->acts ? tp_arena_peak(&m->acts->arena) : 0;
+    const struct tp_act_arena *a = m->acts;
+    if (!a) return (tp_act_stats){0};
+    return (tp_act_stats){a->arena.capacity, a->arena.used, tp_arena_peak(&a->arena), a->spilled_total};
 }
 
 static float *spill(struct tp_act_arena *a, size_t bytes)
@@ -182,6 +185,7 @@ static float *spill(struct tp_act_arena *a, size_t bytes)
         if (a->spill[i]) continue;
         if (!(a->spill[i] = tp_alloc(bytes))) return NULL;
         a->spilled_bytes += bytes;
+        a->spilled_total += bytes;
         return a->spill[i];
     }
     tp_fail(TP_ERR_NOMEM, "activation arena: more than %d buffers spilled", SPILL_MAX);

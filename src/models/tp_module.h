@@ -55,8 +55,11 @@ tp_status tp_act_begin(tp_model *m, int64_t T, int64_t head_rows);
 void tp_act_end(tp_model *m);
 size_t tp_act_mark(const tp_model *m);
 void tp_act_rewind(tp_model *m, size_t mark);
-/* The most the arena has held since load, in bytes. */
-size_t tp_act_peak_bytes(const tp_model *m);
+typedef struct {
+    size_t capacity, used, peak;   /* bytes: the block, in use now, most ever */
+    size_t spilled;                /* bytes taken outside the arena since load */
+} tp_act_stats;
+tp_act_stats tp_act_arena_stats(const tp_model *m);
 float *tp_act_alloc(tp_model *m, int64_t floats);
 void tp_act_free(tp_model *m, float *data);
 void tp_act_release(tp_model *m, tp_act *a);
