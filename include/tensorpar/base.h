@@ -99,6 +99,44 @@ tp_status tp_convert(void *dst, tp_dtype dt, const void *src, tp_dtype st, size_
 void *tp_alloc(size_t bytes);
 void tp_free(void *p);
 
+/* ---- arena -------------------------------------------------------------
+ * A bump allocator over one block from tp_alloc (so 2 MiB pages from 2 MiB
+ * on): allocations are 64-byte aligned offsets into the block, freed all at
+ * once by rewinding to a mark.  The block is sized before use and grows only
+ * while nothing is allocated from it, so a live buffer never moves.  Under
+ * AddressSanitizer the free part of the block is poisoned: a read of a
+ * rewound buffer is reported as a use after free. */
+typedef struct {
+    unsigned char *base;
+    size_t capacity;   /* bytes in the block                                */
+    size_t used;       /* bytes handed out (the next allocation's offset)   */
+    size_t peak;       /* the most `used` has been, or would have been had a
+                          failed allocation fitted                          */
+    size_t last;       /* offset of the latest allocation; SIZE_MAX: none   */
+} tp_arena;
+
+#define TP_ARENA_ALIGN 64
+
+/* A zeroed struct is an empty arena; so is one after tp_arena_release. */
+void tp_arena_init(tp_arena *a);
+/* Makes the block at least `bytes` long.  Growing needs an empty arena
+ * (used == 0): TP_ERR_INTERNAL otherwise, and the block stays as it was. */
+tp_status tp_arena_reserve(tp_arena *a, size_t bytes);
+/* `bytes` from the block, or NULL (TP_ERR_NOMEM, the sizes in the message)
+ * when they do not fit; the peak then counts them, so reserving
+ * tp_arena_peak() before the next use makes them fit. */
+void *tp_arena_alloc(tp_arena *a, size_t bytes);
+/* Gives p back when it is the latest allocation; otherwise it stays until a
+ * rewind below it.  p may be NULL. */
+void tp_arena_free(tp_arena *a, void *p);
+static inline size_t tp_arena_mark(const tp_arena *a) { return a->used; }
+/* Frees everything allocated since `mark` was taken. */
+void tp_arena_rewind(tp_arena *a, size_t mark);
+static inline size_t tp_arena_peak(const tp_arena *a) { return a->peak; }
+/* 1 if p points into the block. */
+int tp_arena_owns(const tp_arena *a, const void *p);
+void tp_arena_release(tp_arena *a);
+
 /* ---- tensors ---------------------------------------------------------- */
 
 #define TP_MAX_DIMS 4

@@ -41,7 +41,7 @@ typedef struct tp_model {
      * ranks), summed over every forward since load; benchmarks read and
      * reset it. */
     double comm_seconds;
-    struct tp_act_cache *acts;     /* activation buffers kept between forwards */
+    struct tp_act_arena *acts;     /* the forward's activations (models/act_arena.c) */
     /* Under TP, prompts of 64 tokens or more do the residual add and norm
      * after o_proj and down_proj inside the all-reduce, each rank on its own
      * rows (forward.c); the logits are bitwise the same.  1 by default;

@@ -14,14 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The big buffers come from tp_alloc (2 MiB pages, no page faults after the
- * first touch of each pass's buffers); the rope table is computed once per
- * pass instead of once per layer and head. */
-static void scratch_free(fwd_scratch *s)
-{
-    tp_free(s->h); tp_free(s->attn); tp_free(s->rope);
-}
-
 #define FUSE_MIN_ROWS 64   /* decode keeps the one small all-reduce */
 
 /* A rule on self_attn or mlp whose post_forward changes the block's output. */
@@ -47,13 +39,16 @@ static int fuse_norm(const tp_model *m, int64_t T)
     return 1;
 }
 
-static tp_status scratch_init(fwd_scratch *s, const tp_model *m, int64_t T, int64_t pos0)
+/* What the whole pass shares, from the activation arena (act_arena.c)
+ * before the first block's mark; the rope table is computed once per pass
+ * instead of once per layer and head. */
+static tp_status scratch_init(fwd_scratch *s, tp_model *m, int64_t T, int64_t pos0)
 {
     const tp_model_config *c = &m->cfg;
-    s->h = tp_alloc((size_t)(T * c->hidden_size) * sizeof(float));
+    s->h = tp_act_alloc(m, T * c->hidden_size);
     /* Local query heads never outnumber the global ones. */
-    s->attn = tp_alloc((size_t)(T * c->num_attention_heads * c->head_dim) * sizeof(float));
-    s->rope = tp_alloc((size_t)(T * c->head_dim) * sizeof(float));
+    s->attn = tp_act_alloc(m, T * c->num_attention_heads * c->head_dim);
+    s->rope = tp_act_alloc(m, T * c->head_dim);
     if (!s->h || !s->attn || !s->rope)
         return tp_fail(TP_ERR_NOMEM, "out of memory for activations of %lld tokens", (long long)T);
     tp_rope_table(s->rope, T, c->head_dim, m->inv_freq, pos0);
@@ -87,18 +82,23 @@ tp_status tp_model_forward(tp_model *m, tp_kv_cache *cache, const int64_t *token
                        (long long)cache->capacity, (long long)(cache->length + T));
     tp_forward_pass f = {.cache = cache, .tokens = tokens, .T = T};
     const tp_module *model = &m->modules[m->modules[m->embed_tokens].parent];
-    tp_status st = scratch_init(&f.sc, m, T, cache->length);
+    /* Every activation below comes from the arena; tp_act_end frees them. */
+    tp_status st = tp_act_begin(m, T, all_logits ? T : 1);
+    if (st) return st;
+    st = scratch_init(&f.sc, m, T, cache->length);
     /* embed_tokens, the layers, the final norm: each residual add is fused
      * with the norm that follows it, so the stream is read and written once
-     * per block. */
+     * per block.  The embedding marks the arena after the stream; each
+     * stream norm rewinds to that mark, so the arena holds one block's
+     * working set (module_norm.c). */
     if (!st) st = model->ops->forward(m, model, &f);
     if (!st) st = head(m, &f, all_logits ? 0 : T - 1, logits);
     if (!st) {
         memcpy(cache->tokens + cache->length, tokens, (size_t)T * sizeof *tokens);
         cache->length += T;
     }
-    scratch_free(&f.sc);
     tp_act_release(m, &f.pending);
     tp_act_release(m, &f.x);
+    tp_act_end(m);
     return st;
 }

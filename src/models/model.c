@@ -146,6 +146,7 @@ tp_status tp_model_load(tp_model **out, const char *model_dir, const tp_model_op
         head->slice = emb->slice;
         head->placement = emb->placement;
     }
+    if ((s = tp_act_arena_init(m))) { tp_model_free(m); return s; }
     if (m->tp) tp_plan_log_coverage(m->tp->res, m->tp->mesh ? tp_mesh_world_rank(m->tp->mesh) : 0);
     int threads = opt && opt->threads > 0 ? opt->threads : 1;
     if ((s = tp_threadpool_create(&m->pool, threads))) { tp_model_free(m); return s; }
@@ -168,7 +169,7 @@ void tp_model_free(tp_model *m)
     tp_module_table_free(m->modules, m->n_modules);
     free(m->layers);
     tp_model_tp_free(m);
-    tp_act_cache_free(m);
+    tp_act_arena_free(m);
     free(m->inv_freq);
     tp_threadpool_destroy(m->pool);
     free(m);

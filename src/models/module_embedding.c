@@ -67,6 +67,7 @@ static tp_status embedding_forward(tp_model *m, const tp_module *mod, tp_forward
     tp_status st = tp_module_embedding(m, mod, f->tokens, f->T, &f->x);
     if (!st && (f->x.width != m->cfg.hidden_size || f->x.pl.kind != TP_REPLICATE))
         st = tp_fail(TP_ERR_INVALID, "the embedding output is not replicated; the plan must gather it");
+    f->block_mark = tp_act_mark(m);   /* the stream outlives every block */
     return st;
 }
 

@@ -113,7 +113,7 @@ static tp_status add_norm(tp_model *m, fwd_scratch *sc, float *x, const tp_act *
 
 /* f->sc.h = norm(f->x + f->pending); the pending output is consumed.  The
  * first norm (after the embedding) has nothing pending. */
-static tp_status norm_forward(tp_model *m, const tp_module *mod, tp_forward_pass *f)
+static tp_status stream_norm(tp_model *m, const tp_module *mod, tp_forward_pass *f)
 {
     int64_t H = m->cfg.hidden_size;
     const tp_tensor *w = tp_module_weight(mod);
@@ -126,6 +126,16 @@ static tp_status norm_forward(tp_model *m, const tp_module *mod, tp_forward_pass
     if (sp) return tp_module_norm_sp(m, sp, f->x.data, w, f->T, H, f->sc.h);
     tp_par_rmsnorm(m, f->sc.h, f->x.data, w, f->T, H);
     return TP_OK;
+}
+
+/* A stream norm ends a block: what the block allocated after the
+ * embedding's mark (q, k, v, gate, up, their outputs) dies here, so the
+ * activation arena holds one block's working set (act_arena.c). */
+static tp_status norm_forward(tp_model *m, const tp_module *mod, tp_forward_pass *f)
+{
+    tp_status st = stream_norm(m, mod, f);
+    tp_act_rewind(m, f->block_mark);
+    return st;
 }
 
 const tp_module_ops tp_norm_ops = {"norm", norm_forward, NULL};

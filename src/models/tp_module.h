@@ -40,12 +40,26 @@ typedef struct {
     tp_placement pl;
 } tp_act;
 
-/* Activation buffers of the model's forward (act_cache.c): large ones are
- * kept and reused between forwards, so their pages are faulted in once. */
+/* The forward's activation buffers, from the model's arena (act_arena.c,
+ * which states who owns them and how long they live).  init sizes it at
+ * load; begin reserves for a forward of T tokens whose head computes
+ * head_rows rows, end rewinds it to empty; a block runs between a mark
+ * and a rewind.  tp_act_free gives back only the latest buffer; the others
+ * go at the next rewind. */
+tp_status tp_act_arena_init(tp_model *m);
+void tp_act_arena_free(tp_model *m);
+tp_status tp_act_begin(tp_model *m, int64_t T, int64_t head_rows);
+void tp_act_end(tp_model *m);
+size_t tp_act_mark(const tp_model *m);
+void tp_act_rewind(tp_model *m, size_t mark);
+typedef struct {
+    size_t capacity, used, peak;   /* bytes: the block, in use now, most ever */
+    size_t spilled;                /* bytes taken outside the arena since load */
+} tp_act_stats;
+tp_act_stats tp_act_arena_stats(const tp_model *m);
 float *tp_act_alloc(tp_model *m, int64_t floats);
 void tp_act_free(tp_model *m, float *data);
 void tp_act_release(tp_model *m, tp_act *a);
-void tp_act_cache_free(tp_model *m);
 /* Global index of this rank's first column of a. */
 int64_t tp_act_offset(const tp_model *m, const tp_act *a);
 
@@ -89,6 +103,7 @@ struct tp_forward_pass {
     int64_t T;
     tp_act x;                      /* the residual stream [T, H], replicated */
     tp_act pending;                /* a block's output not yet added (data NULL: none) */
+    size_t block_mark;             /* the arena's mark after the stream: blocks rewind to it */
     fwd_scratch sc;
     const float *in;
     int64_t rows, in_width;
