@@ -119,7 +119,7 @@ void tp_matmul_opts_default(tp_matmul_opts *o);
 /* y[T, out] = x[T, in] · W[out, in]ᵀ (+ bias[out] if bias != NULL).
  * W is f32 or bf16; bias is f32 or bf16 of length out.  T <= 4 runs a GEMV
  * that streams W once (threads split the rows of W); larger T a tiled GEMM
- * (threads split the columns of y).  tp_matmul uses the process defaults. */
+ * (threads split the columns of y).  tp_matmul uses tp_matmul_opts_default. */
 tp_status tp_matmul(float *y, const float *x, int64_t T, const tp_tensor *W,
                     const tp_tensor *bias, tp_threadpool *pool);
 tp_status tp_matmul_ex(float *y, const float *x, int64_t T, const tp_tensor *W,

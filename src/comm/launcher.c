@@ -331,11 +331,11 @@ static tp_status launch_shm(const tp_launch_options *o, const char *path, char *
     if (n > 1) {
         st = tp_shm_segment_create(rendezvous, n, &shm_cfg, &fd);
         if (st) return tp_fail_context(st, "creating the job's shared memory");
-        st = keep_above_stdio(&fd);
-        if (st) { close(fd); return st; }
         char name[256];
         tp_shm_segment_name(name, sizeof name, rendezvous);
         shm_unlink(name);                      /* nothing to leave behind */
+        st = keep_above_stdio(&fd);
+        if (st) { close(fd); return st; }
         fcntl(fd, F_SETFD, 0);                 /* let the ranks inherit it */
         st = tp_shm_watch_open(fd, n, &watch);
     }
