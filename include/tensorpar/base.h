@@ -51,12 +51,23 @@ tp_status tp_fail_context(tp_status code, const char *fmt, ...)
 void tp_clear_error(void);
 const char *tp_status_name(tp_status s);
 
+/* ---- options ---------------------------------------------------------- */
+
+/* An on/off option whose zero value is "the documented default", so that a
+ * zero-initialised options struct asks for every default. */
+typedef enum { TP_DEFAULT = 0, TP_ON = 1, TP_OFF = -1 } tp_switch;
+
+/* 1 for TP_ON, 0 for TP_OFF, `dflt` for TP_DEFAULT. */
+static inline int tp_switch_on(tp_switch s, int dflt) { return s == TP_DEFAULT ? dflt : s == TP_ON; }
+
 /* ---- logging ---------------------------------------------------------- */
 
 typedef enum { TP_LOG_DEBUG, TP_LOG_INFO, TP_LOG_WARN, TP_LOG_ERROR } tp_log_level;
 
 /* Writes "[rank r] tensorpar: level: message\n" to stderr.  The threshold
- * comes from TENSORPAR_LOG (debug|info|warn|error, default info); the rank
+ * comes from TENSORPAR_LOG (debug|info|warn|error, default info), read by
+ * log.c itself: logging is a property of the process, used before any
+ * options struct exists and by code that has none; the rank
  * prefix is there when the process is one of several ranks (§5.3). */
 void tp_log(tp_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

@@ -30,13 +30,14 @@
  *     TP_ERR_COMM or TP_ERR_TIMEOUT and a message naming the global rank;
  *     a group that failed must not be used again except to free it.
  *
- * Environment (read by tp_comm_init when the options leave a field unset):
+ * The job's layout comes from the environment the launcher (or mpirun)
+ * gives each rank, when the options leave rank and world_size unset:
  *   RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE   torchrun-style layout
- *   TENSORPAR_BACKEND        shm | mpi | self
- *   TENSORPAR_RENDEZVOUS     job name set by the launcher; without it,
- *                            MASTER_ADDR/MASTER_PORT (+ uid) name the job
- *   TENSORPAR_COMM_TIMEOUT   seconds a rank waits for a peer (default 30)
+ *   MASTER_ADDR, MASTER_PORT names the job when no rendezvous is given
  *   OMPI_COMM_WORLD_RANK...  set by mpirun: the mpi backend is the default
+ * The TENSORPAR_* settings (backend, timeouts, the shm sizes, the
+ * launcher's rendezvous and segment) are fields of tp_comm_options, which
+ * tp_comm_options_from_env fills from the settings table.
  */
 #ifndef TENSORPAR_COMM_H
 #define TENSORPAR_COMM_H
@@ -66,17 +67,51 @@ tp_status tp_backend_parse(const char *s, tp_backend *out);
 /* 1 if this build has the backend (mpi may be compiled out). */
 int tp_backend_available(tp_backend b);
 
+/* The shm backend's sizes (experiments; the defaults are measured).  Only
+ * the process that creates a job's segment (the launcher, else rank 0)
+ * uses them; the ranks take them from the segment, so all ranks agree.
+ * Zero-initialised: every default. */
 typedef struct {
-    tp_backend backend;      /* TP_BACKEND_AUTO: choose from the environment */
-    int rank, world_size;    /* < 0 (or both 0): from the environment        */
-    const char *rendezvous;  /* NULL: from the environment                   */
-    double timeout_s;        /* <= 0: TENSORPAR_COMM_TIMEOUT, else 30 s      */
+    long slot_kb;            /* KiB per collective slot; 0: 256               */
+    long oneshot_max_kb;     /* largest all-reduce done in one shot; 0: 64;
+                                < 0: none                                    */
+    tp_switch cma;           /* single-copy collectives (process_vm_readv);
+                                default on                                   */
+    long cma_min_kb;         /* smallest collective that reads the peers'
+                                buffers directly; 0: 16; < 0: every size     */
+} tp_shm_options;
+
+typedef struct {
+    tp_backend backend;      /* TP_BACKEND_AUTO: mpi under mpirun, else shm
+                                for several ranks, else self                 */
+    int rank, world_size;    /* < 0 (or both 0): the job's layout from the
+                                environment (RANK, WORLD_SIZE, ...)          */
+    const char *rendezvous;  /* the job's name, which tells concurrent jobs'
+                                shared memory apart; NULL: MASTER_ADDR and
+                                MASTER_PORT when set, else none              */
+    double timeout_s;        /* a collective's wait for its peers; <= 0: 30 s */
+    double hang_timeout_s;   /* shm: a peer's heartbeat may be silent this
+                                long before it counts as hung; 0: 2 s;
+                                < 0: no check                                */
+    int shm_fd;              /* the segment inherited from the launcher;
+                                <= 0: none (it is opened by name)            */
+    tp_shm_options shm;      /* for a segment this process creates           */
 } tp_comm_options;
 
-/* Fills *o with "everything from the environment". */
+/* Fills *o with the defaults: every field unset, nothing from the
+ * environment. */
 void tp_comm_options_default(tp_comm_options *o);
+/* Fills *o from the settings table (TENSORPAR_BACKEND, _COMM_TIMEOUT,
+ * _HANG_TIMEOUT, _SHM_SLOT_KB, _SHM_ONESHOT_KB, _SHM_CMA, _SHM_CMA_KB, and
+ * the launcher's _RENDEZVOUS and _SHM_FD), an unset variable giving its
+ * default; rank and world_size are left unset (the job's layout).  A bad
+ * value is TP_ERR_INVALID naming the variable; *o then holds the
+ * defaults.  o->rendezvous points into the environment. */
+tp_status tp_comm_options_from_env(tp_comm_options *o);
 
-/* Creates the world group of this process's job.  opts may be NULL.
+/* Creates the world group of this process's job.  opts NULL:
+ * tp_comm_options_from_env's options (what a rank started by a launcher
+ * wants).
  * Collective over the whole job: every rank must call it.  Errors start with
  * the sentence of §5.3 ("We tried to initialize the process group for you,
  * but it failed: ..."). */
@@ -192,6 +227,10 @@ typedef struct {
     tp_backend backend;      /* shm (AUTO means shm) or mpi (execs mpirun)   */
     const char *name;        /* prefix of messages, e.g. "tensorpar launch"  */
     double kill_grace_s;     /* SIGTERM -> SIGKILL delay; <= 0: 2 s           */
+    /* What the launcher itself uses of the ranks' comm settings: the shm
+     * segment's sizes (comm->shm) and the heartbeat limit
+     * (comm->hang_timeout_s).  NULL: the defaults. */
+    const tp_comm_options *comm;
 } tp_launch_options;
 
 /* Runs argv (argv[0] searched in PATH) as N ranks with RANK, WORLD_SIZE,
@@ -208,6 +247,8 @@ tp_status tp_launch(const tp_launch_options *opts, char *const argv[], int *exit
 /* tp_launch of this very executable (/proc/self/exe) with argv, for
  * `tensorpar <cmd> --tp N`: the ranks see RANK etc. and run the command. */
 tp_status tp_launch_self(int nprocs, tp_backend backend, char *const argv[], int *exit_code);
+/* The same with every launch option (opts->name NULL: "tensorpar"). */
+tp_status tp_launch_self_ex(const tp_launch_options *opts, char *const argv[], int *exit_code);
 
 #ifdef __cplusplus
 }

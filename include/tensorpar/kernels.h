@@ -95,18 +95,31 @@ typedef struct {
                             0 = the AVX-512 GEMM.  blas takes precedence. */
 } tp_matmul_opts;
 
-/* The process defaults: path from tp_kernel_path_default(), bf16_dot from
- * TENSORPAR_BF16_DOT=1, blas from TENSORPAR_BLAS=1 (both default 0; they
- * choose numerics and a library, not an ISA, so TENSORPAR_ISA leaves them
- * alone: bf16_dot is ignored where tp_kernel_has_bf16_dot() is 0, and
- * OpenBLAS picks its own kernels from cpuid), amx 1 (used where
- * tp_kernel_has_amx()); read once, like TENSORPAR_ISA. */
+/* The kernel choices a caller makes (the model keeps them from
+ * tp_model_options.kernels).  They choose numerics and a library, not an
+ * ISA, so TENSORPAR_ISA leaves them alone: bf16_dot is ignored where
+ * tp_kernel_has_bf16_dot() is 0, and OpenBLAS picks its own kernels from
+ * cpuid.  Zero-initialised: both off. */
+typedef struct {
+    tp_switch bf16_dot;  /* tp_matmul_opts.bf16_dot; default off        */
+    tp_switch blas;      /* tp_matmul_opts.blas; default off            */
+} tp_kernel_options;
+
+/* Fills *o from the settings table: TENSORPAR_BF16_DOT, TENSORPAR_BLAS (an
+ * unset variable gives its default).  A bad value is TP_ERR_INVALID naming
+ * the variable; *o then holds the defaults. */
+tp_status tp_kernel_options_from_env(tp_kernel_options *o);
+
+/* path from tp_kernel_path_default(), bf16_dot and blas from k (NULL: the
+ * defaults, both 0), amx 1 (used where tp_kernel_has_amx()). */
+void tp_matmul_opts_init(tp_matmul_opts *o, const tp_kernel_options *k);
+/* tp_matmul_opts_init(o, NULL): the defaults; no environment is read. */
 void tp_matmul_opts_default(tp_matmul_opts *o);
 
 /* y[T, out] = x[T, in] · W[out, in]ᵀ (+ bias[out] if bias != NULL).
  * W is f32 or bf16; bias is f32 or bf16 of length out.  T <= 4 runs a GEMV
  * that streams W once (threads split the rows of W); larger T a tiled GEMM
- * (threads split the columns of y).  tp_matmul uses the process defaults. */
+ * (threads split the columns of y).  tp_matmul uses tp_matmul_opts_default. */
 tp_status tp_matmul(float *y, const float *x, int64_t T, const tp_tensor *W,
                     const tp_tensor *bias, tp_threadpool *pool);
 tp_status tp_matmul_ex(float *y, const float *x, int64_t T, const tp_tensor *W,

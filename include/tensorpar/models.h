@@ -10,6 +10,7 @@
 
 #include "tensorpar/base.h"
 #include "tensorpar/io.h"
+#include "tensorpar/kernels.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -17,6 +18,7 @@ extern "C" {
 
 struct tp_mesh;          /* dist.h */
 struct tp_style_registry; /* parallel.h */
+struct tp_plan;          /* parallel.h */
 struct tp_module_tp;     /* a module's tensor-parallel state (models/tp_module.h) */
 struct tp_model_tp;      /* the model's plan resolution and mesh */
 
@@ -44,9 +46,10 @@ typedef struct tp_model {
     struct tp_act_arena *acts;     /* the forward's activations (models/act_arena.c) */
     /* Under TP, prompts of 64 tokens or more do the residual add and norm
      * after o_proj and down_proj inside the all-reduce, each rank on its own
-     * rows (forward.c); the logits are bitwise the same.  1 by default;
-     * TENSORPAR_FUSE_NORM=0 at load turns it off. */
+     * rows (forward.c); the logits are bitwise the same.  From
+     * tp_model_options.fuse_norm (on by default). */
     int fuse_norm;
+    tp_matmul_opts matmul;         /* every Linear's GEMM: tp_model_options.kernels */
 } tp_model;
 
 typedef struct {
@@ -57,14 +60,29 @@ typedef struct {
      * allowed CPU, modulo their count (tp_threadpool_pin); 0: unpinned. */
     int pin_threads, first_cpu;
     int show_progress;             /* progress bar on stderr (terminal only) */
-    /* Tensor parallelism: the 1-D TP mesh (NULL: one rank) and the plan
-     * ("auto" or NULL: the model type's built-in plan; else a JSON file). */
+    /* Tensor parallelism: the 1-D TP mesh (NULL: one rank) and the plan:
+     * `plan`, a plan object (tp_plan_parse, tp_plan_load, tp_plan_builtin,
+     * or built with tp_plan_set; the model copies what it needs, so it may
+     * be freed after loading), or else `tp_plan` ("auto" or NULL: the model
+     * type's built-in plan; otherwise a JSON file).  Not both. */
     const struct tp_mesh *mesh;
+    const struct tp_plan *plan;
     const char *tp_plan;
     /* Where the plan's style names are looked up: NULL for the default
      * registry.  It must outlive the model (the model keeps its styles). */
     const struct tp_style_registry *styles;
+    /* Settings (tp_model_options_from_env fills them from TENSORPAR_*;
+     * zero is each one's default). */
+    tp_switch fuse_norm;           /* the fused add+norm above; default on  */
+    tp_kernel_options kernels;     /* bf16_dot, blas; default both off     */
 } tp_model_options;
+
+/* Fills the settings of *o from the settings table — fuse_norm
+ * (TENSORPAR_FUSE_NORM), kernels (TENSORPAR_BF16_DOT, TENSORPAR_BLAS) and
+ * pin_threads (TENSORPAR_PIN, default on) — and leaves the other fields as
+ * they are.  An unset variable gives its default.  A bad value is
+ * TP_ERR_INVALID naming the variable, the value and what is allowed. */
+tp_status tp_model_options_from_env(tp_model_options *o);
 
 /* ---- parameters ------------------------------------------------------ */
 

@@ -99,6 +99,14 @@ typedef struct {
      * layouts by the ones the model really gives the module (plan_flow.c),
      * so the executor never relabels an activation. */
     int input_from_model, output_from_model;
+    /* 1 when post_forward is the default one: exactly the move local_output
+     * -> output, then the bias when bias_after_reduce, nothing else.  Set by
+     * tp_style_install_forward from the style (it has no
+     * transform_output_post_forward of its own), so the model may carry out
+     * that move in another form — the fused add+norm runs Partial ->
+     * Replicate as Partial -> Shard(rows) -> Replicate — without knowing
+     * the style's hooks. */
+    int post_forward_moves;
     /* training-only markers (§1.6, §2.11): recorded, no forward effect */
     int allreduce_backward_input;  /* AllReduceBackward on input 0          */
     int param_grad_allreduce;      /* sum param grads over TP, exactly once */
@@ -263,7 +271,7 @@ typedef struct {
     char *value_json;   /* the value as printed in messages: 'colwise' or JSON */
 } tp_plan_entry;
 
-typedef struct {
+typedef struct tp_plan {
     tp_plan_entry *v;
     size_t n;
     int is_user;        /* from a user (keys that match nothing are warned)   */

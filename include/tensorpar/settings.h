@@ -5,8 +5,11 @@
  * process (pthread_once); a bad value is always an error that names the
  * variable, the value and what is allowed.  Getters never fail: a bad or
  * unset variable reads as its default, and tp_setting_check() (one knob) or
- * tp_settings_check() (all) returns the error, which the entry points that
- * use a knob report.  `tensorpar --help-env` prints the table.
+ * tp_settings_check() (all) returns the error.  The library reads the table
+ * only in one function per options struct (tp_model_options_from_env,
+ * tp_kernel_options_from_env, tp_comm_options_from_env), which return that
+ * error, and for the two process-wide knobs: TENSORPAR_ISA (kernels/isa.c)
+ * and TENSORPAR_LOG (base/log.c).  `tensorpar --help-env` prints the table.
  */
 #ifndef TENSORPAR_SETTINGS_H
 #define TENSORPAR_SETTINGS_H

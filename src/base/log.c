@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* TENSORPAR_LOG is read here, not passed in an options struct: logging is
+ * the process's, used before any options exist (settings and argument
+ * errors) and by code that has none (the launcher, the comm backends). */
 static tp_log_level threshold(void)
 {
     /* The table's names are in tp_log_level's order; a bad value reads as

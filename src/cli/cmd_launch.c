@@ -37,6 +37,11 @@ int cmd_launch(int argc, char **argv)
     const char *b = cli_value(opts, nopts, "--backend");
     if (b && tp_backend_parse(b, &lo.backend)) return cli_usage_error("launch");
     if (lo.backend == TP_BACKEND_SELF || lo.backend == TP_BACKEND_AUTO) lo.backend = TP_BACKEND_SHM;
+    /* The segment's sizes and the heartbeat limit, as the ranks will read
+     * them (checked by main before any command). */
+    tp_comm_options co;
+    if (tp_comm_options_from_env(&co)) return cli_report("launch");
+    lo.comm = &co;
     int code = 1;
     if (tp_launch(&lo, rest, &code)) return cli_report("launch");
     return code;

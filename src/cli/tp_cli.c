@@ -23,7 +23,10 @@ static int relaunch(int argc, char **argv, long long n, tp_backend backend, int 
     if (!full) { tp_fail(TP_ERR_NOMEM, "out of memory"); return -1; }
     full[0] = "tensorpar";
     for (int i = 0; i < argc; i++) full[i + 1] = argv[i];
-    tp_status s = tp_launch_self((int)n, backend, full, rc);
+    tp_comm_options co;
+    tp_status s = tp_comm_options_from_env(&co);
+    tp_launch_options lo = {.nprocs = (int)n, .backend = backend, .comm = &co};
+    if (!s) s = tp_launch_self_ex(&lo, full, rc);
     free(full);
     return s ? -1 : 1;
 }
@@ -91,9 +94,8 @@ int cli_tp_agree(const char *cmd, cli_tp *tp, int failed)
 static int join(const char *cmd, long long want, const char *dir, cli_tp *tp, int *rc)
 {
     tp_comm_options co;
-    tp_comm_options_default(&co);
     *rc = CLI_EXIT_RUNTIME;
-    if (tp_comm_init(&tp->world, &co)) { cli_report(cmd); return 1; }
+    if (tp_comm_options_from_env(&co) || tp_comm_init(&tp->world, &co)) { cli_report(cmd); return 1; }
     tp->size = tp_group_size(tp->world);
     tp->rank = tp_group_rank(tp->world);
     int failed = 0;
@@ -143,7 +145,8 @@ tp_status cli_tp_choose(void *ctx, int64_t *id)
 
 int cli_pin_wanted(void)
 {
-    return tp_setting_bool(TP_SET_PIN);
+    tp_model_options mo = {0};
+    return tp_model_options_from_env(&mo) == TP_OK && mo.pin_threads;
 }
 
 int cli_tp_threads(const cli_option *o, int n, const cli_tp *tp, tp_model_options *mo)
@@ -154,13 +157,12 @@ int cli_tp_threads(const cli_option *o, int n, const cli_tp *tp, tp_model_option
     if (local_size < 1) local_size = 1;
     long long threads = cores / local_size;
     if (threads < 1) threads = 1;
-    if (cli_int(o, n, "--threads", &threads)) return -1;
+    if (tp_model_options_from_env(mo) || cli_int(o, n, "--threads", &threads)) return -1;
     if (threads < 1 || threads > 4096) { tp_fail(TP_ERR_INVALID, "--threads must be in [1, 4096]"); return -1; }
     if (cli_value(o, n, "--threads") && threads * local_size > cores && local_rank == 0)
         tp_log(TP_LOG_WARN, "%d rank(s) x %lld threads = %lld threads on %d cores: oversubscribed, expect it to "
                "run slower than %d threads in all", local_size, threads, threads * local_size, cores, cores);
     mo->threads = (int)threads;
-    mo->pin_threads = cli_pin_wanted();
     mo->first_cpu = (int)((long long)local_rank * threads % cores);
     return 0;
 }

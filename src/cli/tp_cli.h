@@ -37,8 +37,10 @@ int cli_tp_agree(const char *cmd, cli_tp *tp, int failed);
 /* The thread pool of this rank: --threads T (default: the cores this
  * process may use ÷ LOCAL_WORLD_SIZE, at least 1), pinned so that local
  * rank r takes cores [r·T, (r+1)·T) mod ncores (TENSORPAR_PIN=0: unpinned).
- * Asking for more threads than cores works, with a warning.  Sets
- * mo->threads, mo->pin_threads and mo->first_cpu; -1 on a bad --threads. */
+ * Asking for more threads than cores works, with a warning.  Fills mo's
+ * settings from the environment (tp_model_options_from_env: pin_threads,
+ * fuse_norm, kernels), mo->threads and mo->first_cpu; -1 on a bad
+ * --threads or setting. */
 int cli_tp_threads(const cli_option *o, int n, const cli_tp *tp, tp_model_options *mo);
 /* 0 when TENSORPAR_PIN=0 asks for ranks and threads to stay unpinned. */
 int cli_pin_wanted(void);

@@ -36,14 +36,6 @@ int tp_backend_available(tp_backend b)
 #endif
 }
 
-void tp_comm_options_default(tp_comm_options *o)
-{
-    memset(o, 0, sizeof *o);
-    o->backend = TP_BACKEND_AUTO;
-    o->rank = -1;
-    o->world_size = -1;
-}
-
 /* ---- groups ----------------------------------------------------------- */
 
 static tp_group *group_alloc(int size)

@@ -45,16 +45,17 @@ struct tp_group {
     void *impl;             /* backend state                                 */
 };
 
-/* The shm backend's sizes, from the settings table (tp_comm_shm_settings):
- * only a segment's creator uses them, and the ranks take them from its
- * header, so all ranks of a job agree. */
+/* The shm backend's sizes in bytes, from tp_shm_options
+ * (tp_shm_settings_of): only a segment's creator uses them, and the ranks
+ * take them from its header, so all ranks of a job agree. */
 typedef struct {
-    size_t slot_bytes;      /* TENSORPAR_SHM_SLOT_KB                         */
-    size_t oneshot_max;     /* TENSORPAR_SHM_ONESHOT_KB                      */
-    uint64_t cma_min;       /* TENSORPAR_SHM_CMA(_KB); UINT64_MAX: no CMA    */
+    size_t slot_bytes;      /* shm.slot_kb                                   */
+    size_t oneshot_max;     /* shm.oneshot_max_kb                            */
+    uint64_t cma_min;       /* shm.cma, shm.cma_min_kb; UINT64_MAX: no CMA   */
 } tp_shm_settings;
 
-/* Job layout as read from the environment (rendezvous.c). */
+/* The job as tp_comm_init sees it: the options resolved (an unset field is
+ * its default) and the layout read from the environment (rendezvous.c). */
 typedef struct {
     tp_backend backend;
     int rank, world_size, local_rank, local_size;
@@ -91,13 +92,14 @@ void tp_shm_segment_name(char *buf, size_t cap, const char *rendezvous);
  * returning its descriptor (the launcher unlinks the name at once and hands
  * the descriptor to its children). */
 tp_status tp_shm_segment_create(const char *rendezvous, int n, const tp_shm_settings *cfg, int *fd_out);
-/* Fills o from the settings table; a bad value of one of its variables is
- * the error. */
-tp_status tp_comm_shm_settings(tp_shm_settings *o);
-
-/* TENSORPAR_HANG_TIMEOUT: seconds a rank's heartbeat may be silent before it
- * counts as stopped responding (default 2; 0 turns the check off). */
-tp_status tp_comm_hang_timeout(double *out);
+/* What the options mean (comm_options.c); o NULL means every default.
+ * The shm sizes in bytes, refusing a field out of its range: */
+tp_status tp_shm_settings_of(const tp_shm_options *o, tp_shm_settings *out);
+/* A collective's wait in seconds: */
+double tp_comm_timeout_of(const tp_comm_options *o);
+/* Seconds a rank's heartbeat may be silent before it counts as stopped
+ * responding; 0: no check. */
+double tp_comm_hang_of(const tp_comm_options *o);
 
 /* Liveness (shm_heartbeat.c).  A rank's heartbeat thread: */
 typedef struct tp_shm_beat tp_shm_beat;

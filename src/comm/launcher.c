@@ -305,15 +305,27 @@ static tp_status run_job(job *j, const char *path, char *const argv[], rank_env 
 
 /* ---- the two ways of launching ------------------------------------------ */
 
+/* The ranks learn the segment's descriptor from TENSORPAR_SHM_FD, where 0
+ * means none (tp_comm_options.shm_fd): a launcher started with stdin
+ * closed moves it above the standard streams. */
+static tp_status keep_above_stdio(int *fd)
+{
+    if (*fd > 2) return TP_OK;
+    int moved = fcntl(*fd, F_DUPFD_CLOEXEC, 3);
+    if (moved < 0) return tp_fail(TP_ERR_IO, "moving the shared memory's descriptor: %s", strerror(errno));
+    close(*fd);
+    *fd = moved;
+    return TP_OK;
+}
+
 static tp_status launch_shm(const tp_launch_options *o, const char *path, char *const argv[], int *exit_code)
 {
     int n = o->nprocs, fd = -1;
     char rendezvous[64];
     make_rendezvous(rendezvous, sizeof rendezvous);
-    double hang_s;
+    double hang_s = tp_comm_hang_of(o->comm);
     tp_shm_settings shm_cfg;
-    tp_status st = tp_comm_hang_timeout(&hang_s);
-    if (!st) st = tp_comm_shm_settings(&shm_cfg);
+    tp_status st = tp_shm_settings_of(o->comm ? &o->comm->shm : NULL, &shm_cfg);
     if (st) return st;
     tp_shm_watch *watch = NULL;
     if (n > 1) {
@@ -322,6 +334,8 @@ static tp_status launch_shm(const tp_launch_options *o, const char *path, char *
         char name[256];
         tp_shm_segment_name(name, sizeof name, rendezvous);
         shm_unlink(name);                      /* nothing to leave behind */
+        st = keep_above_stdio(&fd);
+        if (st) { close(fd); return st; }
         fcntl(fd, F_SETFD, 0);                 /* let the ranks inherit it */
         st = tp_shm_watch_open(fd, n, &watch);
     }
@@ -396,16 +410,24 @@ tp_status tp_launch(const tp_launch_options *opts, char *const argv[], int *exit
     return launch_path(opts, argv ? argv[0] : NULL, argv, exit_code);
 }
 
-tp_status tp_launch_self(int nprocs, tp_backend backend, char *const argv[], int *exit_code)
+tp_status tp_launch_self_ex(const tp_launch_options *opts, char *const argv[], int *exit_code)
 {
+    *exit_code = 1;
+    if (!opts) return tp_fail(TP_ERR_INVALID, "no launch options");
     char exe[PATH_MAX];
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (len <= 0) return tp_fail(TP_ERR_IO, "cannot find this program's path: %s", strerror(errno));
     exe[len] = '\0';
-    tp_launch_options o = {.nprocs = nprocs, .backend = backend, .name = "tensorpar"};
-    *exit_code = 1;
+    tp_launch_options o = *opts;
+    if (!o.name) o.name = "tensorpar";
     if (!argv || !argv[0]) return tp_fail(TP_ERR_INVALID, "no arguments to launch with");
     return launch_path(&o, exe, argv, exit_code);
+}
+
+tp_status tp_launch_self(int nprocs, tp_backend backend, char *const argv[], int *exit_code)
+{
+    tp_launch_options o = {.nprocs = nprocs, .backend = backend, .name = "tensorpar"};
+    return tp_launch_self_ex(&o, argv, exit_code);
 }
 
 int tp_launch_in_job(void)

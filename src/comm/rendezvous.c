@@ -1,10 +1,9 @@
 /* Where a rank learns who it is: the job layout from explicit options or the
- * environment (torchrun-style variables, mpirun's, or none), the backend,
- * the timeout and the rendezvous name that tells concurrent jobs apart
- * (tp-semantics §5.3). */
+ * environment the launcher gave it (torchrun-style variables, mpirun's, or
+ * none), and the options resolved: the backend, the timeouts and the
+ * rendezvous name that tells concurrent jobs apart (tp-semantics §5.3). */
 #include "comm_internal.h"
 #include "shm.h"
-#include "tensorpar/settings.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -71,14 +70,8 @@ static tp_status read_layout(tp_comm_env *e, int *under_mpirun)
     return TP_OK;
 }
 
-static tp_status read_backend(tp_comm_env *e, const tp_comm_options *o, int under_mpirun)
+static tp_status choose_backend(tp_comm_env *e, tp_backend b, int under_mpirun)
 {
-    tp_backend b = o ? o->backend : TP_BACKEND_AUTO;
-    if (b == TP_BACKEND_AUTO && tp_setting_is_set(TP_SET_BACKEND)) {
-        tp_status st = tp_setting_check(TP_SET_BACKEND);
-        if (!st) st = tp_backend_parse(tp_setting_info_of(TP_SET_BACKEND)->names[tp_setting_enum(TP_SET_BACKEND)], &b);
-        if (st) return st;
-    }
     if (b == TP_BACKEND_AUTO)
         b = under_mpirun ? TP_BACKEND_MPI : e->world_size > 1 ? TP_BACKEND_SHM : TP_BACKEND_SELF;
     if (b == TP_BACKEND_SHM && e->world_size == 1) b = TP_BACKEND_SELF;
@@ -92,35 +85,6 @@ static tp_status read_backend(tp_comm_env *e, const tp_comm_options *o, int unde
     return TP_OK;
 }
 
-static tp_status read_timeout(tp_comm_env *e, const tp_comm_options *o)
-{
-    e->timeout_s = 30.0;
-    if (o && o->timeout_s > 0) { e->timeout_s = o->timeout_s; return TP_OK; }
-    e->timeout_s = tp_setting_seconds(TP_SET_COMM_TIMEOUT);
-    return tp_setting_check(TP_SET_COMM_TIMEOUT);
-}
-
-tp_status tp_comm_shm_settings(tp_shm_settings *o)
-{
-    o->slot_bytes = (size_t)tp_setting_int(TP_SET_SHM_SLOT_KB) << 10;
-    o->oneshot_max = (size_t)tp_setting_int(TP_SET_SHM_ONESHOT_KB) << 10;
-    /* TENSORPAR_SHM_CMA=0 turns the single-copy algorithms off (to compare,
-     * or where process_vm_readv is unwelcome). */
-    o->cma_min = tp_setting_bool(TP_SET_SHM_CMA) ? (uint64_t)tp_setting_int(TP_SET_SHM_CMA_KB) << 10 : UINT64_MAX;
-    tp_status st;
-    if ((st = tp_setting_check(TP_SET_SHM_SLOT_KB)) || (st = tp_setting_check(TP_SET_SHM_ONESHOT_KB)) ||
-        (st = tp_setting_check(TP_SET_SHM_CMA)) || (st = tp_setting_check(TP_SET_SHM_CMA_KB)) ||
-        (st = tp_setting_check(TP_SET_SHM_FD)))
-        return st;
-    return TP_OK;
-}
-
-tp_status tp_comm_hang_timeout(double *out)
-{
-    *out = tp_setting_seconds(TP_SET_HANG_TIMEOUT);
-    return tp_setting_check(TP_SET_HANG_TIMEOUT);
-}
-
 /* Keeps names usable in /dev/shm: anything odd becomes '_'. */
 static void sanitize(char *s)
 {
@@ -132,7 +96,7 @@ static void sanitize(char *s)
 
 static void read_rendezvous(tp_comm_env *e, const tp_comm_options *o)
 {
-    const char *r = o && o->rendezvous ? o->rendezvous : tp_setting_string(TP_SET_RENDEZVOUS);
+    const char *r = o->rendezvous;
     const char *addr = getenv("MASTER_ADDR"), *port = getenv("MASTER_PORT");
     e->rendezvous[0] = '\0';
     if (r && *r)
@@ -144,13 +108,17 @@ static void read_rendezvous(tp_comm_env *e, const tp_comm_options *o)
     sanitize(e->rendezvous);
 }
 
-tp_status tp_comm_env_read(tp_comm_env *e, const tp_comm_options *o)
+tp_status tp_comm_env_read(tp_comm_env *e, const tp_comm_options *given)
 {
     memset(e, 0, sizeof *e);
     e->shm_fd = -1;
-    int under_mpirun = 0;
+    tp_comm_options from_env;
+    const tp_comm_options *o = given;
     tp_status st;
-    if (o && o->world_size > 0 && o->rank >= 0) {
+    if (!o && (st = tp_comm_options_from_env(&from_env))) return st;
+    if (!o) o = &from_env;
+    int under_mpirun = 0;
+    if (o->world_size > 0 && o->rank >= 0) {
         if (o->rank >= o->world_size)
             return tp_fail(TP_ERR_INVALID, "rank %d must be smaller than world size %d", o->rank, o->world_size);
         e->rank = o->rank;
@@ -160,10 +128,11 @@ tp_status tp_comm_env_read(tp_comm_env *e, const tp_comm_options *o)
     } else if ((st = read_layout(e, &under_mpirun))) {
         return st;
     }
-    if ((st = read_backend(e, o, under_mpirun)) || (st = read_timeout(e, o)) ||
-        (st = tp_comm_hang_timeout(&e->hang_s)))
+    if ((st = choose_backend(e, o->backend, under_mpirun)) || (st = tp_shm_settings_of(&o->shm, &e->shm)))
         return st;
+    e->timeout_s = tp_comm_timeout_of(o);
+    e->hang_s = tp_comm_hang_of(o);
     read_rendezvous(e, o);
-    if (tp_setting_is_set(TP_SET_SHM_FD)) e->shm_fd = (int)tp_setting_int(TP_SET_SHM_FD);
-    return tp_comm_shm_settings(&e->shm);
+    if (o->shm_fd > 0) e->shm_fd = o->shm_fd;
+    return TP_OK;
 }

@@ -1,11 +1,11 @@
-/* Which kernel path to run: decided once per process from cpuid and the
- * environment (TENSORPAR_ISA, see isa.c; TENSORPAR_BF16_DOT and
- * TENSORPAR_BLAS, which choose numerics and a library, not an ISA).
+/* Which kernel path to run: decided once per process from cpuid and
+ * TENSORPAR_ISA (see isa.c for why the path is the process's).  The
+ * numerics and library choices (bf16_dot, blas) are the caller's, through
+ * tp_kernel_options (kernel_options.c).
  *
  * The decision lives in a static filled under pthread_once, so it is
  * computed exactly once, thread-safely, and never changes after. */
 #include "kernels/kern_internal.h"
-#include "tensorpar/settings.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -26,7 +26,6 @@ typedef struct {
     int has_bf16;             /* AVX512_BF16 (vdpbf16ps) */
     tp_isa isa;               /* the process's choice; scalar when err[0] */
     char err[512];            /* why TENSORPAR_ISA was refused, or "" */
-    int bf16_dot, blas;
 } cpu_info;
 
 static const char *const path_names[] = {"auto", "scalar", "avx2", "avx512"};
@@ -105,8 +104,6 @@ static void detect(void)
         tp_clear_error();
         c->isa = TP_ISA_SCALAR;
     }
-    c->bf16_dot = tp_setting_bool(TP_SET_BF16_DOT);
-    c->blas = tp_setting_bool(TP_SET_BLAS);
 }
 
 static const cpu_info *info(void)
@@ -146,11 +143,15 @@ tp_kernel_path tp_kernel_resolve(tp_kernel_path p)
     return p == TP_KERNEL_AUTO || p > d ? d : p;
 }
 
+void tp_matmul_opts_init(tp_matmul_opts *o, const tp_kernel_options *k)
+{
+    o->path = tp_kernel_path_default();
+    o->bf16_dot = k ? tp_switch_on(k->bf16_dot, 0) : 0;
+    o->blas = k ? tp_switch_on(k->blas, 0) : 0;
+    o->amx = 1;   /* where tp_kernel_has_amx(), i.e. TENSORPAR_ISA allows it */
+}
+
 void tp_matmul_opts_default(tp_matmul_opts *o)
 {
-    const cpu_info *c = info();
-    o->path = tp_kernel_path_default();
-    o->bf16_dot = c->bf16_dot;
-    o->blas = c->blas;
-    o->amx = 1;   /* where tp_kernel_has_amx(), i.e. TENSORPAR_ISA allows it */
+    tp_matmul_opts_init(o, NULL);
 }

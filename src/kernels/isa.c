@@ -59,6 +59,13 @@ tp_status tp_isa_choose(const char *request, const int has[TP_ISA_COUNT], tp_isa
     return TP_OK;
 }
 
+/* TENSORPAR_ISA is read here and not through an options struct: the path
+ * is a property of the process, not of one model or call.  It is decided
+ * once, before any kernel runs, every SIMD function is reached through a
+ * dispatch on it, and the AMX tile permission is granted per process; two
+ * models of one process on different paths would share the pool's packing
+ * scratch and the reduce copies.  tp_matmul_opts.path may still ask for a
+ * lower path per call. */
 tp_status tp_isa_choose_env(const int has[TP_ISA_COUNT], tp_isa *out)
 {
     /* The knobs TENSORPAR_ISA replaced: a user who still sets one would

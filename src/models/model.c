@@ -3,7 +3,6 @@
  * against the config. */
 #include "tensorpar/models.h"
 #include "tensorpar/kernels.h"
-#include "tensorpar/settings.h"
 #include "tp_module.h"
 
 #include <stdlib.h>
@@ -109,19 +108,16 @@ static tp_status load_weights(tp_model *m, const char *dir, int show_progress)
     return s;
 }
 
-static tp_status read_fuse_norm(int *out)
-{
-    *out = tp_setting_bool(TP_SET_FUSE_NORM);
-    return tp_setting_check(TP_SET_FUSE_NORM);
-}
-
 tp_status tp_model_load(tp_model **out, const char *model_dir, const tp_model_options *opt)
 {
     *out = NULL;
-    /* A refused TENSORPAR_ISA or any bad setting stops us before any file is read. */
+    /* A refused TENSORPAR_ISA (the process's kernel path) stops us before
+     * any file is read; the other settings arrive in *opt. */
     tp_status s = tp_isa_check();
-    if (!s) s = tp_settings_check();
     if (s) return s;
+    if (opt && opt->plan && opt->tp_plan)
+        return tp_fail(TP_ERR_INVALID, "tp_model_options: give the plan as an object (plan) or as a name "
+                       "(tp_plan), not both");
     tp_model *m = calloc(1, sizeof *m);
     if (!m) return tp_fail(TP_ERR_NOMEM, "out of memory");
     s = tp_config_load(&m->cfg, model_dir);
@@ -131,7 +127,8 @@ tp_status tp_model_load(tp_model **out, const char *model_dir, const tp_model_op
     if ((s = tp_model_build_modules(m))) { tp_model_free(m); return s; }
     m->inv_freq = calloc((size_t)(c->head_dim / 2), sizeof(double));
     if (!m->inv_freq) { tp_model_free(m); return tp_fail(TP_ERR_NOMEM, "out of memory"); }
-    if ((s = read_fuse_norm(&m->fuse_norm))) { tp_model_free(m); return s; }
+    m->fuse_norm = tp_switch_on(opt ? opt->fuse_norm : TP_DEFAULT, 1);
+    tp_matmul_opts_init(&m->matmul, opt ? &opt->kernels : NULL);
     const tp_rope_scaling *rs = &c->rope_scaling;
     tp_rope_inv_freq(m->inv_freq, c->head_dim, c->rope_theta, (int)rs->kind, rs->factor,
                      rs->low_freq_factor, rs->high_freq_factor, rs->original_max_position_embeddings);

@@ -175,8 +175,7 @@ static tp_status module_finish(tp_model *m, module_run *r, int64_t T, tp_act *y)
 static tp_status compute_local(tp_model *m, module_run *runs, const float *const *inputs, int count,
                                const float *x, int64_t T)
 {
-    tp_matmul_opts opts;
-    tp_matmul_opts_default(&opts);
+    tp_matmul_opts opts = m->matmul;
     tp_matmul_out outs[GROUP_MAX];
     int n = 0;
     tp_status s = TP_OK;
@@ -255,7 +254,7 @@ int tp_module_output_summed(const tp_model *m, const tp_module *lin)
     const struct tp_module_tp *mt = lin->tp;
     if (runs_plainly(m, mt) || tp_mesh_ndim(m->tp->mesh) != 1 || mt->kv_rep > 1) return 0;
     const tp_forward_desc *d = &mt->plan->fwd;
-    return !mt->plan->style->transform_output_post_forward && d->local_output.kind == TP_PARTIAL &&
+    return d->post_forward_moves && d->local_output.kind == TP_PARTIAL &&
            d->output.kind == TP_REPLICATE && !(d->bias_after_reduce && tp_module_bias(lin)->data) &&
            output_width(m, mt, lin) == tp_module_weight(lin)->shape[0];
 }

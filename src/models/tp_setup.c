@@ -27,9 +27,11 @@ static tp_status check_same_plan(const struct tp_model_tp *tp)
 
 static tp_status resolve(struct tp_model_tp *tp, const tp_model_config *cfg, const tp_model_options *opt)
 {
+    /* The caller's plan object, or the one its name loads; resolution
+     * copies what it keeps. */
     tp_plan plan = {0};
-    tp_status s = tp_plan_load(opt->tp_plan, cfg, &plan);
-    if (!s) s = tp_plan_resolve(cfg, &plan, tp->size, opt->styles, &tp->res);
+    tp_status s = opt->plan ? TP_OK : tp_plan_load(opt->tp_plan, cfg, &plan);
+    if (!s) s = tp_plan_resolve(cfg, opt->plan ? opt->plan : &plan, tp->size, opt->styles, &tp->res);
     if (!s) s = tp_plan_check_flow(tp->res);
     tp_plan_free(&plan);
     if (s) return s;
@@ -135,7 +137,7 @@ static void attach_rules(tp_model *m)
 
 tp_status tp_model_tp_setup(tp_model *m, const tp_model_options *opt)
 {
-    if (!opt || (!opt->mesh && !opt->tp_plan)) return TP_OK;
+    if (!opt || (!opt->mesh && !opt->tp_plan && !opt->plan)) return TP_OK;
     struct tp_model_tp *tp = calloc(1, sizeof *tp);
     if (!tp) return tp_fail(TP_ERR_NOMEM, "out of memory");
     m->tp = tp;

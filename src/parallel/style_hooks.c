@@ -98,6 +98,9 @@ tp_status tp_style_install_forward(const tp_style *st, const tp_module_ctx *mod,
         out->installed = 1;
         out->use_local_tensors = tp_style_use_local_tensors(st, mod);
         if (st->inference_only) out->inference_only = 1;
+        /* The one place that looks at which hook a style left to its
+         * default: users of the description read the flag. */
+        out->post_forward_moves = !st->transform_output_post_forward;
     }
     return s;
 }

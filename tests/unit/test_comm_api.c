@@ -11,7 +11,8 @@ static void clear_env(void)
 {
     const char *vars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TENSORPAR_BACKEND",
                           "TENSORPAR_RENDEZVOUS", "TENSORPAR_COMM_TIMEOUT", "TENSORPAR_SHM_FD",
-                          "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"};
+                          "TENSORPAR_HANG_TIMEOUT", "TENSORPAR_SHM_ONESHOT_KB", "TENSORPAR_SHM_CMA",
+                          "TENSORPAR_SHM_SLOT_KB", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
     tp_settings_reload();
 }
@@ -98,6 +99,41 @@ static void test_self_group(void)
     tp_group_free(g);
 }
 
+/* The settings reach tp_comm_init through tp_comm_options: from_env reads
+ * the table, explicit options ignore the environment, NULL is from_env. */
+static void test_options(void)
+{
+    clear_env();
+    setenv("TENSORPAR_COMM_TIMEOUT", "7", 1);
+    setenv("TENSORPAR_HANG_TIMEOUT", "0", 1);
+    setenv("TENSORPAR_SHM_ONESHOT_KB", "0", 1);
+    setenv("TENSORPAR_SHM_CMA", "0", 1);
+    setenv("TENSORPAR_BACKEND", "self", 1);
+    tp_settings_reload();
+    tp_comm_options o;
+    CHECK(tp_comm_options_from_env(&o) == TP_OK);
+    CHECK(o.timeout_s == 7.0 && o.hang_timeout_s < 0 && o.backend == TP_BACKEND_SELF);
+    CHECK(o.shm.slot_kb == 256 && o.shm.oneshot_max_kb < 0 && o.shm.cma == TP_OFF && o.shm.cma_min_kb == 16);
+    CHECK(o.rendezvous == NULL && o.shm_fd == 0 && o.rank < 0);
+    tp_group *g = NULL;
+    CHECK(tp_comm_init(&g, &o) == TP_OK && g && tp_group_timeout(g) == 7.0);
+    tp_group_free(g);
+    CHECK(tp_comm_init(&g, NULL) == TP_OK && g && tp_group_timeout(g) == 7.0);
+    tp_group_free(g);
+    tp_comm_options_default(&o);   /* the defaults, whatever the environment says */
+    CHECK(tp_comm_init(&g, &o) == TP_OK && g && tp_group_timeout(g) == 30.0);
+    tp_group_free(g);
+    tp_comm_options zero = {0};    /* zero-initialised: the same defaults */
+    CHECK(tp_comm_init(&g, &zero) == TP_OK && g && tp_group_timeout(g) == 30.0);
+    tp_group_free(g);
+    o.shm.slot_kb = 2;             /* below the table's range */
+    CHECK(tp_comm_init(&g, &o) == TP_ERR_INVALID && g == NULL && strstr(tp_error(), "slot_kb"));
+    setenv("TENSORPAR_SHM_SLOT_KB", "3", 1); tp_settings_reload();
+    CHECK(tp_comm_options_from_env(&o) == TP_ERR_INVALID && strstr(tp_error(), "TENSORPAR_SHM_SLOT_KB='3'"));
+    CHECK(o.timeout_s == 0 && o.shm.slot_kb == 0);   /* left at the defaults */
+    clear_env();
+}
+
 static void test_launch_programs(void)
 {
     clear_env();
@@ -117,6 +153,7 @@ int main(void)
     test_names();
     test_env_errors();
     test_self_group();
+    test_options();
     test_launch_programs();
     return check_summary();
 }

@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static int near(double a, double b) { return fabs(a - b) < 1e-9; }
@@ -52,20 +53,36 @@ static void test_beat_thread(void)
     CHECK(atomic_load(&counter) == v);                  /* stopped for good */
 }
 
+/* TENSORPAR_HANG_TIMEOUT through tp_comm_options: the table's value, its
+ * "0: no check" as a negative field, and what each field means. */
+static tp_status env_hang(double *h)
+{
+    tp_comm_options o;
+    tp_status st = tp_comm_options_from_env(&o);
+    *h = tp_comm_hang_of(&o);
+    return st;
+}
+
 static void test_hang_timeout_env(void)
 {
     double h = -1;
     unsetenv("TENSORPAR_HANG_TIMEOUT"); tp_settings_reload();
-    CHECK(tp_comm_hang_timeout(&h) == TP_OK && near(h, 2.0));
+    CHECK(env_hang(&h) == TP_OK && near(h, 2.0));
     setenv("TENSORPAR_HANG_TIMEOUT", "0.5", 1); tp_settings_reload();
-    CHECK(tp_comm_hang_timeout(&h) == TP_OK && near(h, 0.5));
+    CHECK(env_hang(&h) == TP_OK && near(h, 0.5));
     setenv("TENSORPAR_HANG_TIMEOUT", "0", 1); tp_settings_reload();
-    CHECK(tp_comm_hang_timeout(&h) == TP_OK && near(h, 0.0));
+    CHECK(env_hang(&h) == TP_OK && near(h, 0.0));
     setenv("TENSORPAR_HANG_TIMEOUT", "-1", 1); tp_settings_reload();
-    CHECK(tp_comm_hang_timeout(&h) == TP_ERR_INVALID);
+    CHECK(env_hang(&h) == TP_ERR_INVALID && strstr(tp_error(), "TENSORPAR_HANG_TIMEOUT"));
     setenv("TENSORPAR_HANG_TIMEOUT", "2s", 1); tp_settings_reload();
-    CHECK(tp_comm_hang_timeout(&h) == TP_ERR_INVALID);
+    CHECK(env_hang(&h) == TP_ERR_INVALID);
     unsetenv("TENSORPAR_HANG_TIMEOUT"); tp_settings_reload();
+    tp_comm_options o = {0};
+    CHECK(near(tp_comm_hang_of(&o), 2.0) && near(tp_comm_hang_of(NULL), 2.0));
+    o.hang_timeout_s = 3;
+    CHECK(near(tp_comm_hang_of(&o), 3.0));
+    o.hang_timeout_s = -1;
+    CHECK(near(tp_comm_hang_of(&o), 0.0));
 }
 
 int main(void)

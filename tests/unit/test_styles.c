@@ -141,6 +141,12 @@ static void test_placements(void)
     CHECK(tp_param_is_bias_named("bias") && tp_param_is_bias_named("down_proj_bias") && !tp_param_is_bias_named("biased"));
 }
 
+static tp_status own_post_forward(const tp_style *st, const tp_module_ctx *mod, const tp_forward_desc *d, tp_dtensor *y)
+{
+    (void)st; (void)mod; (void)d; (void)y;
+    return TP_OK;
+}
+
 static void test_forward_descs(void)
 {
     tp_forward_desc d;
@@ -154,6 +160,12 @@ static void test_forward_descs(void)
     CHECK(tp_style_install_forward(tp_style_lookup("rowwise"), &lin, &d) == TP_OK);
     CHECK(d.input.kind == TP_SHARD && d.compute_input.kind == TP_SHARD && d.local_output.kind == TP_PARTIAL &&
           d.output.kind == TP_REPLICATE && d.bias_after_reduce);
+    CHECK(d.post_forward_moves);   /* the default post_forward: the declared move, nothing else */
+    /* A style with its own post_forward says nothing about what it does
+     * there, so the model may not do that move another way. */
+    tp_style own = *tp_style_lookup("rowwise");
+    own.transform_output_post_forward = own_post_forward;
+    CHECK(tp_style_install_forward(&own, &lin, &d) == TP_OK && !d.post_forward_moves && d.local_output.kind == TP_PARTIAL);
     CHECK(tp_style_install_forward(tp_style_lookup("rowwise_split_input"), &lin, &d) == TP_OK);
     CHECK(d.input.kind == TP_REPLICATE && d.compute_input.kind == TP_SHARD && d.local_output.kind == TP_PARTIAL);
     CHECK(tp_style_install_forward(tp_style_lookup("embedding_rowwise"), &emb, &d) == TP_OK);

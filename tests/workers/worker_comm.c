@@ -460,10 +460,9 @@ int main(int argc, char **argv)
         worker_number(prog, &opts[STALL], -1, &stall))
         return 2;
     tp_comm_options co;
-    tp_comm_options_default(&co);
     const char *b = opts[BACKEND].value;
     tp_group *world;
-    if ((b && tp_backend_parse(b, &co.backend)) || tp_comm_init(&world, &co)) {
+    if (tp_comm_options_from_env(&co) || (b && tp_backend_parse(b, &co.backend)) || tp_comm_init(&world, &co)) {
         fprintf(stderr, "%s: error: %s\n", prog, tp_error());
         return 1;
     }
