@@ -432,3 +432,211 @@ void tp_attention(float *out, const float *q, const float *k, const float *v,
 {
     tp_attention_path(TP_KERNEL_AUTO, out, q, k, v, T, pos0, n_heads, n_kv, d, window, pool);
 }
+
+/* ---- training: the forward that keeps the logsumexp, and the backward ----
+ * Portable C (no SIMD path of its own yet), threads over independent work
+ * items, so every result is bitwise the same for any thread count.
+ *
+ * Per (query t, head h), with scores s_p = q·k_p/√d over the keys p the
+ * query sees (causal, window) and lse = log Σ_p exp(s_p):
+ *   P_p = exp(s_p − lse),  out = Σ_p P_p·v_p.
+ * The forward saves lse per row ([T, n_heads] floats) and nothing of size
+ * T × keys.  The backward recomputes each P_p from q, k and lse — the
+ * flash-attention trade, a second pass over the scores instead of storing
+ * them — and uses
+ *   D      = Σ_i dout_i·out_i            (= Σ_p P_p·(dout·v_p))
+ *   dv_p  += P_p·dout
+ *   ds_p   = P_p·(dout·v_p − D)          (softmax's backward)
+ *   dq    += ds_p·k_p/√d,   dk_p += ds_p·q/√d.
+ * dk and dv of a KV head sum over the query heads of its group.  Two passes
+ * keep every sum free of races without atomics: the first owns blocks of
+ * keys (dk, dv), the second owns query rows (dq); each recomputes the P it
+ * needs.  The scores are computed exactly as the forward's (same dot
+ * order, same scale), so P matches what the forward used. */
+
+#define GRAD_BK 32   /* keys per work item of the dk/dv pass */
+
+typedef struct {
+    const float *q, *k, *v, *out, *dout, *lse, *D;
+    float *o_or_dq, *lse_out, *dk, *dv;
+    int64_t T, pos0, H, KV, d, window;
+    float *scratch;      /* per thread */
+    size_t scratch_stride;
+} grad_job;
+
+static int64_t key_lo(int64_t pos, int64_t window)
+{
+    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
+/* Σ a_i·b_i in index order (the forward and the backward must agree). */
+static float dot_in_order(const float *a, const float *b, int64_t d)
+{
+    float s = 0;
+    for (int64_t i = 0; i < d; i++) s += a[i] * b[i];
+    return s;
+}
+
+static void axpy(float *o, float a, const float *x, int64_t d)
+{
+    for (int64_t i = 0; i < d; i++) o[i] += a * x[i];
+}
+
+static const float *key_row(const grad_job *j, const float *base, int64_t p, int64_t h)
+{
+    return base + p * j->KV * j->d + h / (j->H / j->KV) * j->d;
+}
+
+/* One (t, h) row of the forward: exact softmax over a row of scores. */
+static void lse_forward_row(const grad_job *j, int64_t t, int64_t h, float *s)
+{
+    int64_t pos = j->pos0 + t, lo = key_lo(pos, j->window), d = j->d;
+    const float *q = j->q + (t * j->H + h) * d;
+    float scale = 1.0f / sqrtf((float)d), mx = -INFINITY;
+    for (int64_t p = lo; p <= pos; p++) {
+        s[p - lo] = dot_in_order(q, key_row(j, j->k, p, h), d) * scale;
+        if (s[p - lo] > mx) mx = s[p - lo];
+    }
+    double sum = 0;
+    for (int64_t p = lo; p <= pos; p++) sum += exp((double)s[p - lo] - mx);
+    float lse = (float)(mx + log(sum));
+    float *o = j->o_or_dq + (t * j->H + h) * d;
+    memset(o, 0, (size_t)d * sizeof(float));
+    for (int64_t p = lo; p <= pos; p++) axpy(o, expf(s[p - lo] - lse), key_row(j, j->v, p, h), d);
+    j->lse_out[t * j->H + h] = lse;
+}
+
+/* Rows are dealt round-robin: later rows see more keys, so contiguous
+ * shares would leave the last thread the most work. */
+static void lse_forward_worker(void *p, int ti, int nt)
+{
+    const grad_job *j = p;
+    float *s = j->scratch + (size_t)ti * j->scratch_stride;
+    for (int64_t r = ti; r < j->T * j->H; r += nt) lse_forward_row(j, r / j->H, r % j->H, s);
+}
+
+static tp_status attn_grad_check(int64_t n_heads, int64_t n_kv, int64_t d)
+{
+    if (n_kv <= 0 || n_heads % n_kv != 0 || d <= 0)
+        return tp_fail(TP_ERR_INVALID, "attention: %lld query heads, %lld KV heads of size %lld (the query heads "
+                       "must be a multiple of the KV heads)", (long long)n_heads, (long long)n_kv, (long long)d);
+    return TP_OK;
+}
+
+tp_status tp_attention_forward_lse(float *out, float *lse, const float *q, const float *k, const float *v,
+                                   int64_t T, int64_t pos0, int64_t n_heads, int64_t n_kv, int64_t d,
+                                   int64_t window, tp_threadpool *pool)
+{
+    tp_status st = attn_grad_check(n_heads, n_kv, d);
+    if (st) return st;
+    int nt = tp_threadpool_size(pool);
+    grad_job j = {.q = q, .k = k, .v = v, .o_or_dq = out, .lse_out = lse, .T = T, .pos0 = pos0,
+                  .H = n_heads, .KV = n_kv, .d = d, .window = window,
+                  .scratch_stride = (size_t)(pos0 + T + 15) / 16 * 16};
+    j.scratch = malloc(j.scratch_stride * (size_t)(nt > 0 ? nt : 1) * sizeof(float));
+    if (!j.scratch) return tp_fail(TP_ERR_NOMEM, "tp_attention_forward_lse: out of memory");
+    tp_parallel_run(pool, lse_forward_worker, &j);
+    free(j.scratch);
+    return TP_OK;
+}
+
+/* P_p and ds_p of row (t, h) for key p, recomputed as described above. */
+static void prob_and_ds(const grad_job *j, int64_t t, int64_t h, int64_t p, float *P, float *ds)
+{
+    int64_t d = j->d, r = t * j->H + h;
+    float scale = 1.0f / sqrtf((float)d);
+    float s = dot_in_order(j->q + r * d, key_row(j, j->k, p, h), d) * scale;
+    *P = expf(s - j->lse[r]);
+    *ds = *P * (dot_in_order(j->dout + r * d, key_row(j, j->v, p, h), d) - j->D[r]);
+}
+
+/* Item i: KV head g = i / nkb, keys [p0, p1).  Queries t see key p when
+ * pos0 + t >= p and (with a window) pos0 + t − p < window. */
+static void grad_kv_item(const grad_job *j, int64_t i, float *acc)
+{
+    int64_t L = j->pos0 + j->T, nkb = (L + GRAD_BK - 1) / GRAD_BK, d = j->d, grp = j->H / j->KV;
+    int64_t g = i / nkb, p0 = i % nkb * GRAD_BK, p1 = p0 + GRAD_BK < L ? p0 + GRAD_BK : L;
+    float *dk = acc, *dvv = acc + GRAD_BK * d;
+    float scale = 1.0f / sqrtf((float)d);
+    memset(acc, 0, (size_t)(2 * GRAD_BK * d) * sizeof(float));
+    int64_t t_lo = p0 - j->pos0 > 0 ? p0 - j->pos0 : 0, t_hi = j->T;   /* [t_lo, t_hi) */
+    if (j->window > 0 && p1 - 1 + j->window - j->pos0 < t_hi) t_hi = p1 - 1 + j->window - j->pos0;
+    for (int64_t h = g * grp; h < (g + 1) * grp; h++)
+        for (int64_t t = t_lo; t < t_hi; t++) {
+            int64_t pos = j->pos0 + t, lo = key_lo(pos, j->window), hi = pos + 1;
+            if (lo < p0) lo = p0;
+            if (hi > p1) hi = p1;
+            const float *q = j->q + (t * j->H + h) * d, *go = j->dout + (t * j->H + h) * d;
+            for (int64_t p = lo; p < hi; p++) {
+                float P, ds;
+                prob_and_ds(j, t, h, p, &P, &ds);
+                axpy(dvv + (p - p0) * d, P, go, d);
+                axpy(dk + (p - p0) * d, ds * scale, q, d);
+            }
+        }
+    for (int64_t p = p0; p < p1; p++) {
+        axpy(j->dk + p * j->KV * d + g * d, 1.0f, dk + (p - p0) * d, d);
+        axpy(j->dv + p * j->KV * d + g * d, 1.0f, dvv + (p - p0) * d, d);
+    }
+}
+
+static void grad_kv_worker(void *p, int ti, int nt)
+{
+    const grad_job *j = p;
+    int64_t L = j->pos0 + j->T, items = j->KV * ((L + GRAD_BK - 1) / GRAD_BK);
+    float *acc = j->scratch + (size_t)ti * j->scratch_stride;
+    for (int64_t i = ti; i < items; i += nt) grad_kv_item(j, i, acc);
+}
+
+static void grad_q_row(const grad_job *j, int64_t t, int64_t h, float *acc)
+{
+    int64_t pos = j->pos0 + t, d = j->d;
+    float scale = 1.0f / sqrtf((float)d);
+    memset(acc, 0, (size_t)d * sizeof(float));
+    for (int64_t p = key_lo(pos, j->window); p <= pos; p++) {
+        float P, ds;
+        prob_and_ds(j, t, h, p, &P, &ds);
+        axpy(acc, ds * scale, key_row(j, j->k, p, h), d);
+    }
+    axpy(j->o_or_dq + (t * j->H + h) * d, 1.0f, acc, d);
+}
+
+static void grad_q_worker(void *p, int ti, int nt)
+{
+    const grad_job *j = p;
+    float *acc = j->scratch + (size_t)ti * j->scratch_stride;
+    for (int64_t r = ti; r < j->T * j->H; r += nt) grad_q_row(j, r / j->H, r % j->H, acc);
+}
+
+tp_status tp_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                const float *k, const float *v, const float *out, const float *lse,
+                                int64_t T, int64_t pos0, int64_t n_heads, int64_t n_kv, int64_t d,
+                                int64_t window, tp_threadpool *pool)
+{
+    tp_status st = attn_grad_check(n_heads, n_kv, d);
+    if (st) return st;
+    /* One pass computes dk and dv together (they share every P). */
+    if (!dk != !dv) return tp_fail(TP_ERR_INVALID, "tp_attention_backward: dk and dv are both given or both NULL");
+    if (T == 0) return TP_OK;
+    int nt = tp_threadpool_size(pool);
+    float *D = malloc((size_t)(T * n_heads) * sizeof(float));
+    grad_job j = {.q = q, .k = k, .v = v, .out = out, .dout = dout, .lse = lse, .D = D, .o_or_dq = dq,
+                  .dk = dk, .dv = dv, .T = T, .pos0 = pos0, .H = n_heads, .KV = n_kv, .d = d,
+                  .window = window, .scratch_stride = (size_t)(2 * GRAD_BK * d + 15) / 16 * 16};
+    j.scratch = malloc(j.scratch_stride * (size_t)(nt > 0 ? nt : 1) * sizeof(float));
+    if (!D || !j.scratch) {
+        free(D);
+        free(j.scratch);
+        return tp_fail(TP_ERR_NOMEM, "tp_attention_backward: out of memory");
+    }
+    for (int64_t r = 0; r < T * n_heads; r++) {
+        double s = 0;
+        for (int64_t i = 0; i < d; i++) s += (double)dout[r * d + i] * out[r * d + i];
+        D[r] = (float)s;
+    }
+    if (dk) tp_parallel_run(pool, grad_kv_worker, &j);
+    if (dq) tp_parallel_run(pool, grad_q_worker, &j);
+    free(D);
+    free(j.scratch);
+    return TP_OK;
+}
