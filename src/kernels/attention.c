@@ -434,8 +434,8 @@ void tp_attention(float *out, const float *q, const float *k, const float *v,
 }
 
 /* ---- training: the forward that keeps the logsumexp, and the backward ----
- * Portable C (no SIMD path of its own yet), threads over independent work
- * items, so every result is bitwise the same for any thread count.
+ * Portable C, threads over independent work items, so every result is
+ * bitwise the same for any thread count.
  *
  * Per (query t, head h), with scores s_p = q·k_p/√d over the keys p the
  * query sees (causal, window) and lse = log Σ_p exp(s_p):
@@ -450,69 +450,130 @@ void tp_attention(float *out, const float *q, const float *k, const float *v,
  *   dq    += ds_p·k_p/√d,   dk_p += ds_p·q/√d.
  * dk and dv of a KV head sum over the query heads of its group.  Two passes
  * keep every sum free of races without atomics: the first owns blocks of
- * keys (dk, dv), the second owns query rows (dq); each recomputes the P it
- * needs.  The scores are computed exactly as the forward's (same dot
- * order, same scale), so P matches what the forward used. */
+ * keys (dk, dv), the second blocks of queries (dq); each recomputes the P
+ * it needs.
+ *
+ * Everything runs over blocks of KB keys whose k (and v) are first copied
+ * transposed, [d][KB]: a query's scores for the block are then KB-wide
+ * multiply-adds, q_i times a row of the copy, which the compiler
+ * vectorizes, instead of KB dot products, each a serial chain of adds. */
 
-#define GRAD_BK 32   /* keys per work item of the dk/dv pass */
+#define KB 32    /* keys per block */
+#define QB 16    /* queries per work item of the forward and the dq pass */
 
 typedef struct {
     const float *q, *k, *v, *out, *dout, *lse, *D;
     float *o_or_dq, *lse_out, *dk, *dv;
     int64_t T, pos0, H, KV, d, window;
-    float *scratch;      /* per thread */
+    float *scratch;      /* per thread: see grad_scratch() */
     size_t scratch_stride;
 } grad_job;
+
+/* The per-thread scratch of every pass: the two transposed copies, the
+ * dk/dv block sums, four rows of KB values, and for QB queries of every head
+ * of a group an output row plus its maximum and sum. */
+static size_t grad_scratch(int64_t d, int64_t grp)
+{
+    size_t f = (size_t)(4 * d * KB + 4 * KB + QB * grp * (d + 2));
+    return (f + 15) / 16 * 16;
+}
 
 static int64_t key_lo(int64_t pos, int64_t window)
 {
     return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
 }
 
-/* Σ a_i·b_i in index order (the forward and the backward must agree). */
-static float dot_in_order(const float *a, const float *b, int64_t d)
+static const float *kv_row(const grad_job *j, const float *base, int64_t p, int64_t g)
 {
-    float s = 0;
-    for (int64_t i = 0; i < d; i++) s += a[i] * b[i];
-    return s;
+    return base + (p * j->KV + g) * j->d;
 }
 
-static void axpy(float *o, float a, const float *x, int64_t d)
+/* dst[i][c] = row p0 + c of KV head g, element i; columns past nk zero. */
+static void pack_t(float *restrict dst, const grad_job *j, const float *base, int64_t g, int64_t p0, int64_t nk)
+{
+    for (int64_t c = 0; c < KB; c++) {
+        const float *src = c < nk ? kv_row(j, base, p0 + c, g) : NULL;
+        for (int64_t i = 0; i < j->d; i++) dst[i * KB + c] = src ? src[i] : 0.0f;
+    }
+}
+
+/* s[c] = Σ_i a_i·t[i][c] for the KB columns, the sum over i in order. */
+static void row_times_t(float *restrict s, const float *restrict a, const float *restrict t, int64_t d)
+{
+    for (int c = 0; c < KB; c++) s[c] = 0.0f;
+    for (int64_t i = 0; i < d; i++) {
+        float ai = a[i];
+        const float *restrict ti = t + i * KB;
+        for (int c = 0; c < KB; c++) s[c] += ai * ti[c];
+    }
+}
+
+static void axpy(float *restrict o, float a, const float *restrict x, int64_t d)
 {
     for (int64_t i = 0; i < d; i++) o[i] += a * x[i];
 }
 
-static const float *key_row(const grad_job *j, const float *base, int64_t p, int64_t h)
+/* The key columns [*c0, *c1) of the block at p0 (nk keys) that position
+ * pos sees; empty when *c0 >= *c1. */
+static void seen_cols(const grad_job *j, int64_t pos, int64_t p0, int64_t nk, int64_t *c0, int64_t *c1)
 {
-    return base + p * j->KV * j->d + h / (j->H / j->KV) * j->d;
+    int64_t lo = key_lo(pos, j->window) - p0, hi = pos + 1 - p0;
+    *c0 = lo > 0 ? lo : 0;
+    *c1 = hi < nk ? hi : nk;
 }
 
-/* One (t, h) row of the forward: exact softmax over a row of scores. */
-static void lse_forward_row(const grad_job *j, int64_t t, int64_t h, float *s)
+/* ---- forward with lse: online softmax over key blocks ---------------- */
+
+/* Item: KV head g, queries [t0, t1), every head of the group. */
+static void lse_forward_item(const grad_job *j, int64_t g, int64_t t0, int64_t t1, float *w)
 {
-    int64_t pos = j->pos0 + t, lo = key_lo(pos, j->window), d = j->d;
-    const float *q = j->q + (t * j->H + h) * d;
-    float scale = 1.0f / sqrtf((float)d), mx = -INFINITY;
-    for (int64_t p = lo; p <= pos; p++) {
-        s[p - lo] = dot_in_order(q, key_row(j, j->k, p, h), d) * scale;
-        if (s[p - lo] > mx) mx = s[p - lo];
+    int64_t d = j->d, grp = j->H / j->KV, rows = (t1 - t0) * grp;
+    float *kt = w, *s = w + 4 * d * KB, *o = s + 4 * KB, *m = o + QB * grp * d, *l = m + QB * grp;
+    float scale = 1.0f / sqrtf((float)d);
+    for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0.0f;
+    memset(o, 0, (size_t)(rows * d) * sizeof(float));
+    int64_t k_lo = key_lo(j->pos0 + t0, j->window), k_hi = j->pos0 + t1;
+    for (int64_t p0 = k_lo; p0 < k_hi; p0 += KB) {
+        int64_t nk = k_hi - p0 < KB ? k_hi - p0 : KB;
+        pack_t(kt, j, j->k, g, p0, nk);
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t t = t0 + r / grp, h = g * grp + r % grp, c0, c1;
+            seen_cols(j, j->pos0 + t, p0, nk, &c0, &c1);
+            if (c0 >= c1) continue;
+            row_times_t(s, j->q + (t * j->H + h) * d, kt, d);
+            float mx = m[r];
+            for (int64_t c = c0; c < c1; c++) mx = fmaxf(mx, s[c] * scale);
+            float corr = expf(m[r] - mx), sum = 0;   /* corr 0 on the first block */
+            float *orow = o + r * d;
+            for (int64_t i = 0; i < d; i++) orow[i] *= corr;
+            for (int64_t c = c0; c < c1; c++) {
+                float e = expf(s[c] * scale - mx);
+                sum += e;
+                axpy(orow, e, kv_row(j, j->v, p0 + c, g), d);
+            }
+            l[r] = l[r] * corr + sum;
+            m[r] = mx;
+        }
     }
-    double sum = 0;
-    for (int64_t p = lo; p <= pos; p++) sum += exp((double)s[p - lo] - mx);
-    float lse = (float)(mx + log(sum));
-    float *o = j->o_or_dq + (t * j->H + h) * d;
-    memset(o, 0, (size_t)d * sizeof(float));
-    for (int64_t p = lo; p <= pos; p++) axpy(o, expf(s[p - lo] - lse), key_row(j, j->v, p, h), d);
-    j->lse_out[t * j->H + h] = lse;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t row = (t0 + r / grp) * j->H + g * grp + r % grp;
+        float inv = 1.0f / l[r];
+        for (int64_t i = 0; i < d; i++) j->o_or_dq[row * d + i] = o[r * d + i] * inv;
+        j->lse_out[row] = m[r] + logf(l[r]);
+    }
 }
 
-/* Rows are dealt round-robin: later rows see more keys, so contiguous
- * shares would leave the last thread the most work. */
+/* Items (g, query block) dealt round-robin, latest blocks (the most keys)
+ * first, so that the short ones even out the end. */
 static void lse_forward_worker(void *p, int ti, int nt)
 {
     const grad_job *j = p;
-    float *s = j->scratch + (size_t)ti * j->scratch_stride;
-    for (int64_t r = ti; r < j->T * j->H; r += nt) lse_forward_row(j, r / j->H, r % j->H, s);
+    int64_t nqb = (j->T + QB - 1) / QB, items = j->KV * nqb;
+    float *w = j->scratch + (size_t)ti * j->scratch_stride;
+    for (int64_t i = ti; i < items; i += nt) {
+        int64_t g = i % j->KV, qb = nqb - 1 - i / j->KV, t0 = qb * QB;
+        lse_forward_item(j, g, t0, t0 + QB < j->T ? t0 + QB : j->T, w);
+    }
 }
 
 static tp_status attn_grad_check(int64_t n_heads, int64_t n_kv, int64_t d)
@@ -523,89 +584,119 @@ static tp_status attn_grad_check(int64_t n_heads, int64_t n_kv, int64_t d)
     return TP_OK;
 }
 
+static tp_status grad_run(grad_job *j, tp_parallel_fn fn, tp_threadpool *pool, const char *who)
+{
+    int nt = tp_threadpool_size(pool);
+    j->scratch_stride = grad_scratch(j->d, j->H / j->KV);
+    j->scratch = malloc(j->scratch_stride * (size_t)(nt > 0 ? nt : 1) * sizeof(float));
+    if (!j->scratch) return tp_fail(TP_ERR_NOMEM, "%s: out of memory", who);
+    tp_parallel_run(pool, fn, j);
+    free(j->scratch);
+    j->scratch = NULL;
+    return TP_OK;
+}
+
 tp_status tp_attention_forward_lse(float *out, float *lse, const float *q, const float *k, const float *v,
                                    int64_t T, int64_t pos0, int64_t n_heads, int64_t n_kv, int64_t d,
                                    int64_t window, tp_threadpool *pool)
 {
     tp_status st = attn_grad_check(n_heads, n_kv, d);
-    if (st) return st;
-    int nt = tp_threadpool_size(pool);
+    if (st || T == 0) return st;
     grad_job j = {.q = q, .k = k, .v = v, .o_or_dq = out, .lse_out = lse, .T = T, .pos0 = pos0,
-                  .H = n_heads, .KV = n_kv, .d = d, .window = window,
-                  .scratch_stride = (size_t)(pos0 + T + 15) / 16 * 16};
-    j.scratch = malloc(j.scratch_stride * (size_t)(nt > 0 ? nt : 1) * sizeof(float));
-    if (!j.scratch) return tp_fail(TP_ERR_NOMEM, "tp_attention_forward_lse: out of memory");
-    tp_parallel_run(pool, lse_forward_worker, &j);
-    free(j.scratch);
-    return TP_OK;
+                  .H = n_heads, .KV = n_kv, .d = d, .window = window};
+    return grad_run(&j, lse_forward_worker, pool, "tp_attention_forward_lse");
 }
 
-/* P_p and ds_p of row (t, h) for key p, recomputed as described above. */
-static void prob_and_ds(const grad_job *j, int64_t t, int64_t h, int64_t p, float *P, float *ds)
+/* ---- backward ---------------------------------------------------------- */
+
+/* P and ds·scale of row (t, h) over the block's columns [c0, c1) (zero
+ * elsewhere), from the transposed k and v of the block. */
+static void prob_and_ds(const grad_job *j, int64_t t, int64_t h, const float *kt, const float *vt,
+                        int64_t c0, int64_t c1, float *P, float *ds)
 {
     int64_t d = j->d, r = t * j->H + h;
     float scale = 1.0f / sqrtf((float)d);
-    float s = dot_in_order(j->q + r * d, key_row(j, j->k, p, h), d) * scale;
-    *P = expf(s - j->lse[r]);
-    *ds = *P * (dot_in_order(j->dout + r * d, key_row(j, j->v, p, h), d) - j->D[r]);
+    row_times_t(P, j->q + r * d, kt, d);
+    row_times_t(ds, j->dout + r * d, vt, d);
+    for (int c = 0; c < KB; c++) {
+        float e = c >= c0 && c < c1 ? expf(P[c] * scale - j->lse[r]) : 0.0f;
+        ds[c] = e * (ds[c] - j->D[r]) * scale;
+        P[c] = e;
+    }
 }
 
-/* Item i: KV head g = i / nkb, keys [p0, p1).  Queries t see key p when
+/* Item: KV head g, keys [p0, p0 + nk).  Query t sees key p when
  * pos0 + t >= p and (with a window) pos0 + t − p < window. */
-static void grad_kv_item(const grad_job *j, int64_t i, float *acc)
+static void grad_kv_item(const grad_job *j, int64_t g, int64_t p0, int64_t nk, float *w)
 {
-    int64_t L = j->pos0 + j->T, nkb = (L + GRAD_BK - 1) / GRAD_BK, d = j->d, grp = j->H / j->KV;
-    int64_t g = i / nkb, p0 = i % nkb * GRAD_BK, p1 = p0 + GRAD_BK < L ? p0 + GRAD_BK : L;
-    float *dk = acc, *dvv = acc + GRAD_BK * d;
-    float scale = 1.0f / sqrtf((float)d);
-    memset(acc, 0, (size_t)(2 * GRAD_BK * d) * sizeof(float));
+    int64_t d = j->d, grp = j->H / j->KV;
+    float *kt = w, *vt = kt + d * KB, *dk = vt + d * KB, *dv = dk + KB * d, *P = dv + KB * d, *ds = P + KB;
+    memset(dk, 0, (size_t)(2 * KB * d) * sizeof(float));
+    pack_t(kt, j, j->k, g, p0, nk);
+    pack_t(vt, j, j->v, g, p0, nk);
     int64_t t_lo = p0 - j->pos0 > 0 ? p0 - j->pos0 : 0, t_hi = j->T;   /* [t_lo, t_hi) */
-    if (j->window > 0 && p1 - 1 + j->window - j->pos0 < t_hi) t_hi = p1 - 1 + j->window - j->pos0;
+    if (j->window > 0 && p0 + nk - 1 + j->window - j->pos0 < t_hi) t_hi = p0 + nk - 1 + j->window - j->pos0;
     for (int64_t h = g * grp; h < (g + 1) * grp; h++)
         for (int64_t t = t_lo; t < t_hi; t++) {
-            int64_t pos = j->pos0 + t, lo = key_lo(pos, j->window), hi = pos + 1;
-            if (lo < p0) lo = p0;
-            if (hi > p1) hi = p1;
+            int64_t c0, c1;
+            seen_cols(j, j->pos0 + t, p0, nk, &c0, &c1);
+            if (c0 >= c1) continue;
+            prob_and_ds(j, t, h, kt, vt, c0, c1, P, ds);
             const float *q = j->q + (t * j->H + h) * d, *go = j->dout + (t * j->H + h) * d;
-            for (int64_t p = lo; p < hi; p++) {
-                float P, ds;
-                prob_and_ds(j, t, h, p, &P, &ds);
-                axpy(dvv + (p - p0) * d, P, go, d);
-                axpy(dk + (p - p0) * d, ds * scale, q, d);
+            for (int64_t c = c0; c < c1; c++) {
+                axpy(dv + c * d, P[c], go, d);
+                axpy(dk + c * d, ds[c], q, d);
             }
         }
-    for (int64_t p = p0; p < p1; p++) {
-        axpy(j->dk + p * j->KV * d + g * d, 1.0f, dk + (p - p0) * d, d);
-        axpy(j->dv + p * j->KV * d + g * d, 1.0f, dvv + (p - p0) * d, d);
+    for (int64_t c = 0; c < nk; c++) {
+        axpy(j->dk + ((p0 + c) * j->KV + g) * d, 1.0f, dk + c * d, d);
+        axpy(j->dv + ((p0 + c) * j->KV + g) * d, 1.0f, dv + c * d, d);
     }
 }
 
 static void grad_kv_worker(void *p, int ti, int nt)
 {
     const grad_job *j = p;
-    int64_t L = j->pos0 + j->T, items = j->KV * ((L + GRAD_BK - 1) / GRAD_BK);
-    float *acc = j->scratch + (size_t)ti * j->scratch_stride;
-    for (int64_t i = ti; i < items; i += nt) grad_kv_item(j, i, acc);
+    int64_t L = j->pos0 + j->T, nkb = (L + KB - 1) / KB, items = j->KV * nkb;
+    float *w = j->scratch + (size_t)ti * j->scratch_stride;
+    for (int64_t i = ti; i < items; i += nt) {
+        int64_t g = i % j->KV, p0 = i / j->KV * KB;
+        grad_kv_item(j, g, p0, L - p0 < KB ? L - p0 : KB, w);
+    }
 }
 
-static void grad_q_row(const grad_job *j, int64_t t, int64_t h, float *acc)
+/* Item: KV head g, queries [t0, t1), every head of the group. */
+static void grad_q_item(const grad_job *j, int64_t g, int64_t t0, int64_t t1, float *w)
 {
-    int64_t pos = j->pos0 + t, d = j->d;
-    float scale = 1.0f / sqrtf((float)d);
-    memset(acc, 0, (size_t)d * sizeof(float));
-    for (int64_t p = key_lo(pos, j->window); p <= pos; p++) {
-        float P, ds;
-        prob_and_ds(j, t, h, p, &P, &ds);
-        axpy(acc, ds * scale, key_row(j, j->k, p, h), d);
+    int64_t d = j->d, grp = j->H / j->KV, rows = (t1 - t0) * grp;
+    float *kt = w, *vt = kt + d * KB, *P = vt + 3 * d * KB, *ds = P + KB, *acc = w + 4 * d * KB + 4 * KB;
+    memset(acc, 0, (size_t)(rows * d) * sizeof(float));
+    int64_t k_lo = key_lo(j->pos0 + t0, j->window), k_hi = j->pos0 + t1;
+    for (int64_t p0 = k_lo; p0 < k_hi; p0 += KB) {
+        int64_t nk = k_hi - p0 < KB ? k_hi - p0 : KB;
+        pack_t(kt, j, j->k, g, p0, nk);
+        pack_t(vt, j, j->v, g, p0, nk);
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t t = t0 + r / grp, h = g * grp + r % grp, c0, c1;
+            seen_cols(j, j->pos0 + t, p0, nk, &c0, &c1);
+            if (c0 >= c1) continue;
+            prob_and_ds(j, t, h, kt, vt, c0, c1, P, ds);
+            for (int64_t c = c0; c < c1; c++) axpy(acc + r * d, ds[c], kv_row(j, j->k, p0 + c, g), d);
+        }
     }
-    axpy(j->o_or_dq + (t * j->H + h) * d, 1.0f, acc, d);
+    for (int64_t r = 0; r < rows; r++)
+        axpy(j->o_or_dq + ((t0 + r / grp) * j->H + g * grp + r % grp) * d, 1.0f, acc + r * d, d);
 }
 
 static void grad_q_worker(void *p, int ti, int nt)
 {
     const grad_job *j = p;
-    float *acc = j->scratch + (size_t)ti * j->scratch_stride;
-    for (int64_t r = ti; r < j->T * j->H; r += nt) grad_q_row(j, r / j->H, r % j->H, acc);
+    int64_t nqb = (j->T + QB - 1) / QB, items = j->KV * nqb;
+    float *w = j->scratch + (size_t)ti * j->scratch_stride;
+    for (int64_t i = ti; i < items; i += nt) {
+        int64_t g = i % j->KV, qb = nqb - 1 - i / j->KV, t0 = qb * QB;
+        grad_q_item(j, g, t0, t0 + QB < j->T ? t0 + QB : j->T, w);
+    }
 }
 
 tp_status tp_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
@@ -618,25 +709,17 @@ tp_status tp_attention_backward(float *dq, float *dk, float *dv, const float *do
     /* One pass computes dk and dv together (they share every P). */
     if (!dk != !dv) return tp_fail(TP_ERR_INVALID, "tp_attention_backward: dk and dv are both given or both NULL");
     if (T == 0) return TP_OK;
-    int nt = tp_threadpool_size(pool);
     float *D = malloc((size_t)(T * n_heads) * sizeof(float));
-    grad_job j = {.q = q, .k = k, .v = v, .out = out, .dout = dout, .lse = lse, .D = D, .o_or_dq = dq,
-                  .dk = dk, .dv = dv, .T = T, .pos0 = pos0, .H = n_heads, .KV = n_kv, .d = d,
-                  .window = window, .scratch_stride = (size_t)(2 * GRAD_BK * d + 15) / 16 * 16};
-    j.scratch = malloc(j.scratch_stride * (size_t)(nt > 0 ? nt : 1) * sizeof(float));
-    if (!D || !j.scratch) {
-        free(D);
-        free(j.scratch);
-        return tp_fail(TP_ERR_NOMEM, "tp_attention_backward: out of memory");
-    }
+    if (!D) return tp_fail(TP_ERR_NOMEM, "tp_attention_backward: out of memory");
     for (int64_t r = 0; r < T * n_heads; r++) {
         double s = 0;
         for (int64_t i = 0; i < d; i++) s += (double)dout[r * d + i] * out[r * d + i];
         D[r] = (float)s;
     }
-    if (dk) tp_parallel_run(pool, grad_kv_worker, &j);
-    if (dq) tp_parallel_run(pool, grad_q_worker, &j);
+    grad_job j = {.q = q, .k = k, .v = v, .out = out, .dout = dout, .lse = lse, .D = D, .o_or_dq = dq,
+                  .dk = dk, .dv = dv, .T = T, .pos0 = pos0, .H = n_heads, .KV = n_kv, .d = d, .window = window};
+    if (dk) st = grad_run(&j, grad_kv_worker, pool, "tp_attention_backward");
+    if (!st && dq) st = grad_run(&j, grad_q_worker, pool, "tp_attention_backward");
     free(D);
-    free(j.scratch);
-    return TP_OK;
+    return st;
 }
