@@ -467,6 +467,8 @@ typedef struct {
     int64_t T, pos0, H, KV, d, window;
     float *scratch;      /* per thread: see grad_scratch() */
     size_t scratch_stride;
+    void (*row_times_t)(float *restrict s, const float *restrict a, const float *restrict t, int64_t d);
+    void (*axpy)(float *restrict o, float a, const float *restrict x, int64_t d);
 } grad_job;
 
 /* The per-thread scratch of every pass: the two transposed copies, the
@@ -497,20 +499,47 @@ static void pack_t(float *restrict dst, const grad_job *j, const float *base, in
     }
 }
 
-/* s[c] = Σ_i a_i·t[i][c] for the KB columns, the sum over i in order. */
-static void row_times_t(float *restrict s, const float *restrict a, const float *restrict t, int64_t d)
-{
-    for (int c = 0; c < KB; c++) s[c] = 0.0f;
-    for (int64_t i = 0; i < d; i++) {
-        float ai = a[i];
-        const float *restrict ti = t + i * KB;
-        for (int c = 0; c < KB; c++) s[c] += ai * ti[c];
+/* The two loops the passes spend their time in, compiled twice from one
+ * body: portable C (4 wide on baseline x86-64), and for the AVX2 and
+ * AVX-512 paths with AVX2 + FMA (8 wide).  Each output element gets the
+ * same operations in the same order either way; gcc in ISO C mode fuses
+ * nothing, so both give the same bits, while a compiler that contracts
+ * a·b + c into an FMA may differ between them — within one path the
+ * forward and the backward always run the same code, hence the same
+ * scores.
+ *   row_times_t: s[c] = Σ_i a_i·t[i][c] for the KB columns, over i in order.
+ *   axpy:        o += a·x. */
+#define DEFINE_ROW_TIMES_T(name, attr)                                                         \
+    attr static void name(float *restrict s, const float *restrict a, const float *restrict t, \
+                          int64_t d)                                                           \
+    {                                                                                          \
+        for (int c = 0; c < KB; c++) s[c] = 0.0f;                                              \
+        for (int64_t i = 0; i < d; i++) {                                                      \
+            float ai = a[i];                                                                   \
+            const float *restrict ti = t + i * KB;                                             \
+            for (int c = 0; c < KB; c++) s[c] += ai * ti[c];                                   \
+        }                                                                                      \
     }
-}
+#define DEFINE_AXPY(name, attr)                                                                \
+    attr static void name(float *restrict o, float a, const float *restrict x, int64_t d)     \
+    {                                                                                          \
+        for (int64_t i = 0; i < d; i++) o[i] += a * x[i];                                      \
+    }
 
-static void axpy(float *restrict o, float a, const float *restrict x, int64_t d)
+DEFINE_ROW_TIMES_T(row_times_t_c, )
+DEFINE_AXPY(axpy_c, )
+#if TP_KERNELS_X86
+DEFINE_ROW_TIMES_T(row_times_t_avx2, TP_TAVX2)
+DEFINE_AXPY(axpy_avx2, TP_TAVX2)
+#endif
+
+/* The loops of the process's path (decided once per call). */
+static void grad_pick_ops(grad_job *j)
 {
-    for (int64_t i = 0; i < d; i++) o[i] += a * x[i];
+    j->row_times_t = row_times_t_c, j->axpy = axpy_c;
+#if TP_KERNELS_X86
+    if (tp_kernel_resolve(TP_KERNEL_AUTO) != TP_KERNEL_SCALAR) j->row_times_t = row_times_t_avx2, j->axpy = axpy_avx2;
+#endif
 }
 
 /* The key columns [*c0, *c1) of the block at p0 (nk keys) that position
@@ -540,7 +569,7 @@ static void lse_forward_item(const grad_job *j, int64_t g, int64_t t0, int64_t t
             int64_t t = t0 + r / grp, h = g * grp + r % grp, c0, c1;
             seen_cols(j, j->pos0 + t, p0, nk, &c0, &c1);
             if (c0 >= c1) continue;
-            row_times_t(s, j->q + (t * j->H + h) * d, kt, d);
+            j->row_times_t(s, j->q + (t * j->H + h) * d, kt, d);
             float mx = m[r];
             for (int64_t c = c0; c < c1; c++) mx = fmaxf(mx, s[c] * scale);
             float corr = expf(m[r] - mx), sum = 0;   /* corr 0 on the first block */
@@ -549,7 +578,7 @@ static void lse_forward_item(const grad_job *j, int64_t g, int64_t t0, int64_t t
             for (int64_t c = c0; c < c1; c++) {
                 float e = expf(s[c] * scale - mx);
                 sum += e;
-                axpy(orow, e, kv_row(j, j->v, p0 + c, g), d);
+                j->axpy(orow, e, kv_row(j, j->v, p0 + c, g), d);
             }
             l[r] = l[r] * corr + sum;
             m[r] = mx;
@@ -587,6 +616,7 @@ static tp_status attn_grad_check(int64_t n_heads, int64_t n_kv, int64_t d)
 static tp_status grad_run(grad_job *j, tp_parallel_fn fn, tp_threadpool *pool, const char *who)
 {
     int nt = tp_threadpool_size(pool);
+    grad_pick_ops(j);
     j->scratch_stride = grad_scratch(j->d, j->H / j->KV);
     j->scratch = malloc(j->scratch_stride * (size_t)(nt > 0 ? nt : 1) * sizeof(float));
     if (!j->scratch) return tp_fail(TP_ERR_NOMEM, "%s: out of memory", who);
@@ -616,8 +646,8 @@ static void prob_and_ds(const grad_job *j, int64_t t, int64_t h, const float *kt
 {
     int64_t d = j->d, r = t * j->H + h;
     float scale = 1.0f / sqrtf((float)d);
-    row_times_t(P, j->q + r * d, kt, d);
-    row_times_t(ds, j->dout + r * d, vt, d);
+    j->row_times_t(P, j->q + r * d, kt, d);
+    j->row_times_t(ds, j->dout + r * d, vt, d);
     for (int c = 0; c < KB; c++) {
         float e = c >= c0 && c < c1 ? expf(P[c] * scale - j->lse[r]) : 0.0f;
         ds[c] = e * (ds[c] - j->D[r]) * scale;
@@ -644,13 +674,13 @@ static void grad_kv_item(const grad_job *j, int64_t g, int64_t p0, int64_t nk, f
             prob_and_ds(j, t, h, kt, vt, c0, c1, P, ds);
             const float *q = j->q + (t * j->H + h) * d, *go = j->dout + (t * j->H + h) * d;
             for (int64_t c = c0; c < c1; c++) {
-                axpy(dv + c * d, P[c], go, d);
-                axpy(dk + c * d, ds[c], q, d);
+                j->axpy(dv + c * d, P[c], go, d);
+                j->axpy(dk + c * d, ds[c], q, d);
             }
         }
     for (int64_t c = 0; c < nk; c++) {
-        axpy(j->dk + ((p0 + c) * j->KV + g) * d, 1.0f, dk + c * d, d);
-        axpy(j->dv + ((p0 + c) * j->KV + g) * d, 1.0f, dv + c * d, d);
+        j->axpy(j->dk + ((p0 + c) * j->KV + g) * d, 1.0f, dk + c * d, d);
+        j->axpy(j->dv + ((p0 + c) * j->KV + g) * d, 1.0f, dv + c * d, d);
     }
 }
 
@@ -681,11 +711,11 @@ static void grad_q_item(const grad_job *j, int64_t g, int64_t t0, int64_t t1, fl
             seen_cols(j, j->pos0 + t, p0, nk, &c0, &c1);
             if (c0 >= c1) continue;
             prob_and_ds(j, t, h, kt, vt, c0, c1, P, ds);
-            for (int64_t c = c0; c < c1; c++) axpy(acc + r * d, ds[c], kv_row(j, j->k, p0 + c, g), d);
+            for (int64_t c = c0; c < c1; c++) j->axpy(acc + r * d, ds[c], kv_row(j, j->k, p0 + c, g), d);
         }
     }
     for (int64_t r = 0; r < rows; r++)
-        axpy(j->o_or_dq + ((t0 + r / grp) * j->H + g * grp + r % grp) * d, 1.0f, acc + r * d, d);
+        j->axpy(j->o_or_dq + ((t0 + r / grp) * j->H + g * grp + r % grp) * d, 1.0f, acc + r * d, d);
 }
 
 static void grad_q_worker(void *p, int ti, int nt)
