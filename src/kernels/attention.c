@@ -454,12 +454,15 @@ void tp_attention(float *out, const float *q, const float *k, const float *v,
  * it needs.
  *
  * Everything runs over blocks of KB keys whose k (and v) are first copied
- * transposed, [d][KB]: a query's scores for the block are then KB-wide
- * multiply-adds, q_i times a row of the copy, which the compiler
- * vectorizes, instead of KB dot products, each a serial chain of adds. */
+ * transposed, [d][KB], and over RB query rows at a time: the scores of the
+ * RB rows for the block are then KB-wide multiply-adds, a_i times a row of
+ * the copy, which the compiler vectorizes (instead of dot products, each a
+ * serial chain of adds), and every row of the copy, of dk, dv or of a key,
+ * is read once for RB rows. */
 
 #define KB 32    /* keys per block */
 #define QB 16    /* queries per work item of the forward and the dq pass */
+#define RB 4     /* query rows per step */
 
 typedef struct {
     const float *q, *k, *v, *out, *dout, *lse, *D;
@@ -467,16 +470,18 @@ typedef struct {
     int64_t T, pos0, H, KV, d, window;
     float *scratch;      /* per thread: see grad_scratch() */
     size_t scratch_stride;
-    void (*row_times_t)(float *restrict s, const float *restrict a, const float *restrict t, int64_t d);
-    void (*axpy)(float *restrict o, float a, const float *restrict x, int64_t d);
+    void (*rows_times_t)(float *restrict s, const float *const *a, const float *restrict t, int64_t d);
+    void (*axpy_rows)(float *restrict o, const float *w, const float *const *x, int64_t d);
+    void (*axpy_each)(float *const *o, const float *w, const float *restrict x, int64_t d);
 } grad_job;
 
 /* The per-thread scratch of every pass: the two transposed copies, the
- * dk/dv block sums, four rows of KB values, and for QB queries of every head
- * of a group an output row plus its maximum and sum. */
+ * dk/dv block sums, 2·RB rows of KB values, RB sink rows of d, and for QB
+ * queries of every head of a group an output row plus its maximum and
+ * sum. */
 static size_t grad_scratch(int64_t d, int64_t grp)
 {
-    size_t f = (size_t)(4 * d * KB + 4 * KB + QB * grp * (d + 2));
+    size_t f = (size_t)(4 * d * KB + 2 * RB * KB + RB * d + QB * grp * (d + 2));
     return (f + 15) / 16 * 16;
 }
 
@@ -499,47 +504,90 @@ static void pack_t(float *restrict dst, const grad_job *j, const float *base, in
     }
 }
 
-/* The two loops the passes spend their time in, compiled twice from one
- * body: portable C (4 wide on baseline x86-64), and for the AVX2 and
- * AVX-512 paths with AVX2 + FMA (8 wide).  Each output element gets the
- * same operations in the same order either way; gcc in ISO C mode fuses
- * nothing, so both give the same bits, while a compiler that contracts
- * a·b + c into an FMA may differ between them — within one path the
- * forward and the backward always run the same code, hence the same
- * scores.
- *   row_times_t: s[c] = Σ_i a_i·t[i][c] for the KB columns, over i in order.
- *   axpy:        o += a·x. */
-#define DEFINE_ROW_TIMES_T(name, attr)                                                         \
-    attr static void name(float *restrict s, const float *restrict a, const float *restrict t, \
-                          int64_t d)                                                           \
-    {                                                                                          \
-        for (int c = 0; c < KB; c++) s[c] = 0.0f;                                              \
-        for (int64_t i = 0; i < d; i++) {                                                      \
-            float ai = a[i];                                                                   \
-            const float *restrict ti = t + i * KB;                                             \
-            for (int c = 0; c < KB; c++) s[c] += ai * ti[c];                                   \
-        }                                                                                      \
-    }
-#define DEFINE_AXPY(name, attr)                                                                \
-    attr static void name(float *restrict o, float a, const float *restrict x, int64_t d)     \
-    {                                                                                          \
-        for (int64_t i = 0; i < d; i++) o[i] += a * x[i];                                      \
+/* The loops the passes spend their time in, compiled twice from one body:
+ * portable C (4 wide on baseline x86-64), and for the AVX2 and AVX-512
+ * paths with AVX2 + FMA (8 wide).  Each output element gets the same
+ * operations in the same order either way — the sum over i, or over the
+ * rows r, in order — so gcc in ISO C mode, which fuses nothing, gives the
+ * same bits on both; a compiler that contracts a·b + c into an FMA may
+ * not.  Within one path the forward and the backward run the same code,
+ * hence the same scores.
+ *   rows_times_t: s[r][c] = Σ_i a[r][i]·t[i][c], RB rows, KB columns.
+ *   axpy_rows:    o += Σ_r w[r]·x[r]  (r in order: one output, RB inputs).
+ *   axpy_each:    o[r] += w[r]·x      (RB outputs, one input). */
+#define DEFINE_GRAD_LOOPS(sfx, attr)                                                              \
+    attr static void rows_times_t_##sfx(float *restrict s, const float *const *a,                 \
+                                        const float *restrict t, int64_t d)                       \
+    {                                                                                             \
+        for (int c = 0; c < RB * KB; c++) s[c] = 0.0f;                                            \
+        for (int64_t i = 0; i < d; i++) {                                                         \
+            const float *restrict ti = t + i * KB;                                                \
+            for (int r = 0; r < RB; r++) {                                                        \
+                float ai = a[r][i];                                                               \
+                float *restrict sr = s + r * KB;                                                  \
+                for (int c = 0; c < KB; c++) sr[c] += ai * ti[c];                                 \
+            }                                                                                     \
+        }                                                                                         \
+    }                                                                                             \
+    attr static void axpy_rows_##sfx(float *restrict o, const float *w, const float *const *x,    \
+                                     int64_t d)                                                   \
+    {                                                                                             \
+        const float *restrict x0 = x[0], *restrict x1 = x[1], *restrict x2 = x[2],                \
+                              *restrict x3 = x[3];                                                \
+        float w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];                                         \
+        for (int64_t i = 0; i < d; i++) o[i] = o[i] + w0 * x0[i] + w1 * x1[i] + w2 * x2[i] + w3 * x3[i]; \
+    }                                                                                             \
+    attr static void axpy_each_##sfx(float *const *o, const float *w, const float *restrict x,    \
+                                     int64_t d)                                                   \
+    {                                                                                             \
+        float *restrict o0 = o[0], *restrict o1 = o[1], *restrict o2 = o[2], *restrict o3 = o[3]; \
+        float w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];                                         \
+        for (int64_t i = 0; i < d; i++) {                                                         \
+            float xi = x[i];                                                                      \
+            o0[i] += w0 * xi, o1[i] += w1 * xi, o2[i] += w2 * xi, o3[i] += w3 * xi;               \
+        }                                                                                         \
     }
 
-DEFINE_ROW_TIMES_T(row_times_t_c, )
-DEFINE_AXPY(axpy_c, )
+#if RB != 4
+#error "axpy_rows and axpy_each are written out for RB = 4"
+#endif
+DEFINE_GRAD_LOOPS(c, )
 #if TP_KERNELS_X86
-DEFINE_ROW_TIMES_T(row_times_t_avx2, TP_TAVX2)
-DEFINE_AXPY(axpy_avx2, TP_TAVX2)
+DEFINE_GRAD_LOOPS(avx2, TP_TAVX2)
 #endif
 
 /* The loops of the process's path (decided once per call). */
 static void grad_pick_ops(grad_job *j)
 {
-    j->row_times_t = row_times_t_c, j->axpy = axpy_c;
+    j->rows_times_t = rows_times_t_c, j->axpy_rows = axpy_rows_c, j->axpy_each = axpy_each_c;
 #if TP_KERNELS_X86
-    if (tp_kernel_resolve(TP_KERNEL_AUTO) != TP_KERNEL_SCALAR) j->row_times_t = row_times_t_avx2, j->axpy = axpy_avx2;
+    if (tp_kernel_resolve(TP_KERNEL_AUTO) != TP_KERNEL_SCALAR)
+        j->rows_times_t = rows_times_t_avx2, j->axpy_rows = axpy_rows_avx2, j->axpy_each = axpy_each_avx2;
 #endif
+}
+
+/* A step of up to RB query rows (t, h) of one KV group: row r is
+ * (t0 + (r0 + r) / grp, g·grp + (r0 + r) % grp), the order of the work
+ * item's rows.  Missing rows (past n) read the first one's inputs, with
+ * weight 0, and write to sink rows of their own (axpy_each's outputs are
+ * restrict: they must not alias). */
+typedef struct {
+    int n;
+    int64_t row[RB];          /* index into [T·H] */
+    int64_t pos[RB];
+} row_step;
+
+static row_step step_rows(const grad_job *j, int64_t g, int64_t t0, int64_t r0, int64_t rows)
+{
+    int64_t grp = j->H / j->KV;
+    row_step s = {0, {0}, {0}};
+    s.n = rows - r0 < RB ? (int)(rows - r0) : RB;
+    for (int r = 0; r < RB; r++) {
+        int64_t rr = r0 + (r < s.n ? r : 0), t = t0 + rr / grp;
+        s.row[r] = t * j->H + g * grp + rr % grp;
+        s.pos[r] = j->pos0 + t;
+    }
+    return s;
 }
 
 /* The key columns [*c0, *c1) of the block at p0 (nk keys) that position
@@ -551,13 +599,28 @@ static void seen_cols(const grad_job *j, int64_t pos, int64_t p0, int64_t nk, in
     *c1 = hi < nk ? hi : nk;
 }
 
+/* The union of the step's seen columns; 0 when none. */
+static int step_cols(const grad_job *j, const row_step *s, int64_t p0, int64_t nk, int64_t c0[RB],
+                     int64_t c1[RB], int64_t *lo, int64_t *hi)
+{
+    *lo = nk, *hi = 0;
+    for (int r = 0; r < RB; r++) {
+        if (r < s->n) seen_cols(j, s->pos[r], p0, nk, &c0[r], &c1[r]);
+        else c0[r] = 0, c1[r] = 0;
+        if (c0[r] < c1[r] && c0[r] < *lo) *lo = c0[r];
+        if (c0[r] < c1[r] && c1[r] > *hi) *hi = c1[r];
+    }
+    return *lo < *hi;
+}
+
 /* ---- forward with lse: online softmax over key blocks ---------------- */
 
 /* Item: KV head g, queries [t0, t1), every head of the group. */
 static void lse_forward_item(const grad_job *j, int64_t g, int64_t t0, int64_t t1, float *w)
 {
     int64_t d = j->d, grp = j->H / j->KV, rows = (t1 - t0) * grp;
-    float *kt = w, *s = w + 4 * d * KB, *o = s + 4 * KB, *m = o + QB * grp * d, *l = m + QB * grp;
+    float *kt = w, *s = w + 4 * d * KB, *sink = s + 2 * RB * KB, *o = sink + RB * d, *m = o + QB * grp * d;
+    float *l = m + QB * grp;
     float scale = 1.0f / sqrtf((float)d);
     for (int64_t r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0.0f;
     memset(o, 0, (size_t)(rows * d) * sizeof(float));
@@ -565,23 +628,32 @@ static void lse_forward_item(const grad_job *j, int64_t g, int64_t t0, int64_t t
     for (int64_t p0 = k_lo; p0 < k_hi; p0 += KB) {
         int64_t nk = k_hi - p0 < KB ? k_hi - p0 : KB;
         pack_t(kt, j, j->k, g, p0, nk);
-        for (int64_t r = 0; r < rows; r++) {
-            int64_t t = t0 + r / grp, h = g * grp + r % grp, c0, c1;
-            seen_cols(j, j->pos0 + t, p0, nk, &c0, &c1);
-            if (c0 >= c1) continue;
-            j->row_times_t(s, j->q + (t * j->H + h) * d, kt, d);
-            float mx = m[r];
-            for (int64_t c = c0; c < c1; c++) mx = fmaxf(mx, s[c] * scale);
-            float corr = expf(m[r] - mx), sum = 0;   /* corr 0 on the first block */
-            float *orow = o + r * d;
-            for (int64_t i = 0; i < d; i++) orow[i] *= corr;
-            for (int64_t c = c0; c < c1; c++) {
-                float e = expf(s[c] * scale - mx);
-                sum += e;
-                j->axpy(orow, e, kv_row(j, j->v, p0 + c, g), d);
+        for (int64_t r0 = 0; r0 < rows; r0 += RB) {
+            row_step st = step_rows(j, g, t0, r0, rows);
+            int64_t c0[RB], c1[RB], lo, hi;
+            if (!step_cols(j, &st, p0, nk, c0, c1, &lo, &hi)) continue;
+            const float *a[RB];
+            float *orow[RB];
+            for (int r = 0; r < RB; r++) a[r] = j->q + st.row[r] * d, orow[r] = r < st.n ? o + (r0 + r) * d : sink + r * d;
+            j->rows_times_t(s, a, kt, d);
+            for (int r = 0; r < st.n; r++) {   /* s becomes exp(score − new max), 0 where unseen */
+                float *sr = s + r * KB, *mr = m + r0 + r, mx = *mr, sum = 0;
+                for (int64_t c = c0[r]; c < c1[r]; c++) mx = fmaxf(mx, sr[c] * scale);
+                for (int64_t c = 0; c < KB; c++) {
+                    sr[c] = c >= c0[r] && c < c1[r] ? expf(sr[c] * scale - mx) : 0.0f;
+                    sum += sr[c];
+                }
+                if (c0[r] >= c1[r]) continue;
+                float corr = expf(*mr - mx);   /* 0 on the row's first block */
+                for (int64_t i = 0; i < d; i++) orow[r][i] *= corr;
+                l[r0 + r] = l[r0 + r] * corr + sum;
+                *mr = mx;
             }
-            l[r] = l[r] * corr + sum;
-            m[r] = mx;
+            for (int r = st.n; r < RB; r++) memset(s + r * KB, 0, KB * sizeof(float));
+            for (int64_t c = lo; c < hi; c++) {
+                float wc[RB] = {s[c], s[KB + c], s[2 * KB + c], s[3 * KB + c]};
+                j->axpy_each(orow, wc, kv_row(j, j->v, p0 + c, g), d);
+            }
         }
     }
     for (int64_t r = 0; r < rows; r++) {
@@ -639,48 +711,58 @@ tp_status tp_attention_forward_lse(float *out, float *lse, const float *q, const
 
 /* ---- backward ---------------------------------------------------------- */
 
-/* P and ds·scale of row (t, h) over the block's columns [c0, c1) (zero
- * elsewhere), from the transposed k and v of the block. */
-static void prob_and_ds(const grad_job *j, int64_t t, int64_t h, const float *kt, const float *vt,
-                        int64_t c0, int64_t c1, float *P, float *ds)
+/* P and ds·scale of the step's rows over the block (zero on the columns a
+ * row does not see, and on missing rows), from the transposed k and v. */
+static void step_prob_and_ds(const grad_job *j, const row_step *st, const int64_t c0[RB], const int64_t c1[RB],
+                             const float *kt, const float *vt, float *P, float *ds)
 {
-    int64_t d = j->d, r = t * j->H + h;
+    int64_t d = j->d;
     float scale = 1.0f / sqrtf((float)d);
-    j->row_times_t(P, j->q + r * d, kt, d);
-    j->row_times_t(ds, j->dout + r * d, vt, d);
-    for (int c = 0; c < KB; c++) {
-        float e = c >= c0 && c < c1 ? expf(P[c] * scale - j->lse[r]) : 0.0f;
-        ds[c] = e * (ds[c] - j->D[r]) * scale;
-        P[c] = e;
+    const float *a[RB];
+    for (int r = 0; r < RB; r++) a[r] = j->q + st->row[r] * d;
+    j->rows_times_t(P, a, kt, d);
+    for (int r = 0; r < RB; r++) a[r] = j->dout + st->row[r] * d;
+    j->rows_times_t(ds, a, vt, d);
+    for (int r = 0; r < RB; r++) {
+        float lse = j->lse[st->row[r]], D = j->D[st->row[r]];
+        for (int c = 0; c < KB; c++) {
+            float e = c >= c0[r] && c < c1[r] ? expf(P[r * KB + c] * scale - lse) : 0.0f;
+            ds[r * KB + c] = e * (ds[r * KB + c] - D) * scale;
+            P[r * KB + c] = e;
+        }
     }
 }
 
 /* Item: KV head g, keys [p0, p0 + nk).  Query t sees key p when
- * pos0 + t >= p and (with a window) pos0 + t − p < window. */
+ * pos0 + t >= p and (with a window) pos0 + t − p < window.  Its rows are
+ * those queries of every head of the group, in order (t, h). */
 static void grad_kv_item(const grad_job *j, int64_t g, int64_t p0, int64_t nk, float *w)
 {
     int64_t d = j->d, grp = j->H / j->KV;
-    float *kt = w, *vt = kt + d * KB, *dk = vt + d * KB, *dv = dk + KB * d, *P = dv + KB * d, *ds = P + KB;
+    float *kt = w, *vt = kt + d * KB, *dk = vt + d * KB, *dv = dk + KB * d, *P = dv + KB * d, *ds = P + RB * KB;
     memset(dk, 0, (size_t)(2 * KB * d) * sizeof(float));
     pack_t(kt, j, j->k, g, p0, nk);
     pack_t(vt, j, j->v, g, p0, nk);
     int64_t t_lo = p0 - j->pos0 > 0 ? p0 - j->pos0 : 0, t_hi = j->T;   /* [t_lo, t_hi) */
     if (j->window > 0 && p0 + nk - 1 + j->window - j->pos0 < t_hi) t_hi = p0 + nk - 1 + j->window - j->pos0;
-    for (int64_t h = g * grp; h < (g + 1) * grp; h++)
-        for (int64_t t = t_lo; t < t_hi; t++) {
-            int64_t c0, c1;
-            seen_cols(j, j->pos0 + t, p0, nk, &c0, &c1);
-            if (c0 >= c1) continue;
-            prob_and_ds(j, t, h, kt, vt, c0, c1, P, ds);
-            const float *q = j->q + (t * j->H + h) * d, *go = j->dout + (t * j->H + h) * d;
-            for (int64_t c = c0; c < c1; c++) {
-                j->axpy(dv + c * d, P[c], go, d);
-                j->axpy(dk + c * d, ds[c], q, d);
-            }
+    int64_t rows = (t_hi - t_lo) * grp;
+    for (int64_t r0 = 0; r0 < rows; r0 += RB) {
+        row_step st = step_rows(j, g, t_lo, r0, rows);
+        int64_t c0[RB], c1[RB], lo, hi;
+        if (!step_cols(j, &st, p0, nk, c0, c1, &lo, &hi)) continue;
+        step_prob_and_ds(j, &st, c0, c1, kt, vt, P, ds);
+        const float *qs[RB], *gos[RB];
+        for (int r = 0; r < RB; r++) qs[r] = j->q + st.row[r] * d, gos[r] = j->dout + st.row[r] * d;
+        for (int64_t c = lo; c < hi; c++) {
+            float pc[RB] = {P[c], P[KB + c], P[2 * KB + c], P[3 * KB + c]};
+            float dc[RB] = {ds[c], ds[KB + c], ds[2 * KB + c], ds[3 * KB + c]};
+            j->axpy_rows(dv + c * d, pc, gos, d);
+            j->axpy_rows(dk + c * d, dc, qs, d);
         }
+    }
     for (int64_t c = 0; c < nk; c++) {
-        j->axpy(j->dk + ((p0 + c) * j->KV + g) * d, 1.0f, dk + c * d, d);
-        j->axpy(j->dv + ((p0 + c) * j->KV + g) * d, 1.0f, dv + c * d, d);
+        float *dkr = j->dk + ((p0 + c) * j->KV + g) * d, *dvr = j->dv + ((p0 + c) * j->KV + g) * d;
+        for (int64_t i = 0; i < d; i++) dkr[i] += dk[c * d + i], dvr[i] += dv[c * d + i];
     }
 }
 
@@ -699,23 +781,31 @@ static void grad_kv_worker(void *p, int ti, int nt)
 static void grad_q_item(const grad_job *j, int64_t g, int64_t t0, int64_t t1, float *w)
 {
     int64_t d = j->d, grp = j->H / j->KV, rows = (t1 - t0) * grp;
-    float *kt = w, *vt = kt + d * KB, *P = vt + 3 * d * KB, *ds = P + KB, *acc = w + 4 * d * KB + 4 * KB;
+    float *kt = w, *vt = kt + d * KB, *P = w + 4 * d * KB, *ds = P + RB * KB, *sink = ds + RB * KB;
+    float *acc = sink + RB * d;
     memset(acc, 0, (size_t)(rows * d) * sizeof(float));
     int64_t k_lo = key_lo(j->pos0 + t0, j->window), k_hi = j->pos0 + t1;
     for (int64_t p0 = k_lo; p0 < k_hi; p0 += KB) {
         int64_t nk = k_hi - p0 < KB ? k_hi - p0 : KB;
         pack_t(kt, j, j->k, g, p0, nk);
         pack_t(vt, j, j->v, g, p0, nk);
-        for (int64_t r = 0; r < rows; r++) {
-            int64_t t = t0 + r / grp, h = g * grp + r % grp, c0, c1;
-            seen_cols(j, j->pos0 + t, p0, nk, &c0, &c1);
-            if (c0 >= c1) continue;
-            prob_and_ds(j, t, h, kt, vt, c0, c1, P, ds);
-            for (int64_t c = c0; c < c1; c++) j->axpy(acc + r * d, ds[c], kv_row(j, j->k, p0 + c, g), d);
+        for (int64_t r0 = 0; r0 < rows; r0 += RB) {
+            row_step st = step_rows(j, g, t0, r0, rows);
+            int64_t c0[RB], c1[RB], lo, hi;
+            if (!step_cols(j, &st, p0, nk, c0, c1, &lo, &hi)) continue;
+            step_prob_and_ds(j, &st, c0, c1, kt, vt, P, ds);
+            float *accs[RB];
+            for (int r = 0; r < RB; r++) accs[r] = r < st.n ? acc + (r0 + r) * d : sink + r * d;
+            for (int64_t c = lo; c < hi; c++) {
+                float dc[RB] = {ds[c], ds[KB + c], ds[2 * KB + c], ds[3 * KB + c]};
+                j->axpy_each(accs, dc, kv_row(j, j->k, p0 + c, g), d);
+            }
         }
     }
-    for (int64_t r = 0; r < rows; r++)
-        j->axpy(j->o_or_dq + ((t0 + r / grp) * j->H + g * grp + r % grp) * d, 1.0f, acc + r * d, d);
+    for (int64_t r = 0; r < rows; r++) {
+        float *dq = j->o_or_dq + ((t0 + r / grp) * j->H + g * grp + r % grp) * d;
+        for (int64_t i = 0; i < d; i++) dq[i] += acc[r * d + i];
+    }
 }
 
 static void grad_q_worker(void *p, int ti, int nt)
