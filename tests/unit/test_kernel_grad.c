@@ -580,6 +580,7 @@ int main(void)
         {5, 0, 2, 2, 8, 0},     /* no grouping */
         {40, 0, 3, 1, 8, 0},    /* group 3 over one KV head, two key blocks */
         {12, 30, 2, 1, 12, 5},  /* long prefix, window, head_dim 12 */
+        {37, 5, 4, 2, 8, 20},   /* window across key blocks, steps of rows cut short */
     };
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) test_attention(&shapes[i], pool3);
     test_attention_refusals();
