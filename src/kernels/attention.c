@@ -615,6 +615,25 @@ static int step_cols(const grad_job *j, const row_step *s, int64_t p0, int64_t n
 
 /* ---- forward with lse: online softmax over key blocks ---------------- */
 
+/* One row's online-softmax step over a key block: the row's scores s
+ * (unscaled) become exp(score − new maximum) on its columns [c0, c1) and 0
+ * elsewhere; its maximum *m, sum *l and unnormalised output o are
+ * rescaled to the new maximum.  The caller then adds Σ_c s[c]·v_c to o. */
+static void online_step(float *s, int64_t c0, int64_t c1, float scale, float *m, float *l, float *o, int64_t d)
+{
+    float mx = *m, sum = 0;
+    for (int64_t c = c0; c < c1; c++) mx = fmaxf(mx, s[c] * scale);
+    for (int64_t c = 0; c < KB; c++) {
+        s[c] = c >= c0 && c < c1 ? expf(s[c] * scale - mx) : 0.0f;
+        sum += s[c];
+    }
+    if (c0 >= c1) return;
+    float corr = expf(*m - mx);   /* 0 on the row's first block */
+    for (int64_t i = 0; i < d; i++) o[i] *= corr;
+    *l = *l * corr + sum;
+    *m = mx;
+}
+
 /* Item: KV head g, queries [t0, t1), every head of the group. */
 static void lse_forward_item(const grad_job *j, int64_t g, int64_t t0, int64_t t1, float *w)
 {
@@ -636,19 +655,7 @@ static void lse_forward_item(const grad_job *j, int64_t g, int64_t t0, int64_t t
             float *orow[RB];
             for (int r = 0; r < RB; r++) a[r] = j->q + st.row[r] * d, orow[r] = r < st.n ? o + (r0 + r) * d : sink + r * d;
             j->rows_times_t(s, a, kt, d);
-            for (int r = 0; r < st.n; r++) {   /* s becomes exp(score − new max), 0 where unseen */
-                float *sr = s + r * KB, *mr = m + r0 + r, mx = *mr, sum = 0;
-                for (int64_t c = c0[r]; c < c1[r]; c++) mx = fmaxf(mx, sr[c] * scale);
-                for (int64_t c = 0; c < KB; c++) {
-                    sr[c] = c >= c0[r] && c < c1[r] ? expf(sr[c] * scale - mx) : 0.0f;
-                    sum += sr[c];
-                }
-                if (c0[r] >= c1[r]) continue;
-                float corr = expf(*mr - mx);   /* 0 on the row's first block */
-                for (int64_t i = 0; i < d; i++) orow[r][i] *= corr;
-                l[r0 + r] = l[r0 + r] * corr + sum;
-                *mr = mx;
-            }
+            for (int r = 0; r < st.n; r++) online_step(s + r * KB, c0[r], c1[r], scale, m + r0 + r, l + r0 + r, orow[r], d);
             for (int r = st.n; r < RB; r++) memset(s + r * KB, 0, KB * sizeof(float));
             for (int64_t c = lo; c < hi; c++) {
                 float wc[RB] = {s[c], s[KB + c], s[2 * KB + c], s[3 * KB + c]};
