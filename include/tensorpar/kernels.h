@@ -228,10 +228,11 @@ void tp_embedding_backward(float *dw, int64_t row0, int64_t rows, int64_t width,
 tp_status tp_cross_entropy(double *loss_sum, float *dlogits, const float *logits, const int64_t *labels,
                            int64_t T, int64_t V, double count, tp_threadpool *pool);
 
-/* Causal attention for training: tp_attention's result (same arguments,
- * portable C) plus lse[T, n_heads], the log-sum-exp of each row's scaled
- * scores — all the backward needs besides q, k, v and out (no T × keys
- * matrix is stored). */
+/* Causal attention for training: tp_attention's result (same arguments;
+ * its own blocked kernel, portable C whose loops also have an AVX2 build)
+ * plus lse[T, n_heads], the log-sum-exp of each row's scaled scores — all
+ * the backward needs besides q, k, v and out (no T × keys matrix is
+ * stored).  Fails for n_heads not a multiple of n_kv, or out of memory. */
 tp_status tp_attention_forward_lse(float *out, float *lse, const float *q, const float *k, const float *v,
                                    int64_t T, int64_t pos0, int64_t n_heads, int64_t n_kv, int64_t d,
                                    int64_t window, tp_threadpool *pool);
