@@ -7,7 +7,7 @@ packages=(
   build-essential cmake pkg-config clang libclang-rt-14-dev
   libcjson-dev libopenblas-dev libpcre2-dev libutf8proc-dev
   libopenmpi-dev openmpi-bin
-  libedit-dev python3-numpy gnuplot-nox
+  libedit-dev python3-numpy python3-torch gnuplot-nox
   qemu-user
 )
 command -v node >/dev/null 2>&1 || packages+=(nodejs)

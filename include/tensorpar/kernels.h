@@ -180,6 +180,86 @@ void tp_attention(float *out, const float *q, const float *k, const float *v,
                   int64_t T, int64_t pos0, int64_t n_heads, int64_t n_kv, int64_t d,
                   int64_t window, tp_threadpool *pool);
 
+/* ---- backward (training) ----------------------------------------------
+ * The gradient of each kernel above, f32, written next to its forward
+ * (llm.c style).  Convention: a backward ADDS into its gradient outputs
+ * (dx += …, dW += …), so that a tensor used twice — the residual stream,
+ * the input of q/k/v or gate/up, tied embeddings, the k/v of a GQA group —
+ * collects its gradients without a temporary; the caller zeroes them first.
+ * The exceptions say so (tp_rope_backward: in place; tp_cross_entropy:
+ * writes, it starts the chain).  A NULL gradient output is not computed. */
+
+/* RMSNorm: dx += ∂/∂x, dw += ∂/∂w (summed over the rows) of the forward
+ * tp_rmsnorm(·, x, w, rows, n, eps) given dy; x is the forward's input.
+ * Qwen3's per-head q/k norms are rows = T·heads, n = head_dim.  The fused
+ * tp_add_rmsnorm needs nothing more: with dr the gradient of the residual
+ * after the add, tp_rmsnorm_backward(dr, dw, dout, x_after_add, …) makes dr
+ * the gradient of both addends.  Fails only for a weight that is neither
+ * f32 nor bf16, or out of memory. */
+tp_status tp_rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, const tp_tensor *w,
+                              int64_t rows, int64_t n, double eps);
+
+/* RoPE: the gradient of tp_rope_apply_table (same table), in place:
+ * dx[T, n_heads, head_dim] becomes the gradient before the rotation, i.e.
+ * rotated by −θ.  Covers every inv_freq schedule (default, linear, llama3). */
+void tp_rope_backward(float *dx, int64_t T, int64_t n_heads, int64_t head_dim, const float *table);
+
+/* SwiGLU: for y = silu(a)·b (tp_silu_mul), da += dy·b·silu'(a), db += dy·silu(a).
+ * a is the gate as it was before the in-place forward. */
+void tp_silu_mul_backward(float *da, float *db, const float *dy, const float *a, const float *b, int64_t n);
+
+/* Linear, for y[T, out] = x[T, in]·Wᵀ (+ b): dx[T, in] += dy·W,
+ * dw[out, in] += dyᵀ·x, db[out] += Σ_t dy[t].  W is f32 or bf16 (widened
+ * by blocks of rows; dw is f32 either way).  The products are OpenBLAS
+ * GEMMs run from the calling thread (OpenBLAS's own threads, its kernels
+ * chosen from cpuid); pool widens bf16 blocks.  Fails as tp_matmul for a
+ * refused TENSORPAR_ISA or a bad weight, or out of memory. */
+tp_status tp_matmul_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
+                             int64_t T, const tp_tensor *W, tp_threadpool *pool);
+
+/* Embedding over the rows of the table this rank holds, vocabulary ids
+ * [row0, row0 + rows): forward y[t] = W[ids[t] − row0] (zeros for an id
+ * outside, the masked lookup of embedding_rowwise; W f32 or bf16), and
+ * backward dw[ids[t] − row0] += dy[t] for the ids inside (dw [rows, width],
+ * f32), added in order of t: bitwise the same for any thread count. */
+void tp_embedding_forward(float *y, const tp_tensor *W, int64_t row0, const int64_t *ids, int64_t T);
+void tp_embedding_backward(float *dw, int64_t row0, int64_t rows, int64_t width, const int64_t *ids,
+                           const float *dy, int64_t T, tp_threadpool *pool);
+
+/* The label that tp_cross_entropy (like PyTorch's ignore_index) skips. */
+#define TP_IGNORE_INDEX (-100)
+
+/* Cross-entropy of logits[T, V] against labels[T] (already aligned: row t
+ * predicts labels[t]; the causal-LM shift is the caller's), rows labelled
+ * TP_IGNORE_INDEX skipped.  *loss_sum = Σ over counted rows of
+ * logsumexp(z) − z[label] (double); dlogits (NULL: loss only; may be
+ * logits itself) = (softmax(z) − onehot(label)) / count on counted rows and
+ * 0 on ignored ones — count is the number of tokens the loss is averaged
+ * over, those of the whole accumulated batch when accumulating gradients.
+ * Fails (nothing written) for a label outside [0, V) other than -100, or a
+ * count <= 0 while some row counts. */
+tp_status tp_cross_entropy(double *loss_sum, float *dlogits, const float *logits, const int64_t *labels,
+                           int64_t T, int64_t V, double count, tp_threadpool *pool);
+
+/* Causal attention for training: tp_attention's result (same arguments;
+ * its own blocked kernel, portable C whose loops also have an AVX2 build)
+ * plus lse[T, n_heads], the log-sum-exp of each row's scaled scores — all
+ * the backward needs besides q, k, v and out (no T × keys matrix is
+ * stored).  Fails for n_heads not a multiple of n_kv, or out of memory. */
+tp_status tp_attention_forward_lse(float *out, float *lse, const float *q, const float *k, const float *v,
+                                   int64_t T, int64_t pos0, int64_t n_heads, int64_t n_kv, int64_t d,
+                                   int64_t window, tp_threadpool *pool);
+/* Its backward, flash-style (the probabilities recomputed from lse, key
+ * block by key block): dq[T, n_heads, d] += …, and dk, dv (both or
+ * neither; layout of k and v, row stride n_kv·d, rows 0 .. pos0 + T − 1,
+ * so a cached prefix gets its gradient too) += …, each KV head's summed
+ * over the query heads of its group.  The window is respected.  Bitwise
+ * the same for any thread count. */
+tp_status tp_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                const float *k, const float *v, const float *out, const float *lse,
+                                int64_t T, int64_t pos0, int64_t n_heads, int64_t n_kv, int64_t d,
+                                int64_t window, tp_threadpool *pool);
+
 /* Micro-benchmarks for `tensorpar bench`: FMA peak, read bandwidth, GEMM
  * GFLOP/s at the qwen3-0.6b shapes for each path, GEMV GB/s.  Prints a
  * table to `out`.  pool supplies the threads (NULL: one).  quick != 0 uses

@@ -122,3 +122,20 @@ void tp_softmax_path(tp_kernel_path p, float *x, int64_t n)
 }
 
 void tp_softmax(float *x, int64_t n) { tp_softmax_path(TP_KERNEL_AUTO, x, n); }
+
+/* ---- silu(a) * b backward ------------------------------------------------
+ * With σ = sigmoid(a), silu(a) = a·σ and silu'(a) = σ·(1 + a·(1 − σ)), so
+ * for y = silu(a)·b:
+ *   da += dy·b·σ·(1 + a·(1 − σ)),   db += dy·a·σ.
+ * a and b are the forward's inputs (the gate before the in-place forward
+ * overwrote it).  σ is formed as 1/(1 + e^−a), which is exact enough at
+ * both tails in f32 (e^−a overflows to inf and σ becomes 0, correctly). */
+void tp_silu_mul_backward(float *da, float *db, const float *dy, const float *a, const float *b, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float sig = 1.0f / (1.0f + expf(-a[i]));
+        float g = dy[i];
+        if (da) da[i] += g * b[i] * sig * (1.0f + a[i] * (1.0f - sig));
+        if (db) db[i] += g * a[i] * sig;
+    }
+}

@@ -285,3 +285,69 @@ tp_status tp_matmul(float *y, const float *x, int64_t T, const tp_tensor *W,
     tp_matmul_opts_default(&o);
     return tp_matmul_ex(y, x, T, W, bias, pool, &o);
 }
+
+/* ---- backward ---------------------------------------------------------
+ * y = x·Wᵀ + b gives, with dy the gradient of y:
+ *   dx += dy·W          [T, in]  = [T, out]·[out, in]
+ *   dW += dyᵀ·x         [out, in] = [out, T]·[T, in]
+ *   db += Σ_t dy[t]
+ * The two products are GEMMs handed to OpenBLAS (beta = 1 accumulates in
+ * place), called from this thread so that OpenBLAS runs its own threads and
+ * picks its kernels from cpuid.  bf16 weights are widened to f32 a block of
+ * rows at a time, so no f32 copy of the whole matrix exists: dx is then the
+ * sum over blocks of dy[:, rows]·W[rows, :].  dW is always f32 (the
+ * gradient of a bf16 weight is kept, and applied to its master copy, in
+ * f32). */
+
+typedef struct {
+    float *dst;
+    const uint16_t *src;
+    int64_t count;
+} widen_job;
+
+static void widen_worker(void *p, int ti, int nt)
+{
+    const widen_job *j = p;
+    int64_t b, e;
+    tp_split_range(j->count, ti, nt, &b, &e);
+    for (int64_t i = b; i < e; i++) j->dst[i] = tp_f32_from_bf16(j->src[i]);
+}
+
+static tp_status backward_dx(float *dx, const float *dy, int64_t T, const tp_tensor *W, tp_threadpool *pool)
+{
+    int64_t n = W->shape[0], k = W->shape[1];
+    if (W->dtype == TP_F32) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)k, (int)n,
+                    1.0f, dy, (int)n, W->data, (int)k, 1.0f, dx, (int)k);
+        return TP_OK;
+    }
+    float *wf = malloc((size_t)BF16_BLOCK_ROWS * (size_t)k * sizeof(float));
+    if (!wf) return tp_fail(TP_ERR_NOMEM, "tp_matmul_backward: out of memory for a block of the weight");
+    for (int64_t r0 = 0; r0 < n; r0 += BF16_BLOCK_ROWS) {
+        int64_t rows = n - r0 < BF16_BLOCK_ROWS ? n - r0 : BF16_BLOCK_ROWS;
+        widen_job wj = {wf, (const uint16_t *)W->data + r0 * k, rows * k};
+        tp_parallel_run(pool, widen_worker, &wj);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)k, (int)rows,
+                    1.0f, dy + r0, (int)n, wf, (int)k, 1.0f, dx, (int)k);
+    }
+    free(wf);
+    return TP_OK;
+}
+
+tp_status tp_matmul_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
+                             int64_t T, const tp_tensor *W, tp_threadpool *pool)
+{
+    tp_status st = tp_isa_check();
+    if (!st) st = check_weight(W, T);
+    if (st) return st;
+    int64_t n = W->shape[0], k = W->shape[1];
+    if (T == 0 || n == 0) return TP_OK;
+    if (dw && k > 0)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)n, (int)k, (int)T,
+                    1.0f, dy, (int)n, x, (int)k, 1.0f, dw, (int)k);
+    if (db)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t o = 0; o < n; o++) db[o] += dy[t * n + o];
+    if (dx && k > 0) st = backward_dx(dx, dy, T, W, pool);
+    return st;
+}

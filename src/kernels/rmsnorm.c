@@ -117,3 +117,52 @@ void tp_add_rmsnorm(float *x, const float *y, float *out, const tp_tensor *w,
     }
     if (wf != stack && wf != w->data) free(wf);
 }
+
+/* ---- backward ---------------------------------------------------------
+ * With r = 1/sqrt(mean(x²) + eps) and y_i = w_i·x_i·r, per row:
+ *   dw_i += dy_i·x_i·r
+ *   dx_j += r·w_j·dy_j − x_j·r³/n · Σ_i w_i·dy_i·x_i
+ * (r depends on every x_j, hence the second term, a projection that
+ * removes the part of the gradient along x).  The row sums run in double,
+ * like the forward's mean; each row's terms are added in index order, so
+ * the result depends on neither the path nor the thread count.  dw is
+ * summed over the rows in row order, which is what makes Qwen3's per-head
+ * q/k norms (rows = T·heads, n = head_dim) collect one gradient. */
+static void rmsnorm_backward_rows(float *dx, float *dw, const float *dy, const float *x, const float *w,
+                                  int64_t rows, int64_t n, double eps)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n, *g = dy + r * n;
+        double ss = 0, dot = 0;
+        for (int64_t i = 0; i < n; i++) {
+            ss += (double)xr[i] * xr[i];
+            dot += (double)w[i] * g[i] * xr[i];
+        }
+        double inv = 1.0 / sqrt(ss / (double)n + eps);
+        double c = dot * inv * inv * inv / (double)n;
+        if (dx) {
+            float *o = dx + r * n;
+            for (int64_t i = 0; i < n; i++) o[i] += (float)(inv * w[i] * g[i] - c * xr[i]);
+        }
+        if (dw)
+            for (int64_t i = 0; i < n; i++) dw[i] += (float)((double)g[i] * xr[i] * inv);
+    }
+}
+
+tp_status tp_rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x, const tp_tensor *w,
+                              int64_t rows, int64_t n, double eps)
+{
+    if (w->dtype != TP_F32 && w->dtype != TP_BF16)
+        return tp_fail(TP_ERR_UNSUPPORTED, "tp_rmsnorm_backward: weight of dtype %s", tp_dtype_name(w->dtype));
+    float stack[W_STACK], *wf = stack;
+    if (w->dtype == TP_F32) {
+        wf = w->data;
+    } else {
+        if (n > W_STACK && !(wf = malloc((size_t)n * sizeof(float))))
+            return tp_fail(TP_ERR_NOMEM, "tp_rmsnorm_backward: out of memory");
+        tp_row_to_f32(wf, w, 0);
+    }
+    rmsnorm_backward_rows(dx, dw, dy, x, wf, rows, n, eps);
+    if (wf != stack && wf != w->data) free(wf);
+    return TP_OK;
+}

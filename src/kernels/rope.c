@@ -139,3 +139,27 @@ void tp_rope_apply_table(float *x, int64_t T, int64_t n_heads, int64_t head_dim,
 {
     tp_rope_apply_table_path(TP_KERNEL_AUTO, x, T, n_heads, head_dim, table);
 }
+
+/* ---- backward ---------------------------------------------------------
+ * The forward multiplies each pair (a, b) = (v[i], v[half + i]) by the
+ * rotation R(θ) = [c −s; s c], θ = pos·inv_freq[i].  A rotation is
+ * orthogonal, so the gradient goes back through its transpose R(−θ):
+ *   da = c·ga + s·gb,   db = c·gb − s·ga.
+ * The same table serves the default, linear and llama3 schedules: they
+ * differ only in inv_freq, which the table already holds as cos and sin.
+ * In place on the gradient, like the forward on the activations. */
+void tp_rope_backward(float *dx, int64_t T, int64_t n_heads, int64_t head_dim, const float *table)
+{
+    int64_t half = head_dim / 2;
+    for (int64_t t = 0; t < T; t++) {
+        const float *c = table + t * head_dim, *s = c + half;
+        for (int64_t h = 0; h < n_heads; h++) {
+            float *g = dx + (t * n_heads + h) * head_dim;
+            for (int64_t i = 0; i < half; i++) {
+                float ga = g[i], gb = g[i + half];
+                g[i] = ga * c[i] + gb * s[i];
+                g[i + half] = gb * c[i] - ga * s[i];
+            }
+        }
+    }
+}

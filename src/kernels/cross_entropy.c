@@ -1,0 +1,90 @@
+/* Cross-entropy over rows of logits, forward and backward in one pass, as
+ * the causal-LM loss of Transformers needs it: labels of -100 are ignored,
+ * and the loss is a sum that the caller divides by the number of counted
+ * tokens — of the whole accumulated batch when it accumulates gradients
+ * (Transformers >= 4.46), which is why the count is an argument.
+ *
+ * Per counted row with label y:
+ *   loss_t = logsumexp(z) − z_y
+ *   dz_i   = (softmax(z)_i − [i = y]) / count
+ * logsumexp is max + log Σ exp(z − max) with the sum in double, so no
+ * exponent overflows and the sum of V terms keeps its precision.  The
+ * exponentials themselves are f32 (expf, ~1 ulp): with the vocabulary in
+ * the hundreds of thousands they are most of the time of the loss, and a
+ * double exp costs several times more for digits no f32 gradient keeps. */
+#include "kernels/kern_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    float *dlogits;
+    const float *logits;
+    const int64_t *labels;
+    int64_t T, V;
+    double inv_count;
+    double *row_loss;   /* [T]: summed in row order afterwards */
+} ce_job;
+
+static double logsumexp(const float *z, int64_t V)
+{
+    float mx = z[0];
+    for (int64_t i = 1; i < V; i++) if (z[i] > mx) mx = z[i];
+    double sum = 0;
+    for (int64_t i = 0; i < V; i++) sum += expf(z[i] - mx);
+    return mx + log(sum);
+}
+
+static void ce_row(const ce_job *j, int64_t t)
+{
+    const float *z = j->logits + t * j->V;
+    float *dz = j->dlogits ? j->dlogits + t * j->V : NULL;
+    int64_t y = j->labels[t];
+    if (y == TP_IGNORE_INDEX) {
+        j->row_loss[t] = 0;
+        if (dz) memset(dz, 0, (size_t)j->V * sizeof(float));
+        return;
+    }
+    double lse = logsumexp(z, j->V);
+    j->row_loss[t] = lse - z[y];
+    if (!dz) return;
+    /* dz may be z: each element is read just before it is overwritten. */
+    float lsef = (float)lse, inv = (float)j->inv_count, zy = z[y];
+    for (int64_t i = 0; i < j->V; i++) dz[i] = expf(z[i] - lsef) * inv;
+    dz[y] = (float)((exp((double)zy - lse) - 1.0) * j->inv_count);   /* the label's term, in double */
+}
+
+static void ce_worker(void *p, int ti, int nt)
+{
+    const ce_job *j = p;
+    int64_t b, e;
+    tp_split_range(j->T, ti, nt, &b, &e);
+    for (int64_t t = b; t < e; t++) ce_row(j, t);
+}
+
+tp_status tp_cross_entropy(double *loss_sum, float *dlogits, const float *logits, const int64_t *labels,
+                           int64_t T, int64_t V, double count, tp_threadpool *pool)
+{
+    int64_t counted = 0;
+    for (int64_t t = 0; t < T; t++) {
+        if (labels[t] == TP_IGNORE_INDEX) continue;
+        if (labels[t] < 0 || labels[t] >= V)
+            return tp_fail(TP_ERR_INVALID, "tp_cross_entropy: label %lld of row %lld is outside [0, %lld) "
+                           "and not %d (ignored)", (long long)labels[t], (long long)t, (long long)V,
+                           TP_IGNORE_INDEX);
+        counted++;
+    }
+    if (counted > 0 && !(count > 0))
+        return tp_fail(TP_ERR_INVALID, "tp_cross_entropy: %lld counted tokens but a count of %g to divide by",
+                       (long long)counted, count);
+    double *row_loss = malloc((size_t)(T > 0 ? T : 1) * sizeof(double));
+    if (!row_loss) return tp_fail(TP_ERR_NOMEM, "tp_cross_entropy: out of memory");
+    ce_job j = {dlogits, logits, labels, T, V, counted > 0 ? 1.0 / count : 0.0, row_loss};
+    tp_parallel_run(pool, ce_worker, &j);
+    double sum = 0;
+    for (int64_t t = 0; t < T; t++) sum += row_loss[t];
+    free(row_loss);
+    *loss_sum = sum;
+    return TP_OK;
+}
