@@ -8,25 +8,37 @@
 # median speed ratio new/old with its range over the rounds and a verdict.
 #
 # usage: bench/compare-builds.sh [options] BASE_REV [NEW_REV|worktree]
+#        bench/compare-builds.sh [options] --bins OLD_BIN NEW_BIN
 #   --quick         the parts forward,decode,comm with short prompts (~5 min idle)
 #   --rounds N      rounds (default 3); each runs every part once per build
 #   --parts LIST    comma-separated, of all,forward,decode,comm,kernels
 #                   (default all,comm; --quick: forward,decode,comm)
 #   --tol F         tolerance of the verdict (default 0.05 = 5 %)
+#   --seq N, --new-tokens N   prefill tokens, decode steps (512, 128; --quick 128, 32)
 #   --model DIR     model to run (default: the qwen3-0.6b preset, bf16,
 #                   made once by the old build in the work folder)
 #   --work DIR      sources, builds and results (default /tmp/tp-compare-builds)
 #   --targets LIST  CMake targets to build (default tensorpar_cli)
+#   --bins          the two arguments are tensorpar binaries already built:
+#                   no build (the tests use it)
 # exit status: 0 no slowdown, 3 slowdown, 1 failure (build, run), 2 usage.
 set -euo pipefail
 
+# The whole script is one function, read by bash before it runs: the run
+# takes tens of minutes, and the working tree (NEW_REV "worktree") may be
+# edited or checked out meanwhile.
+main() {
+
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
 
-quick=0 rounds=3 parts="" tol=0.05 model="" work=/tmp/tp-compare-builds targets=tensorpar_cli
+bins=0 quick=0 rounds=3 seq_opt="" ntok_opt="" parts="" tol=0.05 model="" work=/tmp/tp-compare-builds targets=tensorpar_cli
 pos=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) quick=1 ;;
+        --bins) bins=1 ;;
+        --seq) seq_opt=${2:?}; shift ;;
+        --new-tokens) ntok_opt=${2:?}; shift ;;
         --rounds) rounds=${2:?}; shift ;;
         --parts) parts=${2:?}; shift ;;
         --tol) tol=${2:?}; shift ;;
@@ -40,6 +52,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 [ ${#pos[@]} -ge 1 ] && [ ${#pos[@]} -le 2 ] || usage
+[ $bins = 0 ] || [ ${#pos[@]} = 2 ] || usage
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "compare-builds: --rounds must be a positive integer" >&2; exit 2; }
 base=${pos[0]} newrev=${pos[1]:-worktree}
 [ -n "$parts" ] || { [ $quick = 1 ] && parts=forward,decode,comm || parts=all,comm; }
@@ -81,7 +94,9 @@ build() {
 }
 
 describe() {
-    if [ "$1" = worktree ]; then
+    if [ $bins = 1 ]; then
+        echo "$1"
+    elif [ "$1" = worktree ]; then
         echo "worktree at $(git -C "$root" describe --always --dirty)"
     else
         echo "$1 = $(git -C "$root" rev-parse --short "$1^{commit}")"
@@ -89,8 +104,15 @@ describe() {
 }
 
 t0=$(date +%s)
-old=$(build "$base")
-new=$(build "$newrev")
+if [ $bins = 1 ]; then
+    old=$(realpath "$base") new=$(realpath "$newrev")
+    for b in "$old" "$new"; do
+        [ -x "$b" ] || { echo "compare-builds: $b is not an executable" >&2; exit 2; }
+    done
+else
+    old=$(build "$base")
+    new=$(build "$newrev")
+fi
 
 if [ -z "$model" ]; then
     model=$work/qwen3-0.6b
@@ -100,6 +122,7 @@ fi
 
 if [ $quick = 1 ]; then seq=128 ntok=32 batches=11 maxb=4194304
 else seq=512 ntok=128 batches=25 maxb=16777216; fi
+seq=${seq_opt:-$seq} ntok=${ntok_opt:-$ntok}
 
 # part_cmd PART: the arguments of `tensorpar` for one measurement of PART.
 part_cmd() {
@@ -138,6 +161,7 @@ for r in $(seq 1 "$rounds"); do
             bin=$old; [ "$side" = new ] && bin=$new
             f=$raw/r$r-$p-$side
             cut -d' ' -f1-3 /proc/loadavg >"$f.load"
+            echo "r$r $p $side" >>"$raw/order.txt"
             echo "== round $r/$rounds: $p, $side build (load average $(cat "$f.load"))"
             # shellcheck disable=SC2046
             "$bin" $(part_cmd "$p") >"$f.out" 2>"$f.err" ||
@@ -153,3 +177,5 @@ rc=0
 /usr/bin/python3 "$root/bench/compare_builds.py" "$raw" "$tol" "$raw/summary.json" | tee "$raw/summary.txt" ||
     rc=${PIPESTATUS[0]}
 exit "$rc"
+}
+main "$@"
