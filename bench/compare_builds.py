@@ -185,7 +185,8 @@ def _fmt(v):
     return f"{v:.4g}"
 
 
-def report(per, loads, tol, out=sys.stdout):
+def report(per, loads, tol, out=None):
+    out = out or sys.stdout
     w = max([len(n) for n in per] + [6])
     print(f"{'metric':<{w}}  {'old':>9} {'new':>9}  speed new/old  min..max   rounds", file=out)
     for name in sorted(per):
@@ -205,6 +206,11 @@ def report(per, loads, tol, out=sys.stdout):
               f"median spread (max - min) per metric {statistics.median(spreads):.3f}", file=out)
     if loads:
         print(f"load average before the runs: {min(loads):.2f}..{max(loads):.2f}", file=out)
+        cores = os.cpu_count() or 1
+        if max(loads) > cores:
+            print(f"warning: the machine was busy (load average up to {max(loads):.1f} on {cores} cores):"
+                  " the ratios carry other jobs' noise; rerun idle, or with more rounds,"
+                  " before trusting a SLOWDOWN", file=out)
     slow, suspect = verdict(per, tol)
     if not per:
         print("verdict: nothing to compare (no metric measured by both builds)", file=out)
