@@ -14,7 +14,12 @@ builds ran back to back there), because the shared machine drifts between
 rounds.  A metric counts as a slowdown when its whole range over the
 rounds lies below 1 - tolerance: the new build was slower in every round
 by more than the tolerance.  A median below 1 - tolerance whose range
-still reaches it is reported as "suspect" (rerun with more rounds)."""
+still reaches it is reported as "suspect" (rerun with more rounds).
+
+The machine's own figures that `bench all` measures in each launch (FMA
+peak, read bandwidth) are controls: printed, with their ratios, as the
+noise of the moment, but left out of the verdict, since they time the
+host rather than the code under comparison."""
 
 import json
 import os
@@ -169,11 +174,17 @@ def compare(runs):
     return per
 
 
+def is_control(name):
+    return name.startswith("machine ")
+
+
 def verdict(per, tol):
     """(slow, suspect): metrics whose whole range is below 1 - tol, and
-    those whose median only is."""
+    those whose median only is; controls left out."""
     slow, suspect = [], []
     for name, e in per.items():
+        if is_control(name):
+            continue
         if max(e["ratios"]) < 1.0 - tol:
             slow.append(name)
         elif statistics.median(e["ratios"]) < 1.0 - tol:
@@ -193,7 +204,9 @@ def report(per, loads, tol, out=None):
         e = per[name]
         r = e["ratios"]
         flag = ""
-        if max(r) < 1.0 - tol:
+        if is_control(name):
+            flag = "  (control)"
+        elif max(r) < 1.0 - tol:
             flag = "  SLOWER"
         elif statistics.median(r) < 1.0 - tol:
             flag = "  suspect"
@@ -212,7 +225,7 @@ def report(per, loads, tol, out=None):
                   " the ratios carry other jobs' noise; rerun idle, or with more rounds,"
                   " before trusting a SLOWDOWN", file=out)
     slow, suspect = verdict(per, tol)
-    if not per:
+    if not [n for n in per if not is_control(n)]:
         print("verdict: nothing to compare (no metric measured by both builds)", file=out)
         return 1
     if slow:

@@ -98,6 +98,18 @@ class Summary(unittest.TestCase):
         self.assertEqual(s["slower"], ["decode bf16_tp2x1 (tokens/s)"])
         self.assertAlmostEqual(s["metrics"]["decode bf16_tp2x1 (tokens/s)"]["median"], 0.9)
         self.assertIn("SLOWDOWN", text)
+        # the machine's figures are controls: shown, never a slowdown
+        write_rounds(self.dir, [(all_json(2.0, 10.0), all_json(2.0, 10.0).replace("300.0", "100.0"))])
+        for r in (2, 3):
+            for side in ("old", "new"):
+                os.remove(os.path.join(self.dir, f"r{r}-all-{side}.out"))
+        rc, s, text = self.summarise(tol=0.05)
+        self.assertEqual(rc, 0, text)
+        self.assertAlmostEqual(s["metrics"]["machine FMA peak 2 threads (GFLOP/s)"]["ratios"][0], 1 / 3)
+        self.assertIn("(control)", text)
+        write_rounds(self.dir, [(all_json(2.0, 10.0), all_json(2.0, 9.0)),
+                                (all_json(2.1, 11.0), all_json(2.1, 9.9)),
+                                (all_json(1.9, 10.0), all_json(1.9, 9.0))])
         # the same figures within a 15 % tolerance pass
         rc, s, text = self.summarise(tol=0.15)
         self.assertEqual(rc, 0, text)
