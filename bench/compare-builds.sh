@@ -51,7 +51,7 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-[ ${#pos[@]} -ge 1 ] && [ ${#pos[@]} -le 2 ] || usage
+if [ ${#pos[@]} -lt 1 ] || [ ${#pos[@]} -gt 2 ]; then usage; fi
 [ $bins = 0 ] || [ ${#pos[@]} = 2 ] || usage
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "compare-builds: --rounds must be a positive integer" >&2; exit 2; }
 base=${pos[0]} newrev=${pos[1]:-worktree}
