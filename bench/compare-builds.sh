@@ -62,7 +62,7 @@ for p in ${parts//,/ }; do
     esac
 done
 
-root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
+root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$work"
 work=$(cd "$work" && pwd)
 
