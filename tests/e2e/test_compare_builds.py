@@ -195,6 +195,14 @@ class Script(unittest.TestCase):
                                 "--parts", "forward,bogus", BIN, BIN], capture_output=True, text=True)
             self.assertEqual(p.returncode, 2)
             self.assertIn("unknown part 'bogus'", p.stderr)
+            # a build that fails to run stops the compare with its error, no verdict
+            p = subprocess.run(["bash", os.path.join(ROOT, "bench", "compare-builds.sh"), "--bins",
+                                "--model", os.path.join(work, "missing"), "--work", work, BIN, BIN],
+                               capture_output=True, text=True, timeout=120)
+            self.assertEqual(p.returncode, 1)
+            self.assertIn("the warm-up of", p.stderr)
+            self.assertIn("config.json", p.stderr)
+            self.assertNotIn("verdict", p.stdout)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
