@@ -131,11 +131,13 @@ static tp_status add_messages(builder *b, int64_t line, const cJSON *arr)
 {
     if (!cJSON_IsArray(arr) || cJSON_GetArraySize(arr) == 0)
         return tp_fail(TP_ERR_FORMAT, "%s:%lld: messages is not a non-empty array", b->path, (long long)line);
+    tp_status s = need_tokenizer(b, line, "messages");
+    if (s) return s;
     if (!b->o->chat)
         return tp_fail(TP_ERR_INVALID, "%s:%lld: \"messages\" needs the model's chat template, and none was given",
                        b->path, (long long)line);
     tp_idvec ids = {0}, labels = {0};
-    tp_status s = tp_data_chat_row(b->o, arr, &ids, &labels);
+    s = tp_data_chat_row(b->o, arr, &ids, &labels);
     if (s) s = tp_fail_context(s, "%s:%lld", b->path, (long long)line);
     if (!s) s = check_vocab(b, line, ids.v, ids.n, "chat");
     if (!s) s = add_row(b, ids.v, labels.v, ids.n);
@@ -180,7 +182,7 @@ static tp_status add_line(builder *b, int64_t line, const char *text, size_t len
         s = tp_fail(TP_ERR_FORMAT, "%s:%lld: text is not a string", b->path, (long long)line);
     else if (k == KIND_TEXT && !(s = need_tokenizer(b, line, "text")))
         s = add_document(b, line, v->valuestring, strlen(v->valuestring));
-    else if (k == KIND_MESSAGES && !(s = need_tokenizer(b, line, "messages")))
+    else if (k == KIND_MESSAGES)
         s = add_messages(b, line, v);
     if (!s) *file_kind = k;
     cJSON_Delete(obj);
