@@ -25,5 +25,6 @@
 #include "tensorpar/models.h"
 #include "tensorpar/module.h"
 #include "tensorpar/text.h"
+#include "tensorpar/train.h"
 
 #endif
