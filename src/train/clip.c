@@ -29,7 +29,7 @@ static double sum_squares(const tp_tensor *g)
 static tp_status counts_here(const tp_train_param *p, int rank, int size, int *yes)
 {
     *yes = 1;
-    if (!(p->flags & TP_PARAM_COUNTED_ONCE) || size == 1) return TP_OK;
+    if (!(p->flags & TP_PARAM_COUNTED_ONCE)) return TP_OK;
     int R = p->replicas ? p->replicas : size;
     if (R > size || size % R)
         return tp_fail(TP_ERR_INVALID, "%s: %d replicas do not divide the mesh of %d ranks", p->name, R, size);
@@ -53,8 +53,8 @@ tp_status tp_grad_norm(const tp_train_param *params, int n, const tp_mesh *mesh,
     int rank = mesh ? tp_mesh_coord(mesh, 0) : 0, size = mesh ? tp_mesh_size(mesh, 0) : 1;
     double local = 0;
     for (int i = 0; i < n; i++) {
-        int yes;
-        if ((st = counts_here(&params[i], rank, size, &yes))) return st;
+        int yes = 1;
+        if (mesh && (st = counts_here(&params[i], rank, size, &yes))) return st;
         if (yes) local += sum_squares(params[i].grad);
     }
     double total = local;
