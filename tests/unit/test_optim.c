@@ -190,8 +190,40 @@ static void test_clip(void)
     tp_group_free(world);
 }
 
+/* The same steps with the element ranges split over a pool of 3 threads:
+ * the same bits. */
+static void test_pool(void)
+{
+    enum { N = 1000 };
+    static float p1[N], p2[N], g[N];
+    tp_rng rng;
+    tp_rng_seed(&rng, 7);
+    for (int i = 0; i < N; i++) p1[i] = p2[i] = (float)tp_rng_normal(&rng), g[i] = (float)tp_rng_normal(&rng);
+    tp_tensor v1 = {TP_F32, 1, {N}, p1, 0}, v2 = {TP_F32, 1, {N}, p2, 0}, gt = {TP_F32, 1, {N}, g, 0};
+    float first = p1[0];
+    tp_train_param a = {"a", &v1, &gt, 0, 0}, b = {"a", &v2, &gt, 0, 0};
+    tp_threadpool *pool = NULL;
+    CHECK(tp_threadpool_create(&pool, 3) == TP_OK);
+    if (!pool) return;
+    for (int kind = 0; kind < 2; kind++) {
+        tp_optim_options o;
+        tp_optim_options_default(&o, kind ? TP_OPTIM_SGD : TP_OPTIM_ADAMW);
+        o.weight_decay = 0.05, o.momentum = 0.9;
+        tp_optim *o1 = NULL, *o2 = NULL;
+        CHECK(tp_optim_new(&o, &a, 1, &o1) == TP_OK);
+        o.pool = pool;
+        CHECK(tp_optim_new(&o, &b, 1, &o2) == TP_OK);
+        for (int k = 0; o1 && o2 && k < 3; k++) CHECK(!tp_optim_step(o1, 0.01) && !tp_optim_step(o2, 0.01));
+        CHECK(!memcmp(p1, p2, sizeof p1) && p1[0] != first);
+        first = p1[0];
+        tp_optim_free(o1), tp_optim_free(o2);
+    }
+    tp_threadpool_destroy(pool);
+}
+
 int main(void)
 {
+    test_pool();
     test_adamw_first_step();
     test_sgd();
     test_checks();
