@@ -121,13 +121,15 @@ double tp_lr_at(const tp_lr_schedule *s, int64_t step);
  * a TP_PARAM_COUNTED_ONCE shard only on the first rank of its copy), and
  * the partial sums become one total by a Partial -> Replicate move over
  * `mesh` (1-D: pass the TP sub-mesh).  mesh NULL: this process only.  Every
- * rank gets the same bits.  Collective over mesh. */
-tp_status tp_grad_norm(const tp_train_param *params, int n, const tp_mesh *mesh, float *norm);
+ * rank gets the same bits.  pool (may be NULL) shares the work; the bits do
+ * not depend on it.  Collective over mesh. */
+tp_status tp_grad_norm(const tp_train_param *params, int n, const tp_mesh *mesh, tp_threadpool *pool,
+                       float *norm);
 /* clip_grad_norm_: the global norm into *norm (may be NULL), then every
  * gradient times min(1, max_norm / (norm + 1e-6)) when that is below 1.
  * max_norm <= 0 only measures.  Collective over mesh. */
-tp_status tp_clip_grad_norm(const tp_train_param *params, int n, const tp_mesh *mesh, double max_norm,
-                            float *norm);
+tp_status tp_clip_grad_norm(const tp_train_param *params, int n, const tp_mesh *mesh, tp_threadpool *pool,
+                            double max_norm, float *norm);
 
 /* ---- replica check ------------------------------------------------------ */
 

@@ -162,12 +162,12 @@ static void test_clip(void)
     setup(p, g, 2, TP_PARAM_COUNTED_ONCE);
     float norm = 0;
     /* two gradients (3, 4): norm sqrt(50); below max_norm nothing changes */
-    CHECK(tp_clip_grad_norm(params, 2, NULL, 10.0, &norm) == TP_OK);
+    CHECK(tp_clip_grad_norm(params, 2, NULL, NULL, 10.0, &norm) == TP_OK);
     CHECK(NEAR(norm, sqrt(50.0), 1e-7) && gv[0][0] == 3.0f && gv[1][1] == 4.0f);
-    CHECK(tp_clip_grad_norm(params, 1, NULL, 1.0, &norm) == TP_OK);
+    CHECK(tp_clip_grad_norm(params, 1, NULL, NULL, 1.0, &norm) == TP_OK);
     CHECK(NEAR(norm, 5.0, 1e-7) && NEAR(gv[0][0], 0.6, 1e-6) && NEAR(gv[0][1], 0.8, 1e-6));
     CHECK(gv[1][0] == 3.0f);   /* only the list given is clipped */
-    CHECK(tp_grad_norm(params, 1, NULL, &norm) == TP_OK && NEAR(norm, 1.0, 1e-6));
+    CHECK(tp_grad_norm(params, 1, NULL, NULL, &norm) == TP_OK && NEAR(norm, 1.0, 1e-6));
 
     /* A one-rank mesh: the counted-once parameter is counted (rank 0 holds
      * the first copy), the Partial -> Replicate move is a copy. */
@@ -181,10 +181,10 @@ static void test_clip(void)
     CHECK(tp_mesh_new_1d(world, "tp", &mesh) == TP_OK);
     if (mesh) {
         setup(p, g, 2, TP_PARAM_COUNTED_ONCE);
-        CHECK(tp_grad_norm(params, 2, mesh, &norm) == TP_OK && NEAR(norm, sqrt(50.0), 1e-7));
+        CHECK(tp_grad_norm(params, 2, mesh, NULL, &norm) == TP_OK && NEAR(norm, sqrt(50.0), 1e-7));
         CHECK(tp_check_replicated(params, 2, mesh) == TP_OK);
         params[1].replicas = 2;   /* more copies than ranks */
-        CHECK(tp_grad_norm(params, 2, mesh, &norm) == TP_ERR_INVALID && strstr(tp_error(), "b: 2 replicas"));
+        CHECK(tp_grad_norm(params, 2, mesh, NULL, &norm) == TP_ERR_INVALID && strstr(tp_error(), "b: 2 replicas"));
     }
     tp_mesh_free(mesh);
     tp_group_free(world);
@@ -218,6 +218,20 @@ static void test_pool(void)
         first = p1[0];
         tp_optim_free(o1), tp_optim_free(o2);
     }
+    /* The norm over blocks of 2^15 elements, and the clipping: the same
+     * bits with and without the pool. */
+    enum { BIG = 100003 };
+    static float g1[BIG], g2[BIG];
+    for (int i = 0; i < BIG; i++) g1[i] = g2[i] = (float)tp_rng_normal(&rng);
+    tp_tensor t1 = {TP_F32, 1, {BIG}, g1, 0}, t2 = {TP_F32, 1, {BIG}, g2, 0}, z = {TP_F32, 1, {0}, NULL, 0};
+    tp_train_param c1[2] = {{"e", &z, &z, 0, 0}, {"big", &t1, &t1, 0, 0}};
+    tp_train_param c2[2] = {{"e", &z, &z, 0, 0}, {"big", &t2, &t2, 0, 0}};
+    float n1 = 0, n2 = 0;
+    CHECK(tp_clip_grad_norm(c1, 2, NULL, NULL, 1.0, &n1) == TP_OK);
+    CHECK(tp_clip_grad_norm(c2, 2, NULL, pool, 1.0, &n2) == TP_OK);
+    CHECK_MSG(n1 == n2 && NEAR(n1, sqrt(BIG), 0.02), "%.9g %.9g", n1, n2);
+    CHECK(!memcmp(g1, g2, sizeof g1));
+    CHECK(tp_grad_norm(c2, 2, NULL, pool, &n2) == TP_OK && NEAR(n2, 1.0, 1e-6));
     tp_threadpool_destroy(pool);
 }
 

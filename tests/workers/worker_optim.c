@@ -99,7 +99,7 @@ static int run_config(const char *dir, const config *c, float *const *p0, float 
         for (int i = 0; i < NP; i++) memcpy(grd[i].data, grads[k][i], tp_tensor_nbytes(&grd[i]));
         float norm;
         double lr = tp_lr_at(&c->sched, k);
-        if (tp_clip_grad_norm(params, NP, NULL, 1.0, &norm) || tp_optim_step(opt, lr)) {
+        if (tp_clip_grad_norm(params, NP, NULL, NULL, 1.0, &norm) || tp_optim_step(opt, lr)) {
             fprintf(stderr, "%s: %s\n", prog, tp_error());
             rc = 1;
         }
@@ -278,7 +278,8 @@ static int run_sharded(uint64_t seed)
             narrow(s.fg[i].data, sp[i].cols, s.r0[i], s.nr[i], s.c0[i], s.nc[i], s.lg[i].data);
         }
         float nf, nl;
-        rc = tp_clip_grad_norm(s.full, NS, NULL, 1.0, &nf) || tp_clip_grad_norm(s.local, NS, mesh, 1.0, &nl);
+        rc = tp_clip_grad_norm(s.full, NS, NULL, NULL, 1.0, &nf) ||
+             tp_clip_grad_norm(s.local, NS, mesh, NULL, 1.0, &nl);
         if (rc) break;
         EXPECT(fabs((double)nl - nf) <= 1e-6 * nf, "step %d: sharded norm %.9g, whole %.9g", k + 1, nl, nf);
         printf("norm %d %a %.9g\n", k + 1, (double)nl, nf);
