@@ -229,6 +229,30 @@ tp_status tp_data_loader_step(tp_data_loader *l, int64_t step, tp_data_step *out
 tp_status tp_data_loader_micro(tp_data_loader *l, int64_t step, int micro, int64_t *rows, int64_t *n_rows,
                                int64_t *ids, int64_t *labels);
 
+/* ---- loss ------------------------------------------------------------- */
+
+/* tp_cross_entropy (kernels.h) over logits split by vocabulary: this rank
+ * holds logits_local [T, V_local], columns [start, start + V_local) of the
+ * full [T, V] as tp_chunk_range(V, P, rank) gives them (Shard(1) over the
+ * 1-D `mesh`, the TP sub-mesh; uneven and empty shards allowed); labels [T]
+ * are global ids, the same on every rank, -100 ignored.  *loss_sum (the
+ * same bits on every rank) = Σ over counted rows of logsumexp − z[label];
+ * dlogits_local [T, V_local] (NULL: loss only; may be logits_local) =
+ * (softmax − onehot) / count on this rank's columns.  The same loss and
+ * gradients as tp_cross_entropy on the gathered logits, to double rounding
+ * of the sums.  No rank holds [T, V]: the row maxima are all-gathered and
+ * the exp-sums and label logits all-reduced ([P, T] and [T, 2], through
+ * tp_redistribute_local), the scratch is
+ * tp_cross_entropy_vocab_parallel_scratch(T, P) bytes.  mesh NULL: this
+ * process holds the whole vocabulary.  Fails alike on every rank (before
+ * any collective) for a label outside [0, V) other than -100 or a count
+ * <= 0 while some row counts.  Collective over mesh. */
+tp_status tp_cross_entropy_vocab_parallel(double *loss_sum, float *dlogits_local, const float *logits_local,
+                                          const int64_t *labels, int64_t T, int64_t V, double count,
+                                          const tp_mesh *mesh, tp_threadpool *pool);
+/* The bytes the call above allocates for T rows over P ranks: 4·T·(P + 5). */
+size_t tp_cross_entropy_vocab_parallel_scratch(int64_t T, int P);
+
 #ifdef __cplusplus
 }
 #endif
