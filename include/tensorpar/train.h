@@ -253,6 +253,48 @@ tp_status tp_cross_entropy_vocab_parallel(double *loss_sum, float *dlogits_local
 /* The bytes the call above allocates for T rows over P ranks: 4·T·(P + 5). */
 size_t tp_cross_entropy_vocab_parallel_scratch(int64_t T, int P);
 
+/* ---- log --------------------------------------------------------------
+ *
+ * What a training run reports: one JSON line per optimizer step in
+ * OUT/train_log.jsonl, written by one rank (rank 0) and flushed at every
+ * step, so a run that stops keeps every step it finished:
+ *   {"step": 1, "loss": 2.5, "lr": 0.0001, "grad_norm": 1.25,
+ *    "tokens_per_s": 812.5, "eval_loss": 2.75}
+ * (steps from 1; eval_loss only on steps that evaluated; a number that is
+ * not finite is written as null).  On a terminal, a progress line on stderr:
+ * step/total, loss, lr, grad-norm, tokens/s, ETA.  At the end, the loss (and
+ * eval loss) against the step as a PNG drawn by gnuplot. */
+
+typedef struct {
+    int64_t step;               /* from 1 */
+    double loss;                /* the mean over the step's micro-batches */
+    double lr, grad_norm, tokens_per_s;
+    int has_eval;
+    double eval_loss;
+} tp_train_log_entry;
+
+typedef struct tp_train_log tp_train_log;
+
+/* A log of a run of total_steps steps (0: unknown, no ETA).  writer != 0
+ * (rank 0): creates out_dir if needed and OUT/train_log.jsonl (truncated)
+ * and draws the progress line when stderr is a terminal; writer == 0: every
+ * call is a no-op, so all ranks can run the same code. */
+tp_status tp_train_log_open(const char *out_dir, int64_t total_steps, int writer, tp_train_log **out);
+/* Appends one step (steps must increase) and flushes it; remembers the
+ * losses for the chart. */
+tp_status tp_train_log_step(tp_train_log *l, const tp_train_log_entry *e);
+/* Draws the chart of every logged step to png (NULL: OUT/loss.png), the
+ * file written whole or not at all (a temporary, then a rename).  Without
+ * gnuplot it warns, draws nothing and returns TP_OK with *drawn = 0 (drawn
+ * may be NULL).  A writer == 0 log draws nothing. */
+tp_status tp_train_log_chart(tp_train_log *l, const char *png, int *drawn);
+/* Ends the progress line and closes the file; NULL is fine. */
+void tp_train_log_close(tp_train_log *l);
+/* The progress line of entry e out of total steps (0: unknown) with eta_s
+ * seconds left (< 0: unknown), into buf: "step 3/10  loss 2.5000  lr
+ * 1.00e-04  grad-norm 1.250  tok/s 812  ETA 0:01:05". */
+void tp_train_progress_format(char *buf, size_t cap, const tp_train_log_entry *e, int64_t total, double eta_s);
+
 #ifdef __cplusplus
 }
 #endif
