@@ -38,6 +38,10 @@ def main():
         losses = re.findall(r"^loss (\S+) (\S+)$", p.stdout, re.M)
         check(len(losses) == CASES * n and len(set(losses)) == CASES,
               f"n={n}: the ranks' losses differ: {sorted(set(losses))}")
+        errs = [(float(a), float(b)) for a, b in re.findall(r"^err \S+ (\S+) (\S+)$", p.stdout, re.M)]
+        if errs:
+            print(f"n={n}: largest relative error: loss {max(a for a, _ in errs):.3g}, "
+                  f"gradient {max(b for _, b in errs):.3g}")
         big = [(int(a), int(b)) for a, b in re.findall(r"^mem memory (\d+) (\d+)$", p.stdout, re.M)]
         check(len(big) == n, f"n={n}: memory lines {big}")
         if big:

@@ -8,7 +8,8 @@
  * vocabulary shard (tp_chunk_range) and runs
  * tp_cross_entropy_vocab_parallel on it: the loss and this rank's gradient
  * columns must equal the reference within 1e-6 relative, in place and with
- * a thread pool too.
+ * a thread pool too; without a mesh, on the full logits, the bits of
+ * tp_cross_entropy.
  *
  * Memory: this program is linked with -Wl,--wrap for malloc, calloc,
  * realloc, posix_memalign and free (tests/CMakeLists.txt), so every
@@ -22,6 +23,7 @@
  *
  * Prints per rank:  worker_vploss: rank R of P: N checks, F failed
  * and per case:     loss <case> <%a of the loss>   (the same on every rank)
+ *                   err <case> <loss rel. error> <gradient rel. error>
  *                   mem <case> <vp bytes> <gathered bytes> */
 #include "worker_args.h"
 #include "tensorpar/comm.h"
@@ -204,6 +206,16 @@ static void run_case(const vp_case *c, const tp_mesh *mesh, tp_threadpool *pool,
     EXPECT(err <= 1e-6, "%s: gradient columns [%lld, +%lld): relative error %.3g", c->name, (long long)v0,
            (long long)Vl, err);
     printf("loss %s %a\n", c->name, loss);
+    printf("err %s %.3g %.3g\n", c->name, fabs(loss - ref) / (fabs(ref) > 1e-300 ? fabs(ref) : 1.0), err);
+
+    /* Without a mesh, on the full logits: tp_cross_entropy's very bits (the
+     * same sums in the same order). */
+    float *dfull = xmalloc((size_t)(T * V) * sizeof(float));
+    double loss_full = NAN;
+    EXPECT(!tp_cross_entropy_vocab_parallel(&loss_full, dfull, full, labels, T, V, count, NULL, NULL)
+           && loss_full == ref && !memcmp(dfull, dref, (size_t)(T * V) * sizeof(float)),
+           "%s: without a mesh: loss %.17g against %.17g, or the gradient differs", c->name, loss_full, ref);
+    free(dfull);
 
     /* In place (dlogits = logits), loss only, and over a pool: same bits. */
     memcpy(work, local, (size_t)(T * Vl) * sizeof(float));
