@@ -71,4 +71,15 @@ static tp_status embedding_forward(tp_model *m, const tp_module *mod, tp_forward
     return st;
 }
 
-const tp_module_ops tp_embedding_ops = {"embedding", embedding_forward, NULL};
+/* The stream's gradient b->dx scattered into the rows of the tokens (a
+ * tied lm_head has already added its part to the same tensor). */
+static tp_status embedding_backward(tp_model *m, const tp_module *mod, tp_backward_pass *b)
+{
+    const tp_tensor *w = tp_module_weight(mod);
+    float *dw;
+    tp_status st = tp_module_grad(m, mod, TP_MODULE_WEIGHT, &dw);
+    if (!st) tp_embedding_backward(dw, 0, w->shape[0], w->shape[1], b->tokens, b->dx, b->T, m->pool);
+    return st;
+}
+
+const tp_module_ops tp_embedding_ops = {"embedding", embedding_forward, embedding_backward};

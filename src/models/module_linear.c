@@ -326,4 +326,25 @@ static tp_status linear_forward(tp_model *m, const tp_module *mod, tp_forward_pa
     return tp_module_linear(m, mod, f->in, f->rows, f->in_width, &f->out);
 }
 
-const tp_module_ops tp_linear_ops = {"linear", linear_forward, NULL};
+/* ---- backward ------------------------------------------------------------
+ * y = x·Wᵀ + b on one rank: dW += dyᵀ·x, db += Σ_t dy, dx += dy·W, three
+ * GEMMs in tp_matmul_backward. */
+
+tp_status tp_module_linear_backward(tp_model *m, const tp_module *lin, const float *dy, const float *x, int64_t T,
+                                    float *dx)
+{
+    float *dw, *db = NULL;
+    tp_status st = tp_module_grad(m, lin, TP_MODULE_WEIGHT, &dw);
+    if (!st && tp_module_bias(lin)->data) st = tp_module_grad(m, lin, TP_MODULE_BIAS, &db);
+    if (!st) st = tp_matmul_backward(dx, dw, db, dy, x, T, tp_module_weight(lin), m->pool);
+    return st ? tp_fail_context(st, "the backward of %s", lin->name) : TP_OK;
+}
+
+/* A lone Linear (lm_head): b->dy [rows, out] on the saved input b->in;
+ * the input gradient is added into b->dh. */
+static tp_status linear_backward(tp_model *m, const tp_module *mod, tp_backward_pass *b)
+{
+    return tp_module_linear_backward(m, mod, b->dy, b->in, b->rows, b->dh);
+}
+
+const tp_module_ops tp_linear_ops = {"linear", linear_forward, linear_backward};

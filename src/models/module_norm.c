@@ -134,8 +134,29 @@ static tp_status stream_norm(tp_model *m, const tp_module *mod, tp_forward_pass 
 static tp_status norm_forward(tp_model *m, const tp_module *mod, tp_forward_pass *f)
 {
     tp_status st = stream_norm(m, mod, f);
+    if (!st && f->save) {   /* training: the backward reads the stream after the add and its norm */
+        float **x, **h;
+        int64_t n = f->T * m->cfg.hidden_size;
+        tp_train_norm_slots(m, mod, f->save, &x, &h);
+        if (!(*x = tp_train_save(f->save, f->x.data, n)) || !(*h = tp_train_save(f->save, f->sc.h, n)))
+            st = TP_ERR_NOMEM;
+    }
     tp_act_rewind(m, f->block_mark);
     return st;
 }
 
-const tp_module_ops tp_norm_ops = {"norm", norm_forward, NULL};
+/* The gradient b->dh of this norm's output, through the norm, is added to
+ * b->dx: dx then is the gradient of the stream after the residual add,
+ * which is also that of both addends (the stream before it, and the
+ * pending block output the block's backward reads next). */
+static tp_status norm_backward(tp_model *m, const tp_module *mod, tp_backward_pass *b)
+{
+    float **x, **h, *dw;
+    tp_train_norm_slots(m, mod, (tp_train_acts *)b->saved, &x, &h);
+    tp_status st = tp_module_grad(m, mod, TP_MODULE_WEIGHT, &dw);
+    if (!st) st = tp_rmsnorm_backward(b->dx, dw, b->dh, *x, tp_module_weight(mod), b->T, m->cfg.hidden_size,
+                                      m->cfg.rms_norm_eps);
+    return st;
+}
+
+const tp_module_ops tp_norm_ops = {"norm", norm_forward, norm_backward};
