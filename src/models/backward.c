@@ -43,8 +43,12 @@ static tp_status backward(tp_model *m, const tp_train_acts *save, const int64_t 
     return st;
 }
 
-static tp_status check_labels(const tp_model *m, const int64_t *labels, int64_t T)
+static tp_status check_ids(const tp_model *m, const int64_t *tokens, const int64_t *labels, int64_t T)
 {
+    for (int64_t t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= m->cfg.vocab_size)
+            return tp_fail(TP_ERR_INVALID, "token id %lld at position %lld is outside the vocabulary [0, %lld)",
+                           (long long)tokens[t], (long long)t, (long long)m->cfg.vocab_size);
     for (int64_t t = 0; t < T; t++)
         if (labels[t] != TP_IGNORE_INDEX && (labels[t] < 0 || labels[t] >= m->cfg.vocab_size))
             return tp_fail(TP_ERR_INVALID, "label %lld at position %lld is neither -100 nor a token id of the "
@@ -82,7 +86,7 @@ tp_status tp_model_forward_backward(tp_model *m, const int64_t *tokens, const in
                        m->tp->size);
     if (T < 2) return tp_fail(TP_ERR_INVALID, "the causal-LM loss needs at least two tokens");
     if (!labels) labels = tokens;
-    tp_status st = check_labels(m, labels, T);
+    tp_status st = check_ids(m, tokens, labels, T);
     if (st) return st;
     int64_t *shifted = malloc((size_t)T * sizeof *shifted);
     if (!shifted) return tp_fail(TP_ERR_NOMEM, "out of memory");

@@ -1,0 +1,185 @@
+#!/usr/bin/python3
+"""End-to-end: `tensorpar grads` against the torch autograd reference.
+
+Run by CTest (TENSORPAR_BIN = the built CLI), or by hand:
+    TENSORPAR_BIN=build/tensorpar /usr/bin/python3 tests/e2e/test_grads_reference.py [-v]
+
+For every case a tiny f32 model is made with `tensorpar make-model` (q/k
+weights with std 0.25, so that attention is far from uniform), the engine's
+loss and gradients (`tensorpar grads`) are compared with
+tests/reference/hf_reference_grad.py (torch autograd in float64, written from
+Transformers' modeling code).  The measure, per tensor:
+    max|engine - ref| / max|ref|   <= 1e-5
+and for the loss |engine - ref| / |ref| <= 1e-5.  Every parameter of the
+checkpoint must have its gradient, under its Hugging Face name and shape.
+"""
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "reference"))
+sys.path.insert(0, HERE)
+from tpe2e import BIN  # noqa: E402
+import hf_reference_grad as ref  # noqa: E402
+
+TOL = 1e-5
+T = 24
+WINDOW = 5   # Mistral's sliding window, shorter than T so that it matters
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 16}
+
+WORK = None
+RESULTS = []
+
+
+def setUpModule():
+    global WORK
+    if not os.path.exists(BIN):
+        raise RuntimeError(f"tensorpar CLI not found (TENSORPAR_BIN={BIN!r})")
+    WORK = tempfile.mkdtemp(prefix="tp-e2e-grads-")
+
+
+def tearDownModule():
+    if RESULTS:
+        print("\n%-40s %-48s %s" % ("case", "tensor (worst)", "max|d|/max|ref|"), file=sys.stderr)
+        for c, name, e, ok in RESULTS:
+            print("%-40s %-48s %.3e%s" % (c, name, e, "" if ok else "   <-- FAIL"), file=sys.stderr)
+    if WORK:
+        shutil.rmtree(WORK, ignore_errors=True)
+
+
+def run(args, timeout=120, check=True):
+    p = subprocess.run([BIN] + [str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       timeout=timeout, text=True)
+    if check and p.returncode != 0:
+        raise AssertionError(f"`tensorpar {' '.join(map(str, args))}` exited {p.returncode}\n"
+                             f"stderr: {p.stderr[-2000:]}")
+    return p
+
+
+def make_model(name, arch, sets):
+    d = os.path.join(WORK, name)
+    args = ["make-model", "--arch", arch, "--preset", "tiny", "--dtype", "f32", "--seed", 1, "--qk-std", 0.25,
+            "--out", d]
+    for k, v in sets.items():
+        args += ["--set", f"{k}={json.dumps(v)}"]
+    run(args)
+    return d
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        assert e["dtype"] == "F32", (name, e["dtype"])
+        a, b = e["data_offsets"]
+        out[name] = np.frombuffer(data[8 + n + a:8 + n + b], dtype="<f4").reshape(e["shape"])
+    return out
+
+
+def tokens_for(d, seed=0):
+    with open(os.path.join(d, "config.json")) as f:
+        v = json.load(f)["vocab_size"]
+    return [int(x) for x in np.random.default_rng(seed).integers(0, v, size=T)]
+
+
+def engine_grads(d, tokens, extra=()):
+    out = os.path.join(d, "grads.safetensors")
+    run(["grads", "--model", d, "--tokens", ",".join(map(str, tokens)), "--out", out, *extra])
+    return read_safetensors(out)
+
+
+def rel(x, r):
+    return float(np.max(np.abs(x.astype(np.float64) - r)) / np.max(np.abs(r)))
+
+
+CASES = [
+    ("llama", "llama", {}),
+    ("llama/tied", "llama", {"tie_word_embeddings": True}),
+    ("llama/llama3-rope", "llama", {"rope_scaling": LLAMA3}),
+    ("llama/linear-rope/bias", "llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0},
+                                         "attention_bias": True}),
+    ("mistral/window", "mistral", {"sliding_window": WINDOW}),
+    ("qwen2", "qwen2", {}),
+    ("qwen2/tied", "qwen2", {"tie_word_embeddings": True}),
+    ("qwen3", "qwen3", {}),
+    ("qwen3/tied/mha", "qwen3", {"tie_word_embeddings": True, "num_key_value_heads": 4}),
+]
+
+
+class TestGradsVsReference(unittest.TestCase):
+    def check(self, case, arch, sets):
+        d = make_model(case.replace("/", "_"), arch, sets)
+        toks = tokens_for(d)
+        want_loss, want = ref.reference_grads(d, toks)
+        got = engine_grads(d, toks)
+        self.assertEqual(set(got), set(want) | {"loss"}, f"{case}: the tensors written")
+        self.assertEqual(got["loss"].shape, (), f"{case}: loss is a scalar")
+        e_loss = abs(float(got["loss"]) - want_loss) / abs(want_loss)
+        worst, worst_name = e_loss, "loss"
+        self.assertLessEqual(e_loss, TOL, f"{case}: loss {float(got['loss'])} vs {want_loss}")
+        for name, w in want.items():
+            self.assertEqual(got[name].shape, w.shape, f"{case}: {name} shape")
+            self.assertTrue(np.all(np.isfinite(got[name])), f"{case}: {name} not finite")
+            self.assertGreater(np.max(np.abs(w)), 0, f"{case}: {name}: the reference gradient is zero")
+            e = rel(got[name], w)
+            if e > worst:
+                worst, worst_name = e, name
+            self.assertLessEqual(e, TOL, f"{case}: {name}: max|d|/max|ref| = {e:.3e}")
+        RESULTS.append((case, worst_name, worst, worst <= TOL))
+
+    def test_cases(self):
+        for case, arch, sets in CASES:
+            with self.subTest(case=case):
+                self.check(case, arch, sets)
+
+    def test_sensitivity(self):
+        """The window, the tied head and the rope schedule change the reference gradients, or the cases
+        above would prove nothing about them."""
+        base = make_model("sens_base", "mistral", {})
+        toks = tokens_for(base)
+        _, g0 = ref.reference_grads(base, toks)
+        for name, sets in (("window", {"sliding_window": WINDOW}), ("llama3", {"rope_scaling": LLAMA3})):
+            _, g1 = ref.reference_grads(make_model("sens_" + name, "mistral", sets), toks)
+            e = rel(g1["model.layers.0.self_attn.q_proj.weight"], g0["model.layers.0.self_attn.q_proj.weight"])
+            self.assertGreater(e, 1e-3, f"{name} does not change the reference gradients")
+
+
+class TestGradsCli(unittest.TestCase):
+    def test_refusals(self):
+        d = make_model("cli_qwen3", "qwen3", {})
+        out = os.path.join(WORK, "x.safetensors")
+        p = run(["grads", "--model", d, "--tokens", "5", "--out", out], check=False)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("at least two tokens", p.stderr)
+        p = run(["grads", "--model", d, "--tokens", "5,600000", "--out", out], check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("outside the vocabulary", p.stderr)
+        self.assertFalse(os.path.exists(out), "nothing written on failure")
+
+    def test_deterministic(self):
+        """Two runs (and thread counts) give bitwise the same gradients."""
+        d = make_model("det_qwen3", "qwen3", {})
+        toks = tokens_for(d, seed=3)
+        a = engine_grads(d, toks, ["--threads", 1])
+        b = engine_grads(d, toks, ["--threads", 2])
+        for k in a:
+            self.assertTrue(np.array_equal(a[k], b[k]), k)
+
+
+if __name__ == "__main__":
+    unittest.main()
