@@ -109,6 +109,11 @@ void tp_module_table_free(tp_module *mods, size_t n);
 tp_status tp_module_add_param(tp_module *mod, const char *suffix, tp_param_kind kind, int ndim,
                               const int64_t *shape);
 
+/* The whole gradient of parameter j of mod (its global shape, f32) into
+ * out, on every rank: the shards of all ranks put together (a collective:
+ * every rank calls it for the same parameters in the same order). */
+tp_status tp_model_grad_full(tp_model *m, const tp_module *mod, int j, float *out);
+
 size_t tp_model_module_count(const tp_model *m);
 const tp_module *tp_model_module_at(const tp_model *m, size_t i);
 /* Index of the module named `name`, or -1. */

@@ -14,50 +14,60 @@
 #define N_OWN 5
 
 /* The parameters a checkpoint holds (a tied one is its owner's), each with
- * its gradient; the names point into `names`. */
-static tp_status write_grads(const tp_model *m, double loss, const char *out)
+ * its whole gradient (gathered from every rank: all ranks take part), and
+ * the loss; rank 0 writes them. */
+typedef struct {
+    tp_st_entry *e;
+    char (*names)[128];
+    float **bufs;
+    size_t n;
+} grad_table;
+
+static void grad_table_free(grad_table *g)
 {
-    size_t n = tp_model_module_count(m), k = 0;
-    tp_st_entry *e = calloc(n * TP_MODULE_MAX_PARAMS + 1, sizeof *e);
-    char (*names)[128] = calloc(n * TP_MODULE_MAX_PARAMS, sizeof *names);
+    for (size_t i = 0; g->bufs && i < g->n; i++) free(g->bufs[i]);
+    free(g->bufs); free(g->e); free(g->names);
+}
+
+static tp_status gather_one(tp_model *m, const tp_module *mod, int j, grad_table *g)
+{
+    const tp_module_param *p = &mod->params[j];
+    size_t k = g->n, numel = 1;
+    for (int i = 0; i < p->ndim; i++) numel *= (size_t)p->shape[i];
+    if (!(g->bufs[k] = malloc(numel * sizeof(float)))) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    g->n++;
+    snprintf(g->names[k], sizeof g->names[k], "%s.%s", mod->name, p->suffix);
+    g->e[k] = (tp_st_entry){g->names[k], TP_F32, p->ndim, p->shape, g->bufs[k]};
+    return tp_model_grad_full(m, mod, j, g->bufs[k]);
+}
+
+static tp_status write_grads(tp_model *m, double loss, const char *out, int writer)
+{
+    size_t n = tp_model_module_count(m) * TP_MODULE_MAX_PARAMS + 1;
+    grad_table g = {calloc(n, sizeof *g.e), calloc(n, sizeof *g.names), calloc(n, sizeof *g.bufs), 0};
     float lossf = (float)loss;
-    tp_status s = e && names ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
-    for (size_t i = 0; !s && i < n; i++) {
+    tp_status s = g.e && g.names && g.bufs ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; !s && i < tp_model_module_count(m); i++) {
         const tp_module *mod = tp_model_module_at(m, i);
-        for (int j = 0; j < mod->n_params; j++) {
-            const tp_module_param *p = &mod->params[j];
-            if (p->tied_to >= 0 || !p->grad.data) continue;
-            snprintf(names[k], sizeof names[k], "%s.%s", mod->name, p->suffix);
-            e[k] = (tp_st_entry){names[k], TP_F32, p->ndim, p->shape, p->grad.data};
-            k++;
-        }
+        for (int j = 0; !s && j < mod->n_params; j++)
+            if (mod->params[j].tied_to < 0 && mod->params[j].grad.data) s = gather_one(m, mod, j, &g);
     }
-    e[k++] = (tp_st_entry){"loss", TP_F32, 0, NULL, &lossf};
-    if (!s) s = tp_safetensors_write(out, e, k, NULL, 0);
-    free(e);
-    free(names);
+    if (!s) {
+        g.e[g.n] = (tp_st_entry){"loss", TP_F32, 0, NULL, &lossf};
+        if (writer) s = tp_safetensors_write(out, g.e, g.n + 1, NULL, 0);
+    }
+    grad_table_free(&g);
     return s;
 }
 
-static tp_status run(tp_model *m, const int64_t *ids, int nt, const char *out)
+static tp_status run(tp_model *m, const int64_t *ids, int nt, const char *out, int writer)
 {
     double sum = 0;
     int64_t counted = 0;
     tp_status s = tp_model_zero_grad(m);
     if (!s) s = tp_model_forward_backward(m, ids, NULL, nt, 0, &sum, &counted);
-    if (!s) s = write_grads(m, sum / (double)counted, out);
+    if (!s) s = write_grads(m, sum / (double)counted, out, writer);
     return s;
-}
-
-/* The backward runs on one rank for now: --tp N > 1 is refused before any
- * rank starts. */
-static int tp_refused(const cli_option *o, int n)
-{
-    const char *v = cli_value(o, n, "--tp");
-    if (!v || atoi(v) <= 1) return 0;
-    tp_fail(TP_ERR_UNSUPPORTED, "--tp %s: gradients are computed on one rank for now (the styles' backward hooks "
-            "are not wired into the model's backward yet); run without --tp", v);
-    return 1;
 }
 
 int cmd_grads(int argc, char **argv)
@@ -71,16 +81,15 @@ int cmd_grads(int argc, char **argv)
     };
     memcpy(o + N_OWN, cli_tp_options, sizeof cli_tp_options);
     int n = N_OWN + CLI_TP_N_OPTIONS;
-    int rc = cli_parse(argc, argv, o, n, "tensorpar grads --model DIR --tokens 1,2,3 --out FILE.safetensors",
+    int rc = cli_parse(argc, argv, o, n, "tensorpar grads --model DIR --tokens 1,2,3 --out FILE.safetensors [--tp N]",
                        "One forward and backward of the causal-LM loss (labels = the tokens, shifted inside); "
-                       "writes every parameter's gradient and the loss.", NULL, NULL);
+                       "writes every parameter's whole gradient (gathered over the ranks) and the loss.", NULL, NULL);
     if (rc) return rc == 1 ? 0 : CLI_EXIT_USAGE;
     const char *dir = cli_value(o, n, "--model"), *toks = cli_value(o, n, "--tokens"), *out = cli_value(o, n, "--out");
     if (!dir || !toks || !out) {
         tp_fail(TP_ERR_INVALID, "--model, --tokens and --out are required (see --help)");
         return cli_usage_error("grads");
     }
-    if (tp_refused(o, n)) return cli_usage_error("grads");
     int64_t *ids;
     int nt;
     tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .threads = 1, .show_progress = isatty(2)};
@@ -100,7 +109,7 @@ int cmd_grads(int argc, char **argv)
     tp_model *m;
     tp_status s = tp_model_load(&m, dir, &mo);
     if (!s) {
-        s = run(m, ids, nt, out);
+        s = run(m, ids, nt, out, tp.rank == 0);
         tp_model_free(m);
     }
     free(ids);

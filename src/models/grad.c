@@ -5,6 +5,8 @@
  * tensor. */
 #include "tp_module.h"
 
+#include "tensorpar/dist.h"
+
 #include <string.h>
 
 tp_status tp_model_zero_grad(tp_model *m)
@@ -28,5 +30,53 @@ tp_status tp_module_grad(const tp_model *m, const tp_module *mod, int j, float *
         return tp_fail(TP_ERR_INVALID, "%s.%s has no gradient buffer (tp_model_zero_grad allocates them)",
                        mod->name, mod->params[j].suffix);
     *g = p->grad.data;
+    return TP_OK;
+}
+
+/* Copies the local shard (the concatenation of the slice's ranges along
+ * its dimension) into its places in the zeroed global tensor. */
+static void place_shard(float *global, const float *local, const tp_module_param *p)
+{
+    const tp_param_slice *sl = &p->slice;
+    int64_t outer = 1, inner = 1, gdim = p->shape[sl->dim], ldim = 0;
+    for (int i = 0; i < sl->dim; i++) outer *= p->shape[i];
+    for (int i = sl->dim + 1; i < p->ndim; i++) inner *= p->shape[i];
+    for (int r = 0; r < sl->n; r++) ldim += sl->len[r];
+    for (int64_t o = 0; o < outer; o++) {
+        int64_t at = 0;
+        for (int r = 0; r < sl->n; r++) {
+            memcpy(global + (o * gdim + sl->start[r]) * inner, local + (o * ldim + at) * inner,
+                   (size_t)(sl->len[r] * inner) * sizeof(float));
+            at += sl->len[r];
+        }
+    }
+}
+
+tp_status tp_model_grad_full(tp_model *m, const tp_module *mod, int j, float *out)
+{
+    const tp_module_param *p = &mod->params[j];
+    size_t n = 1;
+    for (int i = 0; i < p->ndim; i++) n *= (size_t)p->shape[i];
+    if (!p->grad.data) return tp_fail(TP_ERR_INVALID, "%s.%s has no gradient", mod->name, p->suffix);
+    if (p->slice.dim < 0 || !m->tp || !m->tp->mesh) {   /* whole on every rank */
+        memcpy(out, p->grad.data, n * sizeof(float));
+        return TP_OK;
+    }
+    /* Each rank's shard in its place, zeros elsewhere: the sum over the
+     * ranks (Partial -> Replicate) is the whole gradient.  A k/v head
+     * replicated over a KV subgroup (kv_rep) is held by several ranks, each
+     * with the part of its own query heads: the sum adds them, as the
+     * gradient of the one shared head must. */
+    memset(out, 0, n * sizeof(float));
+    place_shard(out, p->grad.data, p);
+    tp_placement part = tp_partial(), rep = tp_replicate();
+    tp_dtensor src, dst;
+    tp_status s = tp_dtensor_from_local(&src, m->tp->mesh, &part, TP_F32, p->ndim, p->shape, out);
+    if (s) return s;
+    s = tp_redistribute(&src, &rep, &dst);
+    tp_dtensor_release(&src);
+    if (s) return tp_fail_context(s, "gathering the gradient of %s.%s", mod->name, p->suffix);
+    memcpy(out, dst.local.data, n * sizeof(float));
+    tp_dtensor_release(&dst);
     return TP_OK;
 }

@@ -131,6 +131,8 @@ static tp_status attention_forward(tp_model *m, const tp_module *mod, tp_forward
 
 /* ---- backward ------------------------------------------------------------ */
 
+#define TP_HEAD_DIM_MAX 1024
+
 typedef struct {
     float *dattn, *dq, *dk, *dv, *draw;   /* draw: q or k before its norm */
 } attn_grads;
@@ -146,10 +148,11 @@ static tp_status head_norm_backward(tp_model *m, const tp_module *norm, float *d
                                     int64_t rows)
 {
     int64_t D = m->cfg.head_dim;
-    float *dw;
-    tp_status st = tp_module_grad(m, norm, TP_MODULE_WEIGHT, &dw);
+    float dw[TP_HEAD_DIM_MAX] = {0};
+    if (D > TP_HEAD_DIM_MAX) return tp_fail(TP_ERR_UNSUPPORTED, "head_dim %lld > %d", (long long)D, TP_HEAD_DIM_MAX);
     memset(scratch, 0, (size_t)(rows * D) * sizeof(float));
-    if (!st) st = tp_rmsnorm_backward(scratch, dw, d, raw, tp_module_weight(norm), rows, D, m->cfg.rms_norm_eps);
+    tp_status st = tp_rmsnorm_backward(scratch, dw, d, raw, tp_module_weight(norm), rows, D, m->cfg.rms_norm_eps);
+    if (!st) st = tp_norm_add_weight_grad(m, norm, dw);
     if (!st) memcpy(d, scratch, (size_t)(rows * D) * sizeof(float));
     return st;
 }

@@ -145,17 +145,57 @@ static tp_status norm_forward(tp_model *m, const tp_module *mod, tp_forward_pass
     return st;
 }
 
+/* ---- backward ------------------------------------------------------------ */
+
+/* The rule on a norm whose parameter gradient a style reduces
+ * (replicated_with_grad_allreduce on Qwen3's q_norm/k_norm: each rank
+ * normed its own heads, so its gradient is a partial sum), or NULL. */
+static const tp_module_plan *grad_rule(const tp_model *m, const tp_module *norm)
+{
+    if (!m->tp || !m->tp->mesh || !m->tp->res->applied) return NULL;
+    const tp_module_plan *r = tp_plan_find_module(m->tp->res, norm->name);
+    return r && r->fwd.installed ? r : NULL;
+}
+
+tp_status tp_norm_add_weight_grad(tp_model *m, const tp_module *norm, float *g)
+{
+    const tp_module_param *p = &norm->params[TP_MODULE_WEIGHT];
+    int64_t n = p->local.shape[0];
+    float *dst;
+    tp_status s = tp_module_grad(m, norm, TP_MODULE_WEIGHT, &dst);
+    const tp_module_plan *r = grad_rule(m, norm);
+    tp_dtensor gd;
+    int have = 0;
+    if (!s && r) {
+        tp_module_ctx ctx = {r->name, r->kind, m->tp->size, m->tp->rank, &m->cfg, m->tp->mesh, NULL};
+        s = tp_dtensor_from_local(&gd, m->tp->mesh, &p->placement, TP_F32, 1, p->shape, g);
+        have = !s;
+        if (!s) s = tp_style_param_grad(r->style, &ctx, &r->fwd, &gd);
+        if (!s) g = gd.local.data;
+    }
+    for (int64_t i = 0; !s && i < n; i++) dst[i] += g[i];
+    if (have) tp_dtensor_release(&gd);
+    return s;
+}
+
 /* The gradient b->dh of this norm's output, through the norm, is added to
  * b->dx: dx then is the gradient of the stream after the residual add,
  * which is also that of both addends (the stream before it, and the
- * pending block output the block's backward reads next). */
+ * pending block output the block's backward reads next).  Under TP the
+ * stream and its norm are whole on every rank: so is the gradient. */
 static tp_status norm_backward(tp_model *m, const tp_module *mod, tp_backward_pass *b)
 {
-    float **x, **h, *dw;
+    float **x, **h;
+    int64_t H = m->cfg.hidden_size;
+    if (tp_module_norm_rule(m, mod))
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: the backward of a sequence_parallel norm is not built yet",
+                       mod->name);
     tp_train_norm_slots(m, mod, (tp_train_acts *)b->saved, &x, &h);
-    tp_status st = tp_module_grad(m, mod, TP_MODULE_WEIGHT, &dw);
-    if (!st) st = tp_rmsnorm_backward(b->dx, dw, b->dh, *x, tp_module_weight(mod), b->T, m->cfg.hidden_size,
-                                      m->cfg.rms_norm_eps);
+    float *dw = calloc((size_t)H, sizeof(float));
+    tp_status st = dw ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!st) st = tp_rmsnorm_backward(b->dx, dw, b->dh, *x, tp_module_weight(mod), b->T, H, m->cfg.rms_norm_eps);
+    if (!st) st = tp_norm_add_weight_grad(m, mod, dw);
+    free(dw);
     return st;
 }
 

@@ -235,6 +235,10 @@ const tp_module_plan *tp_module_norm_rule(const tp_model *m, const tp_module *no
  * result is redistributed to Replicate for the consumers (an all-gather). */
 tp_status tp_module_norm_sp(tp_model *m, const tp_module_plan *rule, const float *x, const tp_tensor *w,
                             int64_t T, int64_t width, float *h);
+/* g, a norm's local weight gradient computed alone, through its rule's
+ * param_grad hook if it has one (replicated_with_grad_allreduce sums it
+ * over the ranks), added into the weight's gradient. */
+tp_status tp_norm_add_weight_grad(tp_model *m, const tp_module *norm, float *g);
 /* The width of the module's output on this rank, before running it. */
 int64_t tp_module_out_width(const tp_model *m, const tp_module *lin);
 /* The embedding lookup of T token ids (ids outside [0, vocab) are an error). */
