@@ -159,6 +159,49 @@ class TestGradsVsReference(unittest.TestCase):
             self.assertGreater(e, 1e-3, f"{name} does not change the reference gradients")
 
 
+# (case, arch, config changes, TP sizes): q/k/v and gate/up colwise, o/down rowwise, lm_head
+# colwise_gather_output, Qwen3's q/k norms replicated_with_grad_allreduce; P > num_key_value_heads
+# replicates KV heads (their gradients summed over each KV subgroup).
+TP_CASES = [
+    ("llama/6h-1kv", "llama", {"num_attention_heads": 6, "num_key_value_heads": 1, "head_dim": 16}, (2, 3)),
+    ("qwen3/4h-2kv", "qwen3", {}, (2, 4)),
+    ("qwen3/6h-1kv", "qwen3", {"num_attention_heads": 6, "num_key_value_heads": 1}, (3,)),
+]
+
+
+class TestGradsTensorParallel(unittest.TestCase):
+    """--tp N gives TP = 1's gradients (whole, gathered) within 1e-5, and the reference's."""
+
+    def test_tp_equals_tp1(self):
+        for case, arch, sets, sizes in TP_CASES:
+            d = make_model("tp_" + case.replace("/", "_"), arch, sets)
+            toks = tokens_for(d, seed=5)
+            one = engine_grads(d, toks, ["--threads", 1])
+            _, want = ref.reference_grads(d, toks)
+            for p in sizes:
+                with self.subTest(case=case, tp=p):
+                    got = engine_grads(d, toks, ["--tp", p, "--threads", 1])
+                    self.assertEqual(set(got), set(one), f"{case} tp={p}: the tensors written")
+                    worst, worst_name = 0.0, ""
+                    for name in one:
+                        self.assertEqual(got[name].shape, one[name].shape, name)
+                        base = np.max(np.abs(one[name])) if one[name].ndim else abs(float(one[name]))
+                        e = float(np.max(np.abs(got[name].astype(np.float64) - one[name])) / base)
+                        if e > worst:
+                            worst, worst_name = e, name
+                        self.assertLessEqual(e, TOL, f"{case} tp={p}: {name} vs TP=1: {e:.3e}")
+                        if name != "loss":
+                            self.assertLessEqual(rel(got[name], want[name]), TOL, f"{case} tp={p}: {name} vs ref")
+                    RESULTS.append((f"{case} tp={p} vs tp=1", worst_name, worst, worst <= TOL))
+
+    def test_refused_tied(self):
+        d = make_model("tp_tied", "qwen3", {"tie_word_embeddings": True})
+        p = run(["grads", "--model", d, "--tokens", "1,2,3", "--out", os.path.join(WORK, "t.safetensors"),
+                 "--tp", 2, "--threads", 1], check=False)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("tied embeddings", p.stderr)
+
+
 class TestGradsCli(unittest.TestCase):
     def test_refusals(self):
         d = make_model("cli_qwen3", "qwen3", {})
