@@ -68,7 +68,7 @@ static tp_status check_split(const tp_model *m)
         return tp_fail(TP_ERR_UNSUPPORTED, "%s: the backward of a split embedding is not built yet", emb->name);
     for (size_t i = 0; i < m->n_modules; i++) {
         const tp_module *mod = &m->modules[i];
-        if ((mod->type == TP_MT_ATTENTION || mod->type == TP_MT_MLP) && tp_module_block((tp_model *)m, mod))
+        if ((mod->type == TP_MT_ATTENTION || mod->type == TP_MT_MLP) && tp_module_block(m, mod))
             return tp_fail(TP_ERR_UNSUPPORTED, "%s: the backward of a rule on a whole block is not built yet",
                            mod->name);
     }
