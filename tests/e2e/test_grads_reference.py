@@ -68,7 +68,9 @@ def run(args, timeout=120, check=True):
 
 def make_model(name, arch, sets):
     d = os.path.join(WORK, name)
-    args = ["make-model", "--arch", arch, "--preset", "tiny", "--dtype", "f32", "--seed", 1, "--qk-std", 0.25,
+    sets = dict(sets)
+    dtype = sets.pop("dtype", "f32")   # the stored weights' dtype (not a config key)
+    args = ["make-model", "--arch", arch, "--preset", "tiny", "--dtype", dtype, "--seed", 1, "--qk-std", 0.25,
             "--out", d]
     for k, v in sets.items():
         args += ["--set", f"{k}={json.dumps(v)}"]
@@ -118,6 +120,7 @@ CASES = [
     ("qwen2/tied", "qwen2", {"tie_word_embeddings": True}),
     ("qwen3", "qwen3", {}),
     ("qwen3/tied/mha", "qwen3", {"tie_word_embeddings": True, "num_key_value_heads": 4}),
+    ("qwen2/bf16-weights", "qwen2", {"dtype": "bf16"}),   # the reference reads the same bf16 values
 ]
 
 
@@ -166,6 +169,9 @@ TP_CASES = [
     ("llama/6h-1kv", "llama", {"num_attention_heads": 6, "num_key_value_heads": 1, "head_dim": 16}, (2, 3)),
     ("qwen3/4h-2kv", "qwen3", {}, (2, 4)),
     ("qwen3/6h-1kv", "qwen3", {"num_attention_heads": 6, "num_key_value_heads": 1}, (3,)),
+    ("mistral/window/1kv", "mistral", {"sliding_window": WINDOW, "num_key_value_heads": 1}, (2, 4)),
+    ("qwen2/qkv-bias", "qwen2", {}, (2,)),
+    ("llama/bias", "llama", {"attention_bias": True}, (2,)),   # o_proj's bias after the reduction
 ]
 
 
