@@ -3,8 +3,8 @@
  * attention over the cache, and o_proj, whose output joins the residual
  * stream (left pending for the next norm).  Head counts come from the width
  * of the local activations, not from the config, so a rank computes
- * exactly the heads its shards hold.  Backward: added here by the training
- * issue. */
+ * exactly the heads its shards hold.  Backward (training): the
+ * same steps in reverse, from what the training forward saved. */
 #include "tp_module.h"
 
 #include "tensorpar/kernels.h"

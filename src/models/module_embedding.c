@@ -1,6 +1,6 @@
 /* The Embedding module: the rows of the token ids, under its TP style
  * (embedding_rowwise looks up the rows this rank holds and reduces).
- * Backward: added here by the training issue. */
+ * Backward: the output gradient scattered into the rows of the ids. */
 #include "tp_module.h"
 
 #include "tensorpar/kernels.h"

@@ -3,8 +3,8 @@
  * needs, the module computes on its local shards, and post_forward reduces
  * or gathers the output (tp-semantics.md §3.2).  A module without a style
  * runs plainly.  Also the output of a block (self_attn, mlp) through the
- * block's own rule, and the Linear's ops table.  Backward: added here by
- * the training issue. */
+ * block's own rule, and the Linear's ops table.  Backward: the three
+ * GEMMs of tp_matmul_backward through the style's backward hooks. */
 #include "tp_module.h"
 
 #include "tensorpar/kernels.h"

@@ -1,12 +1,22 @@
 /* The MLP module: gate_proj and up_proj as one group, SiLU(gate) · up, and
  * down_proj, whose output joins the residual stream (left pending for the
- * next norm).  Backward: added here by the training issue. */
+ * next norm); its backward below. */
 #include "tp_module.h"
 
 #include "tensorpar/kernels.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+/* Training: gate and up before SwiGLU, which its backward reads. */
+static tp_status save_gate_up(tp_train_acts *s, tp_saved_layer *sv, const tp_act *gate, const tp_act *up)
+{
+    int64_t n = gate->T * gate->width;
+    sv->inter = gate->width;
+    sv->gate = tp_train_save(s, gate->data, n);
+    sv->up = tp_train_save(s, up->data, n);
+    return sv->gate && sv->up ? TP_OK : TP_ERR_NOMEM;
+}
 
 /* f->sc.h holds post_attention_layernorm(x); on return f->pending holds the
  * MLP output, which the next norm (the next layer's input_layernorm or the
@@ -25,12 +35,9 @@ static tp_status mlp_forward(tp_model *m, const tp_module *mod, tp_forward_pass 
                      "shard them alike", (long long)gate->width, (long long)up->width);
     else {
         tp_saved_layer *sv = f->save ? &f->save->layers[mod->layer] : NULL;
-        int64_t n = T * gate->width;
-        if (sv && (!(sv->gate = tp_train_save(f->save, gate->data, n)) ||
-                   !(sv->up = tp_train_save(f->save, up->data, n)))) st = TP_ERR_NOMEM;
-        tp_par_silu_mul(m, gate->data, up->data, T, gate->width);
-        if (sv) sv->inter = gate->width;
-        if (sv && !st && !(sv->act = tp_train_save(f->save, gate->data, n))) st = TP_ERR_NOMEM;
+        if (sv) st = save_gate_up(f->save, sv, gate, up);
+        if (!st) tp_par_silu_mul(m, gate->data, up->data, T, gate->width);
+        if (!st && sv && !(sv->act = tp_train_save(f->save, gate->data, T * gate->width))) st = TP_ERR_NOMEM;
         if (!st)
             st = tp_module_linear_to_stream(m, f, &m->modules[L->down_proj], mod, gate->data, T, gate->width,
                                             &f->pending);

@@ -2,8 +2,8 @@
  * post_attention_layernorm, model.norm): each adds the pending block output
  * to the stream and norms it, fused in one pass; under a sequence_parallel
  * rule each rank norms its own rows.  (Qwen3's per-head q_norm/k_norm run
- * inside the attention module.)  Backward: added here by the training
- * issue. */
+ * inside the attention module.)  Backward: the norm's
+ * gradient into the stream's (and the rules' param_grad). */
 #include "tp_module.h"
 
 #include "tensorpar/kernels.h"
