@@ -61,11 +61,6 @@ static tp_status check_ids(const tp_model *m, const int64_t *tokens, const int64
 static tp_status check_split(const tp_model *m)
 {
     if (!m->tp || !m->tp->mesh || m->tp->size < 2) return TP_OK;
-    const tp_module *emb = &m->modules[m->embed_tokens];
-    if (m->cfg.tie_word_embeddings)
-        return tp_fail(TP_ERR_UNSUPPORTED, "the backward of tied embeddings split over ranks is not built yet");
-    if (emb->tp && emb->tp->plan && emb->tp->plan->fwd.installed)
-        return tp_fail(TP_ERR_UNSUPPORTED, "%s: the backward of a split embedding is not built yet", emb->name);
     for (size_t i = 0; i < m->n_modules; i++) {
         const tp_module *mod = &m->modules[i];
         if ((mod->type == TP_MT_ATTENTION || mod->type == TP_MT_MLP) && tp_module_block(m, mod))

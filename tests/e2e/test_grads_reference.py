@@ -172,6 +172,11 @@ TP_CASES = [
     ("mistral/window/1kv", "mistral", {"sliding_window": WINDOW, "num_key_value_heads": 1}, (2, 4)),
     ("qwen2/qkv-bias", "qwen2", {}, (2,)),
     ("llama/bias", "llama", {"attention_bias": True}, (2,)),   # o_proj's bias after the reduction
+    # tied: embedding_rowwise and colwise_gather_output on the one tensor, both gradients in its shard
+    ("qwen3/tied", "qwen3", {"tie_word_embeddings": True}, (2, 4)),
+    ("llama/tied/vocab500/6h-3kv", "llama", {"tie_word_embeddings": True, "vocab_size": 500,
+                                              "num_attention_heads": 6, "num_key_value_heads": 3, "head_dim": 16},
+     (3,)),
 ]
 
 
@@ -200,12 +205,18 @@ class TestGradsTensorParallel(unittest.TestCase):
                             self.assertLessEqual(rel(got[name], want[name]), TOL, f"{case} tp={p}: {name} vs ref")
                     RESULTS.append((f"{case} tp={p} vs tp=1", worst_name, worst, worst <= TOL))
 
-    def test_refused_tied(self):
-        d = make_model("tp_tied", "qwen3", {"tie_word_embeddings": True})
+    def test_refused_block_rule(self):
+        """A rule on a whole block (`gather` on self_attn) has no backward yet: refused by name."""
+        d = make_model("tp_block", "llama", {})
+        plan = os.path.join(WORK, "block_plan.json")
+        with open(plan, "w") as f:
+            L = "model.layers.*.self_attn"
+            json.dump({L + ".q_proj": "local_colwise", L + ".k_proj": "local_colwise", L + ".v_proj": "local_colwise",
+                       L + ".o_proj": "local_rowwise", L: "gather"}, f)
         p = run(["grads", "--model", d, "--tokens", "1,2,3", "--out", os.path.join(WORK, "t.safetensors"),
-                 "--tp", 2, "--threads", 1], check=False)
+                 "--tp", 2, "--threads", 1, "--tp-plan", plan], check=False)
         self.assertEqual(p.returncode, 1, p.stderr)
-        self.assertIn("tied embeddings", p.stderr)
+        self.assertIn("whole block", p.stderr)
 
 
 class TestGradsCli(unittest.TestCase):
