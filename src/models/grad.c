@@ -64,11 +64,11 @@ tp_status tp_model_grad_full(tp_model *m, const tp_module *mod, int j, float *ou
     }
     /* Each rank's shard in its place, zeros elsewhere: the sum over the
      * ranks (Partial -> Replicate) is the whole gradient.  A k/v head
-     * replicated over a KV subgroup (kv_rep) is held by several ranks, each
-     * with the part of its own query heads: the sum adds them, as the
-     * gradient of the one shared head must. */
+     * replicated over a KV subgroup (kv_rep) is held whole by each of its
+     * ranks (the backward summed it there): only the first one adds it. */
     memset(out, 0, n * sizeof(float));
-    place_shard(out, p->grad.data, p);
+    int kv_rep = mod->tp ? mod->tp->kv_rep : 1;
+    if (kv_rep <= 1 || m->tp->rank % kv_rep == 0) place_shard(out, p->grad.data, p);
     tp_placement part = tp_partial(), rep = tp_replicate();
     tp_dtensor src, dst;
     tp_status s = tp_dtensor_from_local(&src, m->tp->mesh, &part, TP_F32, p->ndim, p->shape, out);

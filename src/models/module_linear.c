@@ -371,6 +371,37 @@ static tp_status add_param_grad(tp_model *m, const tp_module *lin, const tp_modu
     return s;
 }
 
+/* Under KV-head replication (P > num_key_value_heads) the kv_rep ranks of
+ * a KV subgroup hold the same k/v head, each having computed its part from
+ * its own query heads: the head's gradient is their sum, which every one
+ * of them must hold (§9.3: so that the replicas stay identical).  Each
+ * rank's part goes in its place in a zero tensor of the global shape, the
+ * ranks sum it (Partial -> Replicate, the one redistribute), and each
+ * takes its rows back. */
+static tp_status sum_kv_group(tp_model *m, const tp_module *lin, int j, float *g)
+{
+    const tp_module_param *p = &lin->params[j];
+    int64_t inner = p->ndim > 1 ? p->shape[1] : 1, row0 = p->slice.start[0], rows = p->slice.len[0];
+    if (p->slice.dim != 0 || p->slice.n != 1)
+        return tp_fail(TP_ERR_INTERNAL, "%s.%s: a replicated KV head is not one range of rows", lin->name, p->suffix);
+    float *full = calloc((size_t)(p->shape[0] * inner), sizeof(float));
+    if (!full) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    memcpy(full + row0 * inner, g, (size_t)(rows * inner) * sizeof(float));
+    tp_placement part = tp_partial(), rep = tp_replicate();
+    tp_dtensor src, sum;
+    tp_status s = tp_dtensor_from_local(&src, m->tp->mesh, &part, TP_F32, p->ndim, p->shape, full);
+    if (!s) {
+        s = tp_redistribute(&src, &rep, &sum);
+        tp_dtensor_release(&src);
+    }
+    if (!s) {
+        memcpy(g, (const float *)sum.local.data + row0 * inner, (size_t)(rows * inner) * sizeof(float));
+        tp_dtensor_release(&sum);
+    }
+    free(full);
+    return s;
+}
+
 typedef struct {
     tp_dtensor gy, xd, gx;
     int have_gy, have_xd, have_gx;
@@ -439,6 +470,8 @@ static tp_status styled_backward(tp_model *m, const tp_module *lin, const float 
             for (int64_t i = 0; i < n; i++) dx[i] += v[i];
         }
     }
+    if (!s && mt->kv_rep > 1) s = sum_kv_group(m, lin, TP_MODULE_WEIGHT, b.dw);
+    if (!s && mt->kv_rep > 1 && b.db) s = sum_kv_group(m, lin, TP_MODULE_BIAS, b.db);
     if (!s) s = add_param_grad(m, lin, &ctx, TP_MODULE_WEIGHT, b.dw);
     if (!s && b.db) s = add_param_grad(m, lin, &ctx, TP_MODULE_BIAS, b.db);
     lin_bwd_free(&b);

@@ -170,7 +170,7 @@ TP_CASES = [
     ("qwen3/4h-2kv", "qwen3", {}, (2, 4)),
     ("qwen3/6h-1kv", "qwen3", {"num_attention_heads": 6, "num_key_value_heads": 1}, (3,)),
     ("mistral/window/1kv", "mistral", {"sliding_window": WINDOW, "num_key_value_heads": 1}, (2, 4)),
-    ("qwen2/qkv-bias", "qwen2", {}, (2,)),
+    ("qwen2/qkv-bias", "qwen2", {}, (2, 4)),   # at 4: the k/v biases of replicated KV heads too
     ("llama/bias", "llama", {"attention_bias": True}, (2,)),   # o_proj's bias after the reduction
     # tied: embedding_rowwise and colwise_gather_output on the one tensor, both gradients in its shard
     ("qwen3/tied", "qwen3", {"tie_word_embeddings": True}, (2, 4)),
