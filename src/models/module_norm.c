@@ -178,6 +178,77 @@ tp_status tp_norm_add_weight_grad(tp_model *m, const tp_module *norm, float *g)
     return s;
 }
 
+/* A sequence_parallel norm backward, its forward's moves in reverse
+ * (tp_module_norm_sp): the whole dh back to this rank's rows (the conjugate
+ * of the all-gather: a slice), pre_backward, the norm's backward on those
+ * rows, post_backward, and the conjugate of Replicate -> Shard(rows): an
+ * all-gather of the input gradient, added to dx.  The weight's gradient
+ * from this rank's rows is a partial sum, which the rule's param_grad
+ * reduces (tp_norm_add_weight_grad). */
+typedef struct {
+    tp_dtensor g, own, gx;
+    int have_g, have_own, have_gx;
+} sp_bwd;
+
+static void sp_bwd_free(sp_bwd *b)
+{
+    if (b->have_g) tp_dtensor_release(&b->g);
+    if (b->have_own) tp_dtensor_release(&b->own);
+    if (b->have_gx) tp_dtensor_release(&b->gx);
+}
+
+/* Replaces *d (owned) by the conjugate move of the forward's `src -> ...`. */
+static tp_status move_back(tp_dtensor *d, const tp_placement *src)
+{
+    tp_dtensor out;
+    tp_status s = tp_redistribute_backward(d, src, &out);
+    if (s) return s;
+    tp_dtensor_release(d);
+    *d = out;
+    return TP_OK;
+}
+
+static tp_status norm_sp_backward(tp_model *m, const tp_module_plan *rule, const tp_module *mod,
+                                  tp_backward_pass *b, const float *x, float *dw)
+{
+    const tp_forward_desc *d = &rule->fwd;
+    tp_module_ctx ctx = {rule->name, rule->kind, m->tp->size, m->tp->rank, &m->cfg, m->tp->mesh, NULL};
+    int64_t H = m->cfg.hidden_size, g2[2] = {b->T, H};
+    tp_placement rep = tp_replicate(), in_pl = tp_style_local_input_grad_layout(d);
+    sp_bwd k = {0};
+    tp_dtensor xd;
+    tp_status s = tp_dtensor_from_local(&k.g, m->tp->mesh, &rep, TP_F32, 2, g2, b->dh);
+    k.have_g = !s;
+    if (!s) s = move_back(&k.g, &d->output);
+    if (!s) s = tp_style_pre_backward(rule->style, &ctx, d, &k.g);
+    /* this rank's rows of x, as the forward took them */
+    if (!s && !(s = tp_dtensor_from_local(&xd, m->tp->mesh, &rep, TP_F32, 2, g2, (void *)x))) {
+        s = tp_redistribute(&xd, &d->input, &k.own);
+        tp_dtensor_release(&xd);
+        k.have_own = !s;
+    }
+    if (!s) s = tp_style_pre_forward(rule->style, &ctx, d, &k.own);
+    int64_t rows = k.have_own ? k.own.local.shape[0] : 0;
+    float *dxl = s ? NULL : calloc((size_t)(rows * H > 0 ? rows * H : 1), sizeof(float));
+    if (!s && !dxl) s = tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!s && k.g.local.shape[0] != rows)
+        s = tp_fail(TP_ERR_UNSUPPORTED, "%s: its style gives the norm's backward %lld rows of gradient for %lld "
+                    "rows of input", mod->name, (long long)k.g.local.shape[0], (long long)rows);
+    if (!s) s = tp_rmsnorm_backward(dxl, dw, k.g.local.data, k.own.local.data, tp_module_weight(mod), rows, H,
+                                    m->cfg.rms_norm_eps);
+    if (!s) s = tp_dtensor_from_local(&k.gx, m->tp->mesh, &in_pl, TP_F32, 2, g2, dxl);
+    k.have_gx = !s;
+    if (!s) s = tp_style_post_backward(rule->style, &ctx, d, &k.gx);
+    if (!s) s = move_back(&k.gx, &rep);
+    if (!s) {
+        const float *v = k.gx.local.data;
+        for (int64_t i = 0; i < b->T * H; i++) b->dx[i] += v[i];
+    }
+    free(dxl);
+    sp_bwd_free(&k);
+    return s;
+}
+
 /* The gradient b->dh of this norm's output, through the norm, is added to
  * b->dx: dx then is the gradient of the stream after the residual add,
  * which is also that of both addends (the stream before it, and the
@@ -187,13 +258,13 @@ static tp_status norm_backward(tp_model *m, const tp_module *mod, tp_backward_pa
 {
     float **x, **h;
     int64_t H = m->cfg.hidden_size;
-    if (tp_module_norm_rule(m, mod))
-        return tp_fail(TP_ERR_UNSUPPORTED, "%s: the backward of a sequence_parallel norm is not built yet",
-                       mod->name);
+    const tp_module_plan *sp = tp_module_norm_rule(m, mod);
     tp_train_norm_slots(m, mod, (tp_train_acts *)b->saved, &x, &h);
     float *dw = calloc((size_t)H, sizeof(float));
     tp_status st = dw ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
-    if (!st) st = tp_rmsnorm_backward(b->dx, dw, b->dh, *x, tp_module_weight(mod), b->T, H, m->cfg.rms_norm_eps);
+    if (!st && sp) st = norm_sp_backward(m, sp, mod, b, *x, dw);
+    else if (!st)
+        st = tp_rmsnorm_backward(b->dx, dw, b->dh, *x, tp_module_weight(mod), b->T, H, m->cfg.rms_norm_eps);
     if (!st) st = tp_norm_add_weight_grad(m, mod, dw);
     free(dw);
     return st;

@@ -177,7 +177,17 @@ TP_CASES = [
     ("llama/tied/vocab500/6h-3kv", "llama", {"tie_word_embeddings": True, "vocab_size": 500,
                                               "num_attention_heads": 6, "num_key_value_heads": 3, "head_dim": 16},
      (3,)),
+    # sequence_parallel stream norms (T = 24 rows over 3 ranks; over 2)
+    ("llama/6h-1kv/sequence_parallel", "llama",
+     {"num_attention_heads": 6, "num_key_value_heads": 1, "head_dim": 16, "plan": "sp"}, (2, 3)),
 ]
+
+L = "model.layers.*."
+SP_PLAN = {L + "self_attn.q_proj": "colwise", L + "self_attn.k_proj": "colwise", L + "self_attn.v_proj": "colwise",
+           L + "self_attn.o_proj": "rowwise", L + "mlp.gate_proj": "colwise", L + "mlp.up_proj": "colwise",
+           L + "mlp.down_proj": "rowwise", "lm_head": "colwise_gather_output",
+           L + "input_layernorm": "sequence_parallel", L + "post_attention_layernorm": "sequence_parallel",
+           "model.norm": "sequence_parallel"}
 
 
 class TestGradsTensorParallel(unittest.TestCase):
@@ -185,13 +195,19 @@ class TestGradsTensorParallel(unittest.TestCase):
 
     def test_tp_equals_tp1(self):
         for case, arch, sets, sizes in TP_CASES:
+            sets = dict(sets)
+            plan_args = []
+            if sets.pop("plan", None) == "sp":
+                plan_args = ["--tp-plan", os.path.join(WORK, "sp_plan.json")]
+                with open(plan_args[1], "w") as f:
+                    json.dump(SP_PLAN, f)
             d = make_model("tp_" + case.replace("/", "_"), arch, sets)
             toks = tokens_for(d, seed=5)
             one = engine_grads(d, toks, ["--threads", 1])
             _, want = ref.reference_grads(d, toks)
             for p in sizes:
                 with self.subTest(case=case, tp=p):
-                    got = engine_grads(d, toks, ["--tp", p, "--threads", 1])
+                    got = engine_grads(d, toks, ["--tp", p, "--threads", 1] + plan_args)
                     self.assertEqual(set(got), set(one), f"{case} tp={p}: the tensors written")
                     worst, worst_name = 0.0, ""
                     for name in one:
