@@ -73,7 +73,9 @@ work=$(cd "$work" && pwd)
 build() {
     local rev=$1 src bdir
     if [ "$rev" = worktree ]; then
-        src=$root bdir=$work/build-worktree
+        # one folder per checkout: CMake refuses a build folder made from
+        # another source folder
+        src=$root bdir=$work/build-worktree-$(printf %s "$root" | md5sum | cut -c1-8)
     else
         local sha
         sha=$(git -C "$root" rev-parse --verify --quiet "$rev^{commit}") ||
@@ -150,8 +152,10 @@ mkdir -p "$raw"
 # uses (f32 weights for a prefill, bf16 for decode), for both builds.
 echo "== warm-up"
 for b in "$old" "$new"; do
-    "$b" bench forward --model "$model" --seq 64 --tp 2 --dtype f32 --reps 1 >/dev/null 2>&1
-    "$b" bench decode --model "$model" --new-tokens 8 --tp 2 --dtype bf16 --reps 1 >/dev/null 2>&1
+    if ! { "$b" bench forward --model "$model" --seq 64 --tp 2 --dtype f32 --reps 1 >/dev/null 2>"$raw/warmup.err" &&
+           "$b" bench decode --model "$model" --new-tokens 8 --tp 2 --dtype bf16 --reps 1 >/dev/null 2>"$raw/warmup.err"; }; then
+        echo "compare-builds: the warm-up of $b failed:" >&2; tail -5 "$raw/warmup.err" >&2; exit 1
+    fi
 done
 
 for r in $(seq 1 "$rounds"); do

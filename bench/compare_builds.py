@@ -224,6 +224,12 @@ def report(per, loads, tol, out=None):
             print(f"warning: the machine was busy (load average up to {max(loads):.1f} on {cores} cores):"
                   " the ratios carry other jobs' noise; rerun idle, or with more rounds,"
                   " before trusting a SLOWDOWN", file=out)
+    moved = [n for n, e in per.items()
+             if is_control(n) and not 1.0 - tol <= statistics.median(e["ratios"]) <= 1.0 / (1.0 - tol)]
+    if moved:
+        print(f"warning: {len(moved)} control(s) moved beyond the tolerance ({'; '.join(sorted(moved))}):"
+              " the host ran the two builds' launches at different speeds; a SLOWDOWN the controls"
+              " share is the host's, rerun", file=out)
     slow, suspect = verdict(per, tol)
     if not [n for n in per if not is_control(n)]:
         print("verdict: nothing to compare (no metric measured by both builds)", file=out)

@@ -11,6 +11,7 @@
  *   parallel  tensor-parallel styles, the style registry, plans
  *   models    loading a model (sharded on read) and its forward pass
  *   text      tokenizer, sampling, generation, chat templates
+ *   train     optimizers, learning-rate schedules, gradient clipping, training data
  */
 #ifndef TENSORPAR_H
 #define TENSORPAR_H
@@ -25,5 +26,6 @@
 #include "tensorpar/models.h"
 #include "tensorpar/module.h"
 #include "tensorpar/text.h"
+#include "tensorpar/train.h"
 
 #endif

@@ -87,6 +87,7 @@ class Summary(unittest.TestCase):
         self.assertAlmostEqual(m["decode bf16_tp2x1 (tokens/s)"]["ratios"][0], 1.2)
         self.assertAlmostEqual(m["machine FMA peak 2 threads (GFLOP/s)"]["ratios"][0], 1.0)
         self.assertIn("verdict: no slowdown", text)
+        self.assertNotIn("control(s) moved", text)
 
     def test_slower_in_every_round_is_a_slowdown(self):
         # decode 10% slower in all three rounds, prefill unchanged
@@ -107,6 +108,7 @@ class Summary(unittest.TestCase):
         self.assertEqual(rc, 0, text)
         self.assertAlmostEqual(s["metrics"]["machine FMA peak 2 threads (GFLOP/s)"]["ratios"][0], 1 / 3)
         self.assertIn("(control)", text)
+        self.assertIn("warning: 1 control(s) moved beyond the tolerance (machine FMA peak 2 threads", text)
         write_rounds(self.dir, [(all_json(2.0, 10.0), all_json(2.0, 9.0)),
                                 (all_json(2.1, 11.0), all_json(2.1, 9.9)),
                                 (all_json(1.9, 10.0), all_json(1.9, 9.0))])
@@ -193,6 +195,14 @@ class Script(unittest.TestCase):
                                 "--parts", "forward,bogus", BIN, BIN], capture_output=True, text=True)
             self.assertEqual(p.returncode, 2)
             self.assertIn("unknown part 'bogus'", p.stderr)
+            # a build that fails to run stops the compare with its error, no verdict
+            p = subprocess.run(["bash", os.path.join(ROOT, "bench", "compare-builds.sh"), "--bins",
+                                "--model", os.path.join(work, "missing"), "--work", work, BIN, BIN],
+                               capture_output=True, text=True, timeout=120)
+            self.assertEqual(p.returncode, 1)
+            self.assertIn("the warm-up of", p.stderr)
+            self.assertIn("config.json", p.stderr)
+            self.assertNotIn("verdict", p.stdout)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 

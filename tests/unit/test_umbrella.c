@@ -46,6 +46,9 @@ int main(void)
     EXPECT(tp_sampling_validate(&sp) == TP_OK);
     sp.top_p = 2.0;
     EXPECT(tp_sampling_validate(&sp) != TP_OK);
+    /* train: HF's linear schedule halfway through its decay */
+    tp_lr_schedule lrs = {TP_LR_LINEAR, 1.0, 0, 10, 0};
+    EXPECT(tp_lr_schedule_check(&lrs) == TP_OK && tp_lr_at(&lrs, 5) == 0.5);
 
     printf("%s\n", failed ? "FAILED" : "ok");
     return failed ? 1 : 0;

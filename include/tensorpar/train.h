@@ -1,0 +1,235 @@
+/* tensorpar/train.h — training: the optimizer side (parameters, AdamW and
+ * SGD, learning-rate schedules, gradient-norm clipping) and the data side.
+ *
+ * The optimizer works on a list of parameters as the training loop sees
+ * them on one rank: each parameter's local shard and its gradient of the
+ * same shape (tp-semantics.md §9.3: element-wise optimizers update each
+ * local shard with state of the shard's shape, so the state is sharded
+ * exactly like the parameter).  Only the gradient-norm clipping and the
+ * replica check talk to other ranks, and only through tp_redistribute_local.
+ */
+#ifndef TENSORPAR_TRAIN_H
+#define TENSORPAR_TRAIN_H
+
+#include "tensorpar/base.h"
+#include "tensorpar/text.h"
+#include "tensorpar/dist.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- optimizers --------------------------------------------------------- */
+
+/* Parameter flags. */
+enum {
+    /* No weight decay: biases and LayerNorm/RMSNorm weights, as HF
+     * Trainer's get_decay_parameter_names excludes them. */
+    TP_PARAM_NO_DECAY = 1u << 0,
+    /* The same shard lives on several ranks of the mesh (a replicated
+     * parameter, or a KV-replicated head): counted once in the global
+     * gradient norm (§9.3) and covered by tp_check_replicated. */
+    TP_PARAM_COUNTED_ONCE = 1u << 1
+};
+
+/* One parameter as the training loop holds it on this rank (all borrowed). */
+typedef struct {
+    const char *name;      /* Hugging Face name, for messages              */
+    tp_tensor *value;      /* this rank's local shard, f32                 */
+    tp_tensor *grad;       /* its gradient, f32, the same shape            */
+    unsigned flags;        /* TP_PARAM_*                                   */
+    /* With TP_PARAM_COUNTED_ONCE: how many consecutive ranks of the mesh
+     * hold this same shard — ranks r with equal r / replicas hold one copy
+     * (a KV subgroup, §8.3, has n_rep = P / K).  0 means the whole mesh.
+     * Ignored without the flag (the shard is this rank's alone). */
+    int replicas;
+} tp_train_param;
+
+/* Checks a parameter list: names, f32 tensors, gradient shapes equal to the
+ * value shapes.  The error names the first bad parameter. */
+tp_status tp_train_params_check(const tp_train_param *params, int n);
+/* Sets every gradient to zero (before the first micro-batch of a step). */
+void tp_train_params_zero_grad(const tp_train_param *params, int n);
+
+typedef enum { TP_OPTIM_ADAMW = 0, TP_OPTIM_SGD } tp_optim_kind;
+
+typedef struct {
+    tp_optim_kind kind;
+    /* Decoupled for AdamW (p -= lr·wd·p first), coupled for SGD (g += wd·p);
+     * never applied to TP_PARAM_NO_DECAY parameters.  Default 0.0, as
+     * Trainer's. */
+    double weight_decay;
+    double beta1, beta2, eps;      /* AdamW: 0.9, 0.999, 1e-8              */
+    double momentum, dampening;    /* SGD: 0, 0                            */
+    int nesterov;                  /* SGD: 0                               */
+    tp_threadpool *pool;           /* element ranges split over it; NULL: one thread */
+} tp_optim_options;
+
+/* torch.optim's defaults for `kind` (SGD: momentum 0). */
+void tp_optim_options_default(tp_optim_options *o, tp_optim_kind kind);
+/* "adamw" / "sgd". */
+const char *tp_optim_kind_name(tp_optim_kind k);
+tp_status tp_optim_kind_parse(const char *s, tp_optim_kind *out);
+
+typedef struct tp_optim tp_optim;
+
+/* An optimizer over params[0 .. n) (the list is copied, the tensors stay
+ * borrowed and must not move), its state zero-filled and shaped like each
+ * local shard.  Checks the list and the options. */
+tp_status tp_optim_new(const tp_optim_options *o, const tp_train_param *params, int n, tp_optim **out);
+void tp_optim_free(tp_optim *opt);
+/* One step at learning rate lr, with torch.optim's arithmetic in f32
+ * (AdamW and SGD as in torch 1.13's single-tensor paths). */
+tp_status tp_optim_step(tp_optim *opt, double lr);
+/* Steps taken so far (AdamW's t after its last step). */
+int64_t tp_optim_steps(const tp_optim *opt);
+/* Parameter i's state tensor "exp_avg", "exp_avg_sq" (AdamW) or
+ * "momentum_buffer" (SGD with momentum), torch's names, borrowed; for
+ * checkpoints and tests. */
+tp_status tp_optim_state(const tp_optim *opt, int i, const char *which, const tp_tensor **out);
+
+/* ---- learning-rate schedules (HF Trainer's get_scheduler) --------------- */
+
+typedef enum {
+    TP_LR_CONSTANT = 0,          /* lr; warmup ignored, as HF's `constant`  */
+    TP_LR_CONSTANT_WITH_WARMUP,  /* linear warmup from 0, then lr           */
+    TP_LR_LINEAR,                /* warmup, then linear decay to 0          */
+    TP_LR_COSINE                 /* warmup, then half a cosine to 0         */
+} tp_lr_kind;
+
+typedef struct {
+    tp_lr_kind kind;
+    double lr;                   /* the base learning rate                  */
+    int64_t warmup_steps;        /* >= 0                                    */
+    int64_t total_steps;         /* num_training_steps: linear and cosine   */
+    double num_cycles;           /* cosine; 0 means HF's default 0.5        */
+} tp_lr_schedule;
+
+/* "constant", "constant_with_warmup", "linear", "cosine". */
+const char *tp_lr_kind_name(tp_lr_kind k);
+tp_status tp_lr_kind_parse(const char *s, tp_lr_kind *out);
+/* Refuses a negative lr or warmup, or linear/cosine without total_steps. */
+tp_status tp_lr_schedule_check(const tp_lr_schedule *s);
+/* The learning rate after `step` scheduler steps (LambdaLR's last_epoch):
+ * lr · lambda(step), so optimizer step k (counted from 1) runs at
+ * tp_lr_at(s, k - 1).  Pure. */
+double tp_lr_at(const tp_lr_schedule *s, int64_t step);
+
+/* ---- gradient-norm clipping (torch.nn.utils.clip_grad_norm_) ------------ */
+
+/* The global L2 norm of all gradients, as if the full parameters' gradients
+ * were one vector: every rank sums the squares of its shards (in double;
+ * a TP_PARAM_COUNTED_ONCE shard only on the first rank of its copy), and
+ * the partial sums become one total by a Partial -> Replicate move over
+ * `mesh` (1-D: pass the TP sub-mesh).  mesh NULL: this process only.  Every
+ * rank gets the same bits.  pool (may be NULL) shares the work; the bits do
+ * not depend on it.  Collective over mesh. */
+tp_status tp_grad_norm(const tp_train_param *params, int n, const tp_mesh *mesh, tp_threadpool *pool,
+                       float *norm);
+/* clip_grad_norm_: the global norm into *norm (may be NULL), then every
+ * gradient times min(1, max_norm / (norm + 1e-6)) when that is below 1.
+ * max_norm <= 0 only measures.  Collective over mesh. */
+tp_status tp_clip_grad_norm(const tp_train_param *params, int n, const tp_mesh *mesh, tp_threadpool *pool,
+                            double max_norm, float *norm);
+
+/* ---- replica check ------------------------------------------------------ */
+
+/* Verifies that every TP_PARAM_COUNTED_ONCE parameter (value and gradient)
+ * is bitwise identical on the ranks that hold a copy of it (§9.1): each
+ * rank digests its copies, the digests are all-gathered (Shard(0) ->
+ * Replicate over `mesh`, 1-D), and every rank compares them.  Fails on
+ * every rank alike, naming the first parameter that differs and two ranks.
+ * mesh NULL: nothing to compare.  Collective over mesh. */
+tp_status tp_check_replicated(const tp_train_param *params, int n, const tp_mesh *mesh);
+
+/* ---- data -------------------------------------------------------------
+ *
+ * A training file becomes a dataset of fixed-length rows: input_ids[seq_len]
+ * and labels[seq_len], labels -100 where no loss is counted.  The labels are
+ * aligned with the inputs (labels[t] is the id at t, or -100): the causal-LM
+ * shift happens in the loss, as in Transformers.  Formats (one kind per file):
+ *
+ *   .jsonl {"input_ids": [...]}  each line one row: truncated to seq_len, or
+ *                                padded with pad_id (labels -100 there);
+ *   .jsonl {"text": "..."}       tokenized (with special tokens), each
+ *                                document followed by eos_ids[0], the stream
+ *                                cut into seq_len rows; the tail that does
+ *                                not fill a row is dropped (run_clm's
+ *                                group_texts);
+ *   .jsonl {"messages": [...]}   the chat template applied; each
+ *                                conversation one row like input_ids; only
+ *                                the assistant's tokens are counted
+ *                                (data_chat.c says how they are found);
+ *   any other file (.txt)        the whole file one document, packed like
+ *                                text.
+ *
+ * Every refusal happens at load time and names the file and line. */
+
+typedef struct {
+    int64_t seq_len;
+    int64_t vocab;                      /* ids must lie in [0, vocab) */
+    /* eos_ids[0] separates packed documents; every one of them ends an
+     * assistant turn (a chat model's end-of-turn token belongs here). */
+    int64_t eos_ids[TP_MAX_EOS];
+    int n_eos;
+    int64_t pad_id;                     /* -1: eos_ids[0] */
+    const tp_tokenizer *tok;            /* NULL: only input_ids files */
+    const tp_chat_template *chat;       /* NULL: messages files refused */
+} tp_data_options;
+
+typedef struct {
+    int64_t seq_len, n_rows;
+    int64_t *ids;                       /* [n_rows, seq_len] */
+    int64_t *labels;                    /* [n_rows, seq_len]; -100 = not counted */
+} tp_dataset;
+
+tp_status tp_dataset_load(tp_dataset *d, const char *path, const tp_data_options *o);
+void tp_dataset_release(tp_dataset *d);
+
+/* tokenizer_config.json's eos_token and pad_token as ids (-1 when absent or
+ * not in the vocabulary); `dir` is a tokenizer or model directory. */
+tp_status tp_data_special_ids(const char *dir, const tp_tokenizer *tok, int64_t *eos_id, int64_t *pad_id);
+
+/* Labels that Transformers' causal-LM loss counts in one row: positions
+ * t >= 1 with labels[t] != -100 (the first label has no prediction). */
+int64_t tp_data_row_label_count(const int64_t *labels, int64_t seq_len);
+
+/* The order in which rows are consumed, the same on every rank.
+ * Each micro-batch holds batch_size rows of the whole job; replica r of R
+ * takes rows [r*B/R, (r+1)*B/R) of it, so the union over replicas is the
+ * single-replica micro-batch.  A step is grad_accum micro-batches (fewer at
+ * the end of an epoch, as Trainer does); rows that do not fill a whole
+ * micro-batch at the end of an epoch are skipped (drop_last).  With shuffle
+ * each epoch e visits the rows in a permutation drawn from (seed, e). */
+typedef struct {
+    const tp_dataset *data;
+    int64_t batch_size, grad_accum;
+    int shuffle;
+    uint64_t seed;
+    int replica, n_replicas;
+    int64_t micro_per_epoch, steps_per_epoch;
+    int64_t epoch;                      /* of the cached permutation; -1 none */
+    int64_t *perm;                      /* [n_rows] */
+} tp_data_loader;
+
+typedef struct {
+    int64_t epoch;                      /* from 0 */
+    int n_micro;                        /* micro-batches in this step */
+    int64_t label_tokens;               /* counted labels of the whole step, all replicas */
+} tp_data_step;
+
+tp_status tp_data_loader_init(tp_data_loader *l, const tp_dataset *d, int64_t batch_size, int64_t grad_accum,
+                              int shuffle, uint64_t seed, int replica, int n_replicas);
+void tp_data_loader_release(tp_data_loader *l);
+/* Step `step` (from 0; epochs follow each other). */
+tp_status tp_data_loader_step(tp_data_loader *l, int64_t step, tp_data_step *out);
+/* This replica's rows of micro-batch `micro` of step `step`: *n_rows rows
+ * (dataset row indices written to rows[], room for batch_size), and its ids
+ * and labels copied into ids/labels [n_rows, seq_len] when not NULL. */
+tp_status tp_data_loader_micro(tp_data_loader *l, int64_t step, int micro, int64_t *rows, int64_t *n_rows,
+                               int64_t *ids, int64_t *labels);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
