@@ -136,6 +136,24 @@ int64_t tp_kv_cache_reuse_prefix(tp_kv_cache *c, const int64_t *ids, int64_t n);
 tp_status tp_model_forward(tp_model *m, tp_kv_cache *cache, const int64_t *tokens, int64_t T,
                            float *logits, int all_logits);
 
+/* ---- training: loss and gradients -------------------------------------- */
+
+/* Allocates (first call) and zeroes every parameter's gradient
+ * (tp_module_param.grad, f32, shaped like the local shard). */
+tp_status tp_model_zero_grad(tp_model *m);
+
+/* One forward and backward of Hugging Face's causal-LM loss on one
+ * sequence of T tokens: labels (NULL: the tokens themselves) are shifted
+ * inside, so logit t predicts labels[t + 1]; labels of -100 are ignored.
+ * The loss is Σ over counted positions of -log p(label), divided by
+ * `count` (<= 0: this sequence's counted positions), so that several
+ * sequences accumulated with the same count give the mean over all of
+ * them.  The gradients are ADDED to the parameters' (tp_model_zero_grad
+ * first).  *loss_sum (the sum, not divided) and *counted may be NULL.
+ * One rank only for now: a model split over ranks is refused. */
+tp_status tp_model_forward_backward(tp_model *m, const int64_t *tokens, const int64_t *labels, int64_t T,
+                                    double count, double *loss_sum, int64_t *counted);
+
 /* ---- making models --------------------------------------------------- */
 
 /* A config for `arch` from a preset name: tiny, small, qwen3-0.6b,

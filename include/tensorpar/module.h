@@ -54,6 +54,10 @@ typedef struct {
     tp_param_slice slice;          /* its ranges; dim = -1: whole            */
     tp_placement placement;        /* on the 1-D TP mesh; Replicate when whole */
     int tied_to;                   /* index of the module whose weight this one borrows, or -1 */
+    /* Its gradient, f32, shaped like `local` (training only): empty until
+     * tp_model_zero_grad allocates it.  A tied parameter has none: its
+     * gradient is added into the owner's. */
+    tp_tensor grad;
 } tp_module_param;
 
 /* The state of one forward pass (private to the library: models/tp_module.h). */
@@ -65,8 +69,10 @@ typedef struct {
     /* Runs the module on the pass's state (each kind reads and writes the
      * fields its file documents). */
     tp_status (*forward)(tp_model *m, const tp_module *mod, tp_forward_pass *f);
-    /* NULL for every kind today: training adds the backward of each kind,
-     * next to its forward, with the styles' backward hooks. */
+    /* The gradient of forward (training): reads the activations the
+     * training forward saved and the pass's output gradient, adds into the
+     * parameters' gradients and writes the input gradient (each kind's file
+     * says which fields).  Runs on one rank (TP = 1) today. */
     tp_status (*backward)(tp_model *m, const tp_module *mod, tp_backward_pass *b);
 } tp_module_ops;
 
@@ -102,6 +108,11 @@ void tp_module_table_free(tp_module *mods, size_t n);
  * (Replicate) until a plan slices it. */
 tp_status tp_module_add_param(tp_module *mod, const char *suffix, tp_param_kind kind, int ndim,
                               const int64_t *shape);
+
+/* The whole gradient of parameter j of mod (its global shape, f32) into
+ * out, on every rank: the shards of all ranks put together (a collective:
+ * every rank calls it for the same parameters in the same order). */
+tp_status tp_model_grad_full(tp_model *m, const tp_module *mod, int j, float *out);
 
 size_t tp_model_module_count(const tp_model *m);
 const tp_module *tp_model_module_at(const tp_model *m, size_t i);

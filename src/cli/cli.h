@@ -63,6 +63,7 @@ int cli_isa_check(void);
 /* Commands: int cmd_x(int argc, char **argv) with argv[0] = "x". */
 int cmd_make_model(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
+int cmd_grads(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_bench_load(int argc, char **argv);

@@ -56,6 +56,16 @@ static tp_status scratch_init(fwd_scratch *s, tp_model *m, int64_t T, int64_t po
     return TP_OK;
 }
 
+/* A training forward keeps the whole stream on every rank (the backward
+ * reads it), so the fused add+norm, which leaves each rank its own rows,
+ * is off; the rope table is kept for the backward. */
+static tp_status scratch_train(fwd_scratch *s, const tp_model *m, int64_t T, tp_train_acts *save)
+{
+    s->fused = 0;
+    save->rope = tp_train_save(save, s->rope, T * m->cfg.head_dim);
+    return save->rope ? TP_OK : TP_ERR_NOMEM;
+}
+
 /* f->sc.h holds norm(x): lm_head on its rows from `first` on. */
 static tp_status head(tp_model *m, tp_forward_pass *f, int64_t first, float *logits)
 {
@@ -73,19 +83,20 @@ static tp_status head(tp_model *m, tp_forward_pass *f, int64_t first, float *log
     return st;
 }
 
-tp_status tp_model_forward(tp_model *m, tp_kv_cache *cache, const int64_t *tokens, int64_t T,
-                           float *logits, int all_logits)
+static tp_status run_forward(tp_model *m, tp_kv_cache *cache, const int64_t *tokens, int64_t T, float *logits,
+                             int all_logits, tp_train_acts *save)
 {
     if (T <= 0) return tp_fail(TP_ERR_INVALID, "forward needs at least one token");
     if (cache->length + T > cache->capacity)
         return tp_fail(TP_ERR_INVALID, "the KV cache holds %lld positions; %lld are needed",
                        (long long)cache->capacity, (long long)(cache->length + T));
-    tp_forward_pass f = {.cache = cache, .tokens = tokens, .T = T};
+    tp_forward_pass f = {.cache = cache, .tokens = tokens, .T = T, .save = save};
     const tp_module *model = &m->modules[m->modules[m->embed_tokens].parent];
     /* Every activation below comes from the arena; tp_act_end frees them. */
     tp_status st = tp_act_begin(m, T, all_logits ? T : 1);
     if (st) return st;
     st = scratch_init(&f.sc, m, T, cache->length);
+    if (!st && save) st = scratch_train(&f.sc, m, T, save);
     /* embed_tokens, the layers, the final norm: each residual add is fused
      * with the norm that follows it, so the stream is read and written once
      * per block.  The embedding marks the arena after the stream; each
@@ -101,4 +112,16 @@ tp_status tp_model_forward(tp_model *m, tp_kv_cache *cache, const int64_t *token
     tp_act_release(m, &f.x);
     tp_act_end(m);
     return st;
+}
+
+tp_status tp_model_forward(tp_model *m, tp_kv_cache *cache, const int64_t *tokens, int64_t T,
+                           float *logits, int all_logits)
+{
+    return run_forward(m, cache, tokens, T, logits, all_logits, NULL);
+}
+
+tp_status tp_model_forward_train(tp_model *m, tp_kv_cache *cache, const int64_t *tokens, int64_t T, float *logits,
+                                 tp_train_acts *save)
+{
+    return run_forward(m, cache, tokens, T, logits, 1, save);
 }

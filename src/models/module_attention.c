@@ -3,12 +3,13 @@
  * attention over the cache, and o_proj, whose output joins the residual
  * stream (left pending for the next norm).  Head counts come from the width
  * of the local activations, not from the config, so a rank computes
- * exactly the heads its shards hold.  Backward: added here by the training
- * issue. */
+ * exactly the heads its shards hold.  Backward (training): the
+ * same steps in reverse, from what the training forward saved. */
 #include "tp_module.h"
 
 #include "tensorpar/kernels.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* The first global head of a head-sliced activation (q, k or v). */
@@ -57,6 +58,36 @@ static tp_status project_qkv(tp_model *m, const tp_layer_modules *L, const float
     return TP_OK;
 }
 
+/* ---- training: what the backward reads ---------------------------------- */
+
+static tp_status save_raw(tp_train_acts *s, tp_saved_layer *sv, const tp_layer_modules *L, const qkv_acts *a,
+                          int64_t T, int64_t nq, int64_t nkv, int64_t D)
+{
+    sv->nq = nq, sv->nkv = nkv;
+    if (L->q_norm < 0) return TP_OK;
+    sv->q_raw = tp_train_save(s, a->q.data, T * nq * D);
+    sv->k_raw = tp_train_save(s, a->k.data, T * nkv * D);
+    return sv->q_raw && sv->k_raw ? TP_OK : TP_ERR_NOMEM;
+}
+
+/* The attention of a training forward: the same result through the kernel
+ * that also gives each row's log-sum-exp; q/k/v after the rotation, the
+ * output and lse are kept.  Training runs from position 0. */
+static tp_status attend_train(tp_model *m, tp_train_acts *s, tp_saved_layer *sv, const qkv_acts *a,
+                              tp_kv_cache *cache, int64_t layer, float *out, int64_t T, int64_t pos0)
+{
+    const tp_model_config *c = &m->cfg;
+    int64_t D = c->head_dim, nq = sv->nq, nkv = sv->nkv;
+    if (pos0 != 0) return tp_fail(TP_ERR_UNSUPPORTED, "a training forward starts at position 0");
+    if (!(sv->q = tp_train_save(s, a->q.data, T * nq * D)) || !(sv->k = tp_train_save(s, a->k.data, T * nkv * D)) ||
+        !(sv->v = tp_train_save(s, a->v.data, T * nkv * D)) || !(sv->lse = tp_train_save(s, NULL, T * nq)))
+        return TP_ERR_NOMEM;
+    tp_status st = tp_attention_forward_lse(out, sv->lse, sv->q, cache->k[layer], cache->v[layer], T, pos0, nq,
+                                            nkv, D, c->sliding_window, m->pool);
+    if (!st && !(sv->attn = tp_train_save(s, out, T * nq * D))) st = TP_ERR_NOMEM;
+    return st;
+}
+
 /* f->sc.h holds input_layernorm(x); on return f->pending holds the
  * attention output (o_proj's), which post_attention_layernorm adds. */
 static tp_status attention_forward(tp_model *m, const tp_module *mod, tp_forward_pass *f)
@@ -76,6 +107,8 @@ static tp_status attention_forward(tp_model *m, const tp_module *mod, tp_forward
     if (!st && nkv != cache->n_kv[layer])
         st = tp_fail(TP_ERR_INVALID, "%s has %lld KV heads on this rank; the cache was made for %lld",
                      where, (long long)nkv, (long long)cache->n_kv[layer]);
+    tp_saved_layer *sv = f->save ? &f->save->layers[layer] : NULL;
+    if (!st && sv) st = save_raw(f->save, sv, L, &a, T, nq, nkv, D);
     if (!st) {
         if (L->q_norm >= 0) {   /* Qwen3 normalises each head before the rotation */
             tp_par_rmsnorm(m, a.q.data, a.q.data, tp_module_weight(&m->modules[L->q_norm]), T * nq, D);
@@ -86,12 +119,83 @@ static tp_status attention_forward(tp_model *m, const tp_module *mod, tp_forward
         size_t row = (size_t)(nkv * D);
         memcpy(cache->k[layer] + (size_t)pos0 * row, a.k.data, (size_t)T * row * sizeof(float));
         memcpy(cache->v[layer] + (size_t)pos0 * row, a.v.data, (size_t)T * row * sizeof(float));
-        tp_attention(sc->attn, a.q.data, cache->k[layer], cache->v[layer], T, pos0, nq, nkv, D,
-                     c->sliding_window, m->pool);
-        st = tp_module_linear_to_stream(m, f, &m->modules[L->o_proj], mod, sc->attn, T, nq * D, &f->pending);
+        if (sv) st = attend_train(m, f->save, sv, &a, cache, layer, sc->attn, T, pos0);
+        else
+            tp_attention(sc->attn, a.q.data, cache->k[layer], cache->v[layer], T, pos0, nq, nkv, D,
+                         c->sliding_window, m->pool);
+        if (!st) st = tp_module_linear_to_stream(m, f, &m->modules[L->o_proj], mod, sc->attn, T, nq * D, &f->pending);
     }
     qkv_release(m, &a);
     return st;
 }
 
-const tp_module_ops tp_attention_ops = {"attention", attention_forward, NULL};
+/* ---- backward ------------------------------------------------------------ */
+
+#define TP_HEAD_DIM_MAX 1024
+
+typedef struct {
+    float *dattn, *dq, *dk, *dv, *draw;   /* draw: q or k before its norm */
+} attn_grads;
+
+static void attn_grads_free(attn_grads *g)
+{
+    free(g->dattn); free(g->dq); free(g->dk); free(g->dv); free(g->draw);
+}
+
+/* The gradient d of Qwen3's per-head norm's output, made the gradient of
+ * its input (raw), in place. */
+static tp_status head_norm_backward(tp_model *m, const tp_module *norm, float *d, float *scratch, const float *raw,
+                                    int64_t rows)
+{
+    int64_t D = m->cfg.head_dim;
+    float dw[TP_HEAD_DIM_MAX] = {0};
+    if (D > TP_HEAD_DIM_MAX) return tp_fail(TP_ERR_UNSUPPORTED, "head_dim %lld > %d", (long long)D, TP_HEAD_DIM_MAX);
+    memset(scratch, 0, (size_t)(rows * D) * sizeof(float));
+    tp_status st = tp_rmsnorm_backward(scratch, dw, d, raw, tp_module_weight(norm), rows, D, m->cfg.rms_norm_eps);
+    if (!st) st = tp_norm_add_weight_grad(m, norm, dw);
+    if (!st) memcpy(d, scratch, (size_t)(rows * D) * sizeof(float));
+    return st;
+}
+
+/* From the gradient of the attention output to those of q, k and v as the
+ * projections gave them: attention, rope and (Qwen3) the q/k norms. */
+static tp_status core_backward(tp_model *m, const tp_layer_modules *L, const tp_saved_layer *sv,
+                               const float *rope, int64_t T, attn_grads *g)
+{
+    int64_t D = m->cfg.head_dim, nq = sv->nq, nkv = sv->nkv;
+    tp_status st = tp_attention_backward(g->dq, g->dk, g->dv, g->dattn, sv->q, sv->k, sv->v, sv->attn, sv->lse, T,
+                                         0, nq, nkv, D, m->cfg.sliding_window, m->pool);
+    if (st) return st;
+    tp_rope_backward(g->dq, T, nq, D, rope);
+    tp_rope_backward(g->dk, T, nkv, D, rope);
+    if (L->q_norm < 0) return TP_OK;
+    st = head_norm_backward(m, &m->modules[L->q_norm], g->dq, g->draw, sv->q_raw, T * nq);
+    if (!st) st = head_norm_backward(m, &m->modules[L->k_norm], g->dk, g->draw, sv->k_raw, T * nkv);
+    return st;
+}
+
+/* b->dx is the gradient of the attention's output: through o_proj, the
+ * attention, rope, the q/k norms and q/k/v, whose input gradients (all
+ * three read input_layernorm's output) are summed into b->dh. */
+static tp_status attention_backward(tp_model *m, const tp_module *mod, tp_backward_pass *b)
+{
+    const tp_layer_modules *L = &m->layers[mod->layer];
+    const tp_saved_layer *sv = &b->saved->layers[mod->layer];
+    int64_t T = b->T, D = m->cfg.head_dim, nq = sv->nq, nkv = sv->nkv;
+    size_t qn = (size_t)(T * nq * D), kn = (size_t)(T * nkv * D);
+    attn_grads g = {calloc(qn, sizeof(float)), calloc(qn, sizeof(float)), calloc(kn, sizeof(float)),
+                    calloc(kn, sizeof(float)), calloc(qn, sizeof(float))};
+    tp_status st = g.dattn && g.dq && g.dk && g.dv && g.draw ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!st) st = tp_module_linear_backward(m, &m->modules[L->o_proj], b->dx, sv->attn, T, g.dattn);
+    if (!st) st = core_backward(m, L, sv, b->saved->rope, T, &g);
+    if (!st) {
+        memset(b->dh, 0, (size_t)(T * m->cfg.hidden_size) * sizeof(float));
+        st = tp_module_linear_backward(m, &m->modules[L->q_proj], g.dq, sv->h_attn, T, b->dh);
+    }
+    if (!st) st = tp_module_linear_backward(m, &m->modules[L->k_proj], g.dk, sv->h_attn, T, b->dh);
+    if (!st) st = tp_module_linear_backward(m, &m->modules[L->v_proj], g.dv, sv->h_attn, T, b->dh);
+    attn_grads_free(&g);
+    return st;
+}
+
+const tp_module_ops tp_attention_ops = {"attention", attention_forward, attention_backward};

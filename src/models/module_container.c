@@ -18,8 +18,27 @@ tp_status tp_module_run_children(tp_model *m, const tp_module *mod, tp_forward_p
     return st;
 }
 
-const tp_module_ops tp_container_ops = {"container", tp_module_run_children, NULL};
-const tp_module_ops tp_decoder_layer_ops = {"decoder_layer", tp_module_run_children, NULL};
+/* Children from `c` on, backward: the later ones first. */
+static tp_status backward_from(tp_model *m, int c, tp_backward_pass *b)
+{
+    if (c < 0) return TP_OK;
+    const tp_module *child = &m->modules[c];
+    tp_status st = backward_from(m, child->next_sibling, b);
+    if (st) return st;
+    if (!child->ops || !child->ops->backward)
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: modules of type %s have no backward yet", child->name,
+                       tp_module_type_name(child->type));
+    return child->ops->backward(m, child, b);
+}
+
+tp_status tp_module_run_children_backward(tp_model *m, const tp_module *mod, tp_backward_pass *b)
+{
+    return backward_from(m, mod->first_child, b);
+}
+
+const tp_module_ops tp_container_ops = {"container", tp_module_run_children, tp_module_run_children_backward};
+const tp_module_ops tp_decoder_layer_ops = {"decoder_layer", tp_module_run_children,
+                                           tp_module_run_children_backward};
 
 const tp_module_ops *tp_module_ops_of(tp_module_type type)
 {

@@ -1,6 +1,6 @@
 /* The Embedding module: the rows of the token ids, under its TP style
  * (embedding_rowwise looks up the rows this rank holds and reduces).
- * Backward: added here by the training issue. */
+ * Backward: the output gradient scattered into the rows of the ids. */
 #include "tp_module.h"
 
 #include "tensorpar/kernels.h"
@@ -71,4 +71,50 @@ static tp_status embedding_forward(tp_model *m, const tp_module *mod, tp_forward
     return st;
 }
 
-const tp_module_ops tp_embedding_ops = {"embedding", embedding_forward, NULL};
+/* The first vocabulary row this rank holds: its slice must be one range
+ * of rows (embedding_rowwise) or the whole table. */
+static tp_status first_row(const tp_module *emb, int64_t *row0)
+{
+    const tp_param_slice *sl = emb->tp ? &emb->tp->weight_slice : NULL;
+    *row0 = 0;
+    if (!sl || sl->dim < 0) return TP_OK;
+    if (sl->dim != 0 || sl->n != 1)
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: the backward of an embedding split other than by one range of "
+                       "rows is not built yet", emb->name);
+    *row0 = sl->start[0];
+    return TP_OK;
+}
+
+/* The stream's gradient b->dx scattered into the rows of the tokens that
+ * this rank holds (a tied lm_head adds its part to the same tensor).
+ * Under embedding_rowwise, pre_backward takes dx (placed `output`) back to
+ * the local lookup's layout: the conjugate of Partial -> Replicate leaves
+ * the replicated gradient whole on every rank. */
+static tp_status embedding_backward(tp_model *m, const tp_module *mod, tp_backward_pass *b)
+{
+    const tp_tensor *w = tp_module_weight(mod);
+    const struct tp_module_tp *mt = mod->tp;
+    const float *dy = b->dx;
+    float *dw;
+    int64_t row0, g[2] = {b->T, m->cfg.hidden_size};
+    tp_dtensor gy;
+    int styled = mt && mt->plan && mt->plan->fwd.installed && m->tp->mesh;
+    tp_status st = first_row(mod, &row0);
+    if (!st) st = tp_module_grad(m, mod, TP_MODULE_WEIGHT, &dw);
+    if (!st && styled) {
+        tp_module_ctx ctx = tp_module_ctx_of(m, mt, NULL);
+        st = tp_dtensor_from_local(&gy, m->tp->mesh, &mt->plan->fwd.output, TP_F32, 2, g, b->dx);
+        if (!st && (st = tp_style_pre_backward(mt->plan->style, &ctx, &mt->plan->fwd, &gy))) tp_dtensor_release(&gy);
+        if (!st && gy.local.shape[0] * gy.local.shape[1] != b->T * w->shape[1]) {
+            st = tp_fail(TP_ERR_UNSUPPORTED, "%s: its style gives the lookup's backward a gradient of another "
+                         "width", mod->name);
+            tp_dtensor_release(&gy);
+        }
+        if (!st) dy = gy.local.data;
+    }
+    if (!st) tp_embedding_backward(dw, row0, w->shape[0], w->shape[1], b->tokens, dy, b->T, m->pool);
+    if (!st && styled) tp_dtensor_release(&gy);
+    return st;
+}
+
+const tp_module_ops tp_embedding_ops = {"embedding", embedding_forward, embedding_backward};

@@ -3,8 +3,8 @@
  * needs, the module computes on its local shards, and post_forward reduces
  * or gathers the output (tp-semantics.md §3.2).  A module without a style
  * runs plainly.  Also the output of a block (self_attn, mlp) through the
- * block's own rule, and the Linear's ops table.  Backward: added here by
- * the training issue. */
+ * block's own rule, and the Linear's ops table.  Backward: the three
+ * GEMMs of tp_matmul_backward through the style's backward hooks. */
 #include "tp_module.h"
 
 #include "tensorpar/kernels.h"
@@ -326,4 +326,171 @@ static tp_status linear_forward(tp_model *m, const tp_module *mod, tp_forward_pa
     return tp_module_linear(m, mod, f->in, f->rows, f->in_width, &f->out);
 }
 
-const tp_module_ops tp_linear_ops = {"linear", linear_forward, NULL};
+/* ---- backward ------------------------------------------------------------
+ * y = x·Wᵀ + b: dW += dyᵀ·x, db += Σ_t dy, dx += dy·W, three GEMMs in
+ * tp_matmul_backward.  Under a style the hooks run in reverse (§3.4):
+ * pre_backward brings dy to what the local computation produced,
+ * post_backward brings the local input gradient (Partial after a
+ * replicated input: the all-reduce of AllReduceBackward) to the declared
+ * input layout, param_grad reduces a weight gradient that is a partial sum.
+ * Every move is a redistribute inside those hooks. */
+
+static tp_status plain_backward(tp_model *m, const tp_module *lin, const float *dy, const float *x, int64_t T,
+                                float *dx)
+{
+    float *dw, *db = NULL;
+    tp_status st = tp_module_grad(m, lin, TP_MODULE_WEIGHT, &dw);
+    if (!st && tp_module_bias(lin)->data) st = tp_module_grad(m, lin, TP_MODULE_BIAS, &db);
+    if (!st) st = tp_matmul_backward(dx, dw, db, dy, x, T, tp_module_weight(lin), m->pool);
+    return st;
+}
+
+/* g (the local gradient of parameter j, computed alone) through the
+ * style's param_grad hook, then added into the parameter's gradient. */
+static tp_status add_param_grad(tp_model *m, const tp_module *lin, const tp_module_ctx *ctx, int j, float *g)
+{
+    const tp_module_param *p = &lin->params[j];
+    const tp_module_plan *plan = lin->tp->plan;
+    float *dst;
+    tp_status s = tp_module_grad(m, lin, j, &dst);
+    size_t n = tp_tensor_nbytes(&p->local) / tp_dtype_size(p->local.dtype);
+    if (s) return s;
+    if (!plan->style->reduce_param_grad_post_backward && !plan->fwd.param_grad_allreduce) {
+        for (size_t i = 0; i < n; i++) dst[i] += g[i];   /* the default hook leaves it as it is */
+        return TP_OK;
+    }
+    tp_dtensor gd;
+    s = tp_dtensor_from_local(&gd, m->tp->mesh, &p->placement, TP_F32, p->ndim, p->shape, g);
+    if (s) return s;
+    s = tp_style_param_grad(plan->style, ctx, &plan->fwd, &gd);
+    if (!s) {
+        const float *v = gd.local.data;
+        for (size_t i = 0; i < n; i++) dst[i] += v[i];
+    }
+    tp_dtensor_release(&gd);
+    return s;
+}
+
+/* Under KV-head replication (P > num_key_value_heads) the kv_rep ranks of
+ * a KV subgroup hold the same k/v head, each having computed its part from
+ * its own query heads: the head's gradient is their sum, which every one
+ * of them must hold (§9.3: so that the replicas stay identical).  Each
+ * rank's part goes in its place in a zero tensor of the global shape, the
+ * ranks sum it (Partial -> Replicate, the one redistribute), and each
+ * takes its rows back. */
+static tp_status sum_kv_group(tp_model *m, const tp_module *lin, int j, float *g)
+{
+    const tp_module_param *p = &lin->params[j];
+    int64_t inner = p->ndim > 1 ? p->shape[1] : 1, row0 = p->slice.start[0], rows = p->slice.len[0];
+    if (p->slice.dim != 0 || p->slice.n != 1)
+        return tp_fail(TP_ERR_INTERNAL, "%s.%s: a replicated KV head is not one range of rows", lin->name, p->suffix);
+    float *full = calloc((size_t)(p->shape[0] * inner), sizeof(float));
+    if (!full) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    memcpy(full + row0 * inner, g, (size_t)(rows * inner) * sizeof(float));
+    tp_placement part = tp_partial(), rep = tp_replicate();
+    tp_dtensor src, sum;
+    tp_status s = tp_dtensor_from_local(&src, m->tp->mesh, &part, TP_F32, p->ndim, p->shape, full);
+    if (!s) {
+        s = tp_redistribute(&src, &rep, &sum);
+        tp_dtensor_release(&src);
+    }
+    if (!s) {
+        memcpy(g, (const float *)sum.local.data + row0 * inner, (size_t)(rows * inner) * sizeof(float));
+        tp_dtensor_release(&sum);
+    }
+    free(full);
+    return s;
+}
+
+typedef struct {
+    tp_dtensor gy, xd, gx;
+    int have_gy, have_xd, have_gx;
+    float *dw, *db, *dxl;
+} lin_bwd;
+
+static void lin_bwd_free(lin_bwd *b)
+{
+    if (b->have_gy) tp_dtensor_release(&b->gy);
+    if (b->have_xd) tp_dtensor_release(&b->xd);
+    if (b->have_gx) tp_dtensor_release(&b->gx);
+    free(b->dw); free(b->db); free(b->dxl);
+}
+
+/* The local computation's input and output gradient: x through
+ * pre_forward again (what the forward's GEMM read), dy through
+ * pre_backward. */
+static tp_status local_operands(tp_model *m, const struct tp_module_tp *mt, const tp_module_ctx *ctx,
+                                const float *dy, const float *x, int64_t T, int64_t gout, lin_bwd *b)
+{
+    const tp_forward_desc *d = &mt->plan->fwd;
+    int64_t gy_shape[2] = {T, gout}, gx_shape[2] = {T, mt->in_features};
+    tp_status s = tp_dtensor_from_local(&b->gy, m->tp->mesh, &d->output, TP_F32, 2, gy_shape, (void *)dy);
+    b->have_gy = !s;
+    if (!s) s = tp_style_pre_backward(mt->plan->style, ctx, d, &b->gy);
+    if (!s) s = tp_dtensor_from_local(&b->xd, m->tp->mesh, &d->input, TP_F32, 2, gx_shape, (void *)x);
+    b->have_xd = !s;
+    if (!s) s = tp_style_pre_forward(mt->plan->style, ctx, d, &b->xd);
+    return s;
+}
+
+static tp_status styled_backward(tp_model *m, const tp_module *lin, const float *dy, const float *x, int64_t T,
+                                 float *dx)
+{
+    const struct tp_module_tp *mt = lin->tp;
+    const tp_forward_desc *d = &mt->plan->fwd;
+    const tp_tensor *W = tp_module_weight(lin), *bias = tp_module_bias(lin);
+    int64_t out = W->shape[0], in = W->shape[1];
+    tp_module_ctx ctx = tp_module_ctx_of(m, mt, d->bias_after_reduce && bias->data ? bias : NULL);
+    lin_bwd b = {0};
+    if (d->divide_params_by_p)
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: the legacy `local` style has no backward", lin->name);
+    tp_status s = local_operands(m, mt, &ctx, dy, x, T, output_width(m, mt, lin), &b);
+    if (!s && (b.gy.local.shape[1] != out || b.xd.local.shape[1] != in))
+        s = tp_fail(TP_ERR_INVALID, "%s: its style gives the local backward [%lld, %lld] for a weight shard "
+                    "[%lld, %lld]", lin->name, (long long)b.gy.local.shape[1], (long long)b.xd.local.shape[1],
+                    (long long)out, (long long)in);
+    if (s) { lin_bwd_free(&b); return s; }
+    b.dw = calloc((size_t)(out * in), sizeof(float));
+    b.db = bias->data ? calloc((size_t)out, sizeof(float)) : NULL;
+    b.dxl = dx ? calloc((size_t)(T * in), sizeof(float)) : NULL;
+    if (!b.dw || (bias->data && !b.db) || (dx && !b.dxl)) s = tp_fail(TP_ERR_NOMEM, "out of memory");
+    /* a bias added after the reduction sees the whole output gradient */
+    if (!s && b.db && d->bias_after_reduce) s = tp_matmul_backward(NULL, NULL, b.db, dy, x, T, W, m->pool);
+    if (!s) s = tp_matmul_backward(b.dxl, b.dw, d->bias_after_reduce ? NULL : b.db, b.gy.local.data,
+                                   b.xd.local.data, T, W, m->pool);
+    if (!s && dx) {
+        tp_placement pl = tp_style_local_input_grad_layout(d);
+        int64_t g[2] = {T, mt->in_features};
+        s = tp_dtensor_from_local(&b.gx, m->tp->mesh, &pl, TP_F32, 2, g, b.dxl);
+        b.have_gx = !s;
+        if (!s) s = tp_style_post_backward(mt->plan->style, &ctx, d, &b.gx);
+        if (!s) {
+            const float *v = b.gx.local.data;
+            int64_t n = b.gx.local.shape[0] * b.gx.local.shape[1];
+            for (int64_t i = 0; i < n; i++) dx[i] += v[i];
+        }
+    }
+    if (!s && mt->kv_rep > 1) s = sum_kv_group(m, lin, TP_MODULE_WEIGHT, b.dw);
+    if (!s && mt->kv_rep > 1 && b.db) s = sum_kv_group(m, lin, TP_MODULE_BIAS, b.db);
+    if (!s) s = add_param_grad(m, lin, &ctx, TP_MODULE_WEIGHT, b.dw);
+    if (!s && b.db) s = add_param_grad(m, lin, &ctx, TP_MODULE_BIAS, b.db);
+    lin_bwd_free(&b);
+    return s;
+}
+
+tp_status tp_module_linear_backward(tp_model *m, const tp_module *lin, const float *dy, const float *x, int64_t T,
+                                    float *dx)
+{
+    tp_status st = runs_plainly(m, lin->tp) ? plain_backward(m, lin, dy, x, T, dx)
+                                            : styled_backward(m, lin, dy, x, T, dx);
+    return st ? tp_fail_context(st, "the backward of %s", lin->name) : TP_OK;
+}
+
+/* A lone Linear (lm_head): b->dy [rows, out] on the saved input b->in;
+ * the input gradient is added into b->dh. */
+static tp_status linear_backward(tp_model *m, const tp_module *mod, tp_backward_pass *b)
+{
+    return tp_module_linear_backward(m, mod, b->dy, b->in, b->rows, b->dh);
+}
+
+const tp_module_ops tp_linear_ops = {"linear", linear_forward, linear_backward};

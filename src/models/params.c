@@ -174,7 +174,10 @@ tp_status tp_model_build_modules(tp_model *m)
 void tp_module_table_free(tp_module *mods, size_t n)
 {
     for (size_t i = 0; mods && i < n; i++)
-        for (int j = 0; j < mods[i].n_params; j++) tp_tensor_release(&mods[i].params[j].local);
+        for (int j = 0; j < mods[i].n_params; j++) {
+            tp_tensor_release(&mods[i].params[j].local);
+            tp_tensor_release(&mods[i].params[j].grad);
+        }
     free(mods);
 }
 

@@ -93,6 +93,38 @@ typedef struct {
     int fused;         /* the fused add+norm (module_norm.c) runs in this pass */
 } fwd_scratch;
 
+/* ---- training: what the forward keeps for the backward (train_acts.c) ----
+ * A training forward (tp_forward_pass.save != NULL) copies into one arena,
+ * reserved once for T tokens from the config's widths, what each layer's
+ * backward reads: the stream after each residual add and its norm, q and k
+ * before Qwen3's norms, q/k/v after norm and rope, the attention output and
+ * its log-sum-exp, gate and up before SwiGLU and its product.  They live
+ * until tp_train_acts_free, after the backward. */
+typedef struct {
+    float *x_attn, *h_attn;        /* input_layernorm: stream after the add, its norm [T, H] */
+    float *x_mlp, *h_mlp;          /* post_attention_layernorm                  */
+    float *q_raw, *k_raw;          /* before q_norm/k_norm (NULL without them)  */
+    float *q, *k, *v;              /* after norm and rope [T, heads * D]         */
+    float *attn, *lse;             /* attention output [T, nq * D], lse [T, nq]  */
+    float *gate, *up, *act;        /* [T, I]: before SwiGLU, and silu(gate)·up   */
+    int64_t nq, nkv, inter;        /* the local widths: heads, heads, features   */
+} tp_saved_layer;
+
+typedef struct {
+    tp_arena arena;
+    int64_t T;
+    tp_saved_layer *layers;        /* [num_hidden_layers] */
+    float *x_final, *h_final;      /* model.norm's input (after the add) and output */
+    float *rope;                   /* the rope table of the pass [T, D]          */
+} tp_train_acts;
+
+tp_status tp_train_acts_init(tp_train_acts *s, const tp_model *m, int64_t T);
+void tp_train_acts_free(tp_train_acts *s);
+/* A copy of n floats of src in the arena (NULL: out of memory, reported). */
+float *tp_train_save(tp_train_acts *s, const float *src, int64_t n);
+/* The saved stream and norm slots of a stream norm module. */
+void tp_train_norm_slots(const tp_model *m, const tp_module *norm, tp_train_acts *s, float ***x, float ***h);
+
 /* The state the modules' forward ops share.  The stream: the embedding
  * writes x; a norm adds the pending block output (if any) to x and writes
  * sc.h = norm(x); attention and MLP read sc.h and leave their output
@@ -108,7 +140,40 @@ struct tp_forward_pass {
     const float *in;
     int64_t rows, in_width;
     tp_act out;
+    tp_train_acts *save;           /* training forward: keep activations; NULL: inference */
 };
+
+/* The state the modules' backward ops share (backward.c runs them in
+ * reverse table order).  dx is the gradient of the residual stream: a
+ * stream norm adds its input gradient into it, and since the residual add
+ * passes a gradient unchanged to both addends, a block (attention, MLP)
+ * reads dx as the gradient of its output.  A block writes dh, the
+ * gradient of the norm output it read, which that norm then consumes.  A
+ * lone Linear (lm_head) reads dy [rows, out] and its saved input `in` and
+ * writes dh. */
+struct tp_backward_pass {
+    const tp_train_acts *saved;
+    const int64_t *tokens;
+    int64_t T;
+    float *dx, *dh;                /* [T, H] */
+    const float *dy, *in;
+    int64_t rows;
+};
+
+/* The forward of tp_model_forward with every row's logits, keeping what
+ * the backward needs in *save (reserved for T tokens). */
+tp_status tp_model_forward_train(tp_model *m, tp_kv_cache *cache, const int64_t *tokens, int64_t T, float *logits,
+                                 tp_train_acts *save);
+/* Runs the children of a container backward, last first. */
+tp_status tp_module_run_children_backward(tp_model *m, const tp_module *mod, tp_backward_pass *b);
+/* The gradient buffer of parameter j of mod (a tied one: its owner's),
+ * f32 shaped like the local tensor; fails when tp_model_zero_grad has not
+ * allocated it. */
+tp_status tp_module_grad(const tp_model *m, const tp_module *mod, int j, float **g);
+/* A Linear's backward on input x [T, in] and output gradient dy [T, out]:
+ * dW (and db) += …, dx += dy · W (dx NULL: not needed). */
+tp_status tp_module_linear_backward(tp_model *m, const tp_module *lin, const float *dy, const float *x, int64_t T,
+                                    float *dx);
 
 /* Runs the children of a container in order. */
 tp_status tp_module_run_children(tp_model *m, const tp_module *mod, tp_forward_pass *f);
@@ -170,6 +235,10 @@ const tp_module_plan *tp_module_norm_rule(const tp_model *m, const tp_module *no
  * result is redistributed to Replicate for the consumers (an all-gather). */
 tp_status tp_module_norm_sp(tp_model *m, const tp_module_plan *rule, const float *x, const tp_tensor *w,
                             int64_t T, int64_t width, float *h);
+/* g, a norm's local weight gradient computed alone, through its rule's
+ * param_grad hook if it has one (replicated_with_grad_allreduce sums it
+ * over the ranks), added into the weight's gradient. */
+tp_status tp_norm_add_weight_grad(tp_model *m, const tp_module *norm, float *g);
 /* The width of the module's output on this rank, before running it. */
 int64_t tp_module_out_width(const tp_model *m, const tp_module *lin);
 /* The embedding lookup of T token ids (ids outside [0, vocab) are an error). */

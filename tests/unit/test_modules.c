@@ -84,7 +84,7 @@ static void test_table(tp_arch arch)
     CHECK(qk ? qn > 0 && mods[qn].type == TP_MT_NORM && shape_is(&mods[qn].params[0], 1, 16, 0) : qn == -1);
     int fn = find(mods, n, "model.norm");
     CHECK(fn == head - 1 && mods[fn].type == TP_MT_NORM && mods[fn].parent == 0 && mods[fn].params[0].kind == TP_PARAM_NORM);
-    for (size_t i = 0; i < n; i++) CHECK(mods[i].ops && mods[i].ops->forward && !mods[i].ops->backward);
+    for (size_t i = 0; i < n; i++) CHECK(mods[i].ops && mods[i].ops->forward && mods[i].ops->backward);
 
     /* The parameter table is the table's parameters in order. */
     tp_param_desc *d;

@@ -1,0 +1,114 @@
+/* One training step's forward and backward on one sequence: the training
+ * forward (the module forwards with tp_forward_pass.save set, keeping their
+ * activations), Hugging Face's causal-LM loss, then the modules' backward
+ * ops in reverse: lm_head, the final norm, each layer's MLP,
+ * post_attention_layernorm, attention and input_layernorm, the embedding.
+ * Gradients are added into tp_module_param.grad. */
+#include "tensorpar/kernels.h"
+#include "tensorpar/models.h"
+#include "tp_module.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* labels shifted inside, as Transformers' ForCausalLMLoss: row t is scored
+ * on labels[t + 1]; the last row has no next token. */
+static int64_t shift_labels(int64_t *out, const int64_t *labels, int64_t T)
+{
+    int64_t counted = 0;
+    for (int64_t t = 0; t < T; t++) {
+        out[t] = t + 1 < T ? labels[t + 1] : TP_IGNORE_INDEX;
+        counted += out[t] != TP_IGNORE_INDEX;
+    }
+    return counted;
+}
+
+/* dlogits [T, V] back to every parameter; save holds the forward's
+ * activations. */
+static tp_status backward(tp_model *m, const tp_train_acts *save, const int64_t *tokens, int64_t T,
+                          const float *dlogits)
+{
+    int64_t H = m->cfg.hidden_size;
+    float *dx = calloc((size_t)(T * H), sizeof(float)), *dh = calloc((size_t)(T * H), sizeof(float));
+    tp_status st = dx && dh ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory for the gradients of %lld tokens",
+                                              (long long)T);
+    tp_backward_pass b = {.saved = save, .tokens = tokens, .T = T, .dx = dx, .dh = dh,
+                          .dy = dlogits, .in = save->h_final, .rows = T};
+    const tp_module *lm_head = &m->modules[m->lm_head];
+    const tp_module *model = &m->modules[m->modules[m->embed_tokens].parent];
+    if (!st) st = lm_head->ops->backward(m, lm_head, &b);
+    if (!st) st = model->ops->backward(m, model, &b);
+    free(dx);
+    free(dh);
+    return st;
+}
+
+static tp_status check_ids(const tp_model *m, const int64_t *tokens, const int64_t *labels, int64_t T)
+{
+    for (int64_t t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= m->cfg.vocab_size)
+            return tp_fail(TP_ERR_INVALID, "token id %lld at position %lld is outside the vocabulary [0, %lld)",
+                           (long long)tokens[t], (long long)t, (long long)m->cfg.vocab_size);
+    for (int64_t t = 0; t < T; t++)
+        if (labels[t] != TP_IGNORE_INDEX && (labels[t] < 0 || labels[t] >= m->cfg.vocab_size))
+            return tp_fail(TP_ERR_INVALID, "label %lld at position %lld is neither -100 nor a token id of the "
+                           "vocabulary [0, %lld)", (long long)labels[t], (long long)t,
+                           (long long)m->cfg.vocab_size);
+    return TP_OK;
+}
+
+/* What the backward does not cover under TP yet, refused by name. */
+static tp_status check_split(const tp_model *m)
+{
+    if (!m->tp || !m->tp->mesh || m->tp->size < 2) return TP_OK;
+    for (size_t i = 0; i < m->n_modules; i++) {
+        const tp_module *mod = &m->modules[i];
+        if ((mod->type == TP_MT_ATTENTION || mod->type == TP_MT_MLP) && tp_module_block(m, mod))
+            return tp_fail(TP_ERR_UNSUPPORTED, "%s: the backward of a rule on a whole block is not built yet",
+                           mod->name);
+    }
+    return TP_OK;
+}
+
+static tp_status step(tp_model *m, const int64_t *tokens, const int64_t *shifted, int64_t T, double count,
+                      double *loss_sum)
+{
+    int64_t V = m->cfg.vocab_size;
+    tp_kv_cache kv;
+    tp_train_acts save;
+    float *logits = malloc((size_t)(T * V) * sizeof(float));
+    if (!logits) return tp_fail(TP_ERR_NOMEM, "out of memory for the logits of %lld tokens", (long long)T);
+    tp_status st = tp_kv_cache_init(&kv, m, T);
+    if (st) { free(logits); return st; }
+    st = tp_train_acts_init(&save, m, T);
+    if (!st) st = tp_model_forward_train(m, &kv, tokens, T, logits, &save);
+    /* the logits become their own gradient */
+    if (!st) st = tp_cross_entropy(loss_sum, logits, logits, shifted, T, V, count, m->pool);
+    if (!st) st = backward(m, &save, tokens, T, logits);
+    tp_train_acts_free(&save);
+    tp_kv_cache_release(&kv);
+    free(logits);
+    return st;
+}
+
+tp_status tp_model_forward_backward(tp_model *m, const int64_t *tokens, const int64_t *labels, int64_t T,
+                                    double count, double *loss_sum, int64_t *counted)
+{
+    tp_status st = check_split(m);
+    if (st) return st;
+    if (T < 2) return tp_fail(TP_ERR_INVALID, "the causal-LM loss needs at least two tokens");
+    if (!labels) labels = tokens;
+    st = check_ids(m, tokens, labels, T);
+    if (st) return st;
+    int64_t *shifted = malloc((size_t)T * sizeof *shifted);
+    if (!shifted) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    int64_t n = shift_labels(shifted, labels, T);
+    double sum = 0;
+    if (count <= 0) count = (double)n;
+    if (n > 0) st = step(m, tokens, shifted, T, count, &sum);
+    else if (count <= 0) st = tp_fail(TP_ERR_INVALID, "no position counts in the loss (every label is -100)");
+    free(shifted);
+    if (!st && loss_sum) *loss_sum = sum;
+    if (!st && counted) *counted = n;
+    return st;
+}

@@ -1,0 +1,82 @@
+/* Parameter gradients: one f32 tensor beside each parameter's local shard
+ * (tp_module_param.grad), allocated by the first tp_model_zero_grad.  A
+ * tied parameter (lm_head borrowing the embedding) has none of its own:
+ * both uses add into the owner's, which is the gradient of the one shared
+ * tensor. */
+#include "tp_module.h"
+
+#include "tensorpar/dist.h"
+
+#include <string.h>
+
+tp_status tp_model_zero_grad(tp_model *m)
+{
+    for (size_t i = 0; i < m->n_modules; i++)
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            tp_module_param *p = &m->modules[i].params[j];
+            if (p->tied_to >= 0 || !p->local.data) continue;
+            if (p->grad.data) { memset(p->grad.data, 0, tp_tensor_nbytes(&p->grad)); continue; }
+            tp_status s = tp_tensor_init(&p->grad, TP_F32, p->local.ndim, p->local.shape);
+            if (s) return tp_fail(s, "out of memory for the gradient of %s.%s", m->modules[i].name, p->suffix);
+        }
+    return TP_OK;
+}
+
+tp_status tp_module_grad(const tp_model *m, const tp_module *mod, int j, float **g)
+{
+    const tp_module_param *p = &mod->params[j];
+    if (p->tied_to >= 0) p = &m->modules[p->tied_to].params[j];
+    if (!p->grad.data)
+        return tp_fail(TP_ERR_INVALID, "%s.%s has no gradient buffer (tp_model_zero_grad allocates them)",
+                       mod->name, mod->params[j].suffix);
+    *g = p->grad.data;
+    return TP_OK;
+}
+
+/* Copies the local shard (the concatenation of the slice's ranges along
+ * its dimension) into its places in the zeroed global tensor. */
+static void place_shard(float *global, const float *local, const tp_module_param *p)
+{
+    const tp_param_slice *sl = &p->slice;
+    int64_t outer = 1, inner = 1, gdim = p->shape[sl->dim], ldim = 0;
+    for (int i = 0; i < sl->dim; i++) outer *= p->shape[i];
+    for (int i = sl->dim + 1; i < p->ndim; i++) inner *= p->shape[i];
+    for (int r = 0; r < sl->n; r++) ldim += sl->len[r];
+    for (int64_t o = 0; o < outer; o++) {
+        int64_t at = 0;
+        for (int r = 0; r < sl->n; r++) {
+            memcpy(global + (o * gdim + sl->start[r]) * inner, local + (o * ldim + at) * inner,
+                   (size_t)(sl->len[r] * inner) * sizeof(float));
+            at += sl->len[r];
+        }
+    }
+}
+
+tp_status tp_model_grad_full(tp_model *m, const tp_module *mod, int j, float *out)
+{
+    const tp_module_param *p = &mod->params[j];
+    size_t n = 1;
+    for (int i = 0; i < p->ndim; i++) n *= (size_t)p->shape[i];
+    if (!p->grad.data) return tp_fail(TP_ERR_INVALID, "%s.%s has no gradient", mod->name, p->suffix);
+    if (p->slice.dim < 0 || !m->tp || !m->tp->mesh) {   /* whole on every rank */
+        memcpy(out, p->grad.data, n * sizeof(float));
+        return TP_OK;
+    }
+    /* Each rank's shard in its place, zeros elsewhere: the sum over the
+     * ranks (Partial -> Replicate) is the whole gradient.  A k/v head
+     * replicated over a KV subgroup (kv_rep) is held whole by each of its
+     * ranks (the backward summed it there): only the first one adds it. */
+    memset(out, 0, n * sizeof(float));
+    int kv_rep = mod->tp ? mod->tp->kv_rep : 1;
+    if (kv_rep <= 1 || m->tp->rank % kv_rep == 0) place_shard(out, p->grad.data, p);
+    tp_placement part = tp_partial(), rep = tp_replicate();
+    tp_dtensor src, dst;
+    tp_status s = tp_dtensor_from_local(&src, m->tp->mesh, &part, TP_F32, p->ndim, p->shape, out);
+    if (s) return s;
+    s = tp_redistribute(&src, &rep, &dst);
+    tp_dtensor_release(&src);
+    if (s) return tp_fail_context(s, "gathering the gradient of %s.%s", mod->name, p->suffix);
+    memcpy(out, dst.local.data, n * sizeof(float));
+    tp_dtensor_release(&dst);
+    return TP_OK;
+}
