@@ -247,6 +247,16 @@ void tp_progress_end(tp_progress *p);
 /* Monotonic seconds. */
 double tp_now(void);
 
+/* ---- gnuplot (base/gnuplot.c): the charts' one way to draw --------------- */
+
+/* 1 when a gnuplot is on PATH. */
+int tp_gnuplot_available(void);
+/* Writes s as a gnuplot single-quoted string (a quote inside doubled). */
+void tp_gnuplot_quote(FILE *f, const char *s);
+/* Runs `gnuplot script`, its stdout and stderr into output_path (NULL:
+ * discarded); 0 when it exits 0, -1 otherwise. */
+int tp_gnuplot_run(const char *script, const char *output_path);
+
 #ifdef __cplusplus
 }
 #endif

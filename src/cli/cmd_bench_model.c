@@ -20,7 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #define MAX_REPS 64
@@ -568,17 +567,6 @@ static void summarise(const round_figures *g, int rounds, const slot *s, int nco
     }
 }
 
-/* Writes s as a gnuplot single-quoted string: a quote inside is doubled. */
-static void gp_string(FILE *f, const char *s)
-{
-    fputc('\'', f);
-    for (; *s; s++) {
-        if (*s == '\'') fputc('\'', f);
-        fputc(*s, f);
-    }
-    fputc('\'', f);
-}
-
 /* Writes the gnuplot script: the variables bench/chart.gp reads, then it. */
 static int write_script(const char *path, const char *term, const char *png, const char *data,
                         const all_figures *a, const job *j, const char *model_name, int max_tp, int cores,
@@ -587,11 +575,11 @@ static int write_script(const char *path, const char *term, const char *png, con
     FILE *g = fopen(path, "w");
     if (!g) return -1;
     fprintf(g, "term = '%s'\nout = ", term);
-    gp_string(g, png);
+    tp_gnuplot_quote(g, png);
     fprintf(g, "\ndata = ");
-    gp_string(g, data);
+    tp_gnuplot_quote(g, data);
     fprintf(g, "\nmodel = ");
-    gp_string(g, model_name);
+    tp_gnuplot_quote(g, model_name);
     fprintf(g, "\nseq = %lld\nr11 = %.6f\nr12 = %.6f\nmax_tp = %d\ncores = %d\nymax = %.4f\n%s",
             (long long)j->seq, a->ratio[R_TP21_11].med, a->ratio[R_TP21_12].med, max_tp, cores, ymax,
             bench_chart_gp);
@@ -623,10 +611,7 @@ static int draw_png(const all_figures *a, const job *j, const char *png, const c
         if (write_script(script, attempt == 0 ? "pngcairo" : "png", png, data, a, j, model_name, max_tp, cores,
                          ymax))
             break;
-        char cmd[256];
-        snprintf(cmd, sizeof cmd, "gnuplot '%s' 2>/dev/null", script);
-        int st = system(cmd);
-        if (st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0) rc = 0;
+        rc = tp_gnuplot_run(script, NULL);
     }
     remove(data);
     remove(script);

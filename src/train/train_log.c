@@ -12,14 +12,11 @@
 #include "loss_chart_gp.h"   /* generated from src/train/loss_chart.gp */
 
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #define LOG_NAME "train_log.jsonl"
@@ -176,34 +173,6 @@ tp_status tp_train_log_step(tp_train_log *l, const tp_train_log_entry *e)
 
 /* ---- the chart ---------------------------------------------------------- */
 
-static int have_gnuplot(void)
-{
-    const char *path = getenv("PATH");
-    if (!path) return 0;
-    char dir[4096];
-    while (*path) {
-        size_t n = strcspn(path, ":");
-        if (n > 0 && n < sizeof dir - 16) {
-            memcpy(dir, path, n);
-            snprintf(dir + n, sizeof dir - n, "/gnuplot");
-            if (access(dir, X_OK) == 0) return 1;
-        }
-        path += n + (path[n] == ':');
-    }
-    return 0;
-}
-
-/* Writes s as a gnuplot single-quoted string: a quote inside is doubled. */
-static void gp_string(FILE *f, const char *s)
-{
-    fputc('\'', f);
-    for (; *s; s++) {
-        if (*s == '\'') fputc('\'', f);
-        fputc(*s, f);
-    }
-    fputc('\'', f);
-}
-
 static int write_series(const char *path, const series *s)
 {
     FILE *f = fopen(path, "w");
@@ -224,32 +193,13 @@ static int write_script(const chart_files *c, const char *term, const tp_train_l
     FILE *g = fopen(c->script, "w");
     if (!g) return -1;
     fprintf(g, "term = '%s'\nout = ", term);
-    gp_string(g, c->png);
+    tp_gnuplot_quote(g, c->png);
     fputs("\ndata = ", g);
-    gp_string(g, c->data);
+    tp_gnuplot_quote(g, c->data);
     fputs("\neval_data = ", g);
-    gp_string(g, c->eval);
+    tp_gnuplot_quote(g, c->eval);
     fprintf(g, "\nhas_eval = %d\nsteps = %lld\n%s", l->eval.n > 0, (long long)l->last_step, loss_chart_gp);
     return fclose(g) ? -1 : 0;
-}
-
-/* Runs gnuplot on the script, its output into c->err; 0 when it exits 0. */
-static int run_gnuplot(const chart_files *c)
-{
-    posix_spawn_file_actions_t fa;
-    if (posix_spawn_file_actions_init(&fa)) return -1;
-    posix_spawn_file_actions_addopen(&fa, 1, c->err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    char *argv[] = {"gnuplot", (char *)c->script, NULL};
-    extern char **environ;
-    pid_t pid;
-    int rc = posix_spawnp(&pid, "gnuplot", &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc) return -1;
-    int status;
-    while (waitpid(pid, &status, 0) < 0)
-        if (errno != EINTR) return -1;
-    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
 }
 
 /* gnuplot's first line of complaint, for the error message. */
@@ -269,7 +219,7 @@ static tp_status draw(const tp_train_log *l, const char *png, chart_files *c)
     for (int attempt = 0; attempt < 2; attempt++) {
         if (write_script(c, attempt == 0 ? "pngcairo" : "png", l))
             return tp_fail(TP_ERR_IO, "loss chart: cannot write %s: %s", c->script, strerror(errno));
-        if (run_gnuplot(c) == 0) {
+        if (tp_gnuplot_run(c->script, c->err) == 0) {
             if (rename(c->png, png) != 0)
                 return tp_fail(TP_ERR_IO, "loss chart: cannot write %s: %s", png, strerror(errno));
             return TP_OK;
@@ -311,7 +261,7 @@ tp_status tp_train_log_chart(tp_train_log *l, const char *png, int *drawn)
     tp_status st = TP_OK;
     if (!l->loss.n) {
         tp_log(TP_LOG_WARN, "no step logged: no loss chart drawn at %s", png);
-    } else if (!have_gnuplot()) {
+    } else if (!tp_gnuplot_available()) {
         tp_log(TP_LOG_WARN, "gnuplot not found on PATH: the loss chart %s was not drawn "
                "(install gnuplot-nox; the losses are in %s/%s)", png, l->dir, LOG_NAME);
     } else if (!(st = chart_at(l, png)) && drawn) {
