@@ -238,6 +238,12 @@ void tp_embedding_backward(float *dw, int64_t row0, int64_t rows, int64_t width,
  * over, those of the whole accumulated batch when accumulating gradients.
  * Fails (nothing written) for a label outside [0, V) other than -100, or a
  * count <= 0 while some row counts. */
+/* The checks of the loss's inputs, shared by tp_cross_entropy and the
+ * vocabulary-parallel loss (train.h): every label in [0, V) or
+ * TP_IGNORE_INDEX, and a positive count when any token is counted.  `who`
+ * starts the message; *counted (may be NULL) gets the counted rows. */
+tp_status tp_cross_entropy_check_labels(const int64_t *labels, int64_t T, int64_t V, double count, const char *who,
+                                        int64_t *counted);
 tp_status tp_cross_entropy(double *loss_sum, float *dlogits, const float *logits, const int64_t *labels,
                            int64_t T, int64_t V, double count, tp_threadpool *pool);
 

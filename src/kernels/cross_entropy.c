@@ -63,21 +63,30 @@ static void ce_worker(void *p, int ti, int nt)
     for (int64_t t = b; t < e; t++) ce_row(j, t);
 }
 
-tp_status tp_cross_entropy(double *loss_sum, float *dlogits, const float *logits, const int64_t *labels,
-                           int64_t T, int64_t V, double count, tp_threadpool *pool)
+tp_status tp_cross_entropy_check_labels(const int64_t *labels, int64_t T, int64_t V, double count, const char *who,
+                                        int64_t *counted_out)
 {
     int64_t counted = 0;
     for (int64_t t = 0; t < T; t++) {
         if (labels[t] == TP_IGNORE_INDEX) continue;
         if (labels[t] < 0 || labels[t] >= V)
-            return tp_fail(TP_ERR_INVALID, "tp_cross_entropy: label %lld of row %lld is outside [0, %lld) "
-                           "and not %d (ignored)", (long long)labels[t], (long long)t, (long long)V,
-                           TP_IGNORE_INDEX);
+            return tp_fail(TP_ERR_INVALID, "%s: label %lld of row %lld is outside [0, %lld) and not %d (ignored)",
+                           who, (long long)labels[t], (long long)t, (long long)V, TP_IGNORE_INDEX);
         counted++;
     }
     if (counted > 0 && !(count > 0))
-        return tp_fail(TP_ERR_INVALID, "tp_cross_entropy: %lld counted tokens but a count of %g to divide by",
+        return tp_fail(TP_ERR_INVALID, "%s: %lld counted tokens but a count of %g to divide by", who,
                        (long long)counted, count);
+    if (counted_out) *counted_out = counted;
+    return TP_OK;
+}
+
+tp_status tp_cross_entropy(double *loss_sum, float *dlogits, const float *logits, const int64_t *labels,
+                           int64_t T, int64_t V, double count, tp_threadpool *pool)
+{
+    int64_t counted = 0;
+    tp_status st = tp_cross_entropy_check_labels(labels, T, V, count, "tp_cross_entropy", &counted);
+    if (st) return st;
     double *row_loss = malloc((size_t)(T > 0 ? T : 1) * sizeof(double));
     if (!row_loss) return tp_fail(TP_ERR_NOMEM, "tp_cross_entropy: out of memory");
     ce_job j = {dlogits, logits, labels, T, V, counted > 0 ? 1.0 / count : 0.0, row_loss};

@@ -128,19 +128,7 @@ static tp_status vp_check(const int64_t *labels, int64_t T, int64_t V, double co
     if (T < 0 || V < 1)
         return tp_fail(TP_ERR_INVALID, "vocab-parallel cross-entropy: %lld rows of a vocabulary of %lld",
                        (long long)T, (long long)V);
-    int64_t counted = 0;
-    for (int64_t t = 0; t < T; t++) {
-        if (labels[t] == TP_IGNORE_INDEX) continue;
-        if (labels[t] < 0 || labels[t] >= V)
-            return tp_fail(TP_ERR_INVALID, "vocab-parallel cross-entropy: label %lld of row %lld is outside "
-                           "[0, %lld) and not %d (ignored)", (long long)labels[t], (long long)t, (long long)V,
-                           TP_IGNORE_INDEX);
-        counted++;
-    }
-    if (counted > 0 && !(count > 0))
-        return tp_fail(TP_ERR_INVALID, "vocab-parallel cross-entropy: %lld counted tokens but a count of %g to "
-                       "divide by", (long long)counted, count);
-    return TP_OK;
+    return tp_cross_entropy_check_labels(labels, T, V, count, "vocab-parallel cross-entropy", NULL);
 }
 
 /* The two moves: the maxima all-gathered, then S and z_y summed. */
