@@ -673,15 +673,20 @@ static void lse_forward_item(const grad_job *j, int64_t g, int64_t t0, int64_t t
 
 /* Items (g, query block) dealt round-robin, latest blocks (the most keys)
  * first, so that the short ones even out the end. */
-static void lse_forward_worker(void *p, int ti, int nt)
+static void deal_query_blocks(const grad_job *j, int ti, int nt,
+                              void (*item)(const grad_job *, int64_t, int64_t, int64_t, float *))
 {
-    const grad_job *j = p;
     int64_t nqb = (j->T + QB - 1) / QB, items = j->KV * nqb;
     float *w = j->scratch + (size_t)ti * j->scratch_stride;
     for (int64_t i = ti; i < items; i += nt) {
         int64_t g = i % j->KV, qb = nqb - 1 - i / j->KV, t0 = qb * QB;
-        lse_forward_item(j, g, t0, t0 + QB < j->T ? t0 + QB : j->T, w);
+        item(j, g, t0, t0 + QB < j->T ? t0 + QB : j->T, w);
     }
+}
+
+static void lse_forward_worker(void *p, int ti, int nt)
+{
+    deal_query_blocks(p, ti, nt, lse_forward_item);
 }
 
 static tp_status attn_grad_check(int64_t n_heads, int64_t n_kv, int64_t d)
@@ -817,13 +822,7 @@ static void grad_q_item(const grad_job *j, int64_t g, int64_t t0, int64_t t1, fl
 
 static void grad_q_worker(void *p, int ti, int nt)
 {
-    const grad_job *j = p;
-    int64_t nqb = (j->T + QB - 1) / QB, items = j->KV * nqb;
-    float *w = j->scratch + (size_t)ti * j->scratch_stride;
-    for (int64_t i = ti; i < items; i += nt) {
-        int64_t g = i % j->KV, qb = nqb - 1 - i / j->KV, t0 = qb * QB;
-        grad_q_item(j, g, t0, t0 + QB < j->T ? t0 + QB : j->T, w);
-    }
+    deal_query_blocks(p, ti, nt, grad_q_item);
 }
 
 tp_status tp_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
