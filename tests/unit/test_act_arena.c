@@ -4,6 +4,7 @@
  * the next forward reserve more.  On a tiny model made in a temporary
  * directory, one rank. */
 #include "check.h"
+#include "tmpdir.h"
 #include "models/tp_module.h"
 #include "tensorpar/models.h"
 
@@ -12,21 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static void remove_tree(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[512];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
 
 /* Logits of all T positions of `ids` on a fresh cache. */
 static tp_status prefill(tp_model *m, const int64_t *ids, int64_t T, float *logits)

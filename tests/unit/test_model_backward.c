@@ -6,6 +6,7 @@
  * inference logits unchanged.  On a tiny Qwen3 model (q/k norms, GQA) made
  * in a temporary directory. */
 #include "check.h"
+#include "tmpdir.h"
 #include "models/tp_module.h"
 #include "tensorpar/models.h"
 
@@ -16,21 +17,6 @@
 #include <unistd.h>
 
 #define T 12
-
-static void remove_tree(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[512];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
 
 static tp_status logits_of(tp_model *m, const int64_t *ids, float *logits)
 {

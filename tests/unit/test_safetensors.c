@@ -2,6 +2,7 @@
  * hand-crafted malformed file per validation rule. */
 #include "tensorpar/io.h"
 #include "check.h"
+#include "tmpdir.h"
 
 #include <dirent.h>
 #include <stdlib.h>
@@ -14,21 +15,6 @@ static char tmpdir[64];
 static void path_in(char *buf, size_t cap, const char *name)
 {
     snprintf(buf, cap, "%s/%s", tmpdir, name);
-}
-
-static void remove_tree(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[512];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        if (unlink(p) != 0) remove_tree(p);
-    }
-    closedir(d);
-    rmdir(dir);
 }
 
 /* Writes an 8-byte length (header_len, or strlen(json) when 0), the JSON and

@@ -3,6 +3,7 @@
  * the chart drawn by gnuplot (a PNG, nothing left beside it), the warning
  * without gnuplot, and a non-writer rank writing nothing. */
 #include "check.h"
+#include "tmpdir.h"
 #include "tensorpar/train.h"
 
 #include <cjson/cJSON.h>
@@ -175,23 +176,6 @@ static void test_progress_text(void)
               buf);
     tp_train_progress_format(buf, 12, &e, 10, 3725);   /* truncated, terminated */
     CHECK(strlen(buf) == 11);
-}
-
-static void remove_tree(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) {
-        remove(dir);
-        return;
-    }
-    for (struct dirent *e; (e = readdir(d));) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        char p[1024];
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        remove_tree(p);
-    }
-    closedir(d);
-    rmdir(dir);
 }
 
 int main(void)
