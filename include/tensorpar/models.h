@@ -108,6 +108,14 @@ tp_status tp_model_params(const tp_model_config *cfg, tp_model *m, tp_param_desc
 /* Loads a model.  Under TP the plan is resolved and validated before any
  * weight is read, then each rank reads only its own slices (shard-on-read). */
 tp_status tp_model_load(tp_model **out, const char *model_dir, const tp_model_options *opt);
+/* Writes m as a Hugging Face model directory out_dir (created if needed):
+ * every parameter whole (gathered from the ranks' shards: a collective,
+ * every rank calls it; the local shards must be f32) in the checkpoint's
+ * dtype (cfg.dtype: bf16, f16 or else f32), names and shapes, as
+ * model.safetensors, and src_dir's config.json, generation_config.json
+ * and tokenizer files copied unchanged.  Only writer != 0 (rank 0) writes;
+ * each file is written whole or not at all. */
+tp_status tp_model_save(tp_model *m, const char *src_dir, const char *out_dir, int writer);
 /* Bytes of tensor data this rank read from the checkpoint while loading. */
 uint64_t tp_model_bytes_read(const tp_model *m);
 void tp_model_free(tp_model *m);
