@@ -54,7 +54,7 @@ static int usage(const char *msg)
 static int get_int(const cli_option *o, int n, const char *name, long long lo, long long *v)
 {
     if (cli_int(o, n, name, v)) return -1;
-    if (*v < lo) { tp_fail(TP_ERR_INVALID, "%s must be >= %lld, got %lld", name, lo, *v); return -1; }
+    if (cli_value(o, n, name) && *v < lo) { tp_fail(TP_ERR_INVALID, "%s must be >= %lld, got %lld", name, lo, *v); return -1; }
     return 0;
 }
 
