@@ -327,8 +327,11 @@ typedef struct {
     double last_loss;
 } tp_trainer_result;
 
-/* Trains m (loaded with f32 weights; each parameter's local shard is
- * updated in place) on `train` (eval: NULL or a dataset of the same
+/* Trains m (f32 or bf16 weights; each parameter's local shard is updated
+ * in place; a bf16 shard through an f32 master copy that the optimizer
+ * updates, the shard being the master rounded to bf16 after each step, and
+ * that replaces the shard at the end when the run succeeds, so a saved
+ * model holds the master's values) on `train` (eval: NULL or a dataset of the same
  * seq_len).  mesh: the 1-D TP mesh (NULL: one rank).  The logged loss of a
  * step is Σ over its micro-batches of (loss sum / the step's counted
  * labels) — the token-weighted mean over the step, what Trainer logs with

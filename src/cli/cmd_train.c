@@ -39,7 +39,7 @@ static const cli_option own[N_OWN] = {
     {"--eval-data", "FILE", "evaluation data, same formats", 0, {0}},
     {"--eval-every", "N", "evaluate every N steps (default: after the last step)", 0, {0}},
     {"--loss", "default|vocab-parallel", "loss computation (default: HF's, on the gathered logits)", 0, {0}},
-    {"--dtype", "f32|bf16", "training dtype (default f32; bf16 is not supported yet)", 0, {0}},
+    {"--dtype", "f32|bf16", "weights the forward and backward use (default f32); bf16 trains an f32 master copy", 0, {0}},
     {"--check-replicas", NULL, "verify after every step that replicated parameters are identical on every rank", 0, {0}},
     {"--threads", "N", "threads per rank (default: cores / local ranks)", 0, {0}},
     {"--save-every", "N", "not supported yet: the model is saved at the end", 0, {0}},
@@ -83,8 +83,6 @@ static int parse_train(const cli_option *o, int n, tp_trainer_options *t, long l
         return usage("--loss vocab-parallel is not wired into the model's backward yet "
                      "(tp_cross_entropy_vocab_parallel exists; use --loss default)");
     if (dt && strcmp(dt, "f32") && strcmp(dt, "bf16")) return usage("--dtype expects f32 or bf16");
-    if (dt && !strcmp(dt, "bf16"))
-        return usage("--dtype bf16 is not supported yet (bf16 compute with an f32 master copy): train in f32");
     tp_optim_kind ok = TP_OPTIM_ADAMW;
     const char *os = cli_value(o, n, "--optim"), *ls = cli_value(o, n, "--lr-scheduler");
     if (os && tp_optim_kind_parse(os, &ok)) return cli_usage_error("train");
@@ -168,7 +166,6 @@ static tp_status train_and_save(const char *dir, const char *out, cli_tp *tp, tp
                                 tp_dataset *de, tp_trainer_options *t)
 {
     tp_model *m;
-    mo->weight_dtype = TP_F32;   /* the trained weights, f32 */
     mo->mesh = tp->mesh;
     mo->tp_plan = tp->plan;
     tp_status s = tp_model_load(&m, dir, mo);
@@ -207,6 +204,8 @@ int cmd_train(int argc, char **argv)
     if (cli_tp_begin("train", argc, argv, o, n, dir, &tp, &rc)) { cli_tp_end(&tp); return rc; }
     tp_model_options mo = {.threads = 1, .show_progress = isatty(2) && tp.rank == 0};
     if (cli_tp_threads(o, n, &tp, &mo)) { cli_tp_end(&tp); return cli_report("train"); }
+    const char *dt_name = cli_value(o, n, "--dtype");
+    mo.weight_dtype = dt_name && !strcmp(dt_name, "bf16") ? TP_BF16 : TP_F32;
     tp_status s = load_data(dir, seq_len, data, eval, &dt, &de);
     if (!cli_tp_agree("train", &tp, s != TP_OK)) {
         s = train_and_save(dir, out, &tp, &mo, &dt, &de, &t);

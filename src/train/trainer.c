@@ -14,31 +14,89 @@
 
 /* The parameters the optimizer updates: each module parameter with a local
  * shard of its own (a tied lm_head borrows the embedding's), flagged as
- * train.h describes. */
-static tp_status collect_params(tp_model *m, tp_train_param **out, int *n)
+ * train.h describes.  A bf16 shard trains through an f32 master copy
+ * (masters[k], empty for f32 shards): the optimizer updates the master,
+ * and the shard the forward reads is the master rounded to bf16. */
+static tp_status collect_params(tp_model *m, tp_train_param **out, tp_tensor **masters, int *n)
 {
     size_t cap = tp_model_module_count(m) * TP_MODULE_MAX_PARAMS, k = 0;
     tp_train_param *ps = calloc(cap ? cap : 1, sizeof *ps);
-    if (!ps) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    tp_tensor *ms = calloc(cap ? cap : 1, sizeof *ms);
+    *out = ps;
+    *masters = ms;
+    *n = 0;
+    if (!ps || !ms) return tp_fail(TP_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < tp_model_module_count(m); i++) {
         tp_module *mod = &m->modules[i];
         for (int j = 0; j < mod->n_params; j++) {
             tp_module_param *p = &mod->params[j];
             if (p->tied_to >= 0 || !p->local.data) continue;
-            if (p->local.dtype != TP_F32) {
-                free(ps);
-                return tp_fail(TP_ERR_UNSUPPORTED, "%s.%s is %s: training needs f32 weights", mod->name, p->suffix,
-                               tp_dtype_name(p->local.dtype));
+            tp_tensor *value = &p->local;
+            if (p->local.dtype == TP_BF16) {
+                tp_status s = tp_tensor_init(&ms[k], TP_F32, p->local.ndim, p->local.shape);
+                if (!s) s = tp_convert(ms[k].data, TP_F32, p->local.data, TP_BF16, (size_t)tp_tensor_numel(&p->local));
+                if (s) { *n = (int)k + 1; return tp_fail_context(s, "the f32 master copy of %s", mod->name); }
+                value = &ms[k];
+            } else if (p->local.dtype != TP_F32) {
+                *n = (int)k;
+                return tp_fail(TP_ERR_UNSUPPORTED, "%s.%s is %s: training needs f32 or bf16 weights", mod->name,
+                               p->suffix, tp_dtype_name(p->local.dtype));
             }
             int reps = tp_model_param_replicas(m, mod, j);
             unsigned flags = (p->kind == TP_PARAM_BIAS || p->kind == TP_PARAM_NORM) ? TP_PARAM_NO_DECAY : 0;
             if (reps != 1) flags |= TP_PARAM_COUNTED_ONCE;
-            ps[k++] = (tp_train_param){mod->name, &p->local, &p->grad, flags, reps == 1 ? 0 : reps};
+            ps[k++] = (tp_train_param){mod->name, value, &p->grad, flags, reps == 1 ? 0 : reps};
         }
     }
-    *out = ps;
     *n = (int)k;
     return TP_OK;
+}
+
+/* The bf16 shards of the model, each its master rounded (after every
+ * optimizer step). */
+static tp_status round_masters(tp_model *m, const tp_tensor *masters, int n)
+{
+    int k = 0;
+    for (size_t i = 0; i < tp_model_module_count(m); i++)
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            tp_module_param *p = &m->modules[i].params[j];
+            if (p->tied_to >= 0 || !p->local.data) continue;
+            if (k >= n) return TP_OK;
+            if (masters[k].data) {
+                tp_status s = tp_convert(p->local.data, TP_BF16, masters[k].data, TP_F32,
+                                         (size_t)tp_tensor_numel(&p->local));
+                if (s) return s;
+            }
+            k++;
+        }
+    return TP_OK;
+}
+
+/* At the end: each bf16 shard that the model owns is replaced by its f32
+ * master, so what is saved afterwards is the master's values. */
+static void adopt_masters(tp_model *m, tp_tensor *masters, int n)
+{
+    int k = 0;
+    for (size_t i = 0; i < tp_model_module_count(m); i++)
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            tp_module_param *p = &m->modules[i].params[j];
+            if (p->tied_to >= 0 || !p->local.data) continue;
+            if (k >= n) return;
+            if (masters[k].data && p->local.owns_data) {
+                tp_tensor_release(&p->local);
+                p->local = masters[k];
+                memset(&masters[k], 0, sizeof masters[k]);
+            }
+            k++;
+        }
+    /* A tied parameter borrows its owner's new tensor (as loading does). */
+    for (size_t i = 0; i < tp_model_module_count(m); i++)
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            tp_module_param *p = &m->modules[i].params[j];
+            if (p->tied_to < 0) continue;
+            p->local = m->modules[p->tied_to].params[j].local;
+            p->local.owns_data = 0;
+        }
 }
 
 /* The labels of a row shifted for tp_cross_entropy: out[t] = labels[t+1],
@@ -84,6 +142,7 @@ typedef struct {
     const tp_trainer_options *o;
     tp_data_loader loader;
     tp_train_param *params;
+    tp_tensor *masters;            /* f32 masters of bf16 shards, by param */
     int n_params;
     tp_optim *opt;
     tp_lr_schedule sched;
@@ -132,6 +191,7 @@ static tp_status one_step(trainer *t, int64_t s, tp_train_log_entry *e)
     r = tp_clip_grad_norm(t->params, t->n_params, t->mesh, t->m->pool, t->o->max_grad_norm, &norm);
     e->lr = tp_lr_at(&t->sched, s);
     if (!r) r = tp_optim_step(t->opt, e->lr);
+    if (!r) r = round_masters(t->m, t->masters, t->n_params);
     if (!r && t->o->check_replicas) r = tp_check_replicated(t->params, t->n_params, t->mesh);
     clock_gettime(CLOCK_MONOTONIC, &b);
     double dt = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
@@ -159,7 +219,7 @@ static tp_status setup(trainer *t, const tp_dataset *train, int64_t *total)
     t->labels = malloc((size_t)(o->batch_size * L) * sizeof(int64_t));
     if (!t->rows || !t->ids || !t->labels) return tp_fail(TP_ERR_NOMEM, "out of memory");
     if ((s = tp_model_zero_grad(t->m))) return s;
-    if ((s = collect_params(t->m, &t->params, &t->n_params))) return s;
+    if ((s = collect_params(t->m, &t->params, &t->masters, &t->n_params))) return s;
     tp_optim_options oo = o->optim;
     if (!oo.pool) oo.pool = t->m->pool;
     return tp_optim_new(&oo, t->params, t->n_params, &t->opt);
@@ -168,6 +228,8 @@ static tp_status setup(trainer *t, const tp_dataset *train, int64_t *total)
 static void teardown(trainer *t)
 {
     tp_optim_free(t->opt);
+    for (int k = 0; t->masters && k < t->n_params; k++) tp_tensor_release(&t->masters[k]);
+    free(t->masters);
     free(t->params);
     free(t->rows);
     free(t->ids);
@@ -197,6 +259,7 @@ tp_status tp_trainer_run(struct tp_model *m, const tp_mesh *mesh, const tp_datas
         if (!s) { res->steps = k + 1; res->last_loss = e.loss; }
     }
     if (!s) s = tp_train_log_chart(log, NULL, NULL);
+    if (!s) adopt_masters(m, t.masters, t.n_params);
     tp_train_log_close(log);
     teardown(&t);
     return s;
