@@ -50,6 +50,10 @@ typedef struct tp_model {
      * tp_model_options.fuse_norm (on by default). */
     int fuse_norm;
     tp_matmul_opts matmul;         /* every Linear's GEMM: tp_model_options.kernels */
+    /* tp_model_forward_backward's loss: 0 = Hugging Face's on the gathered
+     * logits; 1 = vocabulary-parallel (lm_head's output stays split on the
+     * vocabulary, tp_cross_entropy_vocab_parallel).  Set it after loading. */
+    int vocab_parallel_loss;
 } tp_model;
 
 typedef struct {
@@ -156,7 +160,13 @@ tp_status tp_model_zero_grad(tp_model *m);
  * The loss is Σ over counted positions of -log p(label), divided by
  * `count` (<= 0: this sequence's counted positions), so that several
  * sequences accumulated with the same count give the mean over all of
- * them.  The gradients are ADDED to the parameters' (tp_model_zero_grad
+ * them.  With m->vocab_parallel_loss no rank holds [T, V] logits: each
+ * computes its vocabulary shard's (lm_head's local GEMM, no gather), the
+ * loss and those logits' gradient come from tp_cross_entropy_vocab_parallel
+ * and lm_head's input gradient, a partial sum, is all-reduced (a Partial ->
+ * Replicate move); refused when lm_head's weight is not split as
+ * tp_chunk_range splits the vocabulary (or whole) or its input is not
+ * replicated.  The gradients are ADDED to the parameters' (tp_model_zero_grad
  * first).  *loss_sum (the sum, not divided) and *counted may be NULL.
  * One rank only for now: a model split over ranks is refused. */
 tp_status tp_model_forward_backward(tp_model *m, const int64_t *tokens, const int64_t *labels, int64_t T,

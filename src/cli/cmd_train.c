@@ -38,7 +38,7 @@ static const cli_option own[N_OWN] = {
     {"--no-shuffle", NULL, "visit the sequences in file order", 0, {0}},
     {"--eval-data", "FILE", "evaluation data, same formats", 0, {0}},
     {"--eval-every", "N", "evaluate every N steps (default: after the last step)", 0, {0}},
-    {"--loss", "default|vocab-parallel", "loss computation (default: HF's, on the gathered logits)", 0, {0}},
+    {"--loss", "default|vocab-parallel", "default: HF's on the gathered logits; vocab-parallel: no rank holds [T, vocab] logits", 0, {0}},
     {"--dtype", "f32|bf16", "weights the forward and backward use (default f32); bf16 trains an f32 master copy", 0, {0}},
     {"--check-replicas", NULL, "verify after every step that replicated parameters are identical on every rank", 0, {0}},
     {"--threads", "N", "threads per rank (default: cores / local ranks)", 0, {0}},
@@ -79,9 +79,6 @@ static int parse_train(const cli_option *o, int n, tp_trainer_options *t, long l
     const char *loss = cli_value(o, n, "--loss"), *dt = cli_value(o, n, "--dtype");
     if (loss && strcmp(loss, "default") && strcmp(loss, "vocab-parallel"))
         return usage("--loss expects default or vocab-parallel");
-    if (loss && !strcmp(loss, "vocab-parallel"))
-        return usage("--loss vocab-parallel is not wired into the model's backward yet "
-                     "(tp_cross_entropy_vocab_parallel exists; use --loss default)");
     if (dt && strcmp(dt, "f32") && strcmp(dt, "bf16")) return usage("--dtype expects f32 or bf16");
     tp_optim_kind ok = TP_OPTIM_ADAMW;
     const char *os = cli_value(o, n, "--optim"), *ls = cli_value(o, n, "--lr-scheduler");
@@ -163,13 +160,14 @@ static tp_status load_data(const char *dir, long long seq_len, const char *train
 }
 
 static tp_status train_and_save(const char *dir, const char *out, cli_tp *tp, tp_model_options *mo, tp_dataset *dt,
-                                tp_dataset *de, tp_trainer_options *t)
+                                tp_dataset *de, tp_trainer_options *t, int vocab_parallel)
 {
     tp_model *m;
     mo->mesh = tp->mesh;
     mo->tp_plan = tp->plan;
     tp_status s = tp_model_load(&m, dir, mo);
     if (s) return s;
+    m->vocab_parallel_loss = vocab_parallel;
     tp_trainer_result r;
     t->out_dir = out;
     t->writer = tp->rank == 0;
@@ -208,7 +206,8 @@ int cmd_train(int argc, char **argv)
     mo.weight_dtype = dt_name && !strcmp(dt_name, "bf16") ? TP_BF16 : TP_F32;
     tp_status s = load_data(dir, seq_len, data, eval, &dt, &de);
     if (!cli_tp_agree("train", &tp, s != TP_OK)) {
-        s = train_and_save(dir, out, &tp, &mo, &dt, &de, &t);
+        const char *loss = cli_value(o, n, "--loss");
+        s = train_and_save(dir, out, &tp, &mo, &dt, &de, &t, loss && !strcmp(loss, "vocab-parallel"));
         rc = cli_tp_agree("train", &tp, s != TP_OK);
     } else {
         rc = 1;

@@ -122,6 +122,18 @@ class Train(unittest.TestCase):
         low = np.concatenate([v.view(np.uint32).ravel() & 0xFFFF for v in w.values()])
         self.assertGreater(int(np.count_nonzero(low)), low.size // 2)
 
+    def test_vocab_parallel_loss_equals_default(self):
+        """--loss vocab-parallel (no rank holds [T, V] logits) trains as the
+        default loss: tied qwen3 at TP 2, an uneven vocabulary (501) at TP 4."""
+        uneven = os.path.join(self.work, "uneven")
+        run("make-model", "--arch", "llama", "--preset", "tiny", "--dtype", "f32", "--set", "vocab_size=501",
+            "--out", uneven)
+        for model, tp in ((self.qwen3, 2), (uneven, 4), (uneven, 1)):
+            tag = f"{os.path.basename(model)}-{tp}"
+            a, _ = self.train(f"vp-{tag}", model, "--loss", "vocab-parallel", "--check-replicas", tp=tp)
+            b, _ = self.train(f"default-{tag}", model, tp=tp)
+            self.assert_same_run(a, b, f"vocab-parallel {tag}")
+
     def test_grad_accum_equals_bigger_batch(self):
         a, _ = self.train("ga2", self.llama, "--batch-size", 1, "--grad-accum", 2)
         b, _ = self.train("bs2", self.llama, "--batch-size", 2, "--grad-accum", 1)
@@ -158,7 +170,7 @@ class Train(unittest.TestCase):
 
     def test_usage_errors(self):
         for extra, want in ((("--steps", 2, "--epochs", 1), "not both"),
-                            (("--loss", "vocab-parallel"), "vocab-parallel"),
+                            (("--loss", "gathered"), "--loss"),
                             (("--dtype", "f16"), "f16"),
                             (("--lr-scheduler", "exp"), "exp"),
                             (("--optim", "lion"), "lion")):
