@@ -171,6 +171,11 @@ def causal_lm_loss(logits, tokens):
 
 
 def forward_loss(cfg, p, tokens):
+    return causal_lm_loss(forward_logits(cfg, p, tokens), tokens)
+
+
+def forward_logits(cfg, p, tokens):
+    """The [T, vocab] logits of one sequence (no batch dimension)."""
     T = len(tokens)
     nq = cfg["num_attention_heads"]
     D = cfg.get("head_dim") or cfg["hidden_size"] // nq
@@ -189,7 +194,7 @@ def forward_loss(cfg, p, tokens):
         h = h + mlp(rms_norm(h, p[pre + "post_attention_layernorm.weight"], eps), p, pre + "mlp.")
     h = rms_norm(h, p["model.norm.weight"], eps)
     head = p["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else p["lm_head.weight"]
-    return causal_lm_loss(h @ head.T, tokens)
+    return h @ head.T
 
 
 def reference_grads(model_dir, tokens):
