@@ -184,8 +184,9 @@ def forward_logits(cfg, p, tokens):
     inv = inv_frequencies(cfg, D)
     freqs = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos(), emb.sin()
-    mask = causal_mask(T, window_of(cfg))
+    dt = p["model.embed_tokens.weight"].dtype   # float64; float32 only to measure float32 rounding
+    cos, sin = emb.cos().to(dt), emb.sin().to(dt)
+    mask = causal_mask(T, window_of(cfg)).to(dt)
     h = p["model.embed_tokens.weight"][ids]
     for i in range(cfg["num_hidden_layers"]):
         pre = f"model.layers.{i}."

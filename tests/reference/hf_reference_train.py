@@ -69,7 +69,8 @@ import hf_reference_grad as model_ref  # noqa: E402
 # Trainer's defaults (TrainingArguments)
 DEFAULTS = dict(seq_len=None, batch_size=8, grad_accum=1, lr=5e-5, lr_scheduler="linear", warmup_steps=0,
                 weight_decay=0.0, max_grad_norm=1.0, optim="adamw", momentum=0.0, steps=1,
-                adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8)
+                adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
+                dtype="float64")   # float32 only to measure what float32 rounding alone costs
 
 
 # ---- data -------------------------------------------------------------------
@@ -163,7 +164,8 @@ def reference_train(model_dir, data_path, **opts):
     weights = model_ref.load_weights(model_dir)
     if cfg.get("tie_word_embeddings"):
         weights.pop("lm_head.weight", None)
-    params = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in weights.items()}
+    dt = getattr(torch, o["dtype"])
+    params = {k: torch.tensor(v, dtype=dt, requires_grad=True) for k, v in weights.items()}
     seqs = read_sequences(data_path, o["seq_len"])
     vocab = cfg["vocab_size"]
     opt = make_optimizer(params, o)
@@ -179,7 +181,7 @@ def reference_train(model_dir, data_path, **opts):
         opt.zero_grad(set_to_none=True)
         loss = 0.0
         for batch in batches:
-            mb = torch.zeros((), dtype=torch.float64)
+            mb = torch.zeros((), dtype=dt)
             for s in batch:
                 if any(t < 0 or t >= vocab for t in s):
                     raise ValueError(f"step {step}: an id outside the vocabulary [0, {vocab})")
