@@ -50,6 +50,10 @@ typedef struct tp_model {
      * tp_model_options.fuse_norm (on by default). */
     int fuse_norm;
     tp_matmul_opts matmul;         /* every Linear's GEMM: tp_model_options.kernels */
+    /* tp_model_forward_backward's loss: 0 = Hugging Face's on the gathered
+     * logits; 1 = vocabulary-parallel (lm_head's output stays split on the
+     * vocabulary, tp_cross_entropy_vocab_parallel).  Set it after loading. */
+    int vocab_parallel_loss;
 } tp_model;
 
 typedef struct {
@@ -108,6 +112,14 @@ tp_status tp_model_params(const tp_model_config *cfg, tp_model *m, tp_param_desc
 /* Loads a model.  Under TP the plan is resolved and validated before any
  * weight is read, then each rank reads only its own slices (shard-on-read). */
 tp_status tp_model_load(tp_model **out, const char *model_dir, const tp_model_options *opt);
+/* Writes m as a Hugging Face model directory out_dir (created if needed):
+ * every parameter whole (gathered from the ranks' shards: a collective,
+ * every rank calls it; the local shards must be f32) in the checkpoint's
+ * dtype (cfg.dtype: bf16, f16 or else f32), names and shapes, as
+ * model.safetensors, and src_dir's config.json, generation_config.json
+ * and tokenizer files copied unchanged.  Only writer != 0 (rank 0) writes;
+ * each file is written whole or not at all. */
+tp_status tp_model_save(tp_model *m, const char *src_dir, const char *out_dir, int writer);
 /* Bytes of tensor data this rank read from the checkpoint while loading. */
 uint64_t tp_model_bytes_read(const tp_model *m);
 void tp_model_free(tp_model *m);
@@ -148,7 +160,13 @@ tp_status tp_model_zero_grad(tp_model *m);
  * The loss is Σ over counted positions of -log p(label), divided by
  * `count` (<= 0: this sequence's counted positions), so that several
  * sequences accumulated with the same count give the mean over all of
- * them.  The gradients are ADDED to the parameters' (tp_model_zero_grad
+ * them.  With m->vocab_parallel_loss no rank holds [T, V] logits: each
+ * computes its vocabulary shard's (lm_head's local GEMM, no gather), the
+ * loss and those logits' gradient come from tp_cross_entropy_vocab_parallel
+ * and lm_head's input gradient, a partial sum, is all-reduced (a Partial ->
+ * Replicate move); refused when lm_head's weight is not split as
+ * tp_chunk_range splits the vocabulary (or whole) or its input is not
+ * replicated.  The gradients are ADDED to the parameters' (tp_model_zero_grad
  * first).  *loss_sum (the sum, not divided) and *counted may be NULL.
  * One rank only for now: a model split over ranks is refused. */
 tp_status tp_model_forward_backward(tp_model *m, const int64_t *tokens, const int64_t *labels, int64_t T,

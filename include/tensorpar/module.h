@@ -114,6 +114,15 @@ tp_status tp_module_add_param(tp_module *mod, const char *suffix, tp_param_kind 
  * every rank calls it for the same parameters in the same order). */
 tp_status tp_model_grad_full(tp_model *m, const tp_module *mod, int j, float *out);
 
+/* The same for the parameter's value (its local shard must be f32; a tied
+ * parameter gives its owner's): what a trained model saves. */
+tp_status tp_model_param_full(tp_model *m, const tp_module *mod, int j, float *out);
+/* How many consecutive ranks of the TP mesh hold the same copy of
+ * parameter j's local shard: 1 when it is this rank's alone (or there is
+ * one rank), 0 when every rank holds it whole (replicated), n_rep for a
+ * k/v head replicated over a KV subgroup — tp_train_param.replicas. */
+int tp_model_param_replicas(const tp_model *m, const tp_module *mod, int j);
+
 size_t tp_model_module_count(const tp_model *m);
 const tp_module *tp_model_module_at(const tp_model *m, size_t i);
 /* Index of the module named `name`, or -1. */

@@ -295,6 +295,52 @@ void tp_train_log_close(tp_train_log *l);
  * 1.00e-04  grad-norm 1.250  tok/s 812  ETA 0:01:05". */
 void tp_train_progress_format(char *buf, size_t cap, const tp_train_log_entry *e, int64_t total, double eta_s);
 
+/* ---- the training loop (trainer.c) -------------------------------------
+ *
+ * tensorpar train's loop as a library function: every rank of the TP mesh
+ * calls it with the same options and data.  Per optimizer step: zero the
+ * gradients; for each micro-batch, forward and backward of each row with
+ * the loss normalised by the step's counted labels (all micro-batches, all
+ * replicas: Transformers >= 4.46); clip to the global norm; one optimizer
+ * step at the schedule's learning rate; one log entry. */
+
+struct tp_model;   /* models.h */
+
+typedef struct {
+    const char *out_dir;           /* train_log.jsonl and loss.png           */
+    int64_t batch_size;            /* rows per micro-batch (whole job)       */
+    int64_t grad_accum;            /* micro-batches per optimizer step       */
+    int64_t steps;                 /* > 0: this many steps; else epochs      */
+    int64_t epochs;                /* used when steps <= 0                   */
+    uint64_t seed;
+    int shuffle;
+    tp_lr_schedule schedule;       /* total_steps filled by the loop         */
+    tp_optim_options optim;
+    double max_grad_norm;          /* <= 0: measured, not clipped            */
+    int64_t eval_every;            /* eval data: every N steps; 0: the last  */
+    int check_replicas;            /* tp_check_replicated after every step   */
+    int writer;                    /* this rank writes the log (rank 0)      */
+} tp_trainer_options;
+
+typedef struct {
+    int64_t steps;                 /* steps finished                         */
+    double last_loss;
+} tp_trainer_result;
+
+/* Trains m (f32 or bf16 weights; each parameter's local shard is updated
+ * in place; a bf16 shard through an f32 master copy that the optimizer
+ * updates, the shard being the master rounded to bf16 after each step, and
+ * that replaces the shard at the end when the run succeeds, so a saved
+ * model holds the master's values) on `train` (eval: NULL or a dataset of the same
+ * seq_len).  mesh: the 1-D TP mesh (NULL: one rank).  The logged loss of a
+ * step is Σ over its micro-batches of (loss sum / the step's counted
+ * labels) — the token-weighted mean over the step, what Trainer logs with
+ * logging_steps = 1 (the mean of the micro-batch means when each counts as
+ * many labels).  A loss that is not finite stops before its optimizer
+ * step, with an error naming the step.  Collective over mesh. */
+tp_status tp_trainer_run(struct tp_model *m, const tp_mesh *mesh, const tp_dataset *train, const tp_dataset *eval,
+                         const tp_trainer_options *o, tp_trainer_result *res);
+
 #ifdef __cplusplus
 }
 #endif

@@ -6,6 +6,7 @@
  * Gradients are added into tp_module_param.grad. */
 #include "tensorpar/kernels.h"
 #include "tensorpar/models.h"
+#include "tensorpar/train.h"
 #include "tp_module.h"
 
 #include <stdlib.h>
@@ -23,10 +24,68 @@ static int64_t shift_labels(int64_t *out, const int64_t *labels, int64_t T)
     return counted;
 }
 
-/* dlogits [T, V] back to every parameter; save holds the forward's
- * activations. */
+/* lm_head for the vocabulary-parallel loss: its weight shard, the columns
+ * of the vocabulary it covers, and the mesh they are split over (NULL when
+ * every rank holds the whole head). */
+typedef struct {
+    const tp_tensor *W;
+    int64_t start, cols;
+    const tp_mesh *mesh;
+} vp_head;
+
+static tp_status vp_head_of(const tp_model *m, vp_head *h)
+{
+    const tp_module *lm = &m->modules[m->lm_head];
+    const tp_module_param *p = &lm->params[TP_MODULE_WEIGHT];
+    int64_t V = m->cfg.vocab_size;
+    h->W = &p->local;
+    h->start = 0;
+    h->cols = V;
+    h->mesh = NULL;
+    if (lm->tp && lm->tp->plan && lm->tp->plan->fwd.input.kind != TP_REPLICATE)
+        return tp_fail(TP_ERR_UNSUPPORTED, "--loss vocab-parallel: %s's input is not replicated under this plan",
+                       lm->name);
+    if (p->slice.dim < 0 || !m->tp || !m->tp->mesh || m->tp->size < 2) return TP_OK;
+    int64_t want0, wantn;
+    tp_chunk_range(V, m->tp->size, m->tp->rank, &want0, &wantn);
+    if (p->slice.dim != 0 || p->slice.n != 1 || p->slice.start[0] != want0 || p->slice.len[0] != wantn)
+        return tp_fail(TP_ERR_UNSUPPORTED, "--loss vocab-parallel: %s's weight is not split in vocabulary chunks "
+                       "under this plan", lm->name);
+    h->start = want0;
+    h->cols = wantn;
+    h->mesh = m->tp->mesh;
+    return TP_OK;
+}
+
+/* lm_head's backward for a vocabulary shard: dW (this shard's rows) +=
+ * dlogitsᵀ·h; dh += dlogits·W summed over the ranks (each holds the part
+ * of its columns). */
+static tp_status vp_head_backward(tp_model *m, const vp_head *h, const float *dlogits, const float *x, int64_t T,
+                                  float *dh)
+{
+    int64_t H = m->cfg.hidden_size;
+    float *dw;
+    tp_status st = tp_module_grad(m, &m->modules[m->lm_head], TP_MODULE_WEIGHT, &dw);
+    if (!st && h->cols > 0) st = tp_matmul_backward(dh, dw, NULL, dlogits, x, T, h->W, m->pool);
+    if (st || !h->mesh) return st;
+    tp_placement part = tp_partial(), rep = tp_replicate();
+    int64_t shape[2] = {T, H};
+    tp_dtensor src, sum;
+    st = tp_dtensor_from_local(&src, h->mesh, &part, TP_F32, 2, shape, dh);
+    if (st) return st;
+    st = tp_redistribute(&src, &rep, &sum);
+    tp_dtensor_release(&src);
+    if (st) return tp_fail_context(st, "all-reducing lm_head's input gradient");
+    memcpy(dh, sum.local.data, (size_t)(T * H) * sizeof(float));
+    tp_dtensor_release(&sum);
+    return TP_OK;
+}
+
+/* dlogits back to every parameter: [T, V] through lm_head's own backward,
+ * or (vp != NULL) this rank's vocabulary shard [T, vp->cols]; save holds
+ * the forward's activations. */
 static tp_status backward(tp_model *m, const tp_train_acts *save, const int64_t *tokens, int64_t T,
-                          const float *dlogits)
+                          const float *dlogits, const vp_head *vp)
 {
     int64_t H = m->cfg.hidden_size;
     float *dx = calloc((size_t)(T * H), sizeof(float)), *dh = calloc((size_t)(T * H), sizeof(float));
@@ -36,7 +95,7 @@ static tp_status backward(tp_model *m, const tp_train_acts *save, const int64_t 
                           .dy = dlogits, .in = save->h_final, .rows = T};
     const tp_module *lm_head = &m->modules[m->lm_head];
     const tp_module *model = &m->modules[m->modules[m->embed_tokens].parent];
-    if (!st) st = lm_head->ops->backward(m, lm_head, &b);
+    if (!st) st = vp ? vp_head_backward(m, vp, dlogits, save->h_final, T, dh) : lm_head->ops->backward(m, lm_head, &b);
     if (!st) st = model->ops->backward(m, model, &b);
     free(dx);
     free(dh);
@@ -74,17 +133,26 @@ static tp_status step(tp_model *m, const int64_t *tokens, const int64_t *shifted
                       double *loss_sum)
 {
     int64_t V = m->cfg.vocab_size;
+    vp_head vp;
+    tp_status st = m->vocab_parallel_loss ? vp_head_of(m, &vp) : TP_OK;
+    if (st) return st;
+    int64_t cols = m->vocab_parallel_loss ? vp.cols : V;
     tp_kv_cache kv;
     tp_train_acts save;
-    float *logits = malloc((size_t)(T * V) * sizeof(float));
+    float *logits = malloc((size_t)(T * (cols > 0 ? cols : 1)) * sizeof(float));
     if (!logits) return tp_fail(TP_ERR_NOMEM, "out of memory for the logits of %lld tokens", (long long)T);
-    tp_status st = tp_kv_cache_init(&kv, m, T);
+    st = tp_kv_cache_init(&kv, m, T);
     if (st) { free(logits); return st; }
     st = tp_train_acts_init(&save, m, T);
-    if (!st) st = tp_model_forward_train(m, &kv, tokens, T, logits, &save);
+    if (!st) st = tp_model_forward_train(m, &kv, tokens, T, m->vocab_parallel_loss ? NULL : logits, &save);
     /* the logits become their own gradient */
-    if (!st) st = tp_cross_entropy(loss_sum, logits, logits, shifted, T, V, count, m->pool);
-    if (!st) st = backward(m, &save, tokens, T, logits);
+    if (!st && !m->vocab_parallel_loss) st = tp_cross_entropy(loss_sum, logits, logits, shifted, T, V, count, m->pool);
+    if (!st && !m->vocab_parallel_loss) st = backward(m, &save, tokens, T, logits, NULL);
+    if (m->vocab_parallel_loss) {
+        if (!st && cols > 0) st = tp_matmul_ex(logits, save.h_final, T, vp.W, NULL, m->pool, &m->matmul);
+        if (!st) st = tp_cross_entropy_vocab_parallel(loss_sum, logits, logits, shifted, T, V, count, vp.mesh, m->pool);
+        if (!st) st = backward(m, &save, tokens, T, logits, &vp);
+    }
     tp_train_acts_free(&save);
     tp_kv_cache_release(&kv);
     free(logits);

@@ -103,7 +103,9 @@ static tp_status run_forward(tp_model *m, tp_kv_cache *cache, const int64_t *tok
      * stream norm rewinds to that mark, so the arena holds one block's
      * working set (module_norm.c). */
     if (!st) st = model->ops->forward(m, model, &f);
-    if (!st) st = head(m, &f, all_logits ? 0 : T - 1, logits);
+    /* logits NULL (training, vocabulary-parallel loss): the caller runs
+     * lm_head on the saved final norm output. */
+    if (!st && logits) st = head(m, &f, all_logits ? 0 : T - 1, logits);
     if (!st) {
         memcpy(cache->tokens + cache->length, tokens, (size_t)T * sizeof *tokens);
         cache->length += T;

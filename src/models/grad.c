@@ -52,31 +52,58 @@ static void place_shard(float *global, const float *local, const tp_module_param
     }
 }
 
-tp_status tp_model_grad_full(tp_model *m, const tp_module *mod, int j, float *out)
+/* The whole tensor of the f32 shards `local` of parameter j on every rank
+ * (what = "gradient" or "value", for messages). */
+static tp_status gather_full(tp_model *m, const tp_module *mod, int j, const float *local, float *out,
+                             const char *what)
 {
     const tp_module_param *p = &mod->params[j];
     size_t n = 1;
     for (int i = 0; i < p->ndim; i++) n *= (size_t)p->shape[i];
-    if (!p->grad.data) return tp_fail(TP_ERR_INVALID, "%s.%s has no gradient", mod->name, p->suffix);
     if (p->slice.dim < 0 || !m->tp || !m->tp->mesh) {   /* whole on every rank */
-        memcpy(out, p->grad.data, n * sizeof(float));
+        memcpy(out, local, n * sizeof(float));
         return TP_OK;
     }
     /* Each rank's shard in its place, zeros elsewhere: the sum over the
-     * ranks (Partial -> Replicate) is the whole gradient.  A k/v head
+     * ranks (Partial -> Replicate) is the whole tensor.  A k/v head
      * replicated over a KV subgroup (kv_rep) is held whole by each of its
-     * ranks (the backward summed it there): only the first one adds it. */
+     * ranks (the backward summed its gradient there): only the first one
+     * adds it. */
     memset(out, 0, n * sizeof(float));
     int kv_rep = mod->tp ? mod->tp->kv_rep : 1;
-    if (kv_rep <= 1 || m->tp->rank % kv_rep == 0) place_shard(out, p->grad.data, p);
+    if (kv_rep <= 1 || m->tp->rank % kv_rep == 0) place_shard(out, local, p);
     tp_placement part = tp_partial(), rep = tp_replicate();
     tp_dtensor src, dst;
     tp_status s = tp_dtensor_from_local(&src, m->tp->mesh, &part, TP_F32, p->ndim, p->shape, out);
     if (s) return s;
     s = tp_redistribute(&src, &rep, &dst);
     tp_dtensor_release(&src);
-    if (s) return tp_fail_context(s, "gathering the gradient of %s.%s", mod->name, p->suffix);
+    if (s) return tp_fail_context(s, "gathering the %s of %s.%s", what, mod->name, p->suffix);
     memcpy(out, dst.local.data, n * sizeof(float));
     tp_dtensor_release(&dst);
     return TP_OK;
+}
+
+tp_status tp_model_grad_full(tp_model *m, const tp_module *mod, int j, float *out)
+{
+    const tp_module_param *p = &mod->params[j];
+    if (!p->grad.data) return tp_fail(TP_ERR_INVALID, "%s.%s has no gradient", mod->name, p->suffix);
+    return gather_full(m, mod, j, p->grad.data, out, "gradient");
+}
+
+tp_status tp_model_param_full(tp_model *m, const tp_module *mod, int j, float *out)
+{
+    const tp_module_param *p = &mod->params[j];
+    if (p->tied_to >= 0) p = &m->modules[p->tied_to].params[j];
+    if (!p->local.data || p->local.dtype != TP_F32)
+        return tp_fail(TP_ERR_INVALID, "%s.%s: gathering needs an f32 local shard", mod->name, mod->params[j].suffix);
+    return gather_full(m, mod, j, p->local.data, out, "value");
+}
+
+int tp_model_param_replicas(const tp_model *m, const tp_module *mod, int j)
+{
+    if (!m->tp || !m->tp->mesh || m->tp->size <= 1) return 1;
+    if (mod->params[j].slice.dim < 0) return 0;          /* whole on every rank */
+    int kv_rep = mod->tp ? mod->tp->kv_rep : 1;
+    return kv_rep > 1 ? kv_rep : 1;
 }

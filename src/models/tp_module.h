@@ -161,7 +161,8 @@ struct tp_backward_pass {
 };
 
 /* The forward of tp_model_forward with every row's logits, keeping what
- * the backward needs in *save (reserved for T tokens). */
+ * the backward needs in *save (reserved for T tokens).  logits NULL: no
+ * lm_head (the vocabulary-parallel loss runs it on save->h_final). */
 tp_status tp_model_forward_train(tp_model *m, tp_kv_cache *cache, const int64_t *tokens, int64_t T, float *logits,
                                  tp_train_acts *save);
 /* Runs the children of a container backward, last first. */
