@@ -13,7 +13,8 @@ some padded), unshuffled:
 
 * 5 AdamW steps, grad-accum 2, clipping active (max-grad-norm below every
   step's norm), weight decay, linear schedule with one warmup step, at
-  TP = 1, 2 and 4: every step's loss within 1e-5 relative, lr within 1e-12,
+  TP = 1, 2 and 4: every step's loss within 1e-5 relative, lr within 1e-8 (the
+  log's 9 digits),
   grad_norm within 1e-5; every final parameter within its bound of
       max|engine - ref| / max|ref|
   (below); 5 SGD-with-momentum steps at TP = 1: parameters within 1e-5.
@@ -147,7 +148,8 @@ CLI_FLAGS = dict(seq_len="--seq-len", batch_size="--batch-size", grad_accum="--g
 
 
 def engine_train(model, data, opts, tp, out):
-    args = ["train", "--model", model, "--data", data, "--out", out, "--tp", tp, "--no-shuffle", "--seed", 0]
+    args = ["train", "--model", model, "--data", data, "--out", out, "--tp", tp, "--threads", 1, "--no-shuffle",
+            "--seed", 0]
     for k, v in opts.items():
         args += [CLI_FLAGS[k], v]
     run(args)
@@ -245,7 +247,8 @@ class TestTrainVsReference(unittest.TestCase):
             s = w["step"]
             self.assertLessEqual(abs(g["loss"] - w["loss"]) / abs(w["loss"]), TOL,
                                  f"{case}: step {s}: loss {g['loss']!r}, reference {w['loss']!r}")
-            self.assertLessEqual(abs(g["lr"] - w["lr"]), 1e-12 * max(abs(w["lr"]), 1e-30),
+            # the log writes 9 significant digits (%.9g), so the lr is compared to 1e-8 of itself
+            self.assertLessEqual(abs(g["lr"] - w["lr"]), 1e-8 * abs(w["lr"]),
                                  f"{case}: step {s}: lr {g['lr']!r}, reference {w['lr']!r}")
             self.assertLessEqual(abs(g["grad_norm"] - w["grad_norm"]) / w["grad_norm"], TOL,
                                  f"{case}: step {s}: grad_norm {g['grad_norm']!r}, reference {w['grad_norm']!r}")
