@@ -62,7 +62,7 @@ SEQ_LEN = 32
 LINES = 24   # 5 steps x grad-accum 2 x batch 2 take the first 20
 SKIP = "skipped: tensorpar has no train command"
 ADAMW = dict(seq_len=SEQ_LEN, batch_size=2, grad_accum=2, steps=5, optim="adamw", lr=1e-4,
-             lr_scheduler="linear", warmup_steps=1, weight_decay=0.1, max_grad_norm=0.5)
+             lr_scheduler="linear", warmup_steps=1, weight_decay=0.5, max_grad_norm=0.5)
 SGD = dict(seq_len=SEQ_LEN, batch_size=2, grad_accum=2, steps=5, optim="sgd", lr=0.5, momentum=0.9,
            lr_scheduler="cosine", weight_decay=0.01, max_grad_norm=0.5)
 MODELS = [("llama", "llama", {}), ("llama/tied", "llama", {"tie_word_embeddings": True}),
@@ -269,6 +269,21 @@ class TestTrainVsReference(unittest.TestCase):
                                                                                  .replace("/", "_")))
                     self.compare_log(f"{case} adamw tp={tp}", got_log, log)
                     self.compare_params(f"{case} adamw tp={tp}", got, want, want32, strict=False)
+
+    def test_sensitivity(self):
+        """What the AdamW case would miss is not in it: a normalisation per micro-batch (Transformers
+        < 4.46), no clipping, no warmup, no weight decay each move some step's loss past 1e-5 or some
+        parameter past 1e-5 of the tensor -- so the bounds above are tight enough to see them."""
+        case, arch, sets = MODELS[0]
+        d = make_model(case, arch, sets)
+        data = make_data(d)
+        log, want = tref.reference_train(d, data, **ADAMW)
+        for name, change in (("micro-batch means", {"loss_norm": "micro_batch"}), ("no clipping", {"max_grad_norm": 0}),
+                             ("no warmup", {"warmup_steps": 0}), ("no weight decay", {"weight_decay": 0.0})):
+            other_log, other = tref.reference_train(d, data, **dict(ADAMW, **change))
+            e_loss = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(other_log, log))
+            e_param = max(rel(other[k], want[k]) for k in want)
+            self.assertGreater(max(e_loss, e_param), 10 * TOL, f"{name}: loss {e_loss:.2e}, parameters {e_param:.2e}")
 
     def test_sgd_momentum(self):
         for case, arch, sets in MODELS:

@@ -70,7 +70,8 @@ import hf_reference_grad as model_ref  # noqa: E402
 DEFAULTS = dict(seq_len=None, batch_size=8, grad_accum=1, lr=5e-5, lr_scheduler="linear", warmup_steps=0,
                 weight_decay=0.0, max_grad_norm=1.0, optim="adamw", momentum=0.0, steps=1,
                 adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
-                dtype="float64")   # float32 only to measure what float32 rounding alone costs
+                dtype="float64",   # float32 only to measure what float32 rounding alone costs
+                loss_norm="step")  # "micro_batch": Transformers < 4.46 (each micro-batch's mean / grad-accum)
 
 
 # ---- data -------------------------------------------------------------------
@@ -190,7 +191,10 @@ def reference_train(model_dir, data_path, **opts):
                     labels = torch.tensor(list(s[1:]) + [model_ref.IGNORE])
                     mb = mb + torch.nn.functional.cross_entropy(logits, labels, ignore_index=model_ref.IGNORE,
                                                                 reduction="sum")
-            mb = mb / n_step
+            if o["loss_norm"] == "step":
+                mb = mb / n_step
+            else:
+                mb = mb / max(1, sum(counted_labels(s) for s in batch)) / len(batches)
             if mb.requires_grad:
                 mb.backward()
             loss += float(mb.item())
