@@ -198,6 +198,25 @@ class TestReferenceItself(unittest.TestCase):
         norm = float(np.sqrt(sum(np.sum(g * g) for g in grads.values())))
         self.assertAlmostEqual(log[0]["grad_norm"], norm, delta=1e-12 * norm)
 
+    def test_cli(self):
+        """The command line writes the log and an F32 model directory holding the same steps."""
+        d = make_model("qwen3", "qwen3", {})
+        data = make_data(d)
+        out = os.path.join(WORK, "ref-cli")
+        o = dict(SGD, steps=2)
+        args = ["--model", d, "--data", data, "--out", out]
+        for k, v in o.items():
+            args += [CLI_FLAGS[k], str(v)]
+        self.assertEqual(tref.main(args), 0)
+        log, want = tref.reference_train(d, data, **o)
+        with open(os.path.join(out, "train_log.jsonl")) as f:
+            self.assertEqual([json.loads(line) for line in f], log)
+        got = read_safetensors(os.path.join(out, "model.safetensors"))
+        self.assertEqual(set(got), set(want))
+        for k in want:
+            self.assertLessEqual(rel(got[k], want[k]), 1e-7, k)
+        self.assertTrue(os.path.exists(os.path.join(out, "config.json")))
+
     def test_decay_groups(self):
         no = ["model.layers.0.input_layernorm.weight", "model.layers.3.post_attention_layernorm.weight",
               "model.norm.weight", "model.layers.0.self_attn.q_norm.weight", "model.layers.0.self_attn.k_norm.weight",
