@@ -168,7 +168,7 @@ tp_status tp_model_zero_grad(tp_model *m);
  * tp_chunk_range splits the vocabulary (or whole) or its input is not
  * replicated.  The gradients are ADDED to the parameters' (tp_model_zero_grad
  * first).  *loss_sum (the sum, not divided) and *counted may be NULL.
- * One rank only for now: a model split over ranks is refused. */
+ * Under TP every rank calls it alike (the styles' backward hooks communicate). */
 tp_status tp_model_forward_backward(tp_model *m, const int64_t *tokens, const int64_t *labels, int64_t T,
                                     double count, double *loss_sum, int64_t *counted);
 

@@ -134,6 +134,33 @@ class Train(unittest.TestCase):
             b, _ = self.train(f"default-{tag}", model, tp=tp)
             self.assert_same_run(a, b, f"vocab-parallel {tag}")
 
+    def test_text_and_chat_data_with_eval(self):
+        """Text (tokenized, packed) and chat (template, assistant tokens)
+        files through the model's tokenizer; eval loss on the last step."""
+        here = os.path.dirname(os.path.abspath(__file__))
+        model = os.path.join(self.work, "qwen3-tok")
+        run("make-model", "--arch", "qwen3", "--preset", "tiny", "--dtype", "f32", "--tokenizer",
+            os.path.join(here, "..", "data", "tokenizers", "qwen3"), "--out", model)
+        text = os.path.join(self.work, "text.jsonl")
+        chat = os.path.join(self.work, "chat.jsonl")
+        with open(text, "w") as f:
+            for i in range(12):
+                f.write(json.dumps({"text": f"Document {i}: a few words about trains and tensors."}) + "\n")
+        with open(chat, "w") as f:
+            for i in range(4):
+                f.write(json.dumps({"messages": [{"role": "user", "content": f"hi {i}"},
+                                                 {"role": "assistant", "content": f"hello {i}"}]}) + "\n")
+        for data, seq in ((text, 16), (chat, 48)):
+            out = os.path.join(self.work, "tok-" + os.path.basename(data))
+            run("train", "--model", model, "--data", data, "--eval-data", data, "--out", out, "--seq-len", seq,
+                "--batch-size", 2, "--steps", 2, "--threads", 1)
+            log = read_log(out)
+            self.assertEqual([e["step"] for e in log], [1, 2])
+            self.assertNotIn("eval_loss", log[0])
+            self.assertTrue(np.isfinite(log[1]["eval_loss"]) and log[1]["eval_loss"] > 0)
+            for name in ("tokenizer.json", "tokenizer_config.json", "model.safetensors"):
+                self.assertTrue(os.path.exists(os.path.join(out, name)), name)
+
     def test_grad_accum_equals_bigger_batch(self):
         a, _ = self.train("ga2", self.llama, "--batch-size", 1, "--grad-accum", 2)
         b, _ = self.train("bs2", self.llama, "--batch-size", 2, "--grad-accum", 1)
