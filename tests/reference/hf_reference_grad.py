@@ -171,6 +171,11 @@ def causal_lm_loss(logits, tokens):
 
 
 def forward_loss(cfg, p, tokens):
+    return causal_lm_loss(forward_logits(cfg, p, tokens), tokens)
+
+
+def forward_logits(cfg, p, tokens):
+    """The [T, vocab] logits of one sequence (no batch dimension)."""
     T = len(tokens)
     nq = cfg["num_attention_heads"]
     D = cfg.get("head_dim") or cfg["hidden_size"] // nq
@@ -179,8 +184,9 @@ def forward_loss(cfg, p, tokens):
     inv = inv_frequencies(cfg, D)
     freqs = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos(), emb.sin()
-    mask = causal_mask(T, window_of(cfg))
+    dt = p["model.embed_tokens.weight"].dtype   # float64; float32 only to measure float32 rounding
+    cos, sin = emb.cos().to(dt), emb.sin().to(dt)
+    mask = causal_mask(T, window_of(cfg)).to(dt)
     h = p["model.embed_tokens.weight"][ids]
     for i in range(cfg["num_hidden_layers"]):
         pre = f"model.layers.{i}."
@@ -189,7 +195,7 @@ def forward_loss(cfg, p, tokens):
         h = h + mlp(rms_norm(h, p[pre + "post_attention_layernorm.weight"], eps), p, pre + "mlp.")
     h = rms_norm(h, p["model.norm.weight"], eps)
     head = p["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else p["lm_head.weight"]
-    return causal_lm_loss(h @ head.T, tokens)
+    return h @ head.T
 
 
 def reference_grads(model_dir, tokens):
