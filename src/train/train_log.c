@@ -107,7 +107,7 @@ tp_status tp_train_log_open(const char *out_dir, int64_t total_steps, int writer
 /* A JSON number, or null for NaN and infinities (JSON has neither). */
 static void json_number(FILE *f, const char *key, double v)
 {
-    if (isfinite(v)) fprintf(f, ", \"%s\": %.9g", key, v);
+    if (isfinite(v)) fprintf(f, ", \"%s\": %.17g", key, v);
     else fprintf(f, ", \"%s\": null", key);
 }
 
@@ -178,7 +178,7 @@ static int write_series(const char *path, const series *s)
     FILE *f = fopen(path, "w");
     if (!f) return -1;
     for (int64_t i = 0; i < s->n; i++)
-        if (isfinite(s->value[i])) fprintf(f, "%lld %.9g\n", (long long)s->step[i], s->value[i]);
+        if (isfinite(s->value[i])) fprintf(f, "%lld %.17g\n", (long long)s->step[i], s->value[i]);
     return fclose(f) ? -1 : 0;
 }
 
