@@ -247,6 +247,11 @@ class UserPlans(unittest.TestCase):
                            text=True, timeout=120)
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn("max |logits - built-in plan| = 0", p.stdout)
+        # it trains too: the custom plan's gradients equal the built-in plan's,
+        # and the overridden backward hook ran once per q/k/v of each layer
+        self.assertIn("max |gradient - built-in plan| = 0", p.stdout)
+        layers = json.load(open(os.path.join(make("llama", "llama"), "config.json")))["num_hidden_layers"]
+        self.assertIn("transform_grad_input_post_backward: %d calls for %d layers" % (3 * layers, layers), p.stdout)
 
 
 class InvalidPlans(unittest.TestCase):
