@@ -116,17 +116,15 @@ static tp_status check_ids(const tp_model *m, const int64_t *tokens, const int64
     return TP_OK;
 }
 
-/* What the backward does not cover under TP yet, refused by name. */
+/* Spec §2.19: the legacy styles (local_colwise, local_rowwise,
+ * local_packed_rowwise, gather, local) define no backward communication,
+ * so a training run whose plan uses one is refused with §2.19's message.
+ * Every other rule, on a Linear or on a whole block, trains through its
+ * style's backward hooks. */
 static tp_status check_split(const tp_model *m)
 {
-    if (!m->tp || !m->tp->mesh || m->tp->size < 2) return TP_OK;
-    for (size_t i = 0; i < m->n_modules; i++) {
-        const tp_module *mod = &m->modules[i];
-        if ((mod->type == TP_MT_ATTENTION || mod->type == TP_MT_MLP) && tp_module_block(m, mod))
-            return tp_fail(TP_ERR_UNSUPPORTED, "%s: the backward of a rule on a whole block is not built yet",
-                           mod->name);
-    }
-    return TP_OK;
+    if (!m->tp || !m->tp->res) return TP_OK;
+    return tp_plan_check_training(m->tp->res);
 }
 
 static tp_status step(tp_model *m, const int64_t *tokens, const int64_t *shifted, int64_t T, double count,

@@ -174,7 +174,8 @@ static tp_status core_backward(tp_model *m, const tp_layer_modules *L, const tp_
     return st;
 }
 
-/* b->dx is the gradient of the attention's output: through o_proj, the
+/* b->dx is the gradient of the attention's output: through the block's
+ * rule (if any), o_proj, the
  * attention, rope, the q/k norms and q/k/v, whose input gradients (all
  * three read input_layernorm's output) are summed into b->dh. */
 static tp_status attention_backward(tp_model *m, const tp_module *mod, tp_backward_pass *b)
@@ -186,7 +187,12 @@ static tp_status attention_backward(tp_model *m, const tp_module *mod, tp_backwa
     attn_grads g = {calloc(qn, sizeof(float)), calloc(qn, sizeof(float)), calloc(kn, sizeof(float)),
                     calloc(kn, sizeof(float)), calloc(qn, sizeof(float))};
     tp_status st = g.dattn && g.dq && g.dk && g.dv && g.draw ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
-    if (!st) st = tp_module_linear_backward(m, &m->modules[L->o_proj], b->dx, sv->attn, T, g.dattn);
+    tp_dtensor gy;
+    int have = 0;
+    if (!st) st = tp_module_block_output_backward(m, tp_module_block(m, mod), b->dx, T, m->cfg.hidden_size, &gy, &have);
+    if (!st) st = tp_module_linear_backward(m, &m->modules[L->o_proj], have ? gy.local.data : b->dx, sv->attn, T,
+                                            g.dattn);
+    if (have) tp_dtensor_release(&gy);
     if (!st) st = core_backward(m, L, sv, b->saved->rope, T, &g);
     if (!st) {
         memset(b->dh, 0, (size_t)(T * m->cfg.hidden_size) * sizeof(float));

@@ -297,6 +297,30 @@ tp_status tp_module_block_output(tp_model *m, const tp_module_plan *block, tp_ac
     return TP_OK;
 }
 
+tp_status tp_module_block_output_backward(tp_model *m, const tp_module_plan *block, const float *dy, int64_t T,
+                                          int64_t width, tp_dtensor *gy, int *have)
+{
+    *have = 0;
+    if (!block || !block->fwd.installed || !m->tp || !m->tp->mesh) return TP_OK;
+    const tp_forward_desc *d = &block->fwd;
+    tp_module_ctx ctx = {block->name, block->kind, m->tp->size, m->tp->rank, &m->cfg, m->tp->mesh, NULL};
+    int64_t g[2] = {T, width};
+    tp_status s = tp_dtensor_from_local(gy, m->tp->mesh, &d->output, TP_F32, 2, g, (void *)dy);
+    if (s) return s;
+    *have = 1;
+    double t0 = tp_now();
+    s = tp_style_pre_backward(block->style, &ctx, d, gy);
+    m->comm_seconds += tp_now() - t0;
+    /* the block's last projection produced [T, width] on every rank (a
+     * partial sum or the whole): its backward reads that much */
+    if (!s && (gy->ndim != 2 || gy->local.shape[0] != T || gy->local.shape[1] != width))
+        s = tp_fail(TP_ERR_UNSUPPORTED, "%s: its rule's pre_backward leaves a [%lld, %lld] output gradient on "
+                    "this rank, not the [%lld, %lld] its last projection produced", block->name,
+                    (long long)gy->local.shape[0], (long long)(gy->ndim > 1 ? gy->local.shape[1] : 1),
+                    (long long)T, (long long)width);
+    return s;
+}
+
 /* A module's output joins the residual stream, which every rank holds in
  * full: the output must have come back replicated. */
 static tp_status check_replicated(const tp_act *y, int64_t H, const tp_module *lin)

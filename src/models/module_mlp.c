@@ -46,7 +46,8 @@ static tp_status mlp_forward(tp_model *m, const tp_module *mod, tp_forward_pass 
     return st;
 }
 
-/* b->dx is the gradient of the MLP's output: through down_proj, SwiGLU,
+/* b->dx is the gradient of the MLP's output: through the block's rule (if
+ * any), down_proj, SwiGLU,
  * and gate/up, whose input gradients (both read post_attention_layernorm's
  * output) are summed into b->dh. */
 static tp_status mlp_backward(tp_model *m, const tp_module *mod, tp_backward_pass *b)
@@ -57,7 +58,12 @@ static tp_status mlp_backward(tp_model *m, const tp_module *mod, tp_backward_pas
     float *dact = calloc((size_t)n, sizeof(float)), *dgate = calloc((size_t)n, sizeof(float));
     float *dup = calloc((size_t)n, sizeof(float));
     tp_status st = dact && dgate && dup ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
-    if (!st) st = tp_module_linear_backward(m, &m->modules[L->down_proj], b->dx, sv->act, T, dact);
+    tp_dtensor gy;
+    int have = 0;
+    if (!st) st = tp_module_block_output_backward(m, tp_module_block(m, mod), b->dx, T, m->cfg.hidden_size, &gy, &have);
+    if (!st) st = tp_module_linear_backward(m, &m->modules[L->down_proj], have ? gy.local.data : b->dx, sv->act, T,
+                                            dact);
+    if (have) tp_dtensor_release(&gy);
     if (!st) {
         tp_silu_mul_backward(dgate, dup, dact, sv->gate, sv->up, n);
         memset(b->dh, 0, (size_t)(T * m->cfg.hidden_size) * sizeof(float));

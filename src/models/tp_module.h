@@ -220,6 +220,14 @@ const tp_module_plan *tp_module_block(const tp_model *m, const tp_module *block)
 /* A block's output (o_proj's or down_proj's) through the block's own
  * post_forward: e.g. `gather` all-reduces what local styles left partial. */
 tp_status tp_module_block_output(tp_model *m, const tp_module_plan *block, tp_act *y);
+/* Its backward: dy [T, width], the gradient of the block's output (placed
+ * as the rule's output), through the rule's pre_backward hook (the
+ * conjugate of its post_forward: `all_reduce` / `gather`'s Partial ->
+ * Replicate gives the same gradient to every rank's partial sum) to the
+ * gradient of what the block's last projection produced.  *have: *gy holds
+ * it (read gy->local.data; tp_dtensor_release after); 0: no rule, dy as is. */
+tp_status tp_module_block_output_backward(tp_model *m, const tp_module_plan *block, const float *dy, int64_t T,
+                                          int64_t width, tp_dtensor *gy, int *have);
 /* A module whose output joins the residual stream (o_proj, down_proj) of
  * block `block`: replicated, or under the fused norm the rank's partial
  * sum. */

@@ -221,8 +221,10 @@ class TestGradsTensorParallel(unittest.TestCase):
                             self.assertLessEqual(rel(got[name], want[name]), TOL, f"{case} tp={p}: {name} vs ref")
                     RESULTS.append((f"{case} tp={p} vs tp=1", worst_name, worst, worst <= TOL))
 
-    def test_refused_block_rule(self):
-        """A rule on a whole block (`gather` on self_attn) has no backward yet: refused by name."""
+    def test_refused_legacy_block_rule(self):
+        """The legacy `gather` on self_attn (over local_colwise / local_rowwise) defines no backward
+        communication: refused for training with spec §2.19's message.  Rules on blocks that train:
+        test_every_style_grads.py."""
         d = make_model("tp_block", "llama", {})
         plan = os.path.join(WORK, "block_plan.json")
         with open(plan, "w") as f:
@@ -232,7 +234,7 @@ class TestGradsTensorParallel(unittest.TestCase):
         p = run(["grads", "--model", d, "--tokens", "1,2,3", "--out", os.path.join(WORK, "t.safetensors"),
                  "--tp", 2, "--threads", 1, "--tp-plan", plan], check=False)
         self.assertEqual(p.returncode, 1, p.stderr)
-        self.assertIn("whole block", p.stderr)
+        self.assertIn("is inference-only and cannot be used for training.", p.stderr)
 
 
 class TestGradsCli(unittest.TestCase):
