@@ -67,20 +67,20 @@ class Train(unittest.TestCase):
                 "--weight-decay", "0.1", "--no-shuffle", "--threads", 1, *extra, check=check)
         return out, p
 
-    def assert_same_run(self, a, b, what):
+    def assert_same_run(self, a, b, what, tol=TOL):
         la, lb = read_log(a), read_log(b)
         self.assertEqual([e["step"] for e in la], [1, 2, 3, 4, 5])
         self.assertEqual(len(la), len(lb))
         for x, y in zip(la, lb):
-            self.assertLess(abs(x["loss"] - y["loss"]), TOL, f"{what}: step {x['step']} loss")
-            self.assertLess(abs(x["grad_norm"] - y["grad_norm"]), TOL * max(1, y["grad_norm"]), what)
+            self.assertLess(abs(x["loss"] - y["loss"]), tol, f"{what}: step {x['step']} loss")
+            self.assertLess(abs(x["grad_norm"] - y["grad_norm"]), tol * max(1, y["grad_norm"]), what)
             self.assertEqual(x["lr"], y["lr"], what)
         wa = read_safetensors(os.path.join(a, "model.safetensors"))
         wb = read_safetensors(os.path.join(b, "model.safetensors"))
         self.assertEqual(sorted(wa), sorted(wb))
         for k in wa:
             self.assertEqual(wa[k].shape, wb[k].shape, k)
-            self.assertLess(float(np.abs(wa[k] - wb[k]).max()), TOL, f"{what}: {k}")
+            self.assertLess(float(np.abs(wa[k] - wb[k]).max()), tol, f"{what}: {k}")
 
     def test_tp_sizes_agree(self):
         for model, sizes in ((self.llama, (1, 2, 4)), (self.qwen3, (1, 2))):
@@ -113,7 +113,12 @@ class Train(unittest.TestCase):
         f32 run, saved as the checkpoint's f32 master values."""
         a, _ = self.train("bf16-tp1", self.llama, "--dtype", "bf16")
         b, _ = self.train("bf16-tp2", self.llama, "--dtype", "bf16", "--check-replicas", tp=2)
-        self.assert_same_run(a, b, "bf16 TP=2")
+        # The compute copy is the f32 master rounded to bf16 after each step:
+        # the two TP sizes sum the GEMMs in different orders, and a master
+        # value within 1e-7 of a rounding boundary then lands one bf16 ulp
+        # (2^-8 relative) apart, which moves the next step by ~1e-5 (seen on
+        # the scalar kernel path).  So bf16 runs agree to 1e-4, f32 to 1e-5.
+        self.assert_same_run(a, b, "bf16 TP=2", tol=1e-4)
         f, _ = self.train("f32-ref", self.llama)
         for x, y in zip(read_log(a), read_log(f)):
             self.assertLess(abs(x["loss"] - y["loss"]), 1e-2)
