@@ -68,6 +68,10 @@ def tensorpar_run(a, tp, threads, env):
     cmd = [a.bin, "train", "--model", a.model, "--data", a.data, "--out", out_dir,
            "--seq-len", str(a.seq_len), "--batch-size", str(a.batch_size), "--steps", str(a.steps),
            "--no-shuffle", "--threads", str(threads), "--tp", str(tp)]
+    if a.blas_threads:
+        # tensorpar's backward GEMMs call OpenBLAS (src/kernels/matmul.c), which otherwise
+        # starts one thread per core in every rank: 2 ranks x 2 threads on 2 cores
+        env = dict(env, OPENBLAS_NUM_THREADS=str(threads))
     rc, out, peaks, maxrss = run_measured(cmd, env)
     if rc != 0:
         sys.exit(f"tensorpar train failed ({rc}):\n{out[-3000:]}")
@@ -120,6 +124,8 @@ def main():
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--configs", default="tp1x1,tp1x2,tp2x1,torch1,torch2")
+    ap.add_argument("--no-blas-threads", dest="blas_threads", action="store_false",
+                    help="leave OPENBLAS_NUM_THREADS unset for tensorpar (default: its threads per rank)")
     a = ap.parse_args()
     a.model = os.path.join(a.work, f"{a.preset}-f32")
     a.data = os.path.join(a.work, f"ids-{a.seq_len}.jsonl")
@@ -128,7 +134,8 @@ def main():
     with open("/proc/cpuinfo") as f:
         cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "?")
     isa = subprocess.run([a.bin, "--isa-list"], capture_output=True, text=True).stdout.split()
-    print(f"cpu: {cpu}; kernel paths: {' '.join(isa)}; OPENBLAS_CORETYPE={env.get('OPENBLAS_CORETYPE', '(unset)')}")
+    print(f"cpu: {cpu}; kernel paths: {' '.join(isa)}; OPENBLAS_CORETYPE={env.get('OPENBLAS_CORETYPE', '(unset)')}; "
+          f"OPENBLAS_NUM_THREADS for tensorpar: {'its threads per rank' if a.blas_threads else 'unset'}")
     print(f"model: {a.preset} f32, seq-len {a.seq_len}, batch {a.batch_size}, {a.steps} steps per run "
           f"(first excluded), {a.rounds} rounds", flush=True)
     configs = a.configs.split(",")
