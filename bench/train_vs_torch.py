@@ -67,7 +67,7 @@ def tensorpar_run(a, tp, threads, env):
     out_dir = os.path.join(a.work, f"out-tp{tp}x{threads}")
     cmd = [a.bin, "train", "--model", a.model, "--data", a.data, "--out", out_dir,
            "--seq-len", str(a.seq_len), "--batch-size", str(a.batch_size), "--steps", str(a.steps),
-           "--no-shuffle", "--threads", str(threads), "--tp", str(tp)]
+           "--no-shuffle", "--threads", str(threads), "--tp", str(tp), "--loss", a.loss]
     if a.blas_threads:
         # tensorpar's backward GEMMs call OpenBLAS (src/kernels/matmul.c), which otherwise
         # starts one thread per core in every rank: 2 ranks x 2 threads on 2 cores
@@ -124,6 +124,7 @@ def main():
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--configs", default="tp1x1,tp1x2,tp2x1,torch1,torch2")
+    ap.add_argument("--loss", default="default", help="tensorpar's --loss: default|vocab-parallel")
     ap.add_argument("--no-blas-threads", dest="blas_threads", action="store_false",
                     help="leave OPENBLAS_NUM_THREADS unset for tensorpar (default: its threads per rank)")
     a = ap.parse_args()
