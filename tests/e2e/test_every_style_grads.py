@@ -19,7 +19,6 @@ Run by CTest (TENSORPAR_BIN = the built CLI), or by hand:
 import json
 import os
 import shutil
-import struct
 import sys
 import tempfile
 import unittest
@@ -27,7 +26,9 @@ import unittest
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
 import tpe2e  # noqa: E402
+import hf_reference as st_reader  # noqa: E402
 
 TOL = 1e-5
 T = 12
@@ -99,15 +100,8 @@ def write_plan(model, rules, name):
 
 
 def read_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    n = struct.unpack("<Q", data[:8])[0]
-    out = {}
-    for name, e in json.loads(data[8:8 + n]).items():
-        if name != "__metadata__":
-            a, b = e["data_offsets"]
-            out[name] = np.frombuffer(data[8 + n + a:8 + n + b], dtype="<f4").reshape(e["shape"]).astype(np.float64)
-    return out
+    """The tensors of a safetensors file as float64 arrays (the reference's checked reader)."""
+    return st_reader.read_safetensors(path, np.float64)
 
 
 def grads(model, *extra, check=True):

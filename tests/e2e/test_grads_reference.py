@@ -17,7 +17,6 @@ checkpoint must have its gradient, under its Hugging Face name and shape.
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 sys.path.insert(0, HERE)
 from tpe2e import BIN  # noqa: E402
 import hf_reference_grad as ref  # noqa: E402
+import hf_reference as st_reader  # noqa: E402
 
 TOL = 1e-5
 T = 24
@@ -79,18 +79,8 @@ def make_model(name, arch, sets):
 
 
 def read_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    n = struct.unpack("<Q", data[:8])[0]
-    header = json.loads(data[8:8 + n])
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        assert e["dtype"] == "F32", (name, e["dtype"])
-        a, b = e["data_offsets"]
-        out[name] = np.frombuffer(data[8 + n + a:8 + n + b], dtype="<f4").reshape(e["shape"])
-    return out
+    """The tensors of a safetensors file as float32 arrays (the reference's checked reader)."""
+    return st_reader.read_safetensors(path, np.float32)
 
 
 def tokens_for(d, seed=0):

@@ -7,7 +7,6 @@
 line or the step, before anything is saved."""
 import json
 import os
-import struct
 import sys
 import tempfile
 import unittest
@@ -15,24 +14,16 @@ import unittest
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
 from tpe2e import run, tp_logits  # noqa: E402
+import hf_reference as st_reader  # noqa: E402
 
 TOL = 1e-5
 
 
 def read_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    n = struct.unpack("<Q", data[:8])[0]
-    header = json.loads(data[8:8 + n])
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        assert e["dtype"] == "F32", (name, e["dtype"])
-        a, b = e["data_offsets"]
-        out[name] = np.frombuffer(data[8 + n + a:8 + n + b], dtype="<f4").reshape(e["shape"])
-    return out
+    """The tensors of a safetensors file as float32 arrays (the reference's checked reader)."""
+    return st_reader.read_safetensors(path, np.float32)
 
 
 def read_log(out):

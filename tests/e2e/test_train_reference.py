@@ -42,7 +42,6 @@ gradient is hf_reference_grad's, Trainer's weight-decay groups.
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -56,6 +55,7 @@ sys.path.insert(0, HERE)
 from tpe2e import BIN  # noqa: E402
 import hf_reference_grad as gref  # noqa: E402
 import hf_reference_train as tref  # noqa: E402
+import hf_reference as st_reader  # noqa: E402
 
 TOL = 1e-5
 SEQ_LEN = 32
@@ -128,18 +128,8 @@ def make_data(model, seed=0):
 
 
 def read_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    n = struct.unpack("<Q", data[:8])[0]
-    header = json.loads(data[8:8 + n])
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        assert e["dtype"] == "F32", (name, e["dtype"])
-        a, b = e["data_offsets"]
-        out[name] = np.frombuffer(data[8 + n + a:8 + n + b], dtype="<f4").reshape(e["shape"]).astype(np.float64)
-    return out
+    """The tensors of a safetensors file as float64 arrays (the reference's checked reader)."""
+    return st_reader.read_safetensors(path, np.float64)
 
 
 CLI_FLAGS = dict(seq_len="--seq-len", batch_size="--batch-size", grad_accum="--grad-accum", steps="--steps",
