@@ -1,0 +1,133 @@
+#!/usr/bin/python3
+"""tensorpar train with data parallelism (--dp-replicate, --dp-shard) beside
+--tp, on tiny made models: every TP x DP layout (2-D and 3-D meshes, on
+shared memory and under mpirun) gives the losses per step and the saved
+weights after 5 steps of ONE process on the global batch (batch size x dp)
+within 1e-5, with --check-replicas covering the dp copies, and with
+gradient accumulation; a product of sizes that is not the world size is
+refused naming the three sizes and the world size."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+from tpe2e import BIN, HAVE_MPI, job_env, run  # noqa: E402
+import hf_reference as st_reader  # noqa: E402
+
+TOL = 1e-5
+
+
+def read_log(out):
+    with open(os.path.join(out, "train_log.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+class TrainDataParallel(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.work = cls.tmp.name
+        cls.llama = os.path.join(cls.work, "llama")
+        run("make-model", "--arch", "llama", "--preset", "tiny", "--dtype", "f32", "--out", cls.llama)
+        cls.qwen3 = os.path.join(cls.work, "qwen3")
+        run("make-model", "--arch", "qwen3", "--preset", "tiny", "--dtype", "f32", "--set",
+            "tie_word_embeddings=true", "--out", cls.qwen3)
+        rng = np.random.default_rng(11)
+        cls.data = os.path.join(cls.work, "d.jsonl")
+        with open(cls.data, "w") as f:
+            for i in range(40):   # truncated and padded rows; one row that counts no label
+                n = 1 if i == 5 else int(rng.integers(6, 20))
+                f.write(json.dumps({"input_ids": [int(x) for x in rng.integers(0, 500, n)]}) + "\n")
+        cls.refs = {}
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def args(self, model, out, batch, *extra):
+        return ["train", "--model", model, "--data", self.data, "--out", out, "--seq-len", 12, "--steps", 5,
+                "--batch-size", batch, "--lr", "3e-3", "--max-grad-norm", "0.5", "--warmup-steps", 1,
+                "--weight-decay", "0.1", "--no-shuffle", "--threads", 1, *extra]
+
+    def ref(self, model, batch, accum):
+        """One process on the global batch (memoized)."""
+        key = (model, batch, accum)
+        if key not in self.refs:
+            out = os.path.join(self.work, f"ref-{os.path.basename(model)}-{batch}-{accum}")
+            run(*self.args(model, out, batch, "--grad-accum", accum))
+            self.refs[key] = out
+        return self.refs[key]
+
+    def assert_same_run(self, a, b, what):
+        la, lb = read_log(a), read_log(b)
+        self.assertEqual([e["step"] for e in la], [1, 2, 3, 4, 5], what)
+        self.assertEqual(len(la), len(lb), what)
+        for x, y in zip(la, lb):
+            self.assertLess(abs(x["loss"] - y["loss"]), TOL, f"{what}: step {x['step']} loss")
+            self.assertLess(abs(x["grad_norm"] - y["grad_norm"]), TOL * max(1, y["grad_norm"]), what)
+            self.assertEqual(x["lr"], y["lr"], what)
+        wa = st_reader.read_safetensors(os.path.join(a, "model.safetensors"), np.float32)
+        wb = st_reader.read_safetensors(os.path.join(b, "model.safetensors"), np.float32)
+        self.assertEqual(sorted(wa), sorted(wb), what)
+        moved = 0.0
+        for k in wa:
+            self.assertEqual(wa[k].shape, wb[k].shape, k)
+            self.assertLess(float(np.abs(wa[k] - wb[k]).max()), TOL, f"{what}: {k}")
+        init = st_reader.read_safetensors(os.path.join(self.qwen3 if "qwen3" in what else self.llama,
+                                                       "model.safetensors"), np.float32)
+        for k in wa:
+            moved = max(moved, float(np.abs(wa[k] - init[k]).max()))
+        self.assertGreater(moved, 1e-4, f"{what}: training moved no weight")
+
+    def layout(self, model, tp, dpr, dps, batch=1, accum=1, mpi=False):
+        dp = dpr * dps
+        tag = f"{os.path.basename(model)}-tp{tp}-r{dpr}-s{dps}-b{batch}-a{accum}{'-mpi' if mpi else ''}"
+        out = os.path.join(self.work, tag)
+        args = self.args(model, out, batch, "--grad-accum", accum, "--tp", tp, "--dp-replicate", dpr,
+                         "--dp-shard", dps, "--check-replicas")
+        if mpi:
+            # The job's ranks started by mpirun: each joins with the mesh.
+            p = subprocess.run(["mpirun", "--oversubscribe", "-n", str(tp * dp), BIN, *map(str, args)],
+                               capture_output=True, text=True, timeout=300, env=job_env(mpi=True))
+            self.assertEqual(p.returncode, 0, p.stderr)
+        else:
+            run(*args)
+        self.assert_same_run(out, self.ref(model, batch * dp, accum), tag)
+
+    def test_2d_meshes(self):
+        self.layout(self.qwen3, 1, 2, 1, batch=2)
+        self.layout(self.qwen3, 1, 1, 2, batch=2)
+        self.layout(self.qwen3, 2, 2, 1)
+        self.layout(self.llama, 2, 1, 2)
+
+    def test_3d_meshes_and_grad_accum(self):
+        self.layout(self.qwen3, 1, 2, 2, accum=2)
+        self.layout(self.llama, 1, 2, 2)
+        self.layout(self.llama, 1, 1, 2, batch=2, accum=3)
+
+    def test_under_mpirun(self):
+        if not HAVE_MPI:
+            self.skipTest("no mpi backend")
+        self.layout(self.qwen3, 2, 1, 2, mpi=True)
+        self.layout(self.llama, 1, 2, 2, mpi=True)
+
+    def test_sizes_must_multiply_to_the_world(self):
+        if not HAVE_MPI:
+            self.skipTest("no mpi backend")
+        out = os.path.join(self.work, "bad")
+        p = subprocess.run(["mpirun", "--oversubscribe", "-n", "2", BIN,
+                            *map(str, self.args(self.qwen3, out, 1, "--tp", 2, "--dp-shard", 2))],
+                           capture_output=True, text=True, timeout=120, env=job_env(mpi=True))
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--tp 2 x --dp-replicate 1 x --dp-shard 2 = 4 ranks, but the job has 2 ranks", p.stderr)
+        self.assertFalse(os.path.exists(os.path.join(out, "model.safetensors")))
+
+
+if __name__ == "__main__":
+    unittest.main()
