@@ -7,6 +7,7 @@ agree.
 
     bench/dp_memory.py --bin build/tensorpar --preset small
     bench/dp_memory.py --bin build/tensorpar --preset qwen3-0.6b --steps 2
+    bench/dp_memory.py --preset qwen3-0.6b --set num_hidden_layers=8 --set vocab_size=32768
 """
 import argparse
 import json
@@ -28,11 +29,13 @@ def main():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--configs", default="replicate,shard")
+    ap.add_argument("--set", action="append", default=[], help="make-model --set KEY=VALUE (repeatable)")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="tp-dp-mem-")
     model = os.path.join(work, "model")
-    subprocess.run([a.bin, "make-model", "--arch", "qwen3", "--preset", a.preset, "--dtype", "f32", "--out", model],
-                   check=True, capture_output=True)
+    sets = [x for kv in a.set for x in ("--set", kv)]
+    subprocess.run([a.bin, "make-model", "--arch", "qwen3", "--preset", a.preset, "--dtype", "f32", *sets,
+                    "--out", model], check=True, capture_output=True)
     with open(os.path.join(model, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
     data = os.path.join(work, "d.jsonl")
