@@ -55,14 +55,17 @@ class TrainDataParallel(unittest.TestCase):
                 "--batch-size", batch, "--lr", "3e-3", "--max-grad-norm", "0.5", "--warmup-steps", 1,
                 "--weight-decay", "0.1", "--no-shuffle", "--threads", 1, *extra]
 
-    def ref(self, model, batch, accum):
+    def ref(self, model, batch, accum, evaluate=False):
         """One process on the global batch (memoized)."""
-        key = (model, batch, accum)
+        key = (model, batch, accum, evaluate)
         if key not in self.refs:
-            out = os.path.join(self.work, f"ref-{os.path.basename(model)}-{batch}-{accum}")
-            run(*self.args(model, out, batch, "--grad-accum", accum))
+            out = os.path.join(self.work, f"ref-{os.path.basename(model)}-{batch}-{accum}-{int(evaluate)}")
+            run(*self.args(model, out, batch, "--grad-accum", accum, *self.eval_args(evaluate)))
             self.refs[key] = out
         return self.refs[key]
+
+    def eval_args(self, evaluate):
+        return ["--eval-data", self.data, "--eval-every", 2] if evaluate else []
 
     def assert_same_run(self, a, b, what):
         la, lb = read_log(a), read_log(b)
@@ -72,6 +75,9 @@ class TrainDataParallel(unittest.TestCase):
             self.assertLess(abs(x["loss"] - y["loss"]), TOL, f"{what}: step {x['step']} loss")
             self.assertLess(abs(x["grad_norm"] - y["grad_norm"]), TOL * max(1, y["grad_norm"]), what)
             self.assertEqual(x["lr"], y["lr"], what)
+            self.assertEqual("eval_loss" in x, "eval_loss" in y, what)
+            if "eval_loss" in y:
+                self.assertLess(abs(x["eval_loss"] - y["eval_loss"]), TOL, f"{what}: step {x['step']} eval loss")
         wa = st_reader.read_safetensors(os.path.join(a, "model.safetensors"), np.float32)
         wb = st_reader.read_safetensors(os.path.join(b, "model.safetensors"), np.float32)
         self.assertEqual(sorted(wa), sorted(wb), what)
@@ -85,12 +91,13 @@ class TrainDataParallel(unittest.TestCase):
             moved = max(moved, float(np.abs(wa[k] - init[k]).max()))
         self.assertGreater(moved, 1e-4, f"{what}: training moved no weight")
 
-    def layout(self, model, tp, dpr, dps, batch=1, accum=1, mpi=False):
+    def layout(self, model, tp, dpr, dps, *extra, batch=1, accum=1, mpi=False, evaluate=False):
         dp = dpr * dps
-        tag = f"{os.path.basename(model)}-tp{tp}-r{dpr}-s{dps}-b{batch}-a{accum}{'-mpi' if mpi else ''}"
+        tag = (f"{os.path.basename(model)}-tp{tp}-r{dpr}-s{dps}-b{batch}-a{accum}{'-mpi' if mpi else ''}"
+               f"{'-eval' if evaluate else ''}{'-'.join(map(str, extra))}")
         out = os.path.join(self.work, tag)
         args = self.args(model, out, batch, "--grad-accum", accum, "--tp", tp, "--dp-replicate", dpr,
-                         "--dp-shard", dps, "--check-replicas")
+                         "--dp-shard", dps, "--check-replicas", *self.eval_args(evaluate), *extra)
         if mpi:
             # The job's ranks started by mpirun: each joins with the mesh.
             p = subprocess.run(["mpirun", "--oversubscribe", "-n", str(tp * dp), BIN, *map(str, args)],
@@ -98,7 +105,7 @@ class TrainDataParallel(unittest.TestCase):
             self.assertEqual(p.returncode, 0, p.stderr)
         else:
             run(*args)
-        self.assert_same_run(out, self.ref(model, batch * dp, accum), tag)
+        self.assert_same_run(out, self.ref(model, batch * dp, accum, evaluate), tag)
 
     def test_2d_meshes(self):
         self.layout(self.qwen3, 1, 2, 1, batch=2)
@@ -110,6 +117,17 @@ class TrainDataParallel(unittest.TestCase):
         self.layout(self.qwen3, 1, 2, 2, accum=2)
         self.layout(self.llama, 1, 2, 2)
         self.layout(self.llama, 1, 1, 2, batch=2, accum=3)
+
+    def test_eval_and_vocab_parallel_loss(self):
+        self.layout(self.qwen3, 1, 1, 2, batch=2, evaluate=True)
+        self.layout(self.llama, 1, 2, 1, batch=2, evaluate=True)
+        self.layout(self.qwen3, 2, 1, 2, "--loss", "vocab-parallel")
+
+    def test_bf16_with_dp_shard_refused(self):
+        p = run(*self.args(self.qwen3, os.path.join(self.work, "bf16"), 1, "--dp-shard", 2, "--dtype", "bf16"),
+                check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--dp-shard trains f32 weights only", p.stderr)
 
     def test_under_mpirun(self):
         if not HAVE_MPI:
