@@ -92,17 +92,18 @@ int cli_tp_agree(const char *cmd, cli_tp *tp, int failed)
 /* The TP size of a job of `size` ranks with dp data-parallel replicas:
  * --tp (want > 0) or the rest of the world; -1 with the error naming the
  * three sizes and the world size when they do not multiply to it. */
-static long long tp_size_of(long long want, int dp_replicate, int dp_shard, int size)
+static long long tp_size_of(long long want, const cli_tp *tp)
 {
+    int dp_replicate = tp->dp_replicate, dp_shard = tp->dp_shard, size = tp->size;
     long long dp = (long long)dp_replicate * dp_shard, t = want > 0 ? want : (size % dp ? 0 : size / dp);
     if (t * dp == size) return t;
-    if (dp == 1)
+    if (!tp->dp_ok)
         tp_fail(TP_ERR_INVALID, "--tp %lld but the job has %d ranks (WORLD_SIZE); data parallelism is not "
                 "supported by this command", want, size);
-    else
-        tp_fail(TP_ERR_INVALID, "--tp %lld x --dp-replicate %d x --dp-shard %d = %lld ranks, but the job has %d "
-                "ranks (WORLD_SIZE)", want > 0 ? want : t, dp_replicate, dp_shard, (want > 0 ? want : t) * dp,
-                size);
+    else   /* spec §9.4's message */
+        tp_fail(TP_ERR_INVALID, "ParallelismConfig sizes multiply to %lld (dp_replicate=%d, dp_shard=%d, cp=1, "
+                "tp=%lld), but WORLD_SIZE is %d.", (want > 0 ? want : 1) * dp, dp_replicate, dp_shard,
+                want > 0 ? want : 1, size);
     return -1;
 }
 
@@ -126,7 +127,7 @@ static int join(const char *cmd, long long want, const char *dir, cli_tp *tp, in
     if (tp_comm_options_from_env(&co) || tp_comm_init(&tp->world, &co)) { cli_report(cmd); return 1; }
     tp->size = tp_group_size(tp->world);
     tp->rank = tp_group_rank(tp->world);
-    long long t = tp_size_of(want, tp->dp_replicate, tp->dp_shard, tp->size);
+    long long t = tp_size_of(want, tp);
     int failed = t < 0;
     tp->tp_size = t > 0 ? (int)t : 1;
     if (!failed && dir) failed = check_model(dir, tp->tp_size, tp->plan) != 0;
@@ -135,20 +136,16 @@ static int join(const char *cmd, long long want, const char *dir, cli_tp *tp, in
     return 0;
 }
 
-int cli_tp_begin(const char *cmd, int argc, char **argv, const cli_option *o, int n, const char *dir,
-                 cli_tp *tp, int *rc)
-{
-    return cli_tp_begin_dp(cmd, argc, argv, o, n, dir, 1, 1, tp, rc);
-}
-
-int cli_tp_begin_dp(const char *cmd, int argc, char **argv, const cli_option *o, int n, const char *dir,
-                    int dp_replicate, int dp_shard, cli_tp *tp, int *rc)
+/* Both entry points: dp_ok says whether the command takes data parallelism. */
+static int begin(const char *cmd, int argc, char **argv, const cli_option *o, int n, const char *dir,
+                 int dp_replicate, int dp_shard, int dp_ok, cli_tp *tp, int *rc)
 {
     memset(tp, 0, sizeof *tp);
     tp->size = 1;
     tp->tp_size = 1;
     tp->dp_replicate = dp_replicate;
     tp->dp_shard = dp_shard;
+    tp->dp_ok = dp_ok;
     tp->plan = cli_value(o, n, "--tp-plan");
     long long want = 0;
     if ((*rc = check_options(cmd, o, n, dir, &want))) return 1;
@@ -163,6 +160,18 @@ int cli_tp_begin_dp(const char *cmd, int argc, char **argv, const cli_option *o,
     if (b) tp_backend_parse(b, &backend);   /* checked above */
     if (relaunch(argc, argv, ranks, backend, rc) < 0) { *rc = cli_report(cmd); return 1; }
     return 1;
+}
+
+int cli_tp_begin(const char *cmd, int argc, char **argv, const cli_option *o, int n, const char *dir,
+                 cli_tp *tp, int *rc)
+{
+    return begin(cmd, argc, argv, o, n, dir, 1, 1, 0, tp, rc);
+}
+
+int cli_tp_begin_dp(const char *cmd, int argc, char **argv, const cli_option *o, int n, const char *dir,
+                    int dp_replicate, int dp_shard, cli_tp *tp, int *rc)
+{
+    return begin(cmd, argc, argv, o, n, dir, dp_replicate, dp_shard, 1, tp, rc);
 }
 
 const tp_mesh *cli_tp_mesh(const cli_tp *tp)

@@ -18,6 +18,7 @@ typedef struct {
     /* Data parallelism (cli_tp_begin_dp): the replica counts and the mesh
      * ["dp_replicate", "dp_shard", "tp"] (tp fastest), NULL without. */
     int tp_size, dp_replicate, dp_shard;
+    int dp_ok;            /* the command takes data parallelism (its size errors say so) */
     tp_mesh *grid;
 } cli_tp;
 

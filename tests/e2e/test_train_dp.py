@@ -5,7 +5,7 @@ shared memory and under mpirun) gives the losses per step and the saved
 weights after 5 steps of ONE process on the global batch (batch size x dp)
 within 1e-5, with --check-replicas covering the dp copies, and with
 gradient accumulation; a product of sizes that is not the world size is
-refused naming the three sizes and the world size."""
+refused naming the three sizes and the world size (spec §9.4's message)."""
 import json
 import os
 import subprocess
@@ -143,7 +143,8 @@ class TrainDataParallel(unittest.TestCase):
                             *map(str, self.args(self.qwen3, out, 1, "--tp", 2, "--dp-shard", 2))],
                            capture_output=True, text=True, timeout=120, env=job_env(mpi=True))
         self.assertNotEqual(p.returncode, 0)
-        self.assertIn("--tp 2 x --dp-replicate 1 x --dp-shard 2 = 4 ranks, but the job has 2 ranks", p.stderr)
+        self.assertIn("ParallelismConfig sizes multiply to 4 (dp_replicate=1, dp_shard=2, cp=1, tp=2), "
+                      "but WORLD_SIZE is 2.", p.stderr)
         self.assertFalse(os.path.exists(os.path.join(out, "model.safetensors")))
 
 
