@@ -72,26 +72,29 @@ static tp_status job_sizes(const tp_dist_config *cfg, tp_dist_sizes *s, int *wor
     return tp_dist_config_resolve(&c, *world_size, *rank, s);
 }
 
-/* Joins the job and lays it out as ("dp_replicate", "fsdp", "tp"). */
-static tp_status make_layout(const tp_dist_config *cfg, pretrained_ctx *x)
+/* Joins the job and lays it out as ("dp_replicate", "fsdp", "tp").  A
+ * single process with nothing to split joins nothing: the model runs
+ * unsplit, as §5.5 says, and a plan given at tp_size 1 is only checked. */
+static tp_status make_layout(const tp_dist_config *cfg, int world_size, pretrained_ctx *x)
 {
     tp_status st;
     x->world = cfg->world;
-    if (!x->world && !cfg->mesh) {
+    if (cfg->mesh) {
+        x->layout = cfg->mesh;
+        x->tp = tp_mesh_sub(x->layout, "tp");
+        return TP_OK;
+    }
+    if ((st = tp_dist_check_world(&x->sizes, world_size))) return st;
+    const tp_dist_sizes *s = &x->sizes;
+    if ((long long)s->dp_replicate_size * s->fsdp_size * s->tp_size == 1) return TP_OK;   /* no mesh (§5.5) */
+    if (!x->world) {
         if ((st = tp_comm_init(&x->world, NULL))) return st;
         x->own_world = 1;
     }
-    if (cfg->mesh) {
-        x->layout = cfg->mesh;
-    } else {
-        if ((st = tp_dist_check_world(&x->sizes, tp_group_size(x->world)))) return st;
-        const tp_dist_sizes *s = &x->sizes;
-        if ((long long)s->dp_replicate_size * s->fsdp_size * s->tp_size == 1) return TP_OK;   /* no mesh (§5.5) */
-        static const char *const names[] = {"dp_replicate", "fsdp", "tp"};
-        const int sizes[] = {s->dp_replicate_size, s->fsdp_size, s->tp_size};
-        if ((st = tp_mesh_new(x->world, 3, names, sizes, &x->mesh))) return st;
-        x->layout = x->mesh;
-    }
+    static const char *const names[] = {"dp_replicate", "fsdp", "tp"};
+    const int sizes[] = {s->dp_replicate_size, s->fsdp_size, s->tp_size};
+    if ((st = tp_mesh_new(x->world, 3, names, sizes, &x->mesh))) return st;
+    x->layout = x->mesh;
     x->tp = tp_mesh_sub(x->layout, "tp");
     return TP_OK;
 }
@@ -139,7 +142,7 @@ tp_status tp_model_from_pretrained(tp_model **out, const char *dir, tp_dtype dty
     tp_model_options mo;
     tp_status st = job_sizes(cfg, &x->sizes, &world_size, &rank);
     if (!st && x->sizes.enable_expert_parallel) st = refuse_ep(dir, x->sizes.ep_size);
-    if (!st) st = make_layout(cfg, x);
+    if (!st) st = make_layout(cfg, world_size, x);
     if (!st) st = model_options(cfg, x, dtype, &mo);
     if (!st) st = tp_model_load(out, dir, &mo);
     if (st) { ctx_free(x); return st; }
