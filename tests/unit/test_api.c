@@ -293,8 +293,30 @@ static int group_is(const tp_mesh *m, const char *name, const char *want, int ra
     return 0;
 }
 
+/* The model's logits for ids 1, 2, 3 against the unsplit ones the parent
+ * wrote, within 1e-5. */
+static void check_logits(tp_model *m, const char *dir, int me, const char *what)
+{
+    int64_t ids[3] = {1, 2, 3};
+    int64_t V = m->cfg.vocab_size;
+    float *got = malloc((size_t)(3 * V) * sizeof(float)), *want = malloc((size_t)(3 * V) * sizeof(float));
+    tp_kv_cache kv;
+    CHECK(tp_kv_cache_init(&kv, m, 3) == TP_OK && tp_model_forward(m, &kv, ids, 3, got, 1) == TP_OK);
+    tp_kv_cache_release(&kv);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/unsplit.f32", dir);
+    FILE *f = fopen(path, "rb");
+    CHECK(f && fread(want, sizeof(float), (size_t)(3 * V), f) == (size_t)(3 * V));
+    if (f) fclose(f);
+    double err = 0;
+    for (int64_t i = 0; i < 3 * V; i++) err = fmax(err, fabs(got[i] - want[i]));
+    CHECK_MSG(err < 1e-5, "rank %d, %s: max |logits - unsplit| = %g", me, what, err);
+    free(got);
+    free(want);
+}
+
 /* ParallelismConfig (dp_replicate 2, dp_shard 2, cp 1, tp 1) and (1, 2, 1, 2). */
-static void rank_meshes(tp_group *world)
+static void rank_meshes(tp_group *world, const char *dir)
 {
     int me = tp_group_rank(world);
     tp_parallelism_config p = {.dp_replicate_size = 2, .dp_shard_size = 2, .tp_size = 1};
@@ -325,6 +347,18 @@ static void rank_meshes(tp_group *world)
     CHECK(group_is(m, "tp", tp[me], me) && group_is(m, "dp_shard", dps[me], me));
     CHECK(group_is(m, "dp", dps[me], me) && group_is(m, "dp_replicate", self[me], me));
     CHECK(tp_mesh_coord(tp_mesh_sub(m, "dp"), 0) == me / 2);
+    /* The model loads onto the layout's "tp" sub-mesh (§9.4). */
+    tp_model_options mo = {.threads = 1};
+    tp_dist_config c = {.world = world, .mesh = m, .model = &mo};
+    tp_model *model;
+    CHECK_MSG(tp_model_from_pretrained(&model, dir, TP_F32, &c) == TP_OK, "rank %d: %s", me, tp_error());
+    if (model) {
+        CHECK(tp_model_tp_mesh(model) == tp_mesh_sub(m, "tp") && tp_model_dist_sizes(model)->tp_size == 2);
+        check_logits(model, dir, me, "ParallelismConfig mesh");
+        tp_model_free(model);
+    }
+    c.tp_size = 4;
+    CHECK(tp_model_from_pretrained(&model, dir, TP_F32, &c) == TP_ERR_INVALID && strstr(tp_error(), "has 2 ranks"));
     tp_mesh_free(m);
 }
 
@@ -344,25 +378,10 @@ static void rank_from_pretrained(tp_group *world, const char *dir)
     CHECK(tp && group_is(tp_model_device_mesh(m), "tp", tpg[me], me) && tp_mesh_coord(tp, 0) == me % 2);
     CHECK(tp_model_world(m) == world && tp_model_dist_sizes(m)->fsdp_size == 2);
     CHECK(!strcmp(tp_mesh_dim_name(tp_model_device_mesh(m), 1), "fsdp"));
-    int64_t ids[3] = {1, 2, 3};
-    int64_t V = m->cfg.vocab_size;
-    float *got = malloc((size_t)(3 * V) * sizeof(float)), *want = malloc((size_t)(3 * V) * sizeof(float));
-    tp_kv_cache kv;
-    CHECK(tp_kv_cache_init(&kv, m, 3) == TP_OK && tp_model_forward(m, &kv, ids, 3, got, 1) == TP_OK);
-    tp_kv_cache_release(&kv);
-    char path[4200];
-    snprintf(path, sizeof path, "%s/unsplit.f32", dir);
-    FILE *f = fopen(path, "rb");
-    CHECK(f && fread(want, sizeof(float), (size_t)(3 * V), f) == (size_t)(3 * V));
-    if (f) fclose(f);
-    double err = 0;
-    for (int64_t i = 0; i < 3 * V; i++) err = fmax(err, fabs(got[i] - want[i]));
-    CHECK_MSG(err < 1e-5, "rank %d: max |tp2xfsdp2 - unsplit| = %g", me, err);
+    check_logits(m, dir, me, "tp 2 x fsdp 2");
     /* The token choice is TP rank 0's. */
     int64_t id = 100 + me;
     CHECK(tp_model_choose_tp_rank0(m, &id) == TP_OK && id == 100 + (me / 2) * 2);
-    free(got);
-    free(want);
     tp_model_free(m);
     /* The same job at tp 2 only: C5's mesh error, before anything is built. */
     c = (tp_dist_config){.tp_size = 2, .world = world};
@@ -378,7 +397,7 @@ static int rank_main(const char *dir)
 {
     tp_group *world;
     if (tp_comm_init(&world, NULL)) { fprintf(stderr, "%s\n", tp_error()); return 1; }
-    rank_meshes(world);
+    rank_meshes(world, dir);
     rank_from_pretrained(world, dir);
     tp_group_free(world);
     return check_summary();
