@@ -59,6 +59,11 @@ typedef struct tp_model {
      * ZeRO-3 (train/data_parallel.c) gathers a decoder layer's parameters
      * there and frees them after.  Set it after loading. */
     const struct tp_module_hooks *hooks;
+    /* Called last by tp_model_free with on_free_ctx: what a loader above
+     * models/ attached to the model (tp_model_from_pretrained's mesh and
+     * world group, api.h).  NULL: nothing. */
+    void (*on_free)(void *ctx);
+    void *on_free_ctx;
 } tp_model;
 
 typedef struct {

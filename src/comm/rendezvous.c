@@ -70,6 +70,20 @@ static tp_status read_layout(tp_comm_env *e, int *under_mpirun)
     return TP_OK;
 }
 
+tp_status tp_comm_job_layout(int *rank, int *world_size, int *local_rank, int *local_size)
+{
+    tp_comm_env e;
+    int under_mpirun;
+    memset(&e, 0, sizeof e);
+    tp_status st = read_layout(&e, &under_mpirun);
+    if (st) return st;
+    if (rank) *rank = e.rank;
+    if (world_size) *world_size = e.world_size;
+    if (local_rank) *local_rank = e.local_rank;
+    if (local_size) *local_size = e.local_size;
+    return TP_OK;
+}
+
 static tp_status choose_backend(tp_comm_env *e, tp_backend b, int under_mpirun)
 {
     if (b == TP_BACKEND_AUTO)
