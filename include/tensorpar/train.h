@@ -334,8 +334,9 @@ typedef struct {
     int64_t eval_every;            /* eval data: every N steps; 0: the last  */
     int check_replicas;            /* tp_check_replicated after every step   */
     int writer;                    /* this rank writes the log (rank 0)      */
-    /* Data parallelism: the mesh ["dp_replicate", "dp_shard", "tp"] whose
-     * "tp" dimension is `mesh` (data_parallel.h says what each does);
+    /* Data parallelism: a mesh with dimensions "dp_replicate", "dp_shard"
+     * and "tp" (tp_parallelism_config_mesh's; others of size 1) whose "tp"
+     * dimension is `mesh` (data_parallel.h says what each does);
      * NULL: none.  With dp_shard > 1 the optimizer holds chunks: each
      * tp_optim_state tensor is then the flat range [s·c, min((s+1)·c, n))
      * of the TP-local shard's n elements (row-major), c = ceil(n / S), on

@@ -5,6 +5,7 @@
  * joins directly. */
 #include "tp_cli.h"
 
+#include "tensorpar/api.h"
 #include "tensorpar/parallel.h"
 #include "tensorpar/settings.h"
 
@@ -107,15 +108,15 @@ static long long tp_size_of(long long want, const cli_tp *tp)
     return -1;
 }
 
-/* This rank's meshes: the 1-D TP mesh, or with data parallelism the mesh
- * ["dp_replicate", "dp_shard", "tp"], row-major with tp fastest as torch's
- * init_device_mesh (the TP groups are runs of consecutive ranks). */
+/* This rank's meshes: the 1-D TP mesh, or with data parallelism
+ * ParallelismConfig's mesh ["dp_replicate", "dp_shard", "cp", "tp"] (cp 1),
+ * row-major with tp fastest as torch's init_device_mesh (the TP groups are
+ * runs of consecutive ranks), with the flattened "dp" group (api.h). */
 static tp_status make_meshes(cli_tp *tp)
 {
     if (tp->dp_replicate * tp->dp_shard == 1) return tp_mesh_new_1d(tp->world, "tp", &tp->mesh);
-    const char *names[3] = {"dp_replicate", "dp_shard", "tp"};
-    int sizes[3] = {tp->dp_replicate, tp->dp_shard, tp->tp_size};
-    return tp_mesh_new(tp->world, 3, names, sizes, &tp->grid);
+    tp_parallelism_config pc = {tp->dp_replicate, tp->dp_shard, 1, tp->tp_size};
+    return tp_parallelism_config_mesh(&pc, tp->world, &tp->grid);
 }
 
 /* Joins the job this process is a rank of and runs the model checks on every

@@ -16,7 +16,8 @@ typedef struct {
     int rank, size;
     const char *plan;     /* --tp-plan, or NULL */
     /* Data parallelism (cli_tp_begin_dp): the replica counts and the mesh
-     * ["dp_replicate", "dp_shard", "tp"] (tp fastest), NULL without. */
+     * ["dp_replicate", "dp_shard", "cp", "tp"] (tp fastest, cp 1, the
+     * flattened "dp" group; tp_parallelism_config_mesh), NULL without. */
     int tp_size, dp_replicate, dp_shard;
     int dp_ok;            /* the command takes data parallelism (its size errors say so) */
     tp_mesh *grid;

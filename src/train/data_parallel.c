@@ -209,10 +209,12 @@ tp_status tp_dp_new(tp_model *m, const tp_mesh *grid, tp_dp **out)
     dp->grid = grid;
     dp->rep = tp_mesh_sub(grid, "dp_replicate");
     dp->shard = tp_mesh_sub(grid, "dp_shard");
-    if (!dp->rep || !dp->shard || tp_mesh_ndim(grid) != 3 || tp_mesh_dim_index(grid, "tp") != 2) {
+    if (!dp->rep || !dp->shard || tp_mesh_dim_index(grid, "tp") < 0) {
         free(dp);
-        return tp_fail(TP_ERR_INVALID, "data parallelism needs the mesh [\"dp_replicate\", \"dp_shard\", \"tp\"]");
+        return tp_fail(TP_ERR_INVALID, "data parallelism needs a mesh with dimensions \"dp_replicate\", "
+                       "\"dp_shard\" and \"tp\"");
     }
+    tp_clear_error();
     dp->R = tp_mesh_size(dp->rep, 0);
     dp->S = tp_mesh_size(dp->shard, 0);
     dp->index = tp_mesh_coord(dp->rep, 0) * dp->S + tp_mesh_coord(dp->shard, 0);
@@ -303,12 +305,25 @@ void tp_dp_root_release(tp_dp *dp)
     if (dp->S > 1) unit_release(dp, -1, 0, 0);
 }
 
+/* One placement per dimension of the grid: `dp_rep` on dp_replicate,
+ * `dp_shard` on dp_shard, `tp` on tp, Replicate elsewhere (cp). */
+static void grid_placements(const tp_dp *dp, tp_placement dp_rep, tp_placement dp_shard, tp_placement tp,
+                            tp_placement *out)
+{
+    for (int d = 0; d < tp_mesh_ndim(dp->grid); d++) {
+        const char *name = tp_mesh_dim_name(dp->grid, d);
+        out[d] = !strcmp(name, "dp_replicate") ? dp_rep : !strcmp(name, "dp_shard") ? dp_shard
+               : !strcmp(name, "tp") ? tp : tp_replicate();
+    }
+}
+
 tp_status tp_dp_reduce_loss(tp_dp *dp, double *loss_sum, int64_t *tokens)
 {
     double v[2] = {*loss_sum, (double)*tokens}, sum[2];
     int64_t two = 2;
-    tp_placement from[3] = {tp_partial(), tp_partial(), tp_replicate()};
-    tp_placement to[3] = {tp_replicate(), tp_replicate(), tp_replicate()};
+    tp_placement from[TP_MESH_MAX_DIMS], to[TP_MESH_MAX_DIMS];
+    grid_placements(dp, tp_partial(), tp_partial(), tp_replicate(), from);
+    grid_placements(dp, tp_replicate(), tp_replicate(), tp_replicate(), to);
     tp_status s = tp_redistribute_local(dp->grid, TP_F64, 1, &two, from, v, to, sum);
     if (s) return tp_fail_context(s, "summing the loss over the data-parallel ranks");
     *loss_sum = sum[0];
@@ -341,7 +356,8 @@ tp_status tp_dp_clip(tp_dp *dp, const tp_train_param *params, int n, const tp_me
 {
     /* Copies over dp_replicate (and over dp_shard when unsharded) count
      * once: only the chunks of one replica sum, and the TP ranks' parts. */
-    tp_placement sum_pl[3] = {tp_replicate(), dp->S > 1 ? tp_partial() : tp_replicate(), tp_partial()};
+    tp_placement sum_pl[TP_MESH_MAX_DIMS];
+    grid_placements(dp, tp_replicate(), dp->S > 1 ? tp_partial() : tp_replicate(), tp_partial(), sum_pl);
     return tp_clip_grad_norm_grid(params, n, tp_sub, dp->grid, sum_pl, pool, max_norm, norm);
 }
 

@@ -1,6 +1,7 @@
 /* Data parallelism for the training loop (private to src/train): the
- * replicas of the mesh ["dp_replicate", "dp_shard", "tp"] (tp-semantics.md
- * §9.2, §9.4), each holding the TP shards of the model.
+ * replicas of a mesh with dimensions "dp_replicate", "dp_shard" and "tp"
+ * (ParallelismConfig's ["dp_replicate", "dp_shard", "cp", "tp"] with cp 1;
+ * tp-semantics.md §9.2, §9.4), each holding the TP shards of the model.
  *
  * dp_replicate copies hold whole TP-local parameters; their gradients are
  * summed over every dp rank after the step's micro-batches (Partial ->
@@ -28,8 +29,8 @@
 
 typedef struct tp_dp tp_dp;
 
-/* Data parallelism for m over grid (3-D, named as above; the model was
- * loaded on grid["tp"]).  With dp_shard > 1 the model's parameters are
+/* Data parallelism for m over grid (named as above, other dimensions of
+ * size 1; the model was loaded on grid["tp"]).  With dp_shard > 1 the model's parameters are
  * replaced by their chunks (their local tensors keep shape, data NULL) and
  * the hooks are installed; f32 weights only. */
 tp_status tp_dp_new(tp_model *m, const tp_mesh *grid, tp_dp **out);
