@@ -85,7 +85,11 @@ tp_status tp_optim_step(tp_optim *opt, double lr);
 int64_t tp_optim_steps(const tp_optim *opt);
 /* Parameter i's state tensor "exp_avg", "exp_avg_sq" (AdamW) or
  * "momentum_buffer" (SGD with momentum), torch's names, borrowed; for
- * checkpoints and tests. */
+ * checkpoints and tests.  The tensor has the shape of the parameter's
+ * value in the optimizer's list: under `--dp-shard` (tp_trainer_run with a
+ * dp_mesh whose dp_shard > 1) that is this rank's flat chunk of the
+ * TP-local shard (tp_trainer_options.dp_mesh says which elements), so a
+ * full-tensor save gathers the chunks over dp_shard, then the TP shards. */
 tp_status tp_optim_state(const tp_optim *opt, int i, const char *which, const tp_tensor **out);
 
 /* ---- learning-rate schedules (HF Trainer's get_scheduler) --------------- */
