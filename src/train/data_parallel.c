@@ -24,7 +24,6 @@ struct tp_dp {
     dp_param *ps;
     int n;
     tp_train_param *train;         /* the chunks, for the optimizer */
-    float *scratch;                /* a reduce-scattered gradient chunk */
     int root_gathered;
 };
 
@@ -95,20 +94,25 @@ static tp_status grad_begin(tp_dp *dp, dp_param *p)
 }
 
 /* Partial -> Shard(0) over dp_shard, added into the chunk's gradient; the
- * whole gradient freed.  idle: this rank has no gradient (zeros). */
+ * whole gradient freed.  idle: this rank has no gradient (zeros).  The
+ * reduced chunk lands in a buffer of its own for the moment of the add
+ * (a persistent one would keep the largest chunk resident at the peak). */
 static tp_status grad_end(tp_dp *dp, dp_param *p, int idle)
 {
     tp_module_param *mp = param_of(dp, p);
-    tp_status s = TP_OK;
-    if (idle) s = grad_begin(dp, p);
+    tp_status s = idle ? grad_begin(dp, p) : TP_OK;
+    float *part_sum = s ? NULL : tp_alloc((size_t)(p->len ? p->len : 1) * sizeof(float));
+    if (!s && !part_sum) s = TP_ERR_NOMEM;
     tp_placement part = tp_partial(), sh = tp_shard(0);
-    if (!s) s = tp_redistribute_local(dp->shard, TP_F32, 1, &p->numel, &part, mp->grad.data, &sh, dp->scratch);
-    if (s) return tp_fail_context(s, "reduce-scattering the gradient of %s.%s", dp->m->modules[p->module].name,
-                                  mp->suffix);
-    float *g = p->grad.data;
-    for (int64_t i = 0; i < p->len; i++) g[i] += dp->scratch[i];
+    if (!s) s = tp_redistribute_local(dp->shard, TP_F32, 1, &p->numel, &part, mp->grad.data, &sh, part_sum);
+    if (!s) {
+        float *g = p->grad.data;
+        for (int64_t i = 0; i < p->len; i++) g[i] += part_sum[i];
+    }
+    tp_free(part_sum);
     tp_tensor_release(&mp->grad);
-    return TP_OK;
+    return s ? tp_fail_context(s, "reduce-scattering the gradient of %s.%s", dp->m->modules[p->module].name,
+                               mp->suffix) : TP_OK;
 }
 
 /* Gather (and with grads, zeroed whole gradients) every parameter of unit u. */
@@ -164,7 +168,6 @@ static tp_status make_chunks(tp_dp *dp)
     tp_model *m = dp->m;
     size_t cap = m->n_modules * TP_MODULE_MAX_PARAMS;
     int shard_rank = tp_mesh_coord(dp->shard, 0);
-    int64_t most = 1;
     dp->ps = calloc(cap ? cap : 1, sizeof *dp->ps);
     dp->train = calloc(cap ? cap : 1, sizeof *dp->train);
     if (!dp->ps || !dp->train) return tp_fail(TP_ERR_NOMEM, "out of memory");
@@ -190,14 +193,12 @@ static tp_status make_chunks(tp_dp *dp)
             mp->local.owns_data = 0;
             set_data(dp, p, NULL);
             tp_tensor_release(&mp->grad);
-            if (p->len > most) most = p->len;
             int reps = tp_model_param_replicas(m, &m->modules[i], j);
             unsigned flags = (mp->kind == TP_PARAM_BIAS || mp->kind == TP_PARAM_NORM) ? TP_PARAM_NO_DECAY : 0;
             if (reps != 1) flags |= TP_PARAM_COUNTED_ONCE;
             dp->train[dp->n - 1] = (tp_train_param){m->modules[i].name, &p->value, &p->grad, flags, reps == 1 ? 0 : reps};
         }
-    dp->scratch = malloc((size_t)most * sizeof(float));
-    return dp->scratch ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    return TP_OK;
 }
 
 tp_status tp_dp_new(tp_model *m, const tp_mesh *grid, tp_dp **out)
@@ -261,7 +262,6 @@ tp_status tp_dp_free(tp_dp *dp, int finish)
     }
     free(dp->ps);
     free(dp->train);
-    free(dp->scratch);
     free(dp);
     return s;
 }
