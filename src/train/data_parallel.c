@@ -24,7 +24,6 @@ struct tp_dp {
     dp_param *ps;
     int n;
     tp_train_param *train;         /* the chunks, for the optimizer */
-    int root_gathered;
 };
 
 int tp_dp_index(const tp_dp *dp) { return dp->index; }
