@@ -28,6 +28,8 @@ def main():
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    # replicate, shard: --dp-replicate 2 / --dp-shard 2; single: one process (TP = 1, no dp), whose
+    # state per rank is a --dp-replicate rank's (for when two replicas do not fit in memory)
     ap.add_argument("--configs", default="replicate,shard")
     ap.add_argument("--set", action="append", default=[], help="make-model --set KEY=VALUE (repeatable)")
     a = ap.parse_args()
@@ -49,17 +51,18 @@ def main():
         out = os.path.join(work, "out-" + cfg)
         cmd = [a.bin, "train", "--model", model, "--data", data, "--out", out, "--seq-len", str(a.seq_len),
                "--batch-size", "1", "--steps", str(a.steps), "--no-shuffle", "--threads", str(a.threads),
-               "--dp-" + cfg, "2"]
+               *([] if cfg == "single" else ["--dp-" + cfg, "2"])]
         rc, text, tree, _ = run_measured(cmd, env)
         if rc:
             sys.exit(f"{cfg} failed ({rc}):\n{text[-3000:]}")
-        ranks = sorted((v for v in tree.values() if v > 0), reverse=True)[:2]
+        ranks = sorted((v for v in tree.values() if v > 0), reverse=True)[:1 if cfg == "single" else 2]
         with open(os.path.join(out, "train_log.jsonl")) as f:
             losses = [json.loads(line)["loss"] for line in f]
         peaks[cfg] = ranks[0]
-        print(f"--dp-{cfg} 2: peak RSS per rank {[round(r / 2**20, 3) for r in ranks]} GiB, losses {losses}")
-    if len(peaks) == 2:
-        print(f"dp-shard / dp-replicate: {100 * peaks['shard'] / peaks['replicate']:.1f} %")
+        print(f"{cfg}: peak RSS per rank {[round(r / 2**20, 3) for r in ranks]} GiB, losses {losses}")
+    base = peaks.get("replicate", peaks.get("single"))
+    if base and "shard" in peaks:
+        print(f"dp-shard / {'dp-replicate' if 'replicate' in peaks else 'single'}: {100 * peaks['shard'] / base:.1f} %")
 
 
 if __name__ == "__main__":
