@@ -193,6 +193,11 @@ tp_status tp_comm_all_reduce_rows(tp_group *g, const float *send, float *recv, c
 tp_status tp_comm_broadcast(tp_group *g, void *buf, size_t count, tp_dtype dt, int root);
 
 tp_status tp_comm_barrier(tp_group *g);
+/* A barrier that is also a verdict: every rank passes its own status and
+ * gets TP_OK when all succeeded, else the failure of the lowest failing
+ * rank (its message, prefixed "rank R: " on the other ranks).  g NULL or
+ * of one rank: mine. */
+tp_status tp_comm_agree(tp_group *g, tp_status mine);
 
 /* send holds n pieces of `count` elements, piece q for rank q; recv gets n
  * pieces, piece p from rank p. */
