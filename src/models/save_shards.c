@@ -11,7 +11,8 @@
  *     filled (as huggingface_hub does).  One file: PREFIX.safetensors;
  *     several: PREFIX-0000k-of-0000N.safetensors and
  *     PREFIX.safetensors.index.json (json.dumps(indent=2, sort_keys=True)
- *     plus a newline, metadata.total_size = the tensors' bytes).
+ *     plus a newline; metadata: total_parameters = the elements,
+ *     total_size = the bytes, as transformers >= 4.56 writes them).
  *   - inside a file: the tensors sorted as the safetensors library stores
  *     them (dtype from widest enum value down, then name), the header JSON
  *     "__metadata__" ({"format": "pt"}) first, then the tensors in data
@@ -297,10 +298,15 @@ static tp_status write_index(const char *dir, const char *prefix, const tp_save_
     FILE *f = open_memstream(&text, &len);
     size_t *idx = malloc((n + 1) * sizeof *idx);
     if (!f || !idx) { if (f) fclose(f); free(text); free(idx); return tp_fail(TP_ERR_NOMEM, "out of memory"); }
-    uint64_t total = 0;
-    for (size_t i = 0; i < n; i++) { idx[i] = i; total += tensor_bytes(&t[i]); }
+    uint64_t total = 0, params = 0;
+    for (size_t i = 0; i < n; i++) {
+        idx[i] = i;
+        total += tensor_bytes(&t[i]);
+        params += tensor_bytes(&t[i]) / tp_dtype_size(t[i].dtype);
+    }
     qsort_r(idx, n, sizeof *idx, cmp_name_idx, (void *)t);
-    fprintf(f, "{\n  \"metadata\": {\n    \"total_size\": %llu\n  },\n  \"weight_map\": {", (unsigned long long)total);
+    fprintf(f, "{\n  \"metadata\": {\n    \"total_parameters\": %llu,\n    \"total_size\": %llu\n  },\n  \"weight_map\": {",
+            (unsigned long long)params, (unsigned long long)total);
     for (size_t i = 0; i < n; i++) {
         tp_save_file_name(name, sizeof name, prefix, (int)l->file_of[idx[i]], l->n_files);
         fputs(i ? ",\n    " : "\n    ", f);
