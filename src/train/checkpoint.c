@@ -198,6 +198,22 @@ static tp_status rotate(const char *out, int64_t limit)
     return s;
 }
 
+/* A diverged update (finite loss, but weights now inf or nan) must not
+ * become the newest checkpoint: the run stops with the last good one. */
+static tp_status check_finite(const tp_train_view *v, int64_t step)
+{
+    for (int i = 0; i < v->n_params; i++) {
+        const float *x = v->params[i].value->data;
+        int64_t n = tp_tensor_numel(v->params[i].value);
+        for (int64_t k = 0; k < n; k++)
+            if (!isfinite(x[k]))
+                return tp_fail(TP_ERR_INVALID, "step %lld: %s is %s after the update; training stopped without "
+                               "saving checkpoint-%lld (the last good checkpoint is kept)", (long long)step,
+                               v->params[i].name, isnan(x[k]) ? "nan" : "inf", (long long)step);
+    }
+    return TP_OK;
+}
+
 tp_status tp_train_checkpoint_maybe_save(const tp_train_view *v, int64_t step, int64_t total)
 {
     const tp_train_checkpointing *c = &v->o->ckpt;
@@ -207,7 +223,8 @@ tp_status tp_train_checkpoint_maybe_save(const tp_train_view *v, int64_t step, i
     int me = g ? tp_group_rank(g) : 0;
     char target[4096], tmp[4096];
     snprintf(target, sizeof target, "%s/checkpoint-%lld", v->o->out_dir, (long long)step);
-    tp_status s = tp_save_dir_begin(g, 0, target, tmp, sizeof tmp);
+    tp_status s = tp_comm_agree(g, check_finite(v, step));
+    if (!s) s = tp_save_dir_begin(g, 0, target, tmp, sizeof tmp);
     if (s) return s;
     tp_save_tensor *t = NULL;
     size_t n = 0;
