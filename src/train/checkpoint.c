@@ -6,8 +6,10 @@
  *                        byte the TP = 1 save);
  *   optimizer*.safetensors  per parameter, under its HF name + ".exp_avg",
  *                        ".exp_avg_sq" (AdamW) or ".momentum_buffer" (SGD
- *                        with momentum), and ".master" (the f32 master of a
- *                        bf16 weight), full tensors written by the same
+ *                        with momentum), and ".master" (the f32 values the
+ *                        optimizer updates, when the model file holds them
+ *                        rounded: bf16 masters, or any parameter of a model
+ *                        saved in bf16), full tensors written by the same
  *                        collective writer, so any TP layout reads its
  *                        shards back (shard-on-read);
  *   scheduler.json       the schedule and last_epoch (= the step);
@@ -54,6 +56,15 @@ static int param_at(struct tp_model *m, int k, const tp_module **mod, int *j)
     return 0;
 }
 
+/* The f32 values the optimizer updates are saved beside the model when
+ * the model file cannot hold them exactly: a bf16 weight's master, and
+ * every f32 parameter of a model saved in bf16 or f16. */
+static int needs_master(const tp_train_view *v, int i)
+{
+    tp_dtype saved = v->m->cfg.dtype;
+    return (v->masters && v->masters[i].data) || saved == TP_BF16 || saved == TP_F16;
+}
+
 /* Every state tensor (and master) of every parameter, named. */
 static tp_status optim_tensors(const tp_train_view *v, tp_save_tensor **out, size_t *n)
 {
@@ -71,9 +82,9 @@ static tp_status optim_tensors(const tp_train_view *v, tp_save_tensor **out, siz
             snprintf(name, sizeof name, "%s.%s.%s", mod->name, mod->params[j].suffix, state_names[q]);
             tp_model_save_tensor(v->m, mod, j, name, TP_F32, st->data, TP_F32, &t[k++]);
         }
-        if (v->masters && v->masters[i].data) {
+        if (needs_master(v, i)) {
             snprintf(name, sizeof name, "%s.%s.master", mod->name, mod->params[j].suffix);
-            tp_model_save_tensor(v->m, mod, j, name, TP_F32, v->masters[i].data, TP_F32, &t[k++]);
+            tp_model_save_tensor(v->m, mod, j, name, TP_F32, v->params[i].value->data, TP_F32, &t[k++]);
         }
     }
     *out = t;
@@ -302,10 +313,8 @@ static tp_status read_optimizer(const tp_train_view *v, const char *dir)
             snprintf(name, sizeof name, "%s.%s.%s", mod->name, p->suffix, state_names[q]);
             s = read_local(ck, name, p, st->data);
         }
-        if (!s && v->masters && v->masters[i].data) {
-            snprintf(name, sizeof name, "%s.%s.master", mod->name, p->suffix);
-            s = read_local(ck, name, p, v->masters[i].data);
-        }
+        snprintf(name, sizeof name, "%s.%s.master", mod->name, p->suffix);
+        if (!s && tp_checkpoint_find(ck, name)) s = read_local(ck, name, p, v->params[i].value->data);
     }
     if (ck) tp_checkpoint_close(ck);
     return s;

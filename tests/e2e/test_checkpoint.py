@@ -175,6 +175,17 @@ class Checkpoint(unittest.TestCase):
             for k in wf:
                 self.assertLess(float(np.abs(wf[k] - wo[k]).max()), TOL, f"TP={tp}: {k}")
 
+    def test_resume_bf16_sgd_is_bitwise(self):
+        """bf16 weights train through f32 masters, and the norms stay f32:
+        the checkpoint keeps those f32 values beside the bf16 model file."""
+        extra = ("--dtype", "bf16", "--optim", "sgd", "--momentum", "0.9")
+        full, _ = self.train("bf-full", *extra, model=self.qwen3, tp=3)
+        part, _ = self.train("bf-part", *extra, "--save-every", 2, model=self.qwen3, tp=3)
+        res, _ = self.train("bf-res", *extra, "--resume", os.path.join(part, "checkpoint-2"), model=self.qwen3, tp=3)
+        self.assertEqual([e["loss"] for e in read_log(full)[2:]], [e["loss"] for e in read_log(res)])
+        for f in model_files(full):
+            self.assertTrue(filecmp.cmp(os.path.join(full, f), os.path.join(res, f), shallow=False), f)
+
     def test_total_limit_and_resume_latest(self):
         # A constant schedule: 3 steps then 2 more are the 5 steps of one run.
         const = ("--lr-scheduler", "constant")
