@@ -247,7 +247,7 @@ static tp_status write_pieces(int fd, const char *path, const tp_save_tensor *t,
     return s ? tp_fail_context(s, "saving %s", t->name) : TP_OK;
 }
 
-static tp_status write_mine(const char *dir, const char *prefix, const tp_save_tensor *t, size_t n, const layout *l)
+static tp_status write_mine(const char *dir, const char *prefix, const tp_save_tensor *t, const layout *l)
 {
     char path[4096], name[256];
     tp_status s = TP_OK;
@@ -269,7 +269,6 @@ static tp_status write_mine(const char *dir, const char *prefix, const tp_save_t
             close(fd);
         }
     }
-    (void)n;
     return s;
 }
 
@@ -332,7 +331,7 @@ tp_status tp_save_tensors(tp_group *g, int writer, const char *dir, const char *
     if (!s && me == writer) s = create_files(dir, prefix, &l);
     if (!s && me == writer && l.n_files > 1) s = write_index(dir, prefix, t, n, &l);
     s = tp_comm_agree(g, s);   /* the files exist at their sizes */
-    if (!s) s = write_mine(dir, prefix, t, n, &l);
+    if (!s) s = write_mine(dir, prefix, t, &l);
     s = tp_comm_agree(g, s);   /* every piece written and synced */
     layout_free(&l);
     return s;

@@ -225,10 +225,9 @@ static tp_status check_finite(const tp_train_view *v, int64_t step)
     return TP_OK;
 }
 
-tp_status tp_train_checkpoint_maybe_save(const tp_train_view *v, int64_t step, int64_t total)
+tp_status tp_train_checkpoint_maybe_save(const tp_train_view *v, int64_t step)
 {
     const tp_train_checkpointing *c = &v->o->ckpt;
-    (void)total;
     if (c->save_every <= 0 || step % c->save_every != 0) return TP_OK;
     tp_group *g = tp_model_group(v->m);
     int me = g ? tp_group_rank(g) : 0;

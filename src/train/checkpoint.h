@@ -18,9 +18,11 @@ typedef struct {
 } tp_train_view;
 
 /* After optimizer step `step` (from 1): OUT/checkpoint-<step>/ when
- * save_every divides it or step is the last (total), then the oldest
- * checkpoints beyond save_total_limit removed.  Collective. */
-tp_status tp_train_checkpoint_maybe_save(const tp_train_view *v, int64_t step, int64_t total);
+ * save_every divides it (as Trainer's save_steps; the final model is saved
+ * by the caller), then the oldest checkpoints beyond save_total_limit
+ * removed.  A step that left a non-finite weight fails instead.
+ * Collective. */
+tp_status tp_train_checkpoint_maybe_save(const tp_train_view *v, int64_t step);
 /* Reads o->ckpt.resume_dir back into the optimizer state and masters and
  * checks it against the run's options; *step = the steps already done.
  * Collective (every rank reads its own shards). */

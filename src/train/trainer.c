@@ -267,7 +267,7 @@ tp_status tp_trainer_run(struct tp_model *m, const tp_mesh *mesh, const tp_datas
         }
         if (!s) s = tp_train_log_step(log, &e);
         if (!s) { res->steps = k + 1; res->last_loss = e.loss; }
-        if (!s) s = tp_train_checkpoint_maybe_save(&view, k + 1, total);
+        if (!s) s = tp_train_checkpoint_maybe_save(&view, k + 1);
     }
     if (!s) s = tp_train_log_chart(log, NULL, NULL);
     if (!s) adopt_masters(m, t.masters, t.n_params);
