@@ -291,6 +291,10 @@ tp_status tp_train_log_step(tp_train_log *l, const tp_train_log_entry *e);
  * gnuplot it warns, draws nothing and returns TP_OK with *drawn = 0 (drawn
  * may be NULL).  A writer == 0 log draws nothing. */
 tp_status tp_train_log_chart(tp_train_log *l, const char *png, int *drawn);
+/* A resumed run: the lines of an earlier run's log at path with steps up
+ * to `upto` are copied into this log (and its chart) first.  Only a
+ * writer log reads the file. */
+tp_status tp_train_log_carry(tp_train_log *l, const char *path, int64_t upto);
 /* Ends the progress line and closes the file; NULL is fine. */
 void tp_train_log_close(tp_train_log *l);
 /* The progress line of entry e out of total steps (0: unknown) with eta_s

@@ -116,6 +116,21 @@ static int64_t data_index(const tp_data_loader *l, int64_t step)
     return micro * l->batch_size;
 }
 
+/* OUT/train_log.jsonl (flushed after every step) as the checkpoint's
+ * log history, for the resumed run's log and chart. */
+static tp_status copy_log(const tp_train_view *v, const char *dir)
+{
+    char from[4096], to[4200], *text = NULL;
+    size_t len = 0;
+    snprintf(from, sizeof from, "%s/train_log.jsonl", v->o->out_dir);
+    if (access(from, F_OK) != 0) return TP_OK;
+    snprintf(to, sizeof to, "%s/train_log.jsonl", dir);
+    tp_status s = tp_read_file(from, &text, &len);
+    if (!s) s = tp_write_file_synced(to, text, len);
+    free(text);
+    return s;
+}
+
 static tp_status write_state_files(const tp_train_view *v, const char *dir, int64_t step)
 {
     const tp_data_loader *l = v->loader;
@@ -149,7 +164,7 @@ static tp_status write_state_files(const tp_train_view *v, const char *dir, int6
     cJSON_AddNumberToObject(d, "seed", (double)l->seed);
     if (!s) s = write_json(dir, "trainer_state.json", st);
     else cJSON_Delete(st);
-    return s;
+    return s ? s : copy_log(v, dir);
 }
 
 /* checkpoint-<N> of dir as N, or -1. */
@@ -376,4 +391,12 @@ tp_status tp_train_checkpoint_resume(const tp_train_view *v, int64_t *step)
     if (!s) s = read_optimizer(v, dir);
     s = tp_comm_agree(g, s);
     return s ? tp_fail_context(s, "resuming from %s", dir) : TP_OK;
+}
+
+tp_status tp_train_checkpoint_carry_log(const tp_train_view *v, tp_train_log *log, int64_t step)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/train_log.jsonl", v->o->ckpt.resume_dir);
+    if (access(path, F_OK) != 0) return TP_OK;
+    return tp_train_log_carry(log, path, step);
 }

@@ -28,4 +28,8 @@ tp_status tp_train_checkpoint_maybe_save(const tp_train_view *v, int64_t step);
  * Collective (every rank reads its own shards). */
 tp_status tp_train_checkpoint_resume(const tp_train_view *v, int64_t *step);
 
+/* The resumed run's log starts with the checkpoint's history up to
+ * `step` (its train_log.jsonl, when present). */
+tp_status tp_train_checkpoint_carry_log(const tp_train_view *v, tp_train_log *log, int64_t step);
+
 #endif

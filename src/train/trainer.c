@@ -258,6 +258,7 @@ tp_status tp_trainer_run(struct tp_model *m, const tp_mesh *mesh, const tp_datas
         s = tp_fail(TP_ERR_INVALID, "the checkpoint is at step %lld, past this run's %lld steps", (long long)first,
                     (long long)total);
     if (!s) s = tp_train_log_open(o->out_dir, total, o->writer, &log);
+    if (!s && o->ckpt.resume_dir) s = tp_train_checkpoint_carry_log(&view, log, first);
     for (int64_t k = first; !s && k < total; k++) {
         tp_train_log_entry e = {0};
         s = one_step(&t, k, &e);
