@@ -64,9 +64,11 @@ class TwoHosts:
         self.ns = {h: f"tp{os.getpid()}{h}" for h in ("nodeA", "nodeB")}
         self.agent = os.path.join(work, "netns-agent.sh")
         with open(self.agent, "w") as f:
-            # mpirun calls AGENT HOST COMMAND...; COMMAND is for a shell.
+            # mpirun calls AGENT HOST COMMAND...; COMMAND is for a shell.  Like
+            # ssh, the agent passes on no variable of the caller but PATH.
             f.write('#!/bin/sh\nhost=$1; shift\n'
-                    f'exec ip netns exec "tp{os.getpid()}$host" unshare -u sh -c "hostname $host; $*"\n')
+                    f'exec ip netns exec "tp{os.getpid()}$host" unshare -u env -i PATH="$PATH" '
+                    'sh -c "hostname $host; $*"\n')
         os.chmod(self.agent, 0o755)
         self.hostfile = os.path.join(work, "hostfile")
         with open(self.hostfile, "w") as f:
@@ -102,6 +104,19 @@ class TwoHosts:
                  "--mca", "oob_tcp_if_include", SUBNET] + TCP + args
         script = 'hostname nodeA; exec "$@"'
         return ["ip", "netns", "exec", self.ns["nodeA"], "unshare", "-u", "sh", "-c", script, "sh"] + inner
+
+
+    def env(self):
+        """The OpenMPI settings of mpirun() as OMPI_MCA_* variables, for
+        `tensorpar launch --hostfile`."""
+        mca = dict(plm_rsh_agent=self.agent, mpi_yield_when_idle="1", btl_tcp_if_include=SUBNET,
+                   oob_tcp_if_include=SUBNET, pml="ob1", btl="tcp,self")
+        return {f"OMPI_MCA_{k}": v for k, v in mca.items()}
+
+    def launch(self, args):
+        """`tensorpar launch` in nodeA."""
+        return ["ip", "netns", "exec", self.ns["nodeA"], "unshare", "-u", "sh", "-c", 'hostname nodeA; exec "$@"',
+                "sh", BIN, "launch"] + args
 
 
 def lo_mpirun(args):
@@ -175,7 +190,8 @@ class MpiOverTcp(unittest.TestCase):
     def mpi(self, layout, args, env=None, timeout=120):
         e = job_env(mpi=True)
         e.update(env or {})
-        return subprocess.run(self.layouts[layout]([str(a) for a in args]), env=e, capture_output=True,
+        return subprocess.run(self.layouts[layout](["-x", "ASAN_OPTIONS"] + [str(a) for a in args]), env=e,
+                              capture_output=True,
                               text=True, timeout=timeout)
 
     def test_logits_bitwise(self):
@@ -218,7 +234,7 @@ class MpiOverTcp(unittest.TestCase):
         e = job_env(mpi=True)
         e["TP_TEST_MARK"] = mark
         out = os.path.join(self.work, f"killed-{layout}-{victim}")
-        cmd = self.layouts[layout]([BIN, "train", "--model", self.tmodel, "--data", self.data, "--out", out,
+        cmd = self.layouts[layout](["-x", "ASAN_OPTIONS", "-x", "TP_TEST_MARK", BIN, "train", "--model", self.tmodel, "--data", self.data, "--out", out,
                                     "--tp", "2", "--steps", "1000000", *TRAIN])
         p = subprocess.Popen(cmd, env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
@@ -249,6 +265,37 @@ class MpiOverTcp(unittest.TestCase):
             for victim in ((1,) if layout == "lo" else (1, 0)):
                 with self.subTest(layout=layout, victim=victim):
                     self.kill_during_training(layout, victim)
+
+    def test_launch_hostfile(self):
+        """`tensorpar launch --hostfile`: mpirun places a rank on each host,
+        with the mpi backend and the TENSORPAR_* variables set where
+        launch runs (the agent, like ssh, passes on nothing itself)."""
+        if "2hosts" not in self.layouts:
+            self.skipTest("no two-host layout")
+        e = job_env(mpi=True)
+        e.update(self.hosts.env(), TENSORPAR_COMM_TIMEOUT="7", TP_NOT_FORWARDED="x")
+        show = os.path.join(self.work, "where-$OMPI_COMM_WORLD_RANK")
+        p = subprocess.run(self.hosts.launch(["-n", "2", "--hostfile", self.hosts.hostfile, "--", "sh", "-c",
+                                              'echo "$(hostname) $OMPI_COMM_WORLD_LOCAL_SIZE $TENSORPAR_BACKEND '
+                                              f'$TENSORPAR_COMM_TIMEOUT [$TP_NOT_FORWARDED]" > {show}']),
+                           env=e, capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        for r, host in enumerate(("nodeA", "nodeB")):
+            with open(show.replace("$OMPI_COMM_WORLD_RANK", str(r))) as f:
+                where = f.read().split()
+            self.assertEqual(where[:4], [host, "1", "mpi", "7"], f"rank {r}")
+            self.assertEqual(where[4], "[x]" if r == 0 else "[]", f"rank {r}: only rank 0 runs beside mpirun")
+        if os.environ.get("TENSORPAR_SANITIZED") == "1":
+            return   # the remote rank would run without ASAN_OPTIONS (no leak check of OpenMPI)
+        out = os.path.join(self.work, "launched-%r.npy")
+        p = subprocess.run(self.hosts.launch(["-n", "2", "--hostfile", self.hosts.hostfile, "--", BIN, "logits",
+                                              "--model", self.model, "--tokens", TOKENS, "--out", out]),
+                           env=e, capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        shm = os.path.join(self.work, "launched-shm-%r.npy")
+        run("logits", "--model", self.model, "--tokens", TOKENS, "--out", shm, "--tp", 2)
+        for r in range(2):
+            self.assertEqual(slurp(out.replace("%r", str(r))), slurp(shm.replace("%r", str(r))), f"rank {r}")
 
     def test_shm_backend_refused_across_hosts(self):
         if "2hosts" not in self.layouts:
