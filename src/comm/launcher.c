@@ -392,7 +392,7 @@ static char **mpirun_argv(const tp_launch_options *o, const char *path, char *co
     for (int i = 0; environ[i]; i++) cap += strlen(environ[i]) + 1;
     const char **names = calloc(nset + 1, sizeof *names);
     *names_buf = malloc(cap + 1);
-    char **m = calloc(10 + 2 * nset + (size_t)argc, sizeof *m);
+    char **m = calloc(12 + 2 * nset + (size_t)argc, sizeof *m);
     if (!names || !*names_buf || !m) {
         free(names); free(*names_buf); free(m);
         *names_buf = NULL;
@@ -404,6 +404,11 @@ static char **mpirun_argv(const tp_launch_options *o, const char *path, char *co
     m[k++] = nbuf;
     if (o->hostfile) { m[k++] = "--hostfile"; m[k++] = (char *)o->hostfile; }
     else m[k++] = "--oversubscribe";   /* one host: as many ranks as asked */
+    /* OpenMPI binds each rank to one core by default; a rank then runs one
+     * thread.  tensorpar divides a host's cores among its ranks and pins
+     * the threads itself (TENSORPAR_PIN). */
+    m[k++] = "--bind-to";
+    m[k++] = "none";
     m[k++] = "-x";
     m[k++] = "TENSORPAR_BACKEND=mpi";
     if (geteuid() == 0) m[k++] = "--allow-run-as-root";

@@ -99,7 +99,7 @@ class TwoHosts:
     def mpirun(self, args):
         """mpirun in nodeA, one rank on each node.  Both 'hosts' share this
         machine's cores, so idle ranks yield instead of spinning."""
-        inner = [MPIRUN, "-n", "2", "--hostfile", self.hostfile, "--mca", "plm_rsh_agent", self.agent,
+        inner = [MPIRUN, "-n", "2", "--hostfile", self.hostfile, "--bind-to", "none", "--mca", "plm_rsh_agent", self.agent,
                  "--mca", "mpi_yield_when_idle", "1", "--mca", "btl_tcp_if_include", SUBNET,
                  "--mca", "oob_tcp_if_include", SUBNET] + TCP + args
         script = 'hostname nodeA; exec "$@"'
@@ -120,7 +120,7 @@ class TwoHosts:
 
 
 def lo_mpirun(args):
-    return [MPIRUN, "-n", "2", "--oversubscribe", "--mca", "btl_tcp_if_include", "lo",
+    return [MPIRUN, "-n", "2", "--oversubscribe", "--bind-to", "none", "--mca", "btl_tcp_if_include", "lo",
             "--mca", "oob_tcp_if_include", "lo"] + TCP + args
 
 
@@ -296,6 +296,18 @@ class MpiOverTcp(unittest.TestCase):
         run("logits", "--model", self.model, "--tokens", TOKENS, "--out", shm, "--tp", 2)
         for r in range(2):
             self.assertEqual(slurp(out.replace("%r", str(r))), slurp(shm.replace("%r", str(r))), f"rank {r}")
+
+    def test_launch_leaves_cores_to_tensorpar(self):
+        """mpirun binds each rank to one core by default; `tensorpar launch
+        --backend mpi` asks for no binding, so a rank's threads may use every
+        core of its host (tensorpar divides and pins them itself)."""
+        out = os.path.join(self.work, "cores-$OMPI_COMM_WORLD_RANK")
+        p = subprocess.run([BIN, "launch", "-n", "2", "--backend", "mpi", "--", "sh", "-c", f"nproc > {out}"],
+                           env=job_env(mpi=True), capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        for r in range(2):
+            with open(out.replace("$OMPI_COMM_WORLD_RANK", str(r))) as f:
+                self.assertEqual(int(f.read()), len(os.sched_getaffinity(0)), f"rank {r}")
 
     def test_shm_backend_refused_across_hosts(self):
         if "2hosts" not in self.layouts:
