@@ -124,6 +124,13 @@ def lo_mpirun(args):
             "--mca", "oob_tcp_if_include", "lo"] + TCP + args
 
 
+def forwarded(env, *names):
+    """mpirun's -x for the sanitizers' settings and `names`: the two-host
+    agent, like ssh, passes nothing on by itself."""
+    keep = [v for v in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS") + names if v in env]
+    return [a for v in keep for a in ("-x", v)]
+
+
 def read_log(out):
     with open(os.path.join(out, "train_log.jsonl")) as f:
         return [json.loads(line) for line in f]
@@ -190,7 +197,7 @@ class MpiOverTcp(unittest.TestCase):
     def mpi(self, layout, args, env=None, timeout=120):
         e = job_env(mpi=True)
         e.update(env or {})
-        return subprocess.run(self.layouts[layout](["-x", "ASAN_OPTIONS"] + [str(a) for a in args]), env=e,
+        return subprocess.run(self.layouts[layout](forwarded(e) + [str(a) for a in args]), env=e,
                               capture_output=True,
                               text=True, timeout=timeout)
 
@@ -234,8 +241,9 @@ class MpiOverTcp(unittest.TestCase):
         e = job_env(mpi=True)
         e["TP_TEST_MARK"] = mark
         out = os.path.join(self.work, f"killed-{layout}-{victim}")
-        cmd = self.layouts[layout](["-x", "ASAN_OPTIONS", "-x", "TP_TEST_MARK", BIN, "train", "--model", self.tmodel, "--data", self.data, "--out", out,
-                                    "--tp", "2", "--steps", "1000000", *TRAIN])
+        train = [BIN, "train", "--model", self.tmodel, "--data", self.data, "--out", out, "--tp", "2",
+                 "--steps", "1000000", *TRAIN]
+        cmd = self.layouts[layout](forwarded(e, "TP_TEST_MARK") + train)
         p = subprocess.Popen(cmd, env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             pids, t0 = [], time.time()
