@@ -86,6 +86,7 @@ class TwoHosts:
                  ["ip", "-n", b, "addr", "add", "10.77.0.2/24", "dev", "tpb"]]
         for ns, dev in ((a, "tpa"), (b, "tpb")):
             steps += [["ip", "-n", ns, "link", "set", dev, "up"], ["ip", "-n", ns, "link", "set", "lo", "up"]]
+        steps.append(["ip", "netns", "exec", b, "unshare", "-u", "hostname", "nodeB"])   # the agent's way in
         for s in steps:
             p = sh(*s)
             if p.returncode:
