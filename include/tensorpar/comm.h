@@ -237,6 +237,9 @@ typedef struct {
      * segment's sizes (comm->shm) and the heartbeat limit
      * (comm->hang_timeout_s).  NULL: the defaults. */
     const tp_comm_options *comm;
+    /* mpi only: mpirun's hostfile (the hosts and their slots); NULL: every
+     * rank on this host.  mpirun starts the ranks of other hosts (ssh). */
+    const char *hostfile;
 } tp_launch_options;
 
 /* Runs argv (argv[0] searched in PATH) as N ranks with RANK, WORLD_SIZE,
