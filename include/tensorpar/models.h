@@ -54,6 +54,11 @@ typedef struct tp_model {
      * logits; 1 = vocabulary-parallel (lm_head's output stays split on the
      * vocabulary, tp_cross_entropy_vocab_parallel).  Set it after loading. */
     int vocab_parallel_loss;
+    /* Called last by tp_model_free with on_free_ctx: what a loader above
+     * models/ attached to the model (tp_model_from_pretrained's mesh and
+     * world group, api.h).  NULL: nothing. */
+    void (*on_free)(void *ctx);
+    void *on_free_ctx;
 } tp_model;
 
 typedef struct {
