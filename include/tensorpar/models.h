@@ -136,8 +136,11 @@ typedef struct {
     int into_existing;
 } tp_save_options;
 tp_status tp_model_save_ex(tp_model *m, const char *src_dir, const char *out_dir, const tp_save_options *o);
-/* tp_model_save_ex with into_existing set and the default shard size
- * (writer is ignored: the TP group's rank 0 creates the files). */
+/* tp_model_save_ex with into_existing set and the default shard size, by
+ * the TP group that holds the job's writer rank (writer != 0 on exactly
+ * one rank of the job, e.g. global rank 0): with data parallelism the
+ * other replicas' TP groups hold the same model and return at once.  The
+ * group's rank 0 creates the files. */
 tp_status tp_model_save(tp_model *m, const char *src_dir, const char *out_dir, int writer);
 /* The model's files only, into dir (existing, every rank sees it): the
  * collective part of tp_model_save_ex, for checkpoints that add files. */

@@ -158,6 +158,11 @@ void tp_save_file_name(char *buf, size_t cap, const char *prefix, int k, int n_f
 void tp_model_save_tensor(const tp_model *m, const tp_module *mod, int j, const char *name, tp_dtype dtype,
                           const void *local, tp_dtype local_dtype, tp_save_tensor *out);
 
+/* *active = 1 when some rank of g has writer != 0: the one group (of
+ * several data-parallel copies of the model) that saves.  Collective over
+ * g (NULL: *active = writer != 0). */
+tp_status tp_save_group_active(tp_group *g, int writer, int *active);
+
 /* ---- collective atomic directories (save_dir.c) ----------------------- */
 
 /* Rank `writer` of g creates the temporary directory of target (see

@@ -6,6 +6,7 @@
 #include "tp_cli.h"
 #include "tensorpar/io.h"
 #include "tensorpar/models.h"
+#include "tensorpar/module.h"
 #include "tensorpar/text.h"
 #include "tensorpar/train.h"
 
@@ -201,7 +202,9 @@ static tp_status train_and_save(const char *dir, const char *out, cli_tp *tp, tp
     t->writer = tp->rank == 0;
     s = tp_trainer_run(m, tp->mesh, dt, de->n_rows ? de : NULL, t, &r);
     tp_save_options so = {.max_shard_bytes = t->ckpt.max_shard_bytes, .into_existing = 1};
-    if (!s) s = tp_model_save_ex(m, dir, out, &so);
+    int active = 0;
+    if (!s) s = tp_save_group_active(tp_model_group(m), t->writer, &active);
+    if (!s && active) s = tp_model_save_ex(m, dir, out, &so);
     tp_model_free(m);
     return s;
 }

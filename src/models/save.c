@@ -116,9 +116,19 @@ tp_status tp_model_save_ex(tp_model *m, const char *src_dir, const char *out_dir
     return tp_save_dir_end(g, 0, tmp, out_dir, o->into_existing, s);
 }
 
+tp_status tp_save_group_active(tp_group *g, int writer, int *active)
+{
+    int64_t mine = writer != 0, any = mine;
+    tp_status s = g ? tp_comm_all_reduce(g, &mine, &any, 1, TP_I64, TP_REDUCE_MAX) : TP_OK;
+    *active = any != 0;
+    return s;
+}
+
 tp_status tp_model_save(tp_model *m, const char *src_dir, const char *out_dir, int writer)
 {
-    (void)writer;
+    int active = 0;
+    tp_status s = tp_save_group_active(tp_model_group(m), writer, &active);
+    if (s || !active) return s;
     tp_save_options o = {.into_existing = 1};
     return tp_model_save_ex(m, src_dir, out_dir, &o);
 }

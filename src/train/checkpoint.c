@@ -245,7 +245,10 @@ tp_status tp_train_checkpoint_maybe_save(const tp_train_view *v, int64_t step)
     const tp_train_checkpointing *c = &v->o->ckpt;
     if (c->save_every <= 0 || step % c->save_every != 0) return TP_OK;
     tp_group *g = tp_model_group(v->m);
-    int me = g ? tp_group_rank(g) : 0;
+    int me = g ? tp_group_rank(g) : 0, active = 0;
+    /* One copy of the model saves: the TP group of the log's writer. */
+    tp_status s0 = tp_save_group_active(g, v->o->writer, &active);
+    if (s0 || !active) return s0;
     char target[4096], tmp[4096];
     snprintf(target, sizeof target, "%s/checkpoint-%lld", v->o->out_dir, (long long)step);
     tp_status s = tp_comm_agree(g, check_finite(v, step));
