@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
-from tpe2e import BIN, job_env, run  # noqa: E402
+from tpe2e import BIN, HAVE_MPI, MPI_SKIP, job_env, run  # noqa: E402
 import hf_reference as st_reader  # noqa: E402
 
 TOL = 1e-5
@@ -149,6 +149,17 @@ class Checkpoint(unittest.TestCase):
             self.assertEqual(list(header)[0], "__metadata__")
             self.assertEqual(names, sorted(names))
             self.assertEqual(n % 8, 0)
+
+    def test_save_under_mpi(self):
+        """The ranks of an mpirun job (their own processes, the temporary
+        directory's path broadcast) write the same bytes."""
+        if not HAVE_MPI:
+            self.skipTest(MPI_SKIP)
+        ref, _ = self.train("mpi-ref", "--lr", "0", steps=1)
+        out, _ = self.train("mpi", "--lr", "0", "--backend", "mpi", "--save-every", 1, steps=1, tp=2)
+        for f in model_files(ref):
+            self.assertTrue(filecmp.cmp(os.path.join(ref, f), os.path.join(out, f), shallow=False), f)
+        self.assertTrue(os.path.exists(os.path.join(out, "checkpoint-1", "optimizer.safetensors.index.json")))
 
     def test_single_file_when_it_fits(self):
         out, _ = self.train("single", "--lr", "0", "--max-shard-size", "5GB", steps=1, tp=2)
