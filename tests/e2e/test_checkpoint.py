@@ -2,7 +2,7 @@
 """Checkpoints (tp-semantics §6.4, issue 14 item 3) on tiny made models:
 
 * the saved directory is byte for byte the TP = 1 save at TP = 2, 3, 4 and
-  6 (uneven MLP shards, KV-head replication), sharded by --max-shard-size
+  6 (uneven MLP and vocabulary shards, KV-head replication), under mpirun too, sharded by --max-shard-size
   into model-0000k-of-0000N files with the index huggingface_hub writes;
 * 2 + 2 resumed steps give bitwise the weights and losses of 4 steps at the
   same TP, and within 1e-5 at TP = 1 and 4 from a TP = 2 checkpoint;
@@ -81,6 +81,11 @@ class Checkpoint(unittest.TestCase):
         cls.work = cls.tmp.name
         cls.llama = os.path.join(cls.work, "llama")
         run("make-model", "--arch", "llama", "--preset", "tiny", "--dtype", "f32", "--out", cls.llama)
+        # 12 heads: TP 1 to 4 on one model; intermediate 100 and vocab 512: uneven shards at 3.
+        cls.llama12 = os.path.join(cls.work, "llama12")
+        run("make-model", "--arch", "llama", "--preset", "tiny", "--dtype", "f32", "--set", "hidden_size=96",
+            "--set", "num_attention_heads=12", "--set", "num_key_value_heads=12", "--set", "intermediate_size=100",
+            "--out", cls.llama12)
         # 6 heads over 3 KV heads: TP 3 and 6 (KV replicated); intermediate 100: uneven shards at 3 and 6.
         cls.qwen3 = os.path.join(cls.work, "qwen3")
         run("make-model", "--arch", "qwen3", "--preset", "tiny", "--dtype", "bf16", "--set", "num_attention_heads=6",
@@ -108,7 +113,7 @@ class Checkpoint(unittest.TestCase):
 
     def test_save_is_byte_exact_at_every_tp(self):
         # lr 0: the weights stay those loaded, so every TP saves the same values.
-        for model, sizes, dtype in ((self.llama, (1, 2, 4), "f32"), (self.qwen3, (1, 3, 6), "bf16")):
+        for model, sizes, dtype in ((self.llama12, (1, 2, 3, 4), "f32"), (self.qwen3, (1, 3, 6), "bf16")):
             tag = os.path.basename(model)
             outs = {}
             for tp in sizes:
