@@ -65,6 +65,18 @@ static int needs_master(const tp_train_view *v, int i)
     return (v->masters && v->masters[i].data) || saved == TP_BF16 || saved == TP_F16;
 }
 
+/* A state tensor must be laid out as the parameter's TP shard (the
+ * collective writer places it by the parameter's slice); a state split
+ * further (over a data-parallel shard group) is refused, not misplaced. */
+static tp_status check_layout(const tp_module *mod, int j, const tp_tensor *st)
+{
+    const tp_module_param *p = &mod->params[j];
+    if (tp_tensor_numel(st) == tp_tensor_numel(&p->local)) return TP_OK;
+    return tp_fail(TP_ERR_UNSUPPORTED, "%s.%s: its optimizer state holds %lld values, its TP shard %lld: "
+                   "checkpoints of state split beyond the TP shards are not supported", mod->name, p->suffix,
+                   (long long)tp_tensor_numel(st), (long long)tp_tensor_numel(&p->local));
+}
+
 /* Every state tensor (and master) of every parameter, named. */
 static tp_status optim_tensors(const tp_train_view *v, tp_save_tensor **out, size_t *n)
 {
@@ -79,6 +91,8 @@ static tp_status optim_tensors(const tp_train_view *v, tp_save_tensor **out, siz
         for (size_t q = 0; q < sizeof state_names / sizeof *state_names; q++) {
             const tp_tensor *st;
             if (tp_optim_state(v->opt, i, state_names[q], &st)) { tp_clear_error(); continue; }
+            tp_status e = check_layout(mod, j, st);
+            if (e) { free(t); return e; }
             snprintf(name, sizeof name, "%s.%s.%s", mod->name, mod->params[j].suffix, state_names[q]);
             tp_model_save_tensor(v->m, mod, j, name, TP_F32, st->data, TP_F32, &t[k++]);
         }
@@ -328,7 +342,8 @@ static tp_status read_optimizer(const tp_train_view *v, const char *dir)
             const tp_tensor *st;
             if (tp_optim_state(v->opt, i, state_names[q], &st)) { tp_clear_error(); continue; }
             snprintf(name, sizeof name, "%s.%s.%s", mod->name, p->suffix, state_names[q]);
-            s = read_local(ck, name, p, st->data);
+            s = check_layout(mod, j, st);
+            if (!s) s = read_local(ck, name, p, st->data);
         }
         snprintf(name, sizeof name, "%s.%s.master", mod->name, p->suffix);
         if (!s && tp_checkpoint_find(ck, name)) s = read_local(ck, name, p, v->params[i].value->data);
