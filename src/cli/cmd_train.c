@@ -209,19 +209,26 @@ static tp_status train_and_save(const char *dir, const char *out, cli_tp *tp, tp
     return s;
 }
 
-/* --resume DIR or latest (OUT's newest checkpoint); rank 0 first puts
- * back a checkpoint that a crash left aside (io/atomic_dir.c). */
-static tp_status resume_dir(const char *arg, const char *out, int rank, char *buf, size_t cap)
+/* --resume DIR or latest (OUT's newest checkpoint), resolved by rank 0
+ * after it put back a checkpoint that a crash left aside
+ * (io/atomic_dir.c), and sent to every rank so all read the same one. */
+static tp_status resume_dir(const char *arg, const char *out, cli_tp *tp, char *buf, size_t cap)
 {
     tp_status s = TP_OK;
-    if (!strcmp(arg, "latest")) {
-        if (rank == 0 && (s = tp_atomic_dir_recover_all(out))) return s;
-        s = tp_train_checkpoint_latest(out, buf, cap);
-    } else if (snprintf(buf, cap, "%s", arg) >= (int)cap) {
-        return tp_fail(TP_ERR_INVALID, "--resume: path too long");
+    memset(buf, 0, cap);
+    if (tp->rank == 0) {
+        if (!strcmp(arg, "latest")) {
+            s = tp_atomic_dir_recover_all(out);
+            if (!s) s = tp_train_checkpoint_latest(out, buf, cap);
+        } else if (snprintf(buf, cap, "%s", arg) >= (int)cap) {
+            s = tp_fail(TP_ERR_INVALID, "--resume: path too long");
+        }
+        if (!s) s = tp_atomic_dir_recover(buf);
+        if (!s && !exists(buf)) s = tp_fail(TP_ERR_IO, "--resume %s: no such directory", buf);
     }
-    if (!s && rank == 0) s = tp_atomic_dir_recover(buf);
-    if (!s && !exists(buf)) s = tp_fail(TP_ERR_IO, "--resume %s: no such directory", buf);
+    s = tp_comm_agree(tp->world, s);
+    if (!s && tp->world) s = tp_comm_broadcast(tp->world, buf, cap, TP_U8, 0);
+    buf[cap - 1] = 0;
     return s;
 }
 
@@ -254,8 +261,11 @@ int cmd_train(int argc, char **argv)
     mo.weight_dtype = dt_name && !strcmp(dt_name, "bf16") ? TP_BF16 : TP_F32;
     tp_status s = load_data(dir, seq_len, data, eval, &dt, &de);
     char resume[4096];
-    if (!s && cli_value(o, n, "--resume")) s = resume_dir(cli_value(o, n, "--resume"), out, tp.rank, resume, sizeof resume);
-    if (!s && cli_value(o, n, "--resume")) t.ckpt.resume_dir = resume;
+    if (cli_value(o, n, "--resume")) {   /* collective: every rank takes part */
+        tp_status r = resume_dir(cli_value(o, n, "--resume"), out, &tp, resume, sizeof resume);
+        if (!s) s = r;
+        t.ckpt.resume_dir = resume;
+    }
     if (!cli_tp_agree("train", &tp, s != TP_OK)) {
         const char *loss = cli_value(o, n, "--loss");
         s = train_and_save(dir, out, &tp, &mo, &dt, &de, &t, loss && !strcmp(loss, "vocab-parallel"));
