@@ -167,8 +167,12 @@ class Checkpoint(unittest.TestCase):
         self.assertTrue(os.path.exists(os.path.join(out, "checkpoint-1", "optimizer.safetensors.index.json")))
 
     def test_single_file_when_it_fits(self):
+        # First sharded, then into the same OUT in one file: the old shards and index go.
+        out, _ = self.train("single", "--lr", "0", steps=1, tp=2)
+        self.assertIn("model.safetensors.index.json", model_files(out))
         out, _ = self.train("single", "--lr", "0", "--max-shard-size", "5GB", steps=1, tp=2)
         self.assertEqual(model_files(out), ["model.safetensors"])
+        self.assertEqual([d for d in os.listdir(self.work) if d.startswith(".")], [])
 
     def test_resume_is_bitwise_at_the_same_tp(self):
         full, _ = self.train("full", tp=2)
