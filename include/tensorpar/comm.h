@@ -199,6 +199,11 @@ tp_status tp_comm_all_reduce_rows(tp_group *g, const float *send, float *recv, c
 tp_status tp_comm_broadcast(tp_group *g, void *buf, size_t count, tp_dtype dt, int root);
 
 tp_status tp_comm_barrier(tp_group *g);
+/* A barrier that is also a verdict: every rank passes its own status and
+ * gets TP_OK when all succeeded, else the failure of the lowest failing
+ * rank (its message, prefixed "rank R: " on the other ranks).  g NULL or
+ * of one rank: mine. */
+tp_status tp_comm_agree(tp_group *g, tp_status mine);
 
 /* send holds n pieces of `count` elements, piece q for rank q; recv gets n
  * pieces, piece p from rank p. */
@@ -237,6 +242,9 @@ typedef struct {
      * segment's sizes (comm->shm) and the heartbeat limit
      * (comm->hang_timeout_s).  NULL: the defaults. */
     const tp_comm_options *comm;
+    /* mpi only: mpirun's hostfile (the hosts and their slots); NULL: every
+     * rank on this host.  mpirun starts the ranks of other hosts (ssh). */
+    const char *hostfile;
 } tp_launch_options;
 
 /* Runs argv (argv[0] searched in PATH) as N ranks with RANK, WORLD_SIZE,

@@ -89,6 +89,13 @@ static tp_status choose_backend(tp_comm_env *e, tp_backend b, int under_mpirun)
     if (b == TP_BACKEND_AUTO)
         b = under_mpirun ? TP_BACKEND_MPI : e->world_size > 1 ? TP_BACKEND_SHM : TP_BACKEND_SELF;
     if (b == TP_BACKEND_SHM && e->world_size == 1) b = TP_BACKEND_SELF;
+    /* The shm backend's segment lives in this host's /dev/shm: ranks on
+     * other hosts would wait for it until the timeout.  Say so at once. */
+    if (b == TP_BACKEND_SHM && e->local_size < e->world_size)
+        return tp_fail(TP_ERR_INVALID, "the shm backend needs every rank on one host, but this host runs %d of the "
+                       "%d ranks (%s); start a job of several hosts with mpirun and the mpi backend",
+                       e->local_size, e->world_size,
+                       under_mpirun ? "OMPI_COMM_WORLD_LOCAL_SIZE" : "LOCAL_WORLD_SIZE");
     if (b == TP_BACKEND_SELF && e->world_size > 1)
         return tp_fail(TP_ERR_INVALID, "the self backend runs one rank, but WORLD_SIZE is %d",
                        e->world_size);
