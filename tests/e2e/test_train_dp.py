@@ -129,6 +129,24 @@ class TrainDataParallel(unittest.TestCase):
         self.assertEqual(p.returncode, 2)
         self.assertIn("--dp-shard trains f32 weights only", p.stderr)
 
+    def test_checkpoints_with_dp_replicate(self):
+        """2 steps, a checkpoint, 2 resumed steps: bitwise the 4 uninterrupted steps (one TP group writes)."""
+        common = ["--tp", 2, "--dp-replicate", 2, "--grad-accum", 1]
+        whole, part, resumed = (os.path.join(self.work, x) for x in ("ck-whole", "ck-part", "ck-resumed"))
+        run(*self.args(self.qwen3, whole, 1, *common))
+        run(*self.args(self.qwen3, part, 1, *common, "--save-every", 2))
+        run(*self.args(self.qwen3, resumed, 1, *common, "--resume", os.path.join(part, "checkpoint-2")))
+        def keys(log):
+            return [(e["step"], e["loss"], e["lr"], e["grad_norm"]) for e in log]
+        self.assertEqual(keys(read_log(resumed)), keys(read_log(whole)))
+        with open(os.path.join(whole, "model.safetensors"), "rb") as a, \
+                open(os.path.join(resumed, "model.safetensors"), "rb") as b:
+            self.assertEqual(a.read(), b.read())
+        p = run(*self.args(self.qwen3, os.path.join(self.work, "ck-shard"), 1, "--dp-shard", 2, "--save-every", 2),
+                check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("not supported with --dp-shard", p.stderr)
+
     def test_under_mpirun(self):
         if not HAVE_MPI:
             self.skipTest("no mpi backend")
