@@ -160,8 +160,39 @@ static tp_status post_backward(void *ctx, tp_model *m, int c)
     return is_layer(m, c) ? unit_release(ctx, c, 1, 0) : TP_OK;
 }
 
-/* The owned parameters of the model as chunks: each copied out of the
- * whole TP-local tensor, which is then freed (shape kept). */
+/* Parameter j of module i as this rank's chunk: copied out of the whole
+ * TP-local tensor, which is then freed (its shape kept), and entered in
+ * the optimizer's list with the flags trainer.c gives a whole shard. */
+static tp_status chunk_one(tp_dp *dp, int i, int j, int shard_rank)
+{
+    tp_model *m = dp->m;
+    tp_module_param *mp = &m->modules[i].params[j];
+    if (mp->local.dtype != TP_F32)
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s.%s is %s: --dp-shard trains f32 weights only", m->modules[i].name,
+                       mp->suffix, tp_dtype_name(mp->local.dtype));
+    dp_param *p = &dp->ps[dp->n];
+    p->module = i, p->j = j, p->unit = unit_of(m, i);
+    p->numel = tp_tensor_numel(&mp->local);
+    tp_chunk_range(p->numel, dp->S, shard_rank, &p->start, &p->len);
+    tp_status s = tp_tensor_init(&p->value, TP_F32, 1, &p->len);
+    if (!s) s = tp_tensor_init(&p->grad, TP_F32, 1, &p->len);
+    if (s) return tp_fail(s, "out of memory for the chunk of %s.%s", m->modules[i].name, mp->suffix);
+    dp->n++;
+    memcpy(p->value.data, (const float *)mp->local.data + p->start, (size_t)p->len * sizeof(float));
+    tp_tensor whole = mp->local;
+    tp_tensor_release(&mp->local);
+    mp->local = whole;
+    set_data(dp, p, NULL);
+    tp_tensor_release(&mp->grad);
+    int reps = tp_model_param_replicas(m, &m->modules[i], j);
+    unsigned flags = (mp->kind == TP_PARAM_BIAS || mp->kind == TP_PARAM_NORM) ? TP_PARAM_NO_DECAY : 0;
+    if (reps != 1) flags |= TP_PARAM_COUNTED_ONCE;
+    dp->train[dp->n - 1] = (tp_train_param){m->modules[i].name, &p->value, &p->grad, flags, reps == 1 ? 0 : reps};
+    return TP_OK;
+}
+
+/* Every owned parameter of the model (a tied one borrows its owner's) as
+ * a chunk. */
 static tp_status make_chunks(tp_dp *dp)
 {
     tp_model *m = dp->m;
@@ -172,30 +203,10 @@ static tp_status make_chunks(tp_dp *dp)
     if (!dp->ps || !dp->train) return tp_fail(TP_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < m->n_modules; i++)
         for (int j = 0; j < m->modules[i].n_params; j++) {
-            tp_module_param *mp = &m->modules[i].params[j];
+            const tp_module_param *mp = &m->modules[i].params[j];
             if (mp->tied_to >= 0 || !mp->local.data) continue;
-            if (mp->local.dtype != TP_F32)
-                return tp_fail(TP_ERR_UNSUPPORTED, "%s.%s is %s: --dp-shard trains f32 weights only",
-                               m->modules[i].name, mp->suffix, tp_dtype_name(mp->local.dtype));
-            dp_param *p = &dp->ps[dp->n];
-            p->module = (int)i, p->j = j, p->unit = unit_of(m, (int)i);
-            p->numel = tp_tensor_numel(&mp->local);
-            tp_chunk_range(p->numel, dp->S, shard_rank, &p->start, &p->len);
-            tp_status s = tp_tensor_init(&p->value, TP_F32, 1, &p->len);
-            if (!s) s = tp_tensor_init(&p->grad, TP_F32, 1, &p->len);
-            if (s) return tp_fail(s, "out of memory for the chunk of %s.%s", m->modules[i].name, mp->suffix);
-            dp->n++;
-            memcpy(p->value.data, (const float *)mp->local.data + p->start, (size_t)p->len * sizeof(float));
-            tp_tensor whole = mp->local;
-            tp_tensor_release(&mp->local);
-            mp->local = whole;
-            mp->local.owns_data = 0;
-            set_data(dp, p, NULL);
-            tp_tensor_release(&mp->grad);
-            int reps = tp_model_param_replicas(m, &m->modules[i], j);
-            unsigned flags = (mp->kind == TP_PARAM_BIAS || mp->kind == TP_PARAM_NORM) ? TP_PARAM_NO_DECAY : 0;
-            if (reps != 1) flags |= TP_PARAM_COUNTED_ONCE;
-            dp->train[dp->n - 1] = (tp_train_param){m->modules[i].name, &p->value, &p->grad, flags, reps == 1 ? 0 : reps};
+            tp_status s = chunk_one(dp, (int)i, j, shard_rank);
+            if (s) return s;
         }
     return TP_OK;
 }
