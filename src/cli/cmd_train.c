@@ -261,9 +261,6 @@ int cmd_train(int argc, char **argv)
     const char *dt_name = cli_value(o, n, "--dtype");
     if (dps > 1 && dt_name && !strcmp(dt_name, "bf16"))
         return usage("--dp-shard trains f32 weights only (--dtype bf16 is not supported with it yet)");
-    if (dps > 1 && (cli_value(o, n, "--save-every") || cli_value(o, n, "--resume")))
-        return usage("--save-every and --resume are not supported with --dp-shard yet (its optimizer state is "
-                     "split beyond the TP shards)");
     cli_tp tp;
     if (cli_tp_begin_dp("train", argc, argv, o, n, dir, (int)dpr, (int)dps, &tp, &rc)) { cli_tp_end(&tp); return rc; }
     tp_model_options mo = {.threads = 1, .show_progress = isatty(2) && tp.rank == 0};

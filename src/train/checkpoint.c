@@ -42,15 +42,25 @@
 static const char *const state_names[] = {"exp_avg", "exp_avg_sq", "momentum_buffer"};
 
 /* The module parameter of optimizer parameter k (module order, tied and
- * empty ones skipped, as the trainer collects them). */
-static int param_at(struct tp_model *m, int k, const tp_module **mod, int *j)
+ * empty ones skipped, as the trainer collects them; under dp_shard the
+ * chunk's).  *start, *len: the part of the TP shard the optimizer holds. */
+static int param_at(const tp_train_view *v, int k, const tp_module **mod, int *j, int64_t *start, int64_t *len)
 {
+    if (v->dp) {
+        int i;
+        tp_dp_param_at(v->dp, k, &i, j, start, len);
+        *mod = tp_model_module_at(v->m, (size_t)i);
+        return 1;
+    }
     int at = 0;
-    for (size_t i = 0; i < tp_model_module_count(m); i++) {
-        const tp_module *md = tp_model_module_at(m, i);
+    for (size_t i = 0; i < tp_model_module_count(v->m); i++) {
+        const tp_module *md = tp_model_module_at(v->m, i);
         for (int q = 0; q < md->n_params; q++) {
             if (md->params[q].tied_to >= 0 || !md->params[q].local.data) continue;
-            if (at++ == k) { *mod = md; *j = q; return 1; }
+            if (at++ == k) {
+                *mod = md, *j = q, *start = 0, *len = tp_tensor_numel(&md->params[q].local);
+                return 1;
+            }
         }
     }
     return 0;
@@ -65,16 +75,37 @@ static int needs_master(const tp_train_view *v, int i)
     return (v->masters && v->masters[i].data) || saved == TP_BF16 || saved == TP_F16;
 }
 
-/* A state tensor must be laid out as the parameter's TP shard (the
- * collective writer places it by the parameter's slice); a state split
- * further (over a data-parallel shard group) is refused, not misplaced. */
-static tp_status check_layout(const tp_module *mod, int j, const tp_tensor *st)
+/* A state tensor must be laid out as the optimizer's part of the
+ * parameter's TP shard (whole, or its dp_shard chunk). */
+static tp_status check_layout(const tp_module *mod, int j, const tp_tensor *st, int64_t len)
 {
     const tp_module_param *p = &mod->params[j];
-    if (tp_tensor_numel(st) == tp_tensor_numel(&p->local)) return TP_OK;
-    return tp_fail(TP_ERR_UNSUPPORTED, "%s.%s: its optimizer state holds %lld values, its TP shard %lld: "
-                   "checkpoints of state split beyond the TP shards are not supported", mod->name, p->suffix,
-                   (long long)tp_tensor_numel(st), (long long)tp_tensor_numel(&p->local));
+    if (tp_tensor_numel(st) == len) return TP_OK;
+    return tp_fail(TP_ERR_INTERNAL, "%s.%s: its optimizer state holds %lld values, the optimizer's part of it %lld",
+                   mod->name, p->suffix, (long long)tp_tensor_numel(st), (long long)len);
+}
+
+/* What the writer reads for one state tensor: the TP shard itself, or
+ * under dp_shard the chunks gathered into a buffer of its own (freed by
+ * free_gathered).  Collective over dp_shard then. */
+static tp_status local_of(const tp_train_view *v, int i, const tp_module *mod, int j, const float *data,
+                          const float **out)
+{
+    *out = data;
+    if (!v->dp) return TP_OK;
+    int64_t numel = tp_tensor_numel(&mod->params[j].local);
+    float *whole = malloc((size_t)(numel ? numel : 1) * sizeof(float));
+    tp_status s = tp_dp_agree(v->dp, whole ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory"));
+    if (!s) s = tp_dp_gather_chunk(v->dp, i, data, whole);
+    if (s) { free(whole); return s; }
+    *out = whole;
+    return TP_OK;
+}
+
+static void free_gathered(const tp_train_view *v, tp_save_tensor *t, size_t n)
+{
+    for (size_t k = 0; v->dp && t && k < n; k++) free((void *)t[k].local);
+    free(t);
 }
 
 /* Every state tensor (and master) of every parameter, named. */
@@ -84,23 +115,30 @@ static tp_status optim_tensors(const tp_train_view *v, tp_save_tensor **out, siz
     if (!t) return tp_fail(TP_ERR_NOMEM, "out of memory");
     size_t k = 0;
     char name[160];
-    for (int i = 0; i < v->n_params; i++) {
+    tp_status s = TP_OK;
+    for (int i = 0; !s && i < v->n_params; i++) {
         const tp_module *mod;
         int j;
-        if (!param_at(v->m, i, &mod, &j)) { free(t); return tp_fail(TP_ERR_INTERNAL, "optimizer parameter %d has no module", i); }
-        for (size_t q = 0; q < sizeof state_names / sizeof *state_names; q++) {
+        int64_t start, len;
+        if (!param_at(v, i, &mod, &j, &start, &len)) { s = tp_fail(TP_ERR_INTERNAL, "optimizer parameter %d has no module", i); break; }
+        const float *local;
+        for (size_t q = 0; !s && q < sizeof state_names / sizeof *state_names; q++) {
             const tp_tensor *st;
             if (tp_optim_state(v->opt, i, state_names[q], &st)) { tp_clear_error(); continue; }
-            tp_status e = check_layout(mod, j, st);
-            if (e) { free(t); return e; }
+            s = check_layout(mod, j, st, len);
+            if (!s) s = local_of(v, i, mod, j, st->data, &local);
+            if (s) break;
             snprintf(name, sizeof name, "%s.%s.%s", mod->name, mod->params[j].suffix, state_names[q]);
-            tp_model_save_tensor(v->m, mod, j, name, TP_F32, st->data, TP_F32, &t[k++]);
+            tp_model_save_tensor(v->m, mod, j, name, TP_F32, local, TP_F32, &t[k++]);
         }
-        if (needs_master(v, i)) {
+        if (!s && needs_master(v, i)) {
+            s = local_of(v, i, mod, j, v->params[i].value->data, &local);
+            if (s) break;
             snprintf(name, sizeof name, "%s.%s.master", mod->name, mod->params[j].suffix);
-            tp_model_save_tensor(v->m, mod, j, name, TP_F32, v->params[i].value->data, TP_F32, &t[k++]);
+            tp_model_save_tensor(v->m, mod, j, name, TP_F32, local, TP_F32, &t[k++]);
         }
     }
+    if (s) { free_gathered(v, t, k); return s; }
     *out = t;
     *n = k;
     return TP_OK;
@@ -254,30 +292,53 @@ static tp_status check_finite(const tp_train_view *v, int64_t step)
     return TP_OK;
 }
 
-tp_status tp_train_checkpoint_maybe_save(const tp_train_view *v, int64_t step)
+/* checkpoint-<step> written by the active TP group: the model's shards
+ * as it holds them now, the optimizer's tensors t (NULL: made here from
+ * the TP shards).  finite: check_finite's verdict. */
+static tp_status write_checkpoint(const tp_train_view *v, int64_t step, tp_status finite, const tp_save_tensor *t,
+                                  size_t n)
 {
     const tp_train_checkpointing *c = &v->o->ckpt;
-    if (c->save_every <= 0 || step % c->save_every != 0) return TP_OK;
     tp_group *g = tp_model_group(v->m);
     int me = g ? tp_group_rank(g) : 0, active = 0;
     /* One copy of the model saves: the TP group of the log's writer. */
     tp_status s0 = tp_save_group_active(g, v->o->writer, &active);
-    if (s0 || !active) return s0;
+    if (s0 || !active) return s0 ? s0 : v->dp ? finite : TP_OK;
     char target[4096], tmp[4096];
     snprintf(target, sizeof target, "%s/checkpoint-%lld", v->o->out_dir, (long long)step);
-    tp_status s = tp_comm_agree(g, check_finite(v, step));
+    tp_status s = tp_comm_agree(g, finite);
     if (!s) s = tp_save_dir_begin(g, 0, target, tmp, sizeof tmp);
     if (s) return s;
-    tp_save_tensor *t = NULL;
-    size_t n = 0;
+    tp_save_tensor *mine = NULL;
     s = tp_model_save_files(v->m, c->src_dir, tmp, c->max_shard_bytes);
-    if (!s) s = tp_comm_agree(g, optim_tensors(v, &t, &n));
-    if (!s) s = tp_save_tensors(g, 0, tmp, "optimizer", t, n, c->max_shard_bytes);
+    if (!s && !t) s = tp_comm_agree(g, optim_tensors(v, &mine, &n));
+    if (!s) s = tp_save_tensors(g, 0, tmp, "optimizer", t ? t : mine, n, c->max_shard_bytes);
     if (!s && me == 0) s = write_state_files(v, tmp, step);
-    free(t);
+    free(mine);
     s = tp_save_dir_end(g, 0, tmp, target, 0, s);
     if (!s && me == 0) s = rotate(v->o->out_dir, c->save_total_limit);
     return tp_comm_agree(g, s);
+}
+
+tp_status tp_train_checkpoint_maybe_save(const tp_train_view *v, int64_t step)
+{
+    const tp_train_checkpointing *c = &v->o->ckpt;
+    if (c->save_every <= 0 || step % c->save_every != 0) return TP_OK;
+    if (!v->dp) return write_checkpoint(v, step, check_finite(v, step), NULL, 0);
+    /* Under dp_shard every rank takes part in the gathers (of the weights
+     * into the model, of the optimizer state into buffers); the verdicts
+     * agreed over dp_shard, then TP, reach every rank of the replica. */
+    tp_group *g = tp_model_group(v->m);
+    tp_status finite = tp_comm_agree(g, tp_dp_agree(v->dp, check_finite(v, step)));
+    tp_save_tensor *t = NULL;
+    size_t n = 0;
+    tp_status s = finite;
+    if (!s) s = tp_comm_agree(g, tp_dp_agree(v->dp, tp_dp_gather_all(v->dp)));
+    if (!s) s = tp_comm_agree(g, tp_dp_agree(v->dp, optim_tensors(v, &t, &n)));
+    if (!s) s = write_checkpoint(v, step, finite, t, n);
+    free_gathered(v, t, n);
+    tp_dp_release_all(v->dp);
+    return s;
 }
 
 tp_status tp_train_checkpoint_latest(const char *out_dir, char *path, size_t cap)
@@ -328,6 +389,22 @@ static tp_status open_optimizer(const char *dir, tp_checkpoint **ck)
     return tp_checkpoint_open(ck, path);
 }
 
+/* Tensor `name` into the optimizer's part [start, start + len) of
+ * parameter p's TP shard: read whole, or into a scratch shard whose chunk
+ * is kept (under dp_shard). */
+static tp_status read_part(tp_checkpoint *ck, const char *name, const tp_module_param *p, int64_t start, int64_t len,
+                           float *dst)
+{
+    int64_t numel = tp_tensor_numel(&p->local);
+    if (start == 0 && len == numel) return read_local(ck, name, p, dst);
+    float *whole = malloc((size_t)(numel ? numel : 1) * sizeof(float));
+    if (!whole) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    tp_status s = read_local(ck, name, p, whole);
+    if (!s) memcpy(dst, whole + start, (size_t)len * sizeof(float));
+    free(whole);
+    return s;
+}
+
 static tp_status read_optimizer(const tp_train_view *v, const char *dir)
 {
     tp_checkpoint *ck = NULL;
@@ -336,17 +413,18 @@ static tp_status read_optimizer(const tp_train_view *v, const char *dir)
     for (int i = 0; !s && i < v->n_params; i++) {
         const tp_module *mod;
         int j;
-        if (!param_at(v->m, i, &mod, &j)) { s = tp_fail(TP_ERR_INTERNAL, "optimizer parameter %d has no module", i); break; }
+        int64_t start, len;
+        if (!param_at(v, i, &mod, &j, &start, &len)) { s = tp_fail(TP_ERR_INTERNAL, "optimizer parameter %d has no module", i); break; }
         const tp_module_param *p = &mod->params[j];
         for (size_t q = 0; !s && q < sizeof state_names / sizeof *state_names; q++) {
             const tp_tensor *st;
             if (tp_optim_state(v->opt, i, state_names[q], &st)) { tp_clear_error(); continue; }
             snprintf(name, sizeof name, "%s.%s.%s", mod->name, p->suffix, state_names[q]);
-            s = check_layout(mod, j, st);
-            if (!s) s = read_local(ck, name, p, st->data);
+            s = check_layout(mod, j, st, len);
+            if (!s) s = read_part(ck, name, p, start, len, st->data);
         }
         snprintf(name, sizeof name, "%s.%s.master", mod->name, p->suffix);
-        if (!s && tp_checkpoint_find(ck, name)) s = read_local(ck, name, p, v->params[i].value->data);
+        if (!s && tp_checkpoint_find(ck, name)) s = read_part(ck, name, p, start, len, v->params[i].value->data);
     }
     if (ck) tp_checkpoint_close(ck);
     return s;
@@ -407,6 +485,7 @@ tp_status tp_train_checkpoint_resume(const tp_train_view *v, int64_t *step)
     if (!s) s = check_state(v, st, dir, step);
     cJSON_Delete(st);
     if (!s) s = read_optimizer(v, dir);
+    if (v->dp) s = tp_dp_agree(v->dp, s);
     s = tp_comm_agree(g, s);
     return s ? tp_fail_context(s, "resuming from %s", dir) : TP_OK;
 }

@@ -4,6 +4,7 @@
 #define TP_TRAIN_CHECKPOINT_H
 
 #include "tensorpar/train.h"
+#include "train/data_parallel.h"
 
 typedef struct {
     struct tp_model *m;
@@ -15,6 +16,7 @@ typedef struct {
     const tp_lr_schedule *sched;
     const tp_data_loader *loader;
     const tp_trainer_options *o;
+    tp_dp *dp;                     /* under dp_shard (params are its chunks), else NULL */
 } tp_train_view;
 
 /* After optimizer step `step` (from 1): OUT/checkpoint-<step>/ when

@@ -2,6 +2,7 @@
  * parameter chunks, the gathers and reduce-scatters of ZeRO-3 driven by
  * the model's module hooks, and the dp reductions of a step. */
 #include "train/data_parallel.h"
+#include "tensorpar/comm.h"
 #include "tensorpar/module.h"
 
 #include <stdlib.h>
@@ -388,4 +389,37 @@ tp_status tp_dp_check_replicas(tp_dp *dp, const tp_train_param *params, int n)
         if (copies[c] && tp_mesh_size(copies[c], 0) > 1) s = tp_check_replicated(all, n, copies[c]);
     free(all);
     return s ? tp_fail_context(s, "data-parallel replicas") : TP_OK;
+}
+
+void tp_dp_param_at(const tp_dp *dp, int k, int *module, int *j, int64_t *start, int64_t *len)
+{
+    const dp_param *p = &dp->ps[k];
+    *module = p->module, *j = p->j, *start = p->start, *len = p->len;
+}
+
+tp_status tp_dp_gather_chunk(tp_dp *dp, int k, const float *chunk, float *whole)
+{
+    dp_param *p = &dp->ps[k];
+    tp_placement sh = tp_shard(0), rep = tp_replicate();
+    tp_status s = tp_redistribute_local(dp->shard, TP_F32, 1, &p->numel, &sh, chunk, &rep, whole);
+    return s ? tp_fail_context(s, "gathering the state of %s.%s over dp_shard", dp->m->modules[p->module].name,
+                               param_of(dp, p)->suffix) : TP_OK;
+}
+
+tp_status tp_dp_gather_all(tp_dp *dp)
+{
+    tp_status s = TP_OK;
+    for (int k = 0; !s && k < dp->n; k++) s = gather(dp, &dp->ps[k]);
+    return s;
+}
+
+void tp_dp_release_all(tp_dp *dp)
+{
+    for (int k = 0; k < dp->n; k++)
+        if (dp->ps[k].full) release(dp, &dp->ps[k]);
+}
+
+tp_status tp_dp_agree(tp_dp *dp, tp_status s)
+{
+    return dp->S > 1 ? tp_comm_agree(tp_mesh_group(dp->shard, 0), s) : s;
 }

@@ -297,7 +297,8 @@ tp_status tp_trainer_run(struct tp_model *m, const tp_mesh *mesh, const tp_datas
     if (eval && eval->seq_len != train->seq_len)
         return tp_fail(TP_ERR_INVALID, "the eval data's seq_len differs from the training data's");
     tp_status s = setup(&t, train, &total);
-    tp_train_view view = {m, mesh, t.params, t.masters, t.n_params, t.opt, &t.sched, &t.loader, o};
+    tp_train_view view = {m, mesh, t.params, t.masters, t.n_params, t.opt, &t.sched, &t.loader, o,
+                          t.dp && tp_dp_sharded(t.dp) ? t.dp : NULL};
     int64_t first = 0;
     if (!s && o->ckpt.resume_dir) s = tp_train_checkpoint_resume(&view, &first);
     if (!s && first > total)
