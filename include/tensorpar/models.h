@@ -54,6 +54,12 @@ typedef struct tp_model {
      * logits; 1 = vocabulary-parallel (lm_head's output stays split on the
      * vocabulary, tp_cross_entropy_vocab_parallel).  Set it after loading. */
     int vocab_parallel_loss;
+    /* tp_model_forward_backward keeps only each decoder layer's input (the
+     * stream after its first residual add and that norm's output) and
+     * recomputes the layer's forward inside its backward (Transformers'
+     * gradient_checkpointing): losses and gradients bitwise the same, the
+     * saved activations about a tenth.  Set it after loading. */
+    int gradient_checkpointing;
     /* Called around every module's forward and backward inside the module
      * tree (module.h, tp_module_hooks), NULL: none.  Data parallelism's
      * ZeRO-3 (train/data_parallel.c) gathers a decoder layer's parameters

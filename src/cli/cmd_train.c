@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define N_OWN 30
+#define N_OWN 31
 
 static const cli_option own[N_OWN] = {
     {"--model", "DIR", "model directory (required)", 0, {0}},
@@ -41,6 +41,7 @@ static const cli_option own[N_OWN] = {
     {"--eval-every", "N", "evaluate every N steps (default: after the last step)", 0, {0}},
     {"--loss", "default|vocab-parallel", "default: HF's on the gathered logits; vocab-parallel: no rank holds [T, vocab] logits", 0, {0}},
     {"--dtype", "f32|bf16", "weights the forward and backward use (default f32); bf16 trains an f32 master copy", 0, {0}},
+    {"--gradient-checkpointing", NULL, "keep only each decoder layer's input; recompute the layer in its backward (same results, less memory)", 0, {0}},
     {"--check-replicas", NULL, "verify after every step that replicated parameters are identical on every rank", 0, {0}},
     {"--threads", "N", "threads per rank (default: cores / local ranks)", 0, {0}},
     {"--save-every", "N", "write OUT/checkpoint-<step>/ (model, optimizer, scheduler, data position) every N steps", 0, {0}},
@@ -189,7 +190,7 @@ static tp_status load_data(const char *dir, long long seq_len, const char *train
 }
 
 static tp_status train_and_save(const char *dir, const char *out, cli_tp *tp, tp_model_options *mo, tp_dataset *dt,
-                                tp_dataset *de, tp_trainer_options *t, int vocab_parallel)
+                                tp_dataset *de, tp_trainer_options *t, int vocab_parallel, int grad_ckpt)
 {
     tp_model *m;
     mo->mesh = cli_tp_mesh(tp);
@@ -199,6 +200,7 @@ static tp_status train_and_save(const char *dir, const char *out, cli_tp *tp, tp
     tp_status s = tp_model_load(&m, t->ckpt.resume_dir ? t->ckpt.resume_dir : dir, mo);
     if (s) return s;
     m->vocab_parallel_loss = vocab_parallel;
+    m->gradient_checkpointing = grad_ckpt;
     tp_trainer_result r;
     t->out_dir = out;
     t->writer = tp->rank == 0;
@@ -275,7 +277,8 @@ int cmd_train(int argc, char **argv)
     }
     if (!cli_tp_agree("train", &tp, s != TP_OK)) {
         const char *loss = cli_value(o, n, "--loss");
-        s = train_and_save(dir, out, &tp, &mo, &dt, &de, &t, loss && !strcmp(loss, "vocab-parallel"));
+        s = train_and_save(dir, out, &tp, &mo, &dt, &de, &t, loss && !strcmp(loss, "vocab-parallel"),
+                           cli_flag(o, n, "--gradient-checkpointing"));
         rc = cli_tp_agree("train", &tp, s != TP_OK);
     } else {
         rc = 1;

@@ -84,14 +84,14 @@ static tp_status vp_head_backward(tp_model *m, const vp_head *h, const float *dl
 /* dlogits back to every parameter: [T, V] through lm_head's own backward,
  * or (vp != NULL) this rank's vocabulary shard [T, vp->cols]; save holds
  * the forward's activations. */
-static tp_status backward(tp_model *m, const tp_train_acts *save, const int64_t *tokens, int64_t T,
+static tp_status backward(tp_model *m, tp_train_acts *save, tp_kv_cache *kv, const int64_t *tokens, int64_t T,
                           const float *dlogits, const vp_head *vp)
 {
     int64_t H = m->cfg.hidden_size;
     float *dx = calloc((size_t)(T * H), sizeof(float)), *dh = calloc((size_t)(T * H), sizeof(float));
     tp_status st = dx && dh ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory for the gradients of %lld tokens",
                                               (long long)T);
-    tp_backward_pass b = {.saved = save, .tokens = tokens, .T = T, .dx = dx, .dh = dh,
+    tp_backward_pass b = {.saved = save, .acts = save, .cache = kv, .tokens = tokens, .T = T, .dx = dx, .dh = dh,
                           .dy = dlogits, .in = save->h_final, .rows = T};
     const tp_module *lm_head = &m->modules[m->lm_head];
     const tp_module *model = &m->modules[m->modules[m->embed_tokens].parent];
@@ -145,11 +145,11 @@ static tp_status step(tp_model *m, const int64_t *tokens, const int64_t *shifted
     if (!st) st = tp_model_forward_train(m, &kv, tokens, T, m->vocab_parallel_loss ? NULL : logits, &save);
     /* the logits become their own gradient */
     if (!st && !m->vocab_parallel_loss) st = tp_cross_entropy(loss_sum, logits, logits, shifted, T, V, count, m->pool);
-    if (!st && !m->vocab_parallel_loss) st = backward(m, &save, tokens, T, logits, NULL);
+    if (!st && !m->vocab_parallel_loss) st = backward(m, &save, &kv, tokens, T, logits, NULL);
     if (m->vocab_parallel_loss) {
         if (!st && cols > 0) st = tp_matmul_ex(logits, save.h_final, T, vp.W, NULL, m->pool, &m->matmul);
         if (!st) st = tp_cross_entropy_vocab_parallel(loss_sum, logits, logits, shifted, T, V, count, vp.mesh, m->pool);
-        if (!st) st = backward(m, &save, tokens, T, logits, &vp);
+        if (!st) st = backward(m, &save, &kv, tokens, T, logits, &vp);
     }
     tp_train_acts_free(&save);
     tp_kv_cache_release(&kv);

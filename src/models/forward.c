@@ -116,6 +116,36 @@ static tp_status run_forward(tp_model *m, tp_kv_cache *cache, const int64_t *tok
     return st;
 }
 
+tp_status tp_layer_recompute(tp_model *m, const tp_module *layer, tp_kv_cache *cache, const int64_t *tokens,
+                             int64_t T, tp_train_acts *save)
+{
+    const tp_saved_layer *sl = &save->layers[layer->layer];
+    int64_t H = m->cfg.hidden_size, len = cache->length;
+    tp_forward_pass f = {.cache = cache, .tokens = tokens, .T = T, .save = save};
+    tp_status st = tp_act_begin(m, T, T);
+    if (st) return st;
+    /* The training forward began at position 0 of a fresh cache: the keys
+     * and values are written again where they were. */
+    cache->length = 0;
+    st = scratch_init(&f.sc, m, T, 0);
+    f.sc.fused = 0;
+    f.x = (tp_act){tp_act_alloc(m, T * H), T, H, H, tp_replicate()};
+    if (!st && !f.x.data) st = tp_fail(TP_ERR_NOMEM, "out of memory recomputing %s", layer->name);
+    if (!st) {
+        memcpy(f.x.data, sl->x_attn, (size_t)(T * H) * sizeof(float));
+        memcpy(f.sc.h, sl->h_attn, (size_t)(T * H) * sizeof(float));
+        f.block_mark = tp_act_mark(m);
+    }
+    int first = m->layers[layer->layer].input_layernorm;
+    for (int c = m->modules[first].next_sibling; !st && c >= 0; c = m->modules[c].next_sibling)
+        st = m->modules[c].ops->forward(m, &m->modules[c], &f);
+    tp_act_release(m, &f.pending);   /* the layer's output: the next layer's saved input has it */
+    tp_act_release(m, &f.x);
+    tp_act_end(m);
+    cache->length = len;
+    return st;
+}
+
 tp_status tp_model_forward(tp_model *m, tp_kv_cache *cache, const int64_t *tokens, int64_t T,
                            float *logits, int all_logits)
 {

@@ -153,6 +153,11 @@ struct tp_forward_pass {
  * writes dh. */
 struct tp_backward_pass {
     const tp_train_acts *saved;
+    /* Under m->gradient_checkpointing: the same activations, which a
+     * decoder layer's backward refills by recomputing its forward (on the
+     * pass's cache and tokens) and empties again. */
+    tp_train_acts *acts;
+    tp_kv_cache *cache;
     const int64_t *tokens;
     int64_t T;
     float *dx, *dh;                /* [T, H] */
@@ -165,6 +170,11 @@ struct tp_backward_pass {
  * lm_head (the vocabulary-parallel loss runs it on save->h_final). */
 tp_status tp_model_forward_train(tp_model *m, tp_kv_cache *cache, const int64_t *tokens, int64_t T, float *logits,
                                  tp_train_acts *save);
+/* Gradient checkpointing: decoder layer `layer`'s forward again from its
+ * saved input (x_attn, h_attn), from self_attn on, keeping its
+ * activations in *save as the training forward did (bitwise the same). */
+tp_status tp_layer_recompute(tp_model *m, const tp_module *layer, tp_kv_cache *cache, const int64_t *tokens,
+                             int64_t T, tp_train_acts *save);
 /* Runs the children of a container backward, last first. */
 tp_status tp_module_run_children_backward(tp_model *m, const tp_module *mod, tp_backward_pass *b);
 /* The gradient buffer of parameter j of mod (a tied one: its owner's),
