@@ -184,6 +184,26 @@ class TrainDataParallel(unittest.TestCase):
             self.assertLess(float(np.abs(a[k] - b[k]).max()), 1e-4, k)
         self.assertGreater(max(float(np.abs(v).max()) for v in a.values()), 0)
 
+    def test_gradient_checkpointing(self):
+        """--gradient-checkpointing (each decoder layer recomputed inside its backward) gives bitwise the losses,
+        gradient norms and weights of the run without it: one process, TP, TP x dp-shard, dp-shard with the
+        vocabulary-parallel loss."""
+        for model, layout in ((self.qwen3, []), (self.llama, ["--tp", 2]),
+                              (self.qwen3, ["--tp", 2, "--dp-shard", 2]),
+                              (self.llama, ["--dp-shard", 2, "--loss", "vocab-parallel"])):
+            outs = []
+            for gc in ([], ["--gradient-checkpointing"]):
+                out = os.path.join(self.work, f"gc-{os.path.basename(model)}-{'-'.join(map(str, layout))}{len(gc)}")
+                run(*self.args(model, out, 1, *layout, *gc))
+                outs.append(out)
+            def keys(log):
+                return [(e["step"], e["loss"], e["lr"], e["grad_norm"]) for e in log]
+            self.assertEqual(keys(read_log(outs[1])), keys(read_log(outs[0])), layout)
+            self.assertEqual(len(read_log(outs[0])), 5)
+            with open(os.path.join(outs[0], "model.safetensors"), "rb") as a, \
+                    open(os.path.join(outs[1], "model.safetensors"), "rb") as b:
+                self.assertEqual(a.read(), b.read(), layout)
+
     def test_under_mpirun(self):
         if not HAVE_MPI:
             self.skipTest("no mpi backend")

@@ -145,6 +145,56 @@ static void test_backward(tp_model *m)
     free(g1); free(g2); free(logits); free(before);
 }
 
+/* Every gradient of the model, concatenated (malloc'd), and its length. */
+static float *all_grads(const tp_model *m, size_t *n)
+{
+    size_t total = 0, at = 0;
+    for (size_t i = 0; i < m->n_modules; i++)
+        for (int j = 0; j < m->modules[i].n_params; j++)
+            if (m->modules[i].params[j].grad.data) total += tp_tensor_nbytes(&m->modules[i].params[j].grad);
+    char *out = malloc(total ? total : 1);
+    for (size_t i = 0; i < m->n_modules; i++)
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            const tp_tensor *g = &m->modules[i].params[j].grad;
+            if (!g->data) continue;
+            memcpy(out + at, g->data, tp_tensor_nbytes(g));
+            at += tp_tensor_nbytes(g);
+        }
+    *n = total / sizeof(float);
+    return (float *)out;
+}
+
+/* Gradient checkpointing (each layer recomputed inside its backward):
+ * the loss and every gradient bitwise those of the plain step, with and
+ * without -100 labels; the activation arena empty after. */
+static void test_gradient_checkpointing(tp_model *m)
+{
+    int64_t V = m->cfg.vocab_size, ids[T], labels[T];
+    for (int t = 0; t < T; t++) ids[t] = (t * 17 + 3) % V, labels[t] = t % 4 == 1 ? -100 : ids[t];
+    for (int with_labels = 0; with_labels < 2; with_labels++) {
+        double plain = 0, ckpt = 0;
+        size_t n1 = 0, n2 = 0;
+        m->gradient_checkpointing = 0;
+        CHECK(tp_model_zero_grad(m) == TP_OK);
+        CHECK(tp_model_forward_backward(m, ids, with_labels ? labels : NULL, T, 0, &plain, NULL) == TP_OK);
+        float *g1 = all_grads(m, &n1);
+        m->gradient_checkpointing = 1;
+        CHECK(tp_model_zero_grad(m) == TP_OK);
+        CHECK(tp_model_forward_backward(m, ids, with_labels ? labels : NULL, T, 0, &ckpt, NULL) == TP_OK);
+        CHECK(tp_act_arena_stats(m).used == 0);
+        float *g2 = all_grads(m, &n2);
+        CHECK(n1 == n2 && n1 > 0);
+        CHECK_MSG(plain == ckpt, "loss %.17g, checkpointed %.17g", plain, ckpt);
+        CHECK(n1 == n2 && memcmp(g1, g2, n1 * sizeof(float)) == 0);
+        float big = 0;
+        for (size_t i = 0; i < n1; i++) big = fmaxf(big, fabsf(g1[i]));
+        CHECK(big > 0);
+        free(g1);
+        free(g2);
+    }
+    m->gradient_checkpointing = 0;
+}
+
 int main(void)
 {
     char dir[] = "/tmp/tp_model_backward_XXXXXX";
@@ -157,6 +207,7 @@ int main(void)
              tp_model_load(&m, dir, &lo) == TP_OK;
     CHECK_MSG(ok, "%s", tp_error());
     if (ok) test_backward(m);
+    if (ok) test_gradient_checkpointing(m);
     tp_model_free(m);
     remove_tree(dir);
     return check_summary();
