@@ -8,6 +8,7 @@ agree.
     bench/dp_memory.py --bin build/tensorpar --preset small
     bench/dp_memory.py --bin build/tensorpar --preset qwen3-0.6b --steps 2
     bench/dp_memory.py --preset qwen3-0.6b --set num_hidden_layers=8 --set vocab_size=32768
+    bench/dp_memory.py --preset qwen3-0.6b --configs shard --gradient-checkpointing
 """
 import argparse
 import json
@@ -31,6 +32,8 @@ def main():
     # replicate, shard: --dp-replicate 2 / --dp-shard 2; single: one process (TP = 1, no dp), whose
     # state per rank is a --dp-replicate rank's (for when two replicas do not fit in memory)
     ap.add_argument("--configs", default="replicate,shard")
+    ap.add_argument("--gradient-checkpointing", action="store_true",
+                    help="every run with --gradient-checkpointing (each decoder layer recomputed in its backward)")
     ap.add_argument("--set", action="append", default=[], help="make-model --set KEY=VALUE (repeatable)")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="tp-dp-mem-")
@@ -51,7 +54,8 @@ def main():
         out = os.path.join(work, "out-" + cfg)
         cmd = [a.bin, "train", "--model", model, "--data", data, "--out", out, "--seq-len", str(a.seq_len),
                "--batch-size", "1", "--steps", str(a.steps), "--no-shuffle", "--threads", str(a.threads),
-               *([] if cfg == "single" else ["--dp-" + cfg, "2"])]
+               *([] if cfg == "single" else ["--dp-" + cfg, "2"]),
+               *(["--gradient-checkpointing"] if a.gradient_checkpointing else [])]
         rc, text, tree, _ = run_measured(cmd, env)
         if rc:
             sys.exit(f"{cfg} failed ({rc}):\n{text[-3000:]}")
