@@ -261,8 +261,6 @@ int cmd_train(int argc, char **argv)
     long long dpr = 1, dps = 1;
     if (get_int(o, n, "--dp-replicate", 1, &dpr) || get_int(o, n, "--dp-shard", 1, &dps)) return cli_usage_error("train");
     const char *dt_name = cli_value(o, n, "--dtype");
-    if (dps > 1 && dt_name && !strcmp(dt_name, "bf16"))
-        return usage("--dp-shard trains f32 weights only (--dtype bf16 is not supported with it yet)");
     cli_tp tp;
     if (cli_tp_begin_dp("train", argc, argv, o, n, dir, (int)dpr, (int)dps, &tp, &rc)) { cli_tp_end(&tp); return rc; }
     tp_model_options mo = {.threads = 1, .show_progress = isatty(2) && tp.rank == 0};

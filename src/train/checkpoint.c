@@ -69,10 +69,12 @@ static int param_at(const tp_train_view *v, int k, const tp_module **mod, int *j
 /* The f32 values the optimizer updates are saved beside the model when
  * the model file cannot hold them exactly: a bf16 weight's master, and
  * every f32 parameter of a model saved in bf16 or f16. */
-static int needs_master(const tp_train_view *v, int i)
+static int needs_master(const tp_train_view *v, int i, const tp_module *mod, int j)
 {
     tp_dtype saved = v->m->cfg.dtype;
-    return (v->masters && v->masters[i].data) || saved == TP_BF16 || saved == TP_F16;
+    /* Under dp_shard the chunk is the master of a bf16 weight. */
+    int rounded = v->dp ? mod->params[j].local.dtype != TP_F32 : v->masters && v->masters[i].data;
+    return rounded || saved == TP_BF16 || saved == TP_F16;
 }
 
 /* A state tensor must be laid out as the optimizer's part of the
@@ -131,7 +133,7 @@ static tp_status optim_tensors(const tp_train_view *v, tp_save_tensor **out, siz
             snprintf(name, sizeof name, "%s.%s.%s", mod->name, mod->params[j].suffix, state_names[q]);
             tp_model_save_tensor(v->m, mod, j, name, TP_F32, local, TP_F32, &t[k++]);
         }
-        if (!s && needs_master(v, i)) {
+        if (!s && needs_master(v, i, mod, j)) {
             s = local_of(v, i, mod, j, v->params[i].value->data, &local);
             if (s) break;
             snprintf(name, sizeof name, "%s.%s.master", mod->name, mod->params[j].suffix);

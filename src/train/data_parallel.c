@@ -13,8 +13,9 @@ typedef struct {
     int module, j;                 /* m->modules[module].params[j] */
     int unit;                      /* its decoder layer's module index, or -1: the root unit */
     int64_t numel, start, len;     /* flat TP-local size; this rank's chunk */
-    tp_tensor value, grad;         /* the chunk [len] and its gradient */
-    float *full;                   /* the gathered whole, or NULL */
+    tp_tensor value, grad;         /* the chunk [len] and its gradient (f32: a bf16 weight's master) */
+    tp_dtype dtype;                /* the model's weights: f32, or bf16 rounded from the masters */
+    void *full;                    /* the gathered whole (of dtype), or NULL */
 } dp_param;
 
 struct tp_dp {
@@ -51,7 +52,7 @@ static int unit_of(const tp_model *m, int i)
 }
 
 /* Points the parameter (and every parameter tied to it) at `data`. */
-static void set_data(tp_dp *dp, const dp_param *p, float *data)
+static void set_data(tp_dp *dp, const dp_param *p, void *data)
 {
     tp_model *m = dp->m;
     param_of(dp, p)->local.data = data;
@@ -61,15 +62,24 @@ static void set_data(tp_dp *dp, const dp_param *p, float *data)
             m->modules[i].params[p->j].local.data = data;
 }
 
-/* Shard(0) -> Replicate over dp_shard: the whole TP-local tensor. */
+/* Shard(0) -> Replicate over dp_shard: the whole TP-local tensor.  A bf16
+ * weight's chunk is its master rounded first (what the model without dp
+ * holds after a step), and moves as bf16. */
 static tp_status gather(tp_dp *dp, dp_param *p)
 {
     if (p->full) return TP_OK;
-    p->full = tp_alloc((size_t)(p->numel ? p->numel : 1) * sizeof(float));
-    if (!p->full) return tp_fail(TP_ERR_NOMEM, "out of memory gathering a parameter of %s",
-                                 dp->m->modules[p->module].name);
+    size_t es = tp_dtype_size(p->dtype);
+    void *src = p->value.data;
+    if (p->dtype != TP_F32 && (src = tp_alloc((size_t)(p->len ? p->len : 1) * es)))
+        tp_convert(src, p->dtype, p->value.data, TP_F32, (size_t)p->len);
+    p->full = src ? tp_alloc((size_t)(p->numel ? p->numel : 1) * es) : NULL;
+    if (!p->full) {
+        if (src != p->value.data) tp_free(src);
+        return tp_fail(TP_ERR_NOMEM, "out of memory gathering a parameter of %s", dp->m->modules[p->module].name);
+    }
     tp_placement sh = tp_shard(0), rep = tp_replicate();
-    tp_status s = tp_redistribute_local(dp->shard, TP_F32, 1, &p->numel, &sh, p->value.data, &rep, p->full);
+    tp_status s = tp_redistribute_local(dp->shard, p->dtype, 1, &p->numel, &sh, src, &rep, p->full);
+    if (src != p->value.data) tp_free(src);
     if (s) return tp_fail_context(s, "gathering %s.%s over dp_shard", dp->m->modules[p->module].name,
                                   param_of(dp, p)->suffix);
     set_data(dp, p, p->full);
@@ -168,18 +178,20 @@ static tp_status chunk_one(tp_dp *dp, int i, int j, int shard_rank)
 {
     tp_model *m = dp->m;
     tp_module_param *mp = &m->modules[i].params[j];
-    if (mp->local.dtype != TP_F32)
-        return tp_fail(TP_ERR_UNSUPPORTED, "%s.%s is %s: --dp-shard trains f32 weights only", m->modules[i].name,
+    if (mp->local.dtype != TP_F32 && mp->local.dtype != TP_BF16)
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s.%s is %s: --dp-shard trains f32 or bf16 weights", m->modules[i].name,
                        mp->suffix, tp_dtype_name(mp->local.dtype));
     dp_param *p = &dp->ps[dp->n];
-    p->module = i, p->j = j, p->unit = unit_of(m, i);
+    p->module = i, p->j = j, p->unit = unit_of(m, i), p->dtype = mp->local.dtype;
     p->numel = tp_tensor_numel(&mp->local);
     tp_chunk_range(p->numel, dp->S, shard_rank, &p->start, &p->len);
     tp_status s = tp_tensor_init(&p->value, TP_F32, 1, &p->len);
     if (!s) s = tp_tensor_init(&p->grad, TP_F32, 1, &p->len);
     if (s) return tp_fail(s, "out of memory for the chunk of %s.%s", m->modules[i].name, mp->suffix);
     dp->n++;
-    memcpy(p->value.data, (const float *)mp->local.data + p->start, (size_t)p->len * sizeof(float));
+    s = tp_convert(p->value.data, TP_F32, (const char *)mp->local.data + (size_t)p->start * tp_dtype_size(p->dtype),
+                   p->dtype, (size_t)p->len);
+    if (s) return s;
     tp_tensor whole = mp->local;
     tp_tensor_release(&mp->local);
     mp->local = whole;
@@ -238,23 +250,33 @@ tp_status tp_dp_new(tp_model *m, const tp_mesh *grid, tp_dp **out)
     return s;
 }
 
-/* Every parameter whole again, owned by the model. */
+/* Every parameter whole again, owned by the model: the f32 values the
+ * optimizer stepped (a bf16 weight's master, as the trainer's
+ * adopt_masters leaves it without dp). */
 static tp_status unshard_all(tp_dp *dp)
 {
     for (int k = 0; k < dp->n; k++) {
         dp_param *p = &dp->ps[k];
-        tp_status s = gather(dp, p);
-        if (s) return s;
         tp_module_param *mp = param_of(dp, p);
         tp_tensor whole;
-        s = tp_tensor_init(&whole, TP_F32, mp->local.ndim, mp->local.shape);
+        tp_status s = tp_tensor_init(&whole, TP_F32, mp->local.ndim, mp->local.shape);
         if (s) return tp_fail(s, "out of memory");
-        memcpy(whole.data, p->full, (size_t)p->numel * sizeof(float));
-        release(dp, p);
+        s = tp_dp_gather_chunk(dp, k, p->value.data, whole.data);
+        if (s) { tp_tensor_release(&whole); return s; }
+        if (p->full) release(dp, p);
         mp->local = whole;
         set_data(dp, p, whole.data);
         mp->local.owns_data = 1;
     }
+    /* A tied parameter borrows its owner's tensor, dtype included. */
+    tp_model *m = dp->m;
+    for (size_t i = 0; i < m->n_modules; i++)
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            tp_module_param *t = &m->modules[i].params[j];
+            if (t->tied_to < 0) continue;
+            t->local = m->modules[t->tied_to].params[j].local;
+            t->local.owns_data = 0;
+        }
     return TP_OK;
 }
 

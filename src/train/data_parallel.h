@@ -32,7 +32,9 @@ typedef struct tp_dp tp_dp;
 /* Data parallelism for m over grid (named as above, other dimensions of
  * size 1; the model was loaded on grid["tp"]).  With dp_shard > 1 the model's parameters are
  * replaced by their chunks (their local tensors keep shape, data NULL) and
- * the hooks are installed; f32 weights only. */
+ * the hooks are installed.  f32 or bf16 weights: the chunks are f32 (a
+ * bf16 weight's master), gathered rounded to bf16, as the trainer's masters
+ * without dp. */
 tp_status tp_dp_new(tp_model *m, const tp_mesh *grid, tp_dp **out);
 /* Gathers every parameter back whole into the model (owned tensors), takes
  * the hooks away and frees dp; NULL is fine.  Collective when finish != 0

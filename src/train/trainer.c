@@ -248,7 +248,8 @@ static tp_status setup(trainer *t, const tp_dataset *train, int64_t *total)
     if (!t->rows || !t->ids || !t->labels) return tp_fail(TP_ERR_NOMEM, "out of memory");
     if ((s = tp_model_zero_grad(t->m))) return s;
     if (t->dp && tp_dp_sharded(t->dp)) {
-        /* The optimizer steps the chunks (no bf16 masters: f32 only). */
+        /* The optimizer steps the chunks: f32, a bf16 weight's master
+         * (data_parallel.c rounds it when it gathers). */
         const tp_train_param *chunks = tp_dp_params(t->dp, &t->n_params);
         t->params = malloc((size_t)(t->n_params ? t->n_params : 1) * sizeof *t->params);
         t->masters = calloc((size_t)(t->n_params ? t->n_params : 1), sizeof *t->masters);

@@ -123,11 +123,31 @@ class TrainDataParallel(unittest.TestCase):
         self.layout(self.llama, 1, 2, 1, batch=2, evaluate=True)
         self.layout(self.qwen3, 2, 1, 2, "--loss", "vocab-parallel")
 
-    def test_bf16_with_dp_shard_refused(self):
-        p = run(*self.args(self.qwen3, os.path.join(self.work, "bf16"), 1, "--dp-shard", 2, "--dtype", "bf16"),
-                check=False)
-        self.assertEqual(p.returncode, 2)
-        self.assertIn("--dp-shard trains f32 weights only", p.stderr)
+    def test_bf16_with_dp_shard(self):
+        """--dtype bf16 under --dp-shard: the chunks are the f32 masters, gathered rounded to bf16; bitwise the
+        --dp-replicate run (same sums), close to one process; its checkpoints resume bitwise (masters saved)."""
+        w = lambda x: os.path.join(self.work, x)  # noqa: E731
+        bf = ["--dtype", "bf16", "--steps", 4]
+        run(*self.args(self.qwen3, w("bf-dpr"), 1, *bf, "--dp-replicate", 2))
+        run(*self.args(self.qwen3, w("bf-dps"), 1, *bf, "--dp-shard", 2, "--check-replicas"))
+        run(*self.args(self.qwen3, w("bf-one"), 2, *bf))
+        def keys(log):
+            return [(e["step"], e["loss"], e["lr"], e["grad_norm"]) for e in log]
+        self.assertEqual(keys(read_log(w("bf-dps"))), keys(read_log(w("bf-dpr"))))
+        self.assertEqual(len(read_log(w("bf-dps"))), 4)
+        with open(w("bf-dps/model.safetensors"), "rb") as a, open(w("bf-dpr/model.safetensors"), "rb") as b:
+            self.assertEqual(a.read(), b.read())
+        for x, y in zip(read_log(w("bf-dps")), read_log(w("bf-one"))):
+            self.assertLess(abs(x["loss"] - y["loss"]), 1e-4)
+        run(*self.args(self.qwen3, w("bf-part"), 1, *bf, "--dp-shard", 2, "--tp", 2, "--save-every", 2))
+        run(*self.args(self.qwen3, w("bf-whole"), 1, *bf, "--dp-shard", 2, "--tp", 2))
+        run(*self.args(self.qwen3, w("bf-res"), 1, *bf, "--dp-shard", 2, "--tp", 2, "--resume",
+                       w("bf-part/checkpoint-2")))
+        self.assertEqual(keys(read_log(w("bf-res"))), keys(read_log(w("bf-whole"))))
+        with open(w("bf-res/model.safetensors"), "rb") as a, open(w("bf-whole/model.safetensors"), "rb") as b:
+            self.assertEqual(a.read(), b.read())
+        opt = st_reader.read_safetensors(w("bf-part/checkpoint-2/optimizer.safetensors"), np.float32)
+        self.assertIn("model.embed_tokens.weight.master", opt)
 
     def test_checkpoints_with_dp_replicate(self):
         """2 steps, a checkpoint, 2 resumed steps: bitwise the 4 uninterrupted steps (one TP group writes)."""
