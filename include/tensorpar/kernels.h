@@ -210,10 +210,15 @@ void tp_silu_mul_backward(float *da, float *db, const float *dy, const float *a,
 
 /* Linear, for y[T, out] = x[T, in]·Wᵀ (+ b): dx[T, in] += dy·W,
  * dw[out, in] += dyᵀ·x, db[out] += Σ_t dy[t].  W is f32 or bf16 (widened
- * by blocks of rows; dw is f32 either way).  The products are OpenBLAS
- * GEMMs run from the calling thread (OpenBLAS's own threads, its kernels
- * chosen from cpuid); pool widens bf16 blocks.  Fails as tp_matmul for a
- * refused TENSORPAR_ISA or a bad weight, or out of memory. */
+ * while packing; dw is f32 either way).  dx, dw, db may each be NULL.  The
+ * products run on opts->path: the SIMD paths through the own packed GEMM on
+ * pool's threads, bitwise the same for any thread count (opts->blas:
+ * OpenBLAS from the calling thread, its own threads); SCALAR the plain
+ * loops.  Fails as tp_matmul_ex for a refused TENSORPAR_ISA, a path the
+ * process may not run or a bad weight, or out of memory.
+ * tp_matmul_backward uses tp_matmul_opts_default. */
+tp_status tp_matmul_backward_ex(float *dx, float *dw, float *db, const float *dy, const float *x,
+                                int64_t T, const tp_tensor *W, tp_threadpool *pool, const tp_matmul_opts *opts);
 tp_status tp_matmul_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
                              int64_t T, const tp_tensor *W, tp_threadpool *pool);
 

@@ -66,7 +66,7 @@ static tp_status vp_head_backward(tp_model *m, const vp_head *h, const float *dl
     int64_t H = m->cfg.hidden_size;
     float *dw;
     tp_status st = tp_module_grad(m, &m->modules[m->lm_head], TP_MODULE_WEIGHT, &dw);
-    if (!st && h->cols > 0) st = tp_matmul_backward(dh, dw, NULL, dlogits, x, T, h->W, m->pool);
+    if (!st && h->cols > 0) st = tp_matmul_backward_ex(dh, dw, NULL, dlogits, x, T, h->W, m->pool, &m->matmul);
     if (st || !h->mesh) return st;
     tp_placement part = tp_partial(), rep = tp_replicate();
     int64_t shape[2] = {T, H};

@@ -365,7 +365,7 @@ static tp_status plain_backward(tp_model *m, const tp_module *lin, const float *
     float *dw, *db = NULL;
     tp_status st = tp_module_grad(m, lin, TP_MODULE_WEIGHT, &dw);
     if (!st && tp_module_bias(lin)->data) st = tp_module_grad(m, lin, TP_MODULE_BIAS, &db);
-    if (!st) st = tp_matmul_backward(dx, dw, db, dy, x, T, tp_module_weight(lin), m->pool);
+    if (!st) st = tp_matmul_backward_ex(dx, dw, db, dy, x, T, tp_module_weight(lin), m->pool, &m->matmul);
     return st;
 }
 
@@ -479,9 +479,9 @@ static tp_status styled_backward(tp_model *m, const tp_module *lin, const float 
     b.dxl = dx ? calloc((size_t)(T * in), sizeof(float)) : NULL;
     if (!b.dw || (bias->data && !b.db) || (dx && !b.dxl)) s = tp_fail(TP_ERR_NOMEM, "out of memory");
     /* a bias added after the reduction sees the whole output gradient */
-    if (!s && b.db && d->bias_after_reduce) s = tp_matmul_backward(NULL, NULL, b.db, dy, x, T, W, m->pool);
-    if (!s) s = tp_matmul_backward(b.dxl, b.dw, d->bias_after_reduce ? NULL : b.db, b.gy.local.data,
-                                   b.xd.local.data, T, W, m->pool);
+    if (!s && b.db && d->bias_after_reduce) s = tp_matmul_backward_ex(NULL, NULL, b.db, dy, x, T, W, m->pool, &m->matmul);
+    if (!s) s = tp_matmul_backward_ex(b.dxl, b.dw, d->bias_after_reduce ? NULL : b.db, b.gy.local.data,
+                                      b.xd.local.data, T, W, m->pool, &m->matmul);
     if (!s && dx) {
         tp_placement pl = tp_style_local_input_grad_layout(d);
         int64_t g[2] = {T, mt->in_features};
