@@ -31,22 +31,32 @@ TAVX2 static __m256i lane_mask(int valid)
 TAVX2 static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int mr, int nr,
                           int accumulate)
 {
-    __m256 acc[MR][2];
-    for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    /* Named accumulators: an array indexed by the edge loops below would
+     * live on the stack and be stored back at every step. */
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     for (int i = 0; i < mr; i++) _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
+#define UK_ROW(i, r0, r1)                                  \
+    do {                                                   \
+        __m256 ai = _mm256_broadcast_ss(a + (i));          \
+        r0 = _mm256_fmadd_ps(ai, b0, r0);                  \
+        r1 = _mm256_fmadd_ps(ai, b1, r1);                  \
+    } while (0)
 #pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++) {
         __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
-        _mm_prefetch((const char *)(a + 8 * MR), _MM_HINT_T0);
-#pragma GCC unroll 6
-        for (int i = 0; i < MR; i++) {
-            __m256 ai = _mm256_broadcast_ss(a + i);
-            acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
-            acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
-        }
+        if ((k & 3) == 0) _mm_prefetch((const char *)(a + 8 * MR), _MM_HINT_T0);
+        UK_ROW(0, c00, c01);
+        UK_ROW(1, c10, c11);
+        UK_ROW(2, c20, c21);
+        UK_ROW(3, c30, c31);
+        UK_ROW(4, c40, c41);
+        UK_ROW(5, c50, c51);
         a += MR;
         b += NR;
     }
+#undef UK_ROW
+    __m256 acc[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
     if (mr == MR && nr == NR) {
         for (int i = 0; i < MR; i++) {
             float *ci = c + i * ldc;

@@ -21,78 +21,152 @@
 #include "kernels/kern_internal.h"
 
 #include <string.h>
+#if TP_KERNELS_X86
+#include <immintrin.h>
+#endif
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 
-/* ---- packing ----------------------------------------------------------- */
+/* ---- packing -----------------------------------------------------------
+ * Packing is a transpose for two of the layouts (A read by rows, B = Wᵀ):
+ * on x86-64 those go 4×4 at a time through SSE (the baseline ISA, so no
+ * target attribute), everything else and every remainder element by
+ * element.  bf16 is widened by a shift: the bits are the top half of the
+ * f32. */
 
-/* A[i0:i0+mc, p0:p0+kc] → micro-panels [mc/mr][kc][mr], rows past mc zero. */
-static void pack_a(float *dst, const tp_gemm_operand *a, int64_t i0, int64_t mc, int64_t p0, int64_t kc, int mr)
+static float widen(uint16_t h)
 {
-    const float *src = a->p;
-    for (int64_t ib = 0; ib < mc; ib += mr) {
-        float *d = dst + ib * kc;
-        int rows = (int)min64(mr, mc - ib);
-        if (a->cs == 1) {   /* rows contiguous in p: one row at a time, strided stores */
-            for (int i = 0; i < mr; i++) {
-                if (i < rows) {
-                    const float *s = src + (i0 + ib + i) * a->rs + p0;
-                    for (int64_t p = 0; p < kc; p++) d[p * mr + i] = s[p];
-                } else {
-                    for (int64_t p = 0; p < kc; p++) d[p * mr + i] = 0.0f;
-                }
-            }
-        } else {   /* columns: mr elements of one p at a time */
-            for (int64_t p = 0; p < kc; p++) {
-                const float *s = src + (p0 + p) * a->cs + (i0 + ib) * a->rs;
-                for (int i = 0; i < rows; i++) d[p * mr + i] = s[i * a->rs];
-                for (int i = rows; i < mr; i++) d[p * mr + i] = 0.0f;
-            }
-        }
-    }
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
 }
 
 static float load_b(const tp_gemm_operand *b, int64_t off)
 {
-    return b->dt == TP_F32 ? ((const float *)b->p)[off] : tp_f32_from_bf16(((const uint16_t *)b->p)[off]);
+    return b->dt == TP_F32 ? ((const float *)b->p)[off] : widen(((const uint16_t *)b->p)[off]);
 }
 
-/* One micro-panel: B[p0:p0+kc, j0:j0+cols] → dst[kc][nr], columns past
- * cols zero. */
-static void pack_b_panel(float *dst, const tp_gemm_operand *b, int64_t p0, int64_t kc, int64_t j0, int cols, int nr)
+#if TP_KERNELS_X86
+/* 4 consecutive elements of B at off as f32. */
+static __m128 load4_b(const tp_gemm_operand *b, int64_t off)
 {
-    if (b->cs == 1 && cols == nr) {   /* a row of nr contiguous elements per p */
-        for (int64_t p = 0; p < kc; p++) {
-            int64_t off = (p0 + p) * b->rs + j0;
-            float *d = dst + p * nr;
-            if (b->dt == TP_F32) {
-                memcpy(d, (const float *)b->p + off, (size_t)nr * sizeof(float));
-            } else {
-                const uint16_t *s = (const uint16_t *)b->p + off;
-                for (int j = 0; j < nr; j++) d[j] = tp_f32_from_bf16(s[j]);
-            }
+    if (b->dt == TP_F32) return _mm_loadu_ps((const float *)b->p + off);
+    __m128i h = _mm_loadl_epi64((const __m128i *)((const uint16_t *)b->p + off));
+    return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), h));
+}
+
+/* dst[q·ld] = (s0[q], s1[q], s2[q], s3[q]) for q < 4: four rows of 4 become
+ * four columns. */
+static void transpose4(float *dst, int64_t ld, __m128 r0, __m128 r1, __m128 r2, __m128 r3)
+{
+    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+    _mm_storeu_ps(dst, r0);
+    _mm_storeu_ps(dst + ld, r1);
+    _mm_storeu_ps(dst + 2 * ld, r2);
+    _mm_storeu_ps(dst + 3 * ld, r3);
+}
+#endif
+
+/* A rows [r0, r0+rows) of the micro-panel at d, read along p (cs = 1):
+ * d[p·mr + i] = A[i0+i, p0+p]. */
+static void pack_a_rows(float *d, const tp_gemm_operand *a, int64_t i0, int rows, int64_t p0, int64_t kc, int mr)
+{
+    const float *src = a->p;
+    int i = 0;
+#if TP_KERNELS_X86
+    for (; i + 4 <= rows; i += 4) {
+        const float *s0 = src + (i0 + i) * a->rs + p0, *s1 = s0 + a->rs, *s2 = s1 + a->rs, *s3 = s2 + a->rs;
+        int64_t p = 0;
+        for (; p + 4 <= kc; p += 4)
+            transpose4(d + p * mr + i, mr, _mm_loadu_ps(s0 + p), _mm_loadu_ps(s1 + p), _mm_loadu_ps(s2 + p),
+                       _mm_loadu_ps(s3 + p));
+        for (; p < kc; p++) {
+            d[p * mr + i] = s0[p], d[p * mr + i + 1] = s1[p];
+            d[p * mr + i + 2] = s2[p], d[p * mr + i + 3] = s3[p];
+        }
+    }
+#endif
+    for (; i < rows; i++) {
+        const float *s = src + (i0 + i) * a->rs + p0;
+        for (int64_t p = 0; p < kc; p++) d[p * mr + i] = s[p];
+    }
+}
+
+/* A[i0:i0+mc, p0:p0+kc] → micro-panels [mc/mr][kc][mr], rows past mc zero.
+ * Read along the contiguous direction: by rows when cs = 1, else (A = dyᵀ,
+ * rs = 1) one p at a time across all the panels, so that the reads walk
+ * memory in order rather than a page per p. */
+static void pack_a(float *dst, const tp_gemm_operand *a, int64_t i0, int64_t mc, int64_t p0, int64_t kc, int mr)
+{
+    const float *src = a->p;
+    if (a->cs == 1) {
+        for (int64_t ib = 0; ib < mc; ib += mr) {
+            float *d = dst + ib * kc;
+            int rows = (int)min64(mr, mc - ib);
+            pack_a_rows(d, a, i0 + ib, rows, p0, kc, mr);
+            for (int i = rows; i < mr; i++)
+                for (int64_t p = 0; p < kc; p++) d[p * mr + i] = 0.0f;
         }
         return;
     }
-    if (b->rs == 1) {   /* columns contiguous in p (B = Wᵀ): one column at a time */
-        for (int j = 0; j < nr; j++) {
-            float *d = dst + j;
-            if (j >= cols) {
-                for (int64_t p = 0; p < kc; p++) d[p * nr] = 0.0f;
-            } else if (b->dt == TP_F32) {
-                const float *s = (const float *)b->p + (j0 + j) * b->cs + p0;
-                for (int64_t p = 0; p < kc; p++) d[p * nr] = s[p];
-            } else {
-                const uint16_t *s = (const uint16_t *)b->p + (j0 + j) * b->cs + p0;
-                for (int64_t p = 0; p < kc; p++) d[p * nr] = tp_f32_from_bf16(s[p]);
-            }
+    for (int64_t p = 0; p < kc; p++) {
+        const float *s = src + (p0 + p) * a->cs + i0 * a->rs;
+        for (int64_t ib = 0; ib < mc; ib += mr) {
+            float *d = dst + ib * kc + p * mr;
+            int rows = (int)min64(mr, mc - ib);
+            for (int i = 0; i < rows; i++) d[i] = s[(ib + i) * a->rs];
+            for (int i = rows; i < mr; i++) d[i] = 0.0f;
         }
+    }
+}
+
+/* B columns [j, cols) of the micro-panel, read along p (rs = 1, B = Wᵀ):
+ * dst[p·nr + j] = B[p0+p, j0+j]; j advances past what was packed. */
+static void pack_b_cols(float *dst, const tp_gemm_operand *b, int64_t p0, int64_t kc, int64_t j0, int cols, int nr)
+{
+    int j = 0;
+#if TP_KERNELS_X86
+    for (; j + 4 <= cols; j += 4) {
+        int64_t o0 = (j0 + j) * b->cs + p0, cs = b->cs, p = 0;
+        for (; p + 4 <= kc; p += 4)
+            transpose4(dst + p * nr + j, nr, load4_b(b, o0 + p), load4_b(b, o0 + cs + p), load4_b(b, o0 + 2 * cs + p),
+                       load4_b(b, o0 + 3 * cs + p));
+        for (; p < kc; p++)
+            for (int q = 0; q < 4; q++) dst[p * nr + j + q] = load_b(b, o0 + q * cs + p);
+    }
+#endif
+    for (; j < cols; j++)
+        for (int64_t p = 0; p < kc; p++) dst[p * nr + j] = load_b(b, (j0 + j) * b->cs + p0 + p);
+    for (j = cols; j < nr; j++)
+        for (int64_t p = 0; p < kc; p++) dst[p * nr + j] = 0.0f;
+}
+
+/* B[p0:p0+kc, j0:j0+nc] → micro-panels [nc/nr][kc][nr], columns past nc
+ * zero.  As for A, read along the contiguous direction: B = Wᵀ (rs = 1)
+ * by columns, one panel at a time; otherwise one row p at a time across all
+ * the panels. */
+static void pack_b(float *dst, const tp_gemm_operand *b, int64_t p0, int64_t kc, int64_t j0, int64_t nc, int nr)
+{
+    if (b->rs == 1 && b->cs != 1) {
+        for (int64_t jr = 0; jr < nc; jr += nr)
+            pack_b_cols(dst + jr * kc, b, p0, kc, j0 + jr, (int)min64(nr, nc - jr), nr);
         return;
     }
-    for (int64_t p = 0; p < kc; p++)
-        for (int j = 0; j < nr; j++)
-            dst[p * nr + j] = j < cols ? load_b(b, (p0 + p) * b->rs + (j0 + j) * b->cs) : 0.0f;
+    for (int64_t p = 0; p < kc; p++) {
+        int64_t row = (p0 + p) * b->rs + j0 * b->cs;
+        for (int64_t jr = 0; jr < nc; jr += nr) {
+            float *d = dst + jr * kc + p * nr;
+            int cols = (int)min64(nr, nc - jr), j = 0;
+#if TP_KERNELS_X86
+            if (b->cs == 1)
+                for (; j + 4 <= cols; j += 4) _mm_storeu_ps(d + j, load4_b(b, row + jr + j));
+#endif
+            for (; j < cols; j++) d[j] = load_b(b, row + (jr + j) * b->cs);
+            for (; j < nr; j++) d[j] = 0.0f;
+        }
+    }
 }
 
 /* ---- driver ------------------------------------------------------------ */
@@ -141,8 +215,7 @@ static void gemm_worker(void *p, int ti, int nt)
         int64_t nc = min64(j->nc, n1 - jc);
         for (int64_t pc = 0; pc < j->k; pc += j->kc) {
             int64_t kc = min64(j->kc, j->k - pc);
-            for (int64_t jr = 0; jr < nc; jr += uk->nr)
-                pack_b_panel(bp + jr * kc, j->b, pc, kc, jc + jr, (int)min64(uk->nr, nc - jr), uk->nr);
+            pack_b(bp, j->b, pc, kc, jc, nc, uk->nr);
             for (int64_t ic = m0; ic < m1; ic += j->mc) {
                 int64_t mc = min64(j->mc, m1 - ic);
                 pack_a(ap, j->a, ic, mc, pc, kc, uk->mr);
