@@ -103,6 +103,7 @@ tp_status tp_gemm_packed(const tp_gemm_ukernel *uk, float *c, int64_t ldc, int a
 #if TP_KERNELS_X86
 /* The micro-kernels of the AVX2 (6×16) and AVX-512 paths. */
 extern const tp_gemm_ukernel tp_gemm_ukernel_avx2;
+extern const tp_gemm_ukernel tp_gemm_ukernel_avx512;
 #endif
 
 /* x[0:T, k0:k0+kc] -> panels [T/mr][kc][mr], rows past T zero (gemm_shared.c). */

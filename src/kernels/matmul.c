@@ -401,10 +401,10 @@ static tp_status backward_blas(float *dx, float *dw, const float *dy, const floa
 
 /* The packed GEMM: dW = dyᵀ (read by columns) · x, dx = dy · W. */
 static tp_status backward_packed(float *dx, float *dw, const float *dy, const float *x, int64_t T,
-                                 const tp_tensor *W, tp_threadpool *pool)
+                                 const tp_tensor *W, tp_kernel_path path, tp_threadpool *pool)
 {
     int64_t n = W->shape[0], k = W->shape[1];
-    const tp_gemm_ukernel *uk = &tp_gemm_ukernel_avx2;
+    const tp_gemm_ukernel *uk = path == TP_KERNEL_AVX512 ? &tp_gemm_ukernel_avx512 : &tp_gemm_ukernel_avx2;
     tp_status st = TP_OK;
     if (dw) {
         tp_gemm_operand a = {dy, TP_F32, 1, n}, b = {x, TP_F32, k, 1};
@@ -434,7 +434,7 @@ tp_status tp_matmul_backward_ex(float *dx, float *dw, float *db, const float *dy
     if (path == TP_KERNEL_SCALAR) return backward_scalar(dx, dw, dy, x, T, W, pool);
 #if TP_KERNELS_X86
     if (opts->blas) return backward_blas(dx, dw, dy, x, T, W, pool);
-    return backward_packed(dx, dw, dy, x, T, W, pool);
+    return backward_packed(dx, dw, dy, x, T, W, path, pool);
 #else
     return tp_fail(TP_ERR_INTERNAL, "tp_matmul_backward: the %s path is x86-64 code", tp_kernel_path_name(path));
 #endif
