@@ -305,52 +305,68 @@ typedef struct {
     const void *w;
     tp_dtype wt;
     int64_t T, n, k;
+    float *scratch;     /* k floats per thread */
 } bwd_job;
 
-/* dW[o, :] += dy[t, o]·x[t, :] for t in order; threads split o. */
+/* As the packed GEMM: each element's products are summed from zero, in
+ * order, and the sum is then added to the gradient — so a second call adds
+ * the same bits again. */
+static void add_row(float *d, const float *sum, int64_t k)
+{
+    for (int64_t i = 0; i < k; i++) d[i] += sum[i];
+}
+
+/* dW[o, :] += Σ_t dy[t, o]·x[t, :]; threads split o. */
 static void scalar_dw_worker(void *p, int ti, int nt)
 {
     const bwd_job *j = p;
+    float *sum = j->scratch + (size_t)ti * (size_t)j->k;
     int64_t o0, o1;
     tp_split_range(j->n, ti, nt, &o0, &o1);
     for (int64_t o = o0; o < o1; o++) {
-        float *d = j->out + o * j->k;
+        memset(sum, 0, (size_t)j->k * sizeof(float));
         for (int64_t t = 0; t < j->T; t++) {
             float g = j->dy[t * j->n + o];
             const float *xt = j->x + t * j->k;
-            for (int64_t i = 0; i < j->k; i++) d[i] += g * xt[i];
+            for (int64_t i = 0; i < j->k; i++) sum[i] += g * xt[i];
         }
+        add_row(j->out + o * j->k, sum, j->k);
     }
 }
 
-/* dx[t, :] += dy[t, o]·W[o, :] for o in order; threads split t. */
+/* dx[t, :] += Σ_o dy[t, o]·W[o, :]; threads split t. */
 static void scalar_dx_worker(void *p, int ti, int nt)
 {
     const bwd_job *j = p;
+    float *sum = j->scratch + (size_t)ti * (size_t)j->k;
     int64_t t0, t1;
     tp_split_range(j->T, ti, nt, &t0, &t1);
     for (int64_t t = t0; t < t1; t++) {
-        float *d = j->out + t * j->k;
+        memset(sum, 0, (size_t)j->k * sizeof(float));
         for (int64_t o = 0; o < j->n; o++) {
             float g = j->dy[t * j->n + o];
             if (j->wt == TP_F32) {
                 const float *w = (const float *)j->w + o * j->k;
-                for (int64_t i = 0; i < j->k; i++) d[i] += g * w[i];
+                for (int64_t i = 0; i < j->k; i++) sum[i] += g * w[i];
             } else {
                 const uint16_t *w = (const uint16_t *)j->w + o * j->k;
-                for (int64_t i = 0; i < j->k; i++) d[i] += g * tp_f32_from_bf16(w[i]);
+                for (int64_t i = 0; i < j->k; i++) sum[i] += g * tp_f32_from_bf16(w[i]);
             }
         }
+        add_row(j->out + t * j->k, sum, j->k);
     }
 }
 
 static tp_status backward_scalar(float *dx, float *dw, const float *dy, const float *x, int64_t T,
                                  const tp_tensor *W, tp_threadpool *pool)
 {
-    bwd_job j = {dw, dy, x, W->data, W->dtype, T, W->shape[0], W->shape[1]};
+    bwd_job j = {dw, dy, x, W->data, W->dtype, T, W->shape[0], W->shape[1], NULL};
+    j.scratch = malloc((size_t)tp_threadpool_size(pool) * (size_t)j.k * sizeof(float));
+    if (!j.scratch) return tp_fail(TP_ERR_NOMEM, "tp_matmul_backward: out of memory for the scalar sums");
     if (dw) tp_parallel_run(pool, scalar_dw_worker, &j);
     j.out = dx;
     if (dx) tp_parallel_run(pool, scalar_dx_worker, &j);
+    free(j.scratch);
     return TP_OK;
 }
 
