@@ -84,8 +84,9 @@ typedef struct {
                             the f32 rate, NOT exact: products carry x's bf16
                             rounding, ~2^-9 relative).  0 = exact: weights are
                             widened to f32 in registers, products exact. */
-    int blas;            /* 1: T > 4 goes to OpenBLAS sgemm (bf16 widened by
-                            blocks) instead of the own GEMM. */
+    int blas;            /* 1: T > 4, and the backward's dX and dW, go to
+                            OpenBLAS sgemm (bf16 widened by blocks) instead
+                            of the own GEMM. */
     int amx;             /* bf16 weights, T > 4, AVX-512 path, where
                             tp_kernel_has_amx(): 1 = the AMX tile GEMM.  x is
                             split into three bf16 parts, so products stay

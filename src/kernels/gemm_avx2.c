@@ -1,8 +1,12 @@
-/* AVX2 + FMA matmul: the same structure as gemm_avx512.c (read that first),
- * sized for 16 ymm registers: tiles of MR = 6 rows by NR = 16 columns, 12
- * accumulators.  W slices are packed with plain loops (AVX2 gathers are not
- * worth it); bf16 is widened to f32 while packing, so the products are exact.
- * There is no bf16-dot variant: AVX2 has no bf16 dot product. */
+/* AVX2 + FMA matmul, sized for 16 ymm registers.
+ *
+ * GEMM (prefill): the packed driver of gemm_packed.c with the micro-kernel
+ * below (tiles of MR = 6 rows by NR = 16 columns, 12 accumulators); the
+ * same kernel runs the training backward (matmul.c).  bf16 weights are
+ * widened to f32 while packing, so the products are exact.  There is no
+ * bf16-dot variant: AVX2 has no bf16 dot product.
+ *
+ * GEMV (decode, T <= 4): as gemm_avx512.c's (read that first). */
 #include "kernels/kern_internal.h"
 
 #include <immintrin.h>
