@@ -7,6 +7,7 @@
 #include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define REPS_MAX 15
 
@@ -420,6 +421,33 @@ static tp_status run_product(const train_bufs *b, int prod, tp_threadpool *pool,
     return tp_matmul_backward_ex(NULL, b->dw, NULL, b->dy, b->x, b->T, b->W, pool, o);
 }
 
+/* On one thread both sides run on the calling thread (OpenBLAS limited to
+ * one, the own GEMM without a pool), so its CPU time, which other jobs on a
+ * shared machine do not inflate, measures them; on more, wall time. */
+static double clock_s(int cpu)
+{
+    if (!cpu) return tp_now();
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The FMA peak of one thread in its CPU time (as clock_s(1)). */
+static double fma_peak_cpu(tp_kernel_path path, int quick)
+{
+    peak_kernels k = peak_kernels_for(path);
+    long iters = quick > 1 ? FMA_ITERS / 1000 : FMA_ITERS / 4;
+    fma_job fj = {iters, {0}};
+    double t[REPS_MAX];
+    int reps = quick > 1 ? 1 : 5;
+    for (int r = 0; r < reps; r++) {
+        double t0 = clock_s(1);
+        k.fma(&fj, 0, 1);
+        t[r] = clock_s(1) - t0;
+    }
+    return 2.0 * k.lanes * (double)iters / median(t, reps) / 1e9;
+}
+
 /* sec[0] ours, sec[1] OpenBLAS: medians of reps alternated runs. */
 static tp_status time_product(const train_bufs *b, int prod, tp_threadpool *pool, tp_kernel_path path, int reps,
                               double sec[2])
@@ -430,16 +458,16 @@ static tp_status time_product(const train_bufs *b, int prod, tp_threadpool *pool
     for (int r = -1; r < reps && !st; r++)   /* r = -1 warms up */
         for (int v = 0; v < 2 && !st; v++) {
             tp_matmul_opts o = {path, 0, v, 0};
-            double t0 = tp_now();
+            double t0 = clock_s(pool == NULL);
             st = run_product(b, prod, pool, &o);
-            if (r >= 0) t[v][r] = tp_now() - t0;
+            if (r >= 0) t[v][r] = clock_s(pool == NULL) - t0;
         }
     if (!st) sec[0] = median(t[0], reps), sec[1] = median(t[1], reps);
     return st;
 }
 
 static tp_status train_gemm_shape(FILE *out, const train_bufs *b, const char *name, tp_threadpool *pool,
-                                  const tp_machine_peaks *pk, tp_kernel_path path, int reps)
+                                  const tp_machine_peaks *pk, double peak_cpu1, tp_kernel_path path, int reps)
 {
     int64_t n = b->W->shape[0], k = b->W->shape[1];
     double flop = 2.0 * (double)b->T * (double)n * (double)k;
@@ -448,7 +476,7 @@ static tp_status train_gemm_shape(FILE *out, const train_bufs *b, const char *na
         snprintf(label, sizeof label, "%s %lldx%lld", name, (long long)n, (long long)k);
         fprintf(out, "%-24s %-11s", label, prod_names[prod]);
         for (int th = 0; th < 2; th++) {
-            double sec[2], peak = th ? pk->fma_gflops_n : pk->fma_gflops_1;
+            double sec[2], peak = th ? pk->fma_gflops_n : peak_cpu1;
             tp_status st = time_product(b, prod, th ? pool : NULL, path, reps, sec);
             if (st) return st;
             double g0 = flop / sec[0] / 1e9, g1 = flop / sec[1] / 1e9;
@@ -468,10 +496,12 @@ static tp_status train_gemms(FILE *out, tp_threadpool *pool, const tp_machine_pe
     if (pk->path == TP_KERNEL_SCALAR) return TP_OK;   /* the scalar loops are the reference, not a rival */
     int64_t T = quick > 1 ? 16 : 512, maxn = 151936, maxk = 3072;
     int reps = quick > 1 ? 1 : quick ? 3 : 5, nt = tp_threadpool_size(pool), saved = openblas_get_num_threads();
+    double peak_cpu1 = fma_peak_cpu(pk->path, quick);
     fprintf(out, "\nTraining GEMMs, f32, T=%lld: GFLOP/s and share of the FMA peak, own packed GEMM next to OpenBLAS "
-            "(OPENBLAS_CORETYPE=%s, as many threads), alternated, median of %d:\n%-24s %-11s   %-25s   %d threads\n",
-            (long long)T, getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(auto)", reps, "W [n x k]",
-            "product", "1 thread: own, openblas", nt);
+            "(OPENBLAS_CORETYPE=%s, as many threads), alternated, median of %d; 1 thread in its CPU time (FMA peak "
+            "%.1f GFLOP/s so), %d in wall time (peak %.1f):\n%-24s %-11s   %-25s   %d threads\n",
+            (long long)T, getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(auto)", reps, peak_cpu1, nt,
+            pk->fma_gflops_n, "W [n x k]", "product", "1 thread: own, openblas", nt);
     train_bufs b = {malloc((size_t)(T * maxk) * sizeof(float)), malloc((size_t)(T * maxn) * sizeof(float)),
                     tp_alloc((size_t)(T * maxn) * sizeof(float)), malloc((size_t)(T * maxk) * sizeof(float)),
                     NULL, NULL, T};
@@ -490,7 +520,7 @@ static tp_status train_gemms(FILE *out, tp_threadpool *pool, const tp_machine_pe
         b.dw = tp_alloc((size_t)(sh->n * sh->k) * sizeof(float));
         if (!b.dw) st = tp_fail(TP_ERR_NOMEM, "tp_kernel_bench: no memory");
         else memset(b.dw, 0, (size_t)(sh->n * sh->k) * sizeof(float));
-        if (!st) st = train_gemm_shape(out, &b, sh->name, pool, pk, pk->path, sh->n > 100000 && reps > 3 ? 3 : reps);
+        if (!st) st = train_gemm_shape(out, &b, sh->name, pool, pk, peak_cpu1, pk->path, sh->n > 100000 && reps > 3 ? 3 : reps);
         tp_free(b.dw);
         tp_tensor_release(&w);
     }
