@@ -236,11 +236,12 @@ tp_status tp_gemm_packed(const tp_gemm_ukernel *uk, float *c, int64_t ldc, int a
     }
     int nt = tp_threadpool_size(pool);
     gemm_job j = {uk, c, ldc, m, n, k, accumulate, a, b, 0, 0, 0, 0, NULL, 0, 0};
-    /* Columns while every thread gets a few micro-panels, else rows. */
+    /* Columns while every thread gets a few micro-panels, else rows.  The
+     * split and the MC / NC blocks only tile C; KC alone decides the sums. */
     int64_t nblk = (n + uk->nr - 1) / uk->nr, mblk = (m + uk->mr - 1) / uk->mr;
     j.split_m = nblk < 4 * nt && mblk > nblk;
-    int64_t my_n = j.split_m ? n : round_up((nblk + nt - 1) / nt, 1) * uk->nr;
-    int64_t my_m = j.split_m ? ((mblk + nt - 1) / nt) * uk->mr : m;
+    int64_t my_n = j.split_m ? n : (nblk + nt - 1) / nt * uk->nr;
+    int64_t my_m = j.split_m ? (mblk + nt - 1) / nt * uk->mr : m;
     j.kc = min64(uk->kc, k);
     j.mc = min64(uk->mc, round_up(my_m, uk->mr));
     j.nc = min64(uk->nc, round_up(my_n, uk->nr));
