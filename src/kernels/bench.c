@@ -458,6 +458,10 @@ static tp_status time_product(const train_bufs *b, int prod, tp_threadpool *pool
     for (int r = -1; r < reps && !st; r++)   /* r = -1 warms up */
         for (int v = 0; v < 2 && !st; v++) {
             tp_matmul_opts o = {path, 0, v, 0};
+            /* OpenBLAS's threads spin for a while after a call (2^28 cycles
+             * by default) before they sleep: on more than one thread, let
+             * them, or they take the cores from the own GEMM's pool. */
+            if (v == 0 && pool) nanosleep(&(struct timespec){0, 200000000}, NULL);
             double t0 = clock_s(pool == NULL);
             st = run_product(b, prod, pool, &o);
             if (r >= 0) t[v][r] = clock_s(pool == NULL) - t0;
