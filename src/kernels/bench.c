@@ -460,8 +460,12 @@ static tp_status time_product(const train_bufs *b, int prod, tp_threadpool *pool
             tp_matmul_opts o = {path, 0, v, 0};
             /* OpenBLAS's threads spin for a while after a call (2^28 cycles
              * by default) before they sleep: on more than one thread, let
-             * them, or they take the cores from the own GEMM's pool. */
-            if (v == 0 && pool) nanosleep(&(struct timespec){0, 200000000}, NULL);
+             * them, or they take the cores from the own GEMM's pool; then
+             * an untimed call, so that the cores are back at speed. */
+            if (v == 0 && pool) {
+                nanosleep(&(struct timespec){0, 200000000}, NULL);
+                st = run_product(b, prod, pool, &o);
+            }
             double t0 = clock_s(pool == NULL);
             st = run_product(b, prod, pool, &o);
             if (r >= 0) t[v][r] = clock_s(pool == NULL) - t0;
