@@ -12,6 +12,7 @@
  *   models    loading a model (sharded on read) and its forward pass
  *   text      tokenizer, sampling, generation, chat templates
  *   train     optimizers, learning-rate schedules, gradient clipping, training data
+ *   api       DistributedConfig, ParallelismConfig, tp_model_from_pretrained
  */
 #ifndef TENSORPAR_H
 #define TENSORPAR_H
@@ -27,5 +28,6 @@
 #include "tensorpar/module.h"
 #include "tensorpar/text.h"
 #include "tensorpar/train.h"
+#include "tensorpar/api.h"
 
 #endif

@@ -117,6 +117,12 @@ tp_status tp_comm_options_from_env(tp_comm_options *o);
  * but it failed: ..."). */
 tp_status tp_comm_init(tp_group **world, const tp_comm_options *opts);
 
+/* The job's layout as the launcher (or mpirun) set it in the environment,
+ * without joining the job: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+ * else mpirun's OMPI_COMM_WORLD_*, else one process.  Any pointer may be
+ * NULL.  A bad or inconsistent variable is TP_ERR_INVALID naming it. */
+tp_status tp_comm_job_layout(int *rank, int *world_size, int *local_rank, int *local_size);
+
 /* ---- groups ----------------------------------------------------------- */
 
 /* Frees a group (world or sub-group, in any order; the job's resources go
@@ -193,6 +199,11 @@ tp_status tp_comm_all_reduce_rows(tp_group *g, const float *send, float *recv, c
 tp_status tp_comm_broadcast(tp_group *g, void *buf, size_t count, tp_dtype dt, int root);
 
 tp_status tp_comm_barrier(tp_group *g);
+/* A barrier that is also a verdict: every rank passes its own status and
+ * gets TP_OK when all succeeded, else the failure of the lowest failing
+ * rank (its message, prefixed "rank R: " on the other ranks).  g NULL or
+ * of one rank: mine. */
+tp_status tp_comm_agree(tp_group *g, tp_status mine);
 
 /* send holds n pieces of `count` elements, piece q for rank q; recv gets n
  * pieces, piece p from rank p. */
@@ -231,6 +242,9 @@ typedef struct {
      * segment's sizes (comm->shm) and the heartbeat limit
      * (comm->hang_timeout_s).  NULL: the defaults. */
     const tp_comm_options *comm;
+    /* mpi only: mpirun's hostfile (the hosts and their slots); NULL: every
+     * rank on this host.  mpirun starts the ranks of other hosts (ssh). */
+    const char *hostfile;
 } tp_launch_options;
 
 /* Runs argv (argv[0] searched in PATH) as N ranks with RANK, WORLD_SIZE,

@@ -36,6 +36,7 @@ extern "C" {
 
 #define TP_MESH_MAX_DIMS 4
 #define TP_MESH_NAME_MAX 24
+#define TP_MESH_MAX_FLAT 4
 
 /* ---- chunk rule --------------------------------------------------------- */
 
@@ -162,9 +163,17 @@ int tp_mesh_dim_index(const tp_mesh *m, const char *name);
 /* The process group along dimension d (borrowed from the mesh). */
 tp_group *tp_mesh_group(const tp_mesh *m, int d);
 /* mesh["tp"]: the 1-D sub-mesh along the named dimension (this rank's row),
- * owned by the parent, or NULL (with tp_error set) when there is no such
+ * or the flattened group of that name (tp_mesh_flatten), owned by the
+ * parent, or NULL (with tp_error set) when there is no such
  * dimension. */
 const tp_mesh *tp_mesh_sub(const tp_mesh *m, const char *name);
+/* DeviceMesh's flattening: a group named `name` over the dimensions dims[0
+ * .. n) (named in mesh order): the ranks whose other coordinates equal this
+ * rank's, ranked row-major over those dimensions, so ("dp_replicate",
+ * "dp_shard") gives the "dp" group of §9.4.  tp_mesh_sub(m, name) returns
+ * it as a 1-D mesh owned by m.  At most TP_MESH_MAX_FLAT per mesh.
+ * Collective over the world the mesh was made on. */
+tp_status tp_mesh_flatten(tp_mesh *m, const char *const *dims, int n, const char *name);
 int tp_mesh_world_rank(const tp_mesh *m);
 int tp_mesh_world_size(const tp_mesh *m);
 

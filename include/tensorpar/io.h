@@ -97,6 +97,12 @@ typedef struct {
  * "<path>.tmp<pid>" and renames, so a failure never leaves a half file. */
 tp_status tp_safetensors_write(const char *path, const tp_st_entry *entries, size_t n,
                                const char *const *metadata_kv, size_t n_metadata);
+/* The first bytes of that file (the 8-byte length, the JSON header and its
+ * padding) without the tensors' data (entries' data may be NULL): the data
+ * area starts at *len, tensors back to back in the given order.  path only
+ * names the file in errors.  Malloc'd into *out. */
+tp_status tp_safetensors_header(const char *path, const tp_st_entry *entries, size_t n,
+                                const char *const *metadata_kv, size_t n_metadata, char **out, size_t *len);
 
 /* ---- Hugging Face config.json ----------------------------------------- */
 
@@ -169,6 +175,30 @@ tp_status tp_generation_config_save(const tp_generation_config *g, const char *m
 tp_status tp_read_file(const char *path, char **out, size_t *len);
 /* Writes a whole file atomically (temp file + rename). */
 tp_status tp_write_file_atomic(const char *path, const void *data, size_t len);
+
+/* ---- directories written atomically (atomic_dir.c) --------------------
+ *
+ * A checkpoint directory DIR is written into ".DIR.tmp-<pid>" beside it
+ * (tp_atomic_dir_begin creates it, after recovering from an earlier crash),
+ * then tp_atomic_dir_commit fsyncs it and makes it DIR in one rename
+ * (renameat2 RENAME_EXCHANGE over an existing DIR), so DIR is at every
+ * moment either the previous complete directory or the new one.
+ * tp_atomic_dir_abort removes the temporary directory. */
+tp_status tp_atomic_dir_begin(const char *target, char *tmp, size_t cap);
+tp_status tp_atomic_dir_commit(const char *tmp, const char *target);
+void tp_atomic_dir_abort(const char *tmp);
+/* Puts back a DIR left aside by a commit that crashed between its two
+ * renames (filesystems without RENAME_EXCHANGE) and removes stale
+ * temporary directories of DIR. */
+tp_status tp_atomic_dir_recover(const char *target);
+/* The same for every directory of parent (OUT before --resume latest). */
+tp_status tp_atomic_dir_recover_all(const char *parent);
+/* Writes a file (created or truncated) and fsyncs it. */
+tp_status tp_write_file_synced(const char *path, const void *data, size_t len);
+/* fsync of a file or directory by path. */
+tp_status tp_fsync_path(const char *path);
+/* Removes a file or a directory tree (best effort). */
+void tp_remove_tree(const char *path);
 
 /* Writes a float32 .npy (version 1.0, C order) atomically. */
 tp_status tp_npy_write_f32(const char *path, const float *data, int ndim, const int64_t *shape);

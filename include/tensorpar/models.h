@@ -54,6 +54,11 @@ typedef struct tp_model {
      * logits; 1 = vocabulary-parallel (lm_head's output stays split on the
      * vocabulary, tp_cross_entropy_vocab_parallel).  Set it after loading. */
     int vocab_parallel_loss;
+    /* Called last by tp_model_free with on_free_ctx: what a loader above
+     * models/ attached to the model (tp_model_from_pretrained's mesh and
+     * world group, api.h).  NULL: nothing. */
+    void (*on_free)(void *ctx);
+    void *on_free_ctx;
 } tp_model;
 
 typedef struct {
@@ -112,14 +117,34 @@ tp_status tp_model_params(const tp_model_config *cfg, tp_model *m, tp_param_desc
 /* Loads a model.  Under TP the plan is resolved and validated before any
  * weight is read, then each rank reads only its own slices (shard-on-read). */
 tp_status tp_model_load(tp_model **out, const char *model_dir, const tp_model_options *opt);
-/* Writes m as a Hugging Face model directory out_dir (created if needed):
- * every parameter whole (gathered from the ranks' shards: a collective,
- * every rank calls it; the local shards must be f32) in the checkpoint's
- * dtype (cfg.dtype: bf16, f16 or else f32), names and shapes, as
- * model.safetensors, and src_dir's config.json, generation_config.json
- * and tokenizer files copied unchanged.  Only writer != 0 (rank 0) writes;
- * each file is written whole or not at all. */
+/* Writes m as the directory Transformers' save_pretrained writes, out_dir:
+ * every parameter in the checkpoint's dtype (cfg.dtype: bf16, f16 or else
+ * f32) under its HF name, as model.safetensors or, past max_shard_bytes,
+ * model-0000k-of-0000N.safetensors and model.safetensors.index.json, the
+ * bytes equal to the TP = 1 save of the same weights whatever the layout;
+ * src_dir's config.json, generation_config.json and tokenizer files copied
+ * unchanged.  Collective over the model's TP mesh: each rank writes its own
+ * shards' bytes (save_shards.c), rank 0 creates the files.  Atomic: written
+ * into ".OUT.tmp-<pid>" beside out_dir, fsynced, and renamed over it
+ * (save_dir.c); a failure removes the temporary directory, leaves out_dir
+ * as it was and fails on every rank with the failing rank's message. */
+typedef struct {
+    uint64_t max_shard_bytes;      /* 0: 5 GB, transformers' default        */
+    /* out_dir holds other files (a training run's log and checkpoints): the
+     * model's files are moved into it one by one, the previous model's files
+     * removed first, instead of the whole directory being replaced. */
+    int into_existing;
+} tp_save_options;
+tp_status tp_model_save_ex(tp_model *m, const char *src_dir, const char *out_dir, const tp_save_options *o);
+/* tp_model_save_ex with into_existing set and the default shard size, by
+ * the TP group that holds the job's writer rank (writer != 0 on exactly
+ * one rank of the job, e.g. global rank 0): with data parallelism the
+ * other replicas' TP groups hold the same model and return at once.  The
+ * group's rank 0 creates the files. */
 tp_status tp_model_save(tp_model *m, const char *src_dir, const char *out_dir, int writer);
+/* The model's files only, into dir (existing, every rank sees it): the
+ * collective part of tp_model_save_ex, for checkpoints that add files. */
+tp_status tp_model_save_files(tp_model *m, const char *src_dir, const char *dir, uint64_t max_shard_bytes);
 /* Bytes of tensor data this rank read from the checkpoint while loading. */
 uint64_t tp_model_bytes_read(const tp_model *m);
 void tp_model_free(tp_model *m);

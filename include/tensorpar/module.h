@@ -123,6 +123,58 @@ tp_status tp_model_param_full(tp_model *m, const tp_module *mod, int j, float *o
  * k/v head replicated over a KV subgroup — tp_train_param.replicas. */
 int tp_model_param_replicas(const tp_model *m, const tp_module *mod, int j);
 
+/* The TP process group of m (NULL: one process) and this rank in it. */
+tp_group *tp_model_group(const tp_model *m);
+
+/* ---- the collective safetensors writer (save_shards.c) ---------------- */
+
+/* One tensor to save: its global name, stored dtype and shape, and this
+ * rank's shard (local, of local_dtype, laid out as slice says). */
+typedef struct {
+    char name[160];
+    tp_dtype dtype;                /* as stored in the file                 */
+    int ndim;
+    int64_t shape[TP_MAX_DIMS];    /* global                                */
+    const void *local;
+    tp_dtype local_dtype;
+    tp_param_slice slice;          /* dim = -1: the whole tensor            */
+    int writes;                    /* this rank writes these bytes (one rank per copy) */
+} tp_save_tensor;
+
+/* Writes the tensors t[0..n) (the same list on every rank but for the
+ * local fields) into dir as PREFIX.safetensors, or PREFIX-0000k-of-0000N
+ * files and PREFIX.safetensors.index.json past max_shard_bytes (0: 5 GB),
+ * laid out as huggingface_hub and safetensors lay them out (save_shards.c
+ * says how).  Group rank `writer` creates the files; each rank writes the
+ * shards it `writes`.  Collective over g (NULL: one process); fails alike
+ * on every rank. */
+tp_status tp_save_tensors(tp_group *g, int writer, const char *dir, const char *prefix, const tp_save_tensor *t,
+                          size_t n, uint64_t max_shard_bytes);
+/* File k of n_files of PREFIX, as tp_save_tensors names it. */
+void tp_save_file_name(char *buf, size_t cap, const char *prefix, int k, int n_files);
+/* A parameter of m as a tp_save_tensor stored in `dtype` under `name`,
+ * its local data `local` (of local_dtype, shaped like the parameter's
+ * shard: the value, or optimizer state beside it). */
+void tp_model_save_tensor(const tp_model *m, const tp_module *mod, int j, const char *name, tp_dtype dtype,
+                          const void *local, tp_dtype local_dtype, tp_save_tensor *out);
+
+/* *active = 1 when some rank of g has writer != 0: the one group (of
+ * several data-parallel copies of the model) that saves.  Collective over
+ * g (NULL: *active = writer != 0). */
+tp_status tp_save_group_active(tp_group *g, int writer, int *active);
+
+/* ---- collective atomic directories (save_dir.c) ----------------------- */
+
+/* Rank `writer` of g creates the temporary directory of target (see
+ * tp_atomic_dir_begin) and every rank gets its path in tmp.  Collective. */
+tp_status tp_save_dir_begin(tp_group *g, int writer, const char *target, char *tmp, size_t cap);
+/* Ends a save begun above with every rank's status s: all succeeded, the
+ * writer commits (rename over target, or, into_existing, moves the
+ * files into target); else the writer removes tmp.  Collective; the same
+ * verdict on every rank. */
+tp_status tp_save_dir_end(tp_group *g, int writer, const char *tmp, const char *target, int into_existing,
+                          tp_status s);
+
 size_t tp_model_module_count(const tp_model *m);
 const tp_module *tp_model_module_at(const tp_model *m, size_t i);
 /* Index of the module named `name`, or -1. */

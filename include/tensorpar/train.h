@@ -83,6 +83,9 @@ void tp_optim_free(tp_optim *opt);
 tp_status tp_optim_step(tp_optim *opt, double lr);
 /* Steps taken so far (AdamW's t after its last step). */
 int64_t tp_optim_steps(const tp_optim *opt);
+/* Sets the steps taken (resuming from a checkpoint, with the state
+ * tensors restored through tp_optim_state). */
+void tp_optim_set_steps(tp_optim *opt, int64_t t);
 /* Parameter i's state tensor "exp_avg", "exp_avg_sq" (AdamW) or
  * "momentum_buffer" (SGD with momentum), torch's names, borrowed; for
  * checkpoints and tests. */
@@ -288,6 +291,10 @@ tp_status tp_train_log_step(tp_train_log *l, const tp_train_log_entry *e);
  * gnuplot it warns, draws nothing and returns TP_OK with *drawn = 0 (drawn
  * may be NULL).  A writer == 0 log draws nothing. */
 tp_status tp_train_log_chart(tp_train_log *l, const char *png, int *drawn);
+/* A resumed run: the lines of an earlier run's log at path with steps up
+ * to `upto` are copied into this log (and its chart) first.  Only a
+ * writer log reads the file. */
+tp_status tp_train_log_carry(tp_train_log *l, const char *path, int64_t upto);
 /* Ends the progress line and closes the file; NULL is fine. */
 void tp_train_log_close(tp_train_log *l);
 /* The progress line of entry e out of total steps (0: unknown) with eta_s
@@ -306,6 +313,17 @@ void tp_train_progress_format(char *buf, size_t cap, const tp_train_log_entry *e
 
 struct tp_model;   /* models.h */
 
+/* Training checkpoints, as Trainer's checkpoint-<step>/ (checkpoint.c). */
+typedef struct {
+    const char *src_dir;           /* config and tokenizer files copied from here */
+    int64_t save_every;            /* > 0: OUT/checkpoint-<step>/ every N steps */
+    int64_t save_total_limit;      /* > 0: only the newest N are kept        */
+    uint64_t max_shard_bytes;      /* safetensors files past this are split; 0: 5 GB */
+    /* A checkpoint directory to continue from (the model was loaded from
+     * it): optimizer state, masters, step and data position are read back. */
+    const char *resume_dir;
+} tp_train_checkpointing;
+
 typedef struct {
     const char *out_dir;           /* train_log.jsonl and loss.png           */
     int64_t batch_size;            /* rows per micro-batch (whole job)       */
@@ -320,6 +338,7 @@ typedef struct {
     int64_t eval_every;            /* eval data: every N steps; 0: the last  */
     int check_replicas;            /* tp_check_replicated after every step   */
     int writer;                    /* this rank writes the log (rank 0)      */
+    tp_train_checkpointing ckpt;   /* checkpoints (checkpoint.c)             */
 } tp_trainer_options;
 
 typedef struct {
@@ -338,6 +357,9 @@ typedef struct {
  * logging_steps = 1 (the mean of the micro-batch means when each counts as
  * many labels).  A loss that is not finite stops before its optimizer
  * step, with an error naming the step.  Collective over mesh. */
+/* OUT's newest checkpoint-<step>/ into path (--resume latest). */
+tp_status tp_train_checkpoint_latest(const char *out_dir, char *path, size_t cap);
+
 tp_status tp_trainer_run(struct tp_model *m, const tp_mesh *mesh, const tp_dataset *train, const tp_dataset *eval,
                          const tp_trainer_options *o, tp_trainer_result *res);
 

@@ -1,5 +1,6 @@
 /* tensorpar logits: one forward pass over given token ids, logits to .npy. */
 #include "tp_cli.h"
+#include "tensorpar/api.h"
 #include "tensorpar/models.h"
 
 #include <stdlib.h>
@@ -78,10 +79,9 @@ int cmd_logits(int argc, char **argv)
     if (cli_tp_begin("logits", argc, argv, o, n, dir, &tp, &rc)) { free(ids); cli_tp_end(&tp); return rc; }
     if (cli_tp_threads(o, n, &tp, &mo)) { free(ids); cli_tp_end(&tp); return cli_report("logits"); }
     mo.show_progress = mo.show_progress && tp.rank == 0;   /* one bar, not one per rank */
-    mo.mesh = tp.mesh;
-    mo.tp_plan = tp.plan;
+    tp_dist_config dc = {.tp_size = tp.size, .tp_plan = tp.plan, .world = tp.world, .model = &mo};
     tp_model *m;
-    tp_status s = tp_model_load(&m, dir, &mo);
+    tp_status s = tp_model_from_pretrained(&m, dir, mo.weight_dtype, &dc);
     if (!s) {
         if (cli_flag(o, n, "--bytes-read"))
             fprintf(stderr, "rank %d read %llu bytes\n", tp.rank, (unsigned long long)tp_model_bytes_read(m));

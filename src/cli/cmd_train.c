@@ -6,6 +6,7 @@
 #include "tp_cli.h"
 #include "tensorpar/io.h"
 #include "tensorpar/models.h"
+#include "tensorpar/module.h"
 #include "tensorpar/text.h"
 #include "tensorpar/train.h"
 
@@ -15,7 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define N_OWN 25
+#define N_OWN 28
 
 static const cli_option own[N_OWN] = {
     {"--model", "DIR", "model directory (required)", 0, {0}},
@@ -42,7 +43,10 @@ static const cli_option own[N_OWN] = {
     {"--dtype", "f32|bf16", "weights the forward and backward use (default f32); bf16 trains an f32 master copy", 0, {0}},
     {"--check-replicas", NULL, "verify after every step that replicated parameters are identical on every rank", 0, {0}},
     {"--threads", "N", "threads per rank (default: cores / local ranks)", 0, {0}},
-    {"--save-every", "N", "not supported yet: the model is saved at the end", 0, {0}},
+    {"--save-every", "N", "write OUT/checkpoint-<step>/ (model, optimizer, scheduler, data position) every N steps", 0, {0}},
+    {"--save-total-limit", "N", "keep only the newest N checkpoints (default: all)", 0, {0}},
+    {"--resume", "DIR|latest", "continue from a checkpoint directory, or OUT's newest checkpoint-<step>", 0, {0}},
+    {"--max-shard-size", "BYTES", "split saved safetensors past this size: 5GB, 200MB, 4096 (default 5GB)", 0, {0}},
 };
 
 static int usage(const char *msg)
@@ -56,6 +60,23 @@ static int get_int(const cli_option *o, int n, const char *name, long long lo, l
     if (cli_int(o, n, name, v)) return -1;
     if (cli_value(o, n, name) && *v < lo) { tp_fail(TP_ERR_INVALID, "%s must be >= %lld, got %lld", name, lo, *v); return -1; }
     return 0;
+}
+
+/* HF's max_shard_size: an integer with an optional decimal unit. */
+static int parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    static const struct { const char *unit; uint64_t mul; } units[] = {
+        {"", 1}, {"B", 1}, {"KB", 1000}, {"MB", 1000000}, {"GB", 1000000000}, {"KIB", 1024},
+        {"MIB", 1048576}, {"GIB", 1073741824},
+    };
+    char u[8] = {0};
+    for (int i = 0; end[i] && i < 7; i++) u[i] = (char)(end[i] >= 'a' && end[i] <= 'z' ? end[i] - 32 : end[i]);
+    if (end == s || strlen(end) > 3 || v == 0) return -1;
+    for (size_t i = 0; i < sizeof units / sizeof *units; i++)
+        if (!strcmp(u, units[i].unit)) { *out = (uint64_t)v * units[i].mul; return 0; }
+    return -1;
 }
 
 /* Every option into the trainer's options; 0 or a usage error's status. */
@@ -74,8 +95,14 @@ static int parse_train(const cli_option *o, int n, tp_trainer_options *t, long l
     if (cli_flag(o, n, "--shuffle") && cli_flag(o, n, "--no-shuffle"))
         return usage("give --shuffle or --no-shuffle, not both");
     if (cli_value(o, n, "--eval-every") && !cli_value(o, n, "--eval-data")) return usage("--eval-every needs --eval-data");
-    if (cli_value(o, n, "--save-every"))
-        return usage("--save-every is not supported yet: the trained model is saved at the end of the run");
+    long long save_every = 0, limit = 0;
+    if (get_int(o, n, "--save-every", 1, &save_every) || get_int(o, n, "--save-total-limit", 1, &limit))
+        return cli_usage_error("train");
+    if (limit && !save_every) return usage("--save-total-limit needs --save-every");
+    t->ckpt.save_every = save_every;
+    t->ckpt.save_total_limit = limit;
+    const char *ms = cli_value(o, n, "--max-shard-size");
+    if (ms && parse_size(ms, &t->ckpt.max_shard_bytes)) return usage("--max-shard-size expects bytes, e.g. 5GB, 200MB or 4096");
     const char *loss = cli_value(o, n, "--loss"), *dt = cli_value(o, n, "--dtype");
     if (loss && strcmp(loss, "default") && strcmp(loss, "vocab-parallel"))
         return usage("--loss expects default or vocab-parallel");
@@ -165,15 +192,43 @@ static tp_status train_and_save(const char *dir, const char *out, cli_tp *tp, tp
     tp_model *m;
     mo->mesh = tp->mesh;
     mo->tp_plan = tp->plan;
-    tp_status s = tp_model_load(&m, dir, mo);
+    t->ckpt.src_dir = dir;
+    /* Resuming: the weights are the checkpoint's. */
+    tp_status s = tp_model_load(&m, t->ckpt.resume_dir ? t->ckpt.resume_dir : dir, mo);
     if (s) return s;
     m->vocab_parallel_loss = vocab_parallel;
     tp_trainer_result r;
     t->out_dir = out;
     t->writer = tp->rank == 0;
     s = tp_trainer_run(m, tp->mesh, dt, de->n_rows ? de : NULL, t, &r);
-    if (!s) s = tp_model_save(m, dir, out, tp->rank == 0);
+    tp_save_options so = {.max_shard_bytes = t->ckpt.max_shard_bytes, .into_existing = 1};
+    int active = 0;
+    if (!s) s = tp_save_group_active(tp_model_group(m), t->writer, &active);
+    if (!s && active) s = tp_model_save_ex(m, dir, out, &so);
     tp_model_free(m);
+    return s;
+}
+
+/* --resume DIR or latest (OUT's newest checkpoint), resolved by rank 0
+ * after it put back a checkpoint that a crash left aside
+ * (io/atomic_dir.c), and sent to every rank so all read the same one. */
+static tp_status resume_dir(const char *arg, const char *out, cli_tp *tp, char *buf, size_t cap)
+{
+    tp_status s = TP_OK;
+    memset(buf, 0, cap);
+    if (tp->rank == 0) {
+        if (!strcmp(arg, "latest")) {
+            s = tp_atomic_dir_recover_all(out);
+            if (!s) s = tp_train_checkpoint_latest(out, buf, cap);
+        } else if (snprintf(buf, cap, "%s", arg) >= (int)cap) {
+            s = tp_fail(TP_ERR_INVALID, "--resume: path too long");
+        }
+        if (!s) s = tp_atomic_dir_recover(buf);
+        if (!s && !exists(buf)) s = tp_fail(TP_ERR_IO, "--resume %s: no such directory", buf);
+    }
+    s = tp_comm_agree(tp->world, s);
+    if (!s && tp->world) s = tp_comm_broadcast(tp->world, buf, cap, TP_U8, 0);
+    buf[cap - 1] = 0;
     return s;
 }
 
@@ -205,6 +260,12 @@ int cmd_train(int argc, char **argv)
     const char *dt_name = cli_value(o, n, "--dtype");
     mo.weight_dtype = dt_name && !strcmp(dt_name, "bf16") ? TP_BF16 : TP_F32;
     tp_status s = load_data(dir, seq_len, data, eval, &dt, &de);
+    char resume[4096];
+    if (cli_value(o, n, "--resume")) {   /* collective: every rank takes part */
+        tp_status r = resume_dir(cli_value(o, n, "--resume"), out, &tp, resume, sizeof resume);
+        if (!s) s = r;
+        t.ckpt.resume_dir = resume;
+    }
     if (!cli_tp_agree("train", &tp, s != TP_OK)) {
         const char *loss = cli_value(o, n, "--loss");
         s = train_and_save(dir, out, &tp, &mo, &dt, &de, &t, loss && !strcmp(loss, "vocab-parallel"));

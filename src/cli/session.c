@@ -104,20 +104,22 @@ int session_open(session *s, const char *cmd, const char *dir, const cli_option 
 {
     memset(s, 0, sizeof *s);
     s->tp = *tp;
-    tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .threads = 1, .show_progress = isatty(2) && tp->rank == 0,
-                           .mesh = s->tp.mesh, .tp_plan = s->tp.plan};
+    tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .threads = 1, .show_progress = isatty(2) && tp->rank == 0};
     const char *dt = cli_value(o, n, "--dtype");
     if (cli_tp_threads(o, n, &s->tp, &mo) || (dt && tp_dtype_parse(dt, &mo.weight_dtype))) return -1;
     /* Every rank reads the same files: what is wrong with them is reported
      * once (cli_tp_agree). */
     if (cli_tp_agree(cmd, &s->tp, load_text(s, dir, need) != 0)) return -2;
-    if (tp_model_load(&s->model, dir, &mo)) return -1;
+    /* The job is already joined (cli_tp_begin checked the model on every
+     * rank first); the API builds the mesh on it and loads. */
+    tp_dist_config dc = {.tp_size = s->tp.size, .tp_plan = s->tp.plan, .world = s->tp.world, .model = &mo};
+    if (tp_model_from_pretrained(&s->model, dir, mo.weight_dtype, &dc)) return -1;
     int bad = tp_generation_config_load(&s->gen, dir, &s->model->cfg) || session_read_options(s, o, n);
     if (cli_tp_agree(cmd, &s->tp, bad)) return -2;
     s->opts.tok = s->tok;
     if (s->tp.world) {   /* rank 0 chooses every token and broadcasts it */
-        s->opts.choose = cli_tp_choose;
-        s->opts.choose_ctx = &s->tp;
+        s->opts.choose = tp_model_choose_tp_rank0;
+        s->opts.choose_ctx = s->model;
     }
     return 0;
 }

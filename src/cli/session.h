@@ -4,6 +4,7 @@
 
 #include "cli.h"
 #include "tp_cli.h"
+#include "tensorpar/api.h"
 #include "tensorpar/models.h"
 #include "tensorpar/text.h"
 

@@ -358,22 +358,75 @@ static tp_status launch_shm(const tp_launch_options *o, const char *path, char *
     return st;
 }
 
-static tp_status launch_mpi(const tp_launch_options *o, const char *path, char *const argv[], int *exit_code)
+/* Count of TENSORPAR_* variables of this environment that mpirun must
+ * pass on (with -x): ranks on other hosts, started through ssh, see only
+ * what mpirun forwards.  Those the launcher owns are set by it. */
+static size_t forwarded_settings(const char **names, char *buf, size_t cap)
+{
+    size_t n = 0, used = 0;
+    for (int i = 0; environ[i]; i++) {
+        const char *kv = environ[i], *eq = strchr(kv, '=');
+        if (strncmp(kv, "TENSORPAR_", 10) || !eq || is_owned(kv)) continue;
+        size_t len = (size_t)(eq - kv);
+        if (names) {
+            if (used + len + 1 > cap) break;
+            memcpy(buf + used, kv, len);
+            buf[used + len] = '\0';
+            names[n] = buf + used;
+            used += len + 1;
+        }
+        n++;
+    }
+    return n;
+}
+
+/* mpirun's command line: N ranks (on the hosts of o->hostfile, else here,
+ * oversubscribed if need be), the mpi backend, the TENSORPAR_* settings,
+ * then the program.  NULL when out of memory. */
+static char **mpirun_argv(const tp_launch_options *o, const char *path, char *const argv[], char *nbuf,
+                          char **names_buf)
 {
     int argc = 0;
     while (argv[argc]) argc++;
-    char nbuf[16];
+    size_t nset = forwarded_settings(NULL, NULL, 0), k = 0, cap = 0;
+    for (int i = 0; environ[i]; i++) cap += strlen(environ[i]) + 1;
+    const char **names = calloc(nset + 1, sizeof *names);
+    *names_buf = malloc(cap + 1);
+    char **m = calloc(12 + 2 * nset + (size_t)argc, sizeof *m);
+    if (!names || !*names_buf || !m) {
+        free(names); free(*names_buf); free(m);
+        *names_buf = NULL;
+        return NULL;
+    }
+    nset = forwarded_settings(names, *names_buf, cap + 1);
+    m[k++] = "mpirun";
+    m[k++] = "-n";
+    m[k++] = nbuf;
+    if (o->hostfile) { m[k++] = "--hostfile"; m[k++] = (char *)o->hostfile; }
+    else m[k++] = "--oversubscribe";   /* one host: as many ranks as asked */
+    /* OpenMPI binds each rank to one core by default; a rank then runs one
+     * thread.  tensorpar divides a host's cores among its ranks and pins
+     * the threads itself (TENSORPAR_PIN). */
+    m[k++] = "--bind-to";
+    m[k++] = "none";
+    m[k++] = "-x";
+    m[k++] = "TENSORPAR_BACKEND=mpi";
+    if (geteuid() == 0) m[k++] = "--allow-run-as-root";
+    for (size_t i = 0; i < nset; i++) { m[k++] = "-x"; m[k++] = (char *)names[i]; }
+    free(names);
+    m[k++] = (char *)path;
+    for (int i = 1; i < argc; i++) m[k++] = argv[i];
+    return m;
+}
+
+static tp_status launch_mpi(const tp_launch_options *o, const char *path, char *const argv[], int *exit_code)
+{
+    char nbuf[16], *names = NULL;
     snprintf(nbuf, sizeof nbuf, "%d", o->nprocs);
-    const char *pre[] = {"mpirun", "-n", nbuf, "--oversubscribe", "-x", "TENSORPAR_BACKEND=mpi",
-                         geteuid() == 0 ? "--allow-run-as-root" : NULL};
-    size_t npre = sizeof pre / sizeof pre[0] - (geteuid() == 0 ? 0 : 1);
-    char **margv = calloc(npre + (size_t)argc + 1, sizeof(char *));
+    char **margv = mpirun_argv(o, path, argv, nbuf, &names);
     child kid = {0};
     rank_env env = {0};
     if (!margv) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    for (size_t i = 0; i < npre; i++) margv[i] = (char *)pre[i];
-    margv[npre] = (char *)path;
-    for (int i = 1; i < argc; i++) margv[npre + (size_t)i] = argv[i];
     /* mpirun's own environment: no torchrun-style layout of an outer job. */
     tp_status st = rank_env_build(&env, 0, 1, "", TP_BACKEND_MPI, -1);
     if (st == TP_OK) {
@@ -387,6 +440,7 @@ static tp_status launch_mpi(const tp_launch_options *o, const char *path, char *
     }
     free(env.envp);
     free(margv);
+    free(names);
     return st;
 }
 
@@ -397,6 +451,8 @@ static tp_status launch_path(const tp_launch_options *o, const char *path, char 
     if (!argv || !argv[0]) return tp_fail(TP_ERR_INVALID, "no program to launch");
     tp_launch_options opts = *o;
     if (!opts.name) opts.name = "tensorpar launch";
+    if (opts.hostfile && opts.backend != TP_BACKEND_MPI)
+        return tp_fail(TP_ERR_INVALID, "a hostfile needs the mpi backend: mpirun starts the ranks on other hosts");
     if (opts.backend == TP_BACKEND_MPI) {
         if (!tp_backend_available(TP_BACKEND_MPI))
             return tp_fail(TP_ERR_UNSUPPORTED, "this build of tensorpar has no mpi backend");

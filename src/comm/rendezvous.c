@@ -70,11 +70,32 @@ static tp_status read_layout(tp_comm_env *e, int *under_mpirun)
     return TP_OK;
 }
 
+tp_status tp_comm_job_layout(int *rank, int *world_size, int *local_rank, int *local_size)
+{
+    tp_comm_env e;
+    int under_mpirun;
+    memset(&e, 0, sizeof e);
+    tp_status st = read_layout(&e, &under_mpirun);
+    if (st) return st;
+    if (rank) *rank = e.rank;
+    if (world_size) *world_size = e.world_size;
+    if (local_rank) *local_rank = e.local_rank;
+    if (local_size) *local_size = e.local_size;
+    return TP_OK;
+}
+
 static tp_status choose_backend(tp_comm_env *e, tp_backend b, int under_mpirun)
 {
     if (b == TP_BACKEND_AUTO)
         b = under_mpirun ? TP_BACKEND_MPI : e->world_size > 1 ? TP_BACKEND_SHM : TP_BACKEND_SELF;
     if (b == TP_BACKEND_SHM && e->world_size == 1) b = TP_BACKEND_SELF;
+    /* The shm backend's segment lives in this host's /dev/shm: ranks on
+     * other hosts would wait for it until the timeout.  Say so at once. */
+    if (b == TP_BACKEND_SHM && e->local_size < e->world_size)
+        return tp_fail(TP_ERR_INVALID, "the shm backend needs every rank on one host, but this host runs %d of the "
+                       "%d ranks (%s); start a job of several hosts with mpirun and the mpi backend",
+                       e->local_size, e->world_size,
+                       under_mpirun ? "OMPI_COMM_WORLD_LOCAL_SIZE" : "LOCAL_WORLD_SIZE");
     if (b == TP_BACKEND_SELF && e->world_size > 1)
         return tp_fail(TP_ERR_INVALID, "the self backend runs one rank, but WORLD_SIZE is %d",
                        e->world_size);

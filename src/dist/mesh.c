@@ -4,7 +4,9 @@
  * groups are runs of consecutive global ranks:
  *     global = (c_0 · size_1 + c_1) · size_2 + c_2 ...
  * Each dimension gets the process group of the ranks that differ only in that
- * coordinate; mesh["tp"] is a 1-D mesh borrowing that group. */
+ * coordinate; mesh["tp"] is a 1-D mesh borrowing that group.  A flattened
+ * group ("dp" = dp_replicate × dp_shard) is a named 1-D mesh over several
+ * dimensions, with a group of its own (tp_mesh_flatten). */
 #include "tensorpar/dist.h"
 
 #include <stdlib.h>
@@ -18,6 +20,9 @@ struct tp_mesh {
     tp_group *groups[TP_MESH_MAX_DIMS];
     int owns_group[TP_MESH_MAX_DIMS];
     tp_mesh *sub[TP_MESH_MAX_DIMS];   /* 1-D views; NULL in a 1-D mesh */
+    tp_mesh *flat[TP_MESH_MAX_FLAT];  /* flattened groups, 1-D, own their group */
+    int nflat;
+    tp_group *world;                  /* borrowed: flattening splits it */
     int world_rank, world_size;
 };
 
@@ -93,6 +98,7 @@ tp_status tp_mesh_new(tp_group *world, int ndim, const char *const *names, const
     tp_mesh *m = calloc(1, sizeof *m);
     if (!m) return tp_fail(TP_ERR_NOMEM, "out of memory");
     m->ndim = ndim;
+    m->world = world;
     m->world_rank = tp_group_rank(world);
     m->world_size = tp_group_size(world);
     int rest = m->world_rank;
@@ -123,6 +129,7 @@ void tp_mesh_free(tp_mesh *m)
         if (m->owns_group[d]) tp_group_free(m->groups[d]);
         free(m->sub[d]);
     }
+    for (int i = 0; i < m->nflat; i++) tp_mesh_free(m->flat[i]);
     free(m);
 }
 
@@ -146,9 +153,74 @@ int tp_mesh_dim_index(const tp_mesh *m, const char *name)
 const tp_mesh *tp_mesh_sub(const tp_mesh *m, const char *name)
 {
     int d = tp_mesh_dim_index(m, name);
+    for (int i = 0; d < 0 && name && i < m->nflat; i++)
+        if (!strcmp(m->flat[i]->names[0], name)) return m->flat[i];
     if (d < 0) {
         tp_fail(TP_ERR_INVALID, "the mesh has no dimension named '%s'", name ? name : "(null)");
         return NULL;
     }
     return m->ndim == 1 ? m : m->sub[d];
+}
+
+/* Which dimensions a flattened group covers, as a mask; they must be named
+ * in mesh order, each once, and the name must be new. */
+static tp_status flatten_dims(const tp_mesh *m, const char *const *dims, int n, const char *name, unsigned *mask)
+{
+    if (!name || !name[0] || strlen(name) >= TP_MESH_NAME_MAX)
+        return tp_fail(TP_ERR_INVALID, "a flattened group needs a name of 1 to %d characters", TP_MESH_NAME_MAX - 1);
+    if (tp_mesh_dim_index(m, name) >= 0) return tp_fail(TP_ERR_INVALID, "'%s' is already a mesh dimension", name);
+    for (int i = 0; i < m->nflat; i++)
+        if (!strcmp(m->flat[i]->names[0], name))
+            return tp_fail(TP_ERR_INVALID, "the mesh already has a flattened group '%s'", name);
+    if (m->nflat == TP_MESH_MAX_FLAT)
+        return tp_fail(TP_ERR_INVALID, "a mesh has at most %d flattened groups", TP_MESH_MAX_FLAT);
+    if (n < 1 || n > m->ndim) return tp_fail(TP_ERR_INVALID, "flattening '%s': 1 to %d dimensions, not %d", name, m->ndim, n);
+    *mask = 0;
+    int last = -1;
+    for (int i = 0; i < n; i++) {
+        int d = tp_mesh_dim_index(m, dims[i]);
+        if (d < 0) return tp_fail(TP_ERR_INVALID, "flattening '%s': the mesh has no dimension named '%s'", name,
+                                  dims[i] ? dims[i] : "(null)");
+        if (d <= last) return tp_fail(TP_ERR_INVALID, "flattening '%s': dimensions must be named once, in mesh order", name);
+        last = d;
+        *mask |= 1u << d;
+    }
+    return TP_OK;
+}
+
+tp_status tp_mesh_flatten(tp_mesh *m, const char *const *dims, int n, const char *name)
+{
+    unsigned mask = 0;
+    tp_status st = flatten_dims(m, dims, n, name, &mask);
+    if (st) return st;
+    /* Row-major over the chosen dimensions gives the rank in the group;
+     * the other coordinates, row-major, tell the groups apart. */
+    int size = 1, coord = 0, color = 0;
+    for (int d = 0; d < m->ndim; d++) {
+        if (mask & (1u << d)) {
+            size *= m->sizes[d];
+            coord = coord * m->sizes[d] + m->coords[d];
+        } else {
+            color = color * m->sizes[d] + m->coords[d];
+        }
+    }
+    tp_mesh *f = calloc(1, sizeof *f);
+    if (!f) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    f->ndim = 1;
+    f->sizes[0] = size;
+    f->coords[0] = coord;
+    strcpy(f->names[0], name);
+    f->world = m->world;
+    f->world_rank = m->world_rank;
+    f->world_size = m->world_size;
+    if (size == m->world_size) {
+        f->groups[0] = m->world;   /* the whole world, in world order */
+    } else {
+        /* Collective over the world, like the dimensions' groups. */
+        st = tp_group_split(m->world, color, coord, &f->groups[0]);
+        if (st) { free(f); return tp_fail_context(st, "creating the flattened group '%s'", name); }
+        f->owns_group[0] = 1;
+    }
+    m->flat[m->nflat++] = f;
+    return TP_OK;
 }

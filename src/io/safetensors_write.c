@@ -22,8 +22,9 @@ static const char *st_dtype_str(tp_dtype t)
     return (unsigned)t < TP_DTYPE_COUNT ? names[t] : NULL;
 }
 
-/* Byte size of one entry, or an error naming it. */
-static tp_status entry_bytes(const char *path, const tp_st_entry *e, uint64_t *out)
+/* Byte size of one entry, or an error naming it (need_data: a non-empty
+ * tensor must come with its data). */
+static tp_status entry_bytes_of(const char *path, const tp_st_entry *e, int need_data, uint64_t *out)
 {
     if (!e->name || !e->name[0] || !strcmp(e->name, "__metadata__"))
         return tp_fail(TP_ERR_INVALID, "%s: tensor name '%s' is not allowed", path, e->name ? e->name : "(null)");
@@ -43,10 +44,15 @@ static tp_status entry_bytes(const char *path, const tp_st_entry *e, uint64_t *o
         else n *= (uint64_t)e->shape[i];
     }
     if (zero) n = 0;
-    if (n && !e->data)
+    if (n && need_data && !e->data)
         return tp_fail(TP_ERR_INVALID, "%s: tensor '%s' has no data", path, e->name);
     *out = n;
     return TP_OK;
+}
+
+static tp_status entry_bytes(const char *path, const tp_st_entry *e, uint64_t *out)
+{
+    return entry_bytes_of(path, e, 1, out);
 }
 
 static int cmp_str_ptr(const void *a, const void *b)
@@ -55,11 +61,11 @@ static int cmp_str_ptr(const void *a, const void *b)
 }
 
 /* Entries must be valid and their names distinct (checked on a sorted copy). */
-static tp_status check_entries(const char *path, const tp_st_entry *entries, size_t n)
+static tp_status check_entries(const char *path, const tp_st_entry *entries, size_t n, int need_data)
 {
     for (size_t i = 0; i < n; i++) {
         uint64_t b;
-        tp_status s = entry_bytes(path, &entries[i], &b);
+        tp_status s = entry_bytes_of(path, &entries[i], need_data, &b);
         if (s != TP_OK) return s;
     }
     const char **names = malloc((n ? n : 1) * sizeof *names);
@@ -129,7 +135,7 @@ static tp_status build_header(const char *path, const tp_st_entry *entries, size
     uint64_t off = 0;
     for (size_t i = 0; i < n && s == TP_OK; i++) {
         uint64_t b = 0;
-        entry_bytes(path, &entries[i], &b);   /* already validated */
+        entry_bytes_of(path, &entries[i], 0, &b);   /* already validated */
         cJSON *t = tensor_json(&entries[i], off, off + b);
         if (!t) s = tp_fail(TP_ERR_NOMEM, "out of memory");
         else cJSON_AddItemToObject(root, entries[i].name, t);
@@ -171,7 +177,7 @@ tp_status tp_safetensors_write(const char *path, const tp_st_entry *entries, siz
         return tp_fail(TP_ERR_INVALID, "tp_safetensors_write: NULL argument");
     char *header = NULL;
     size_t hlen = 0;
-    tp_status s = check_entries(path, entries, n);
+    tp_status s = check_entries(path, entries, n, 1);
     if (s == TP_OK) s = build_header(path, entries, n, metadata_kv, n_metadata, &header, &hlen);
     if (s != TP_OK) return s;
     size_t plen = strlen(path) + 32;
@@ -194,4 +200,22 @@ tp_status tp_safetensors_write(const char *path, const tp_st_entry *entries, siz
     free(tmp);
     free(header);
     return s;
+}
+
+tp_status tp_safetensors_header(const char *path, const tp_st_entry *entries, size_t n,
+                                const char *const *metadata_kv, size_t n_metadata, char **out, size_t *len)
+{
+    char *header = NULL;
+    size_t hlen = 0;
+    tp_status s = check_entries(path, entries, n, 0);
+    if (s == TP_OK) s = build_header(path, entries, n, metadata_kv, n_metadata, &header, &hlen);
+    if (s != TP_OK) return s;
+    char *buf = malloc(hlen + 8);
+    if (!buf) { free(header); return tp_fail(TP_ERR_NOMEM, "out of memory"); }
+    for (int i = 0; i < 8; i++) buf[i] = (char)(uint8_t)((uint64_t)hlen >> (8 * i));   /* little endian */
+    memcpy(buf + 8, header, hlen);
+    free(header);
+    *out = buf;
+    *len = hlen + 8;
+    return TP_OK;
 }

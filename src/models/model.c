@@ -169,5 +169,6 @@ void tp_model_free(tp_model *m)
     tp_act_arena_free(m);
     free(m->inv_freq);
     tp_threadpool_destroy(m->pool);
+    if (m->on_free) m->on_free(m->on_free_ctx);
     free(m);
 }

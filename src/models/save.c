@@ -1,9 +1,12 @@
-/* Saving a (trained) model as a Hugging Face model directory: every
- * parameter gathered whole from the ranks' shards, written by one rank in
- * the checkpoint's dtype, names and shapes as model.safetensors, beside the
- * source directory's config, generation config and tokenizer files. */
-#include "tensorpar/models.h"
-#include "tensorpar/module.h"
+/* Saving a (trained) model as a Hugging Face model directory: the
+ * parameters under their HF names in the checkpoint's dtype through the
+ * collective writer (save_shards.c: each rank writes its own shards'
+ * bytes), beside the source directory's config, generation config and
+ * tokenizer files, the whole directory replaced atomically (save_dir.c). */
+#include "tp_module.h"
+
+#include "tensorpar/comm.h"
+#include "tensorpar/dist.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -19,20 +22,6 @@ static const char *const copied[] = {
     "chat_template.jinja",
 };
 
-static tp_status make_dirs(const char *dir)
-{
-    char buf[4096];
-    if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf) return tp_fail(TP_ERR_INVALID, "%s: path too long", dir);
-    for (char *p = buf + 1;; p++) {
-        char c = *p;
-        if (c != '/' && c) continue;
-        *p = 0;
-        if (mkdir(buf, 0777) != 0 && errno != EEXIST) return tp_fail(TP_ERR_IO, "%s: %s", buf, strerror(errno));
-        *p = c;
-        if (!c) return TP_OK;
-    }
-}
-
 static tp_status copy_files(const char *src, const char *dst)
 {
     char from[4096], to[4096];
@@ -47,59 +36,99 @@ static tp_status copy_files(const char *src, const char *dst)
         char *data;
         size_t len;
         tp_status s = tp_read_file(from, &data, &len);
-        if (!s) s = tp_write_file_atomic(to, data, len);
+        if (!s) s = tp_write_file_synced(to, data, len);
         free(data);
         if (s) return s;
     }
     return TP_OK;
 }
 
-typedef struct {
-    tp_st_entry *e;
-    char (*names)[128];
-    void **bufs;
-    size_t n;
-} save_table;
+tp_group *tp_model_group(const tp_model *m)
+{
+    return m->tp && m->tp->mesh && m->tp->size > 1 ? tp_mesh_group(m->tp->mesh, 0) : NULL;
+}
 
-static tp_status gather_one(tp_model *m, const tp_module *mod, int j, tp_dtype dt, save_table *t)
+void tp_model_save_tensor(const tp_model *m, const tp_module *mod, int j, const char *name, tp_dtype dtype,
+                          const void *local, tp_dtype local_dtype, tp_save_tensor *out)
 {
     const tp_module_param *p = &mod->params[j];
-    size_t numel = 1, k = t->n;
-    for (int i = 0; i < p->ndim; i++) numel *= (size_t)p->shape[i];
-    float *full = malloc(numel * sizeof(float));
-    if (!full || !(t->bufs[k] = malloc(numel * tp_dtype_size(dt)))) {
-        free(full);
-        return tp_fail(TP_ERR_NOMEM, "out of memory saving %s.%s", mod->name, p->suffix);
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, "%s", name);
+    out->dtype = dtype;
+    out->ndim = p->ndim;
+    memcpy(out->shape, p->shape, sizeof p->shape);
+    out->local = local;
+    out->local_dtype = local_dtype;
+    out->slice = p->slice;
+    /* One rank writes each copy: rank 0 a replicated tensor, the first
+     * rank of its KV subgroup a replicated k/v head. */
+    int reps = tp_model_param_replicas(m, mod, j), rank = m->tp ? m->tp->rank : 0;
+    if (reps == 0) out->slice.dim = -1;
+    out->writes = reps == 0 ? rank == 0 : rank % reps == 0;
+}
+
+/* The saved parameters in state-dict order (a tied lm_head is not saved,
+ * as save_pretrained drops tied weights). */
+static tp_status model_tensors(const tp_model *m, tp_save_tensor **out, size_t *n)
+{
+    tp_dtype dt = m->cfg.dtype == TP_BF16 || m->cfg.dtype == TP_F16 ? m->cfg.dtype : TP_F32;
+    tp_save_tensor *t = calloc(m->n_modules * TP_MODULE_MAX_PARAMS + 1, sizeof *t);
+    if (!t) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    size_t k = 0;
+    char name[160];
+    for (size_t i = 0; i < m->n_modules; i++) {
+        const tp_module *mod = &m->modules[i];
+        for (int j = 0; j < mod->n_params; j++) {
+            const tp_module_param *p = &mod->params[j];
+            if (p->tied_to >= 0 || !p->local.data) continue;
+            snprintf(name, sizeof name, "%s.%s", mod->name, p->suffix);
+            tp_model_save_tensor(m, mod, j, name, dt, p->local.data, p->local.dtype, &t[k++]);
+        }
     }
-    t->n++;
-    tp_status s = tp_model_param_full(m, mod, j, full);
-    if (!s) s = tp_convert(t->bufs[k], dt, full, TP_F32, numel);
-    free(full);
-    snprintf(t->names[k], sizeof t->names[k], "%s.%s", mod->name, p->suffix);
-    t->e[k] = (tp_st_entry){t->names[k], dt, p->ndim, p->shape, t->bufs[k]};
+    *out = t;
+    *n = k;
+    return TP_OK;
+}
+
+tp_status tp_model_save_files(tp_model *m, const char *src_dir, const char *dir, uint64_t max_shard_bytes)
+{
+    tp_group *g = tp_model_group(m);
+    int me = g ? tp_group_rank(g) : 0;
+    tp_save_tensor *t = NULL;
+    size_t n = 0;
+    tp_status s = model_tensors(m, &t, &n);
+    s = tp_comm_agree(g, s);
+    if (!s) s = tp_save_tensors(g, 0, dir, "model", t, n, max_shard_bytes);
+    if (!s && me == 0) s = copy_files(src_dir, dir);
+    free(t);
+    return s;
+}
+
+tp_status tp_model_save_ex(tp_model *m, const char *src_dir, const char *out_dir, const tp_save_options *o)
+{
+    tp_save_options def = {0};
+    if (!o) o = &def;
+    tp_group *g = tp_model_group(m);
+    char tmp[4096];
+    tp_status s = tp_save_dir_begin(g, 0, out_dir, tmp, sizeof tmp);
+    if (s) return tp_fail_context(s, "saving the model to %s", out_dir);
+    s = tp_model_save_files(m, src_dir, tmp, o->max_shard_bytes);
+    return tp_save_dir_end(g, 0, tmp, out_dir, o->into_existing, s);
+}
+
+tp_status tp_save_group_active(tp_group *g, int writer, int *active)
+{
+    int64_t mine = writer != 0, any = mine;
+    tp_status s = g ? tp_comm_all_reduce(g, &mine, &any, 1, TP_I64, TP_REDUCE_MAX) : TP_OK;
+    *active = any != 0;
     return s;
 }
 
 tp_status tp_model_save(tp_model *m, const char *src_dir, const char *out_dir, int writer)
 {
-    tp_dtype dt = m->cfg.dtype == TP_BF16 || m->cfg.dtype == TP_F16 ? m->cfg.dtype : TP_F32;
-    size_t cap = m->n_modules * TP_MODULE_MAX_PARAMS + 1;
-    save_table t = {calloc(cap, sizeof *t.e), calloc(cap, sizeof *t.names), calloc(cap, sizeof *t.bufs), 0};
-    tp_status s = t.e && t.names && t.bufs ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
-    /* Every rank gathers (a collective per parameter, in table order). */
-    for (size_t i = 0; !s && i < m->n_modules; i++) {
-        const tp_module *mod = &m->modules[i];
-        for (int j = 0; !s && j < mod->n_params; j++)
-            if (mod->params[j].tied_to < 0 && mod->params[j].local.data) s = gather_one(m, mod, j, dt, &t);
-    }
-    if (!s && writer) s = make_dirs(out_dir);
-    if (!s && writer) s = copy_files(src_dir, out_dir);
-    if (!s && writer) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
-        s = tp_safetensors_write(path, t.e, t.n, NULL, 0);
-    }
-    for (size_t i = 0; t.bufs && i < t.n; i++) free(t.bufs[i]);
-    free(t.bufs); free(t.e); free(t.names);
-    return s ? tp_fail_context(s, "saving the model to %s", out_dir) : TP_OK;
+    int active = 0;
+    tp_status s = tp_save_group_active(tp_model_group(m), writer, &active);
+    if (s || !active) return s;
+    tp_save_options o = {.into_existing = 1};
+    return tp_model_save_ex(m, src_dir, out_dir, &o);
 }

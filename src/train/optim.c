@@ -104,6 +104,8 @@ void tp_optim_free(tp_optim *opt)
 
 int64_t tp_optim_steps(const tp_optim *opt) { return opt->t; }
 
+void tp_optim_set_steps(tp_optim *opt, int64_t t) { opt->t = t; }
+
 tp_status tp_optim_state(const tp_optim *opt, int i, const char *which, const tp_tensor **out)
 {
     *out = NULL;

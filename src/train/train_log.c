@@ -10,7 +10,9 @@
 #include "tensorpar/train.h"
 
 #include "loss_chart_gp.h"   /* generated from src/train/loss_chart.gp */
+#include "tensorpar/io.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -279,4 +281,40 @@ void tp_train_log_close(tp_train_log *l)
     free(l->dir);
     free(l->loss.step), free(l->loss.value), free(l->eval.step), free(l->eval.value);
     free(l);
+}
+
+/* ---- a resumed run ------------------------------------------------------ */
+
+tp_status tp_train_log_carry(tp_train_log *l, const char *path, int64_t upto)
+{
+    if (!l->writer) return TP_OK;
+    char *text = NULL;
+    size_t len = 0;
+    tp_status st = tp_read_file(path, &text, &len);
+    int64_t last = l->last_step;
+    for (size_t at = 0; !st && at < len;) {
+        size_t end = at;
+        while (end < len && text[end] != '\n') end++;
+        cJSON *o = cJSON_ParseWithLength(text + at, end - at);
+        const cJSON *step = cJSON_GetObjectItemCaseSensitive(o, "step");
+        const cJSON *loss = cJSON_GetObjectItemCaseSensitive(o, "loss");
+        const cJSON *ev = cJSON_GetObjectItemCaseSensitive(o, "eval_loss");
+        int64_t k = cJSON_IsNumber(step) ? (int64_t)step->valuedouble : 0;
+        if (k > last && k <= upto) {
+            fwrite(text + at, 1, end - at, l->f);
+            fputc('\n', l->f);
+            st = series_add(&l->loss, k, cJSON_IsNumber(loss) ? loss->valuedouble : NAN);
+            if (!st && ev) st = series_add(&l->eval, k, cJSON_IsNumber(ev) ? ev->valuedouble : NAN);
+            last = k;
+        }
+        cJSON_Delete(o);
+        at = end + 1;
+    }
+    free(text);
+    if (!st && (fflush(l->f) != 0 || ferror(l->f)))
+        st = tp_fail(TP_ERR_IO, "training log: cannot write %s/%s: %s", l->dir, LOG_NAME, strerror(errno));
+    /* The pace (ETA) is measured from here. */
+    l->last_step = l->first_step = last;
+    l->t_first = tp_now();
+    return st;
 }

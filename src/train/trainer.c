@@ -4,6 +4,7 @@
  * communication inside forward and backward; clipping and the replica
  * check talk over the mesh; everything else is local to the rank. */
 #include "tensorpar/train.h"
+#include "checkpoint.h"
 #include "tensorpar/models.h"
 #include "tensorpar/module.h"
 
@@ -189,6 +190,9 @@ static tp_status one_step(trainer *t, int64_t s, tp_train_log_entry *e)
                        (long long)(s + 1), isnan(e->loss) ? "nan" : "inf",
                        st.label_tokens > 0 ? "" : " (the step counts no label)");
     r = tp_clip_grad_norm(t->params, t->n_params, t->mesh, t->m->pool, t->o->max_grad_norm, &norm);
+    if (!r && !isfinite(norm))   /* the update would make every weight nan: keep the last good ones */
+        return tp_fail(TP_ERR_INVALID, "step %lld: the gradient norm is %s; training stopped before its update",
+                       (long long)(s + 1), isnan(norm) ? "nan" : "inf");
     e->lr = tp_lr_at(&t->sched, s);
     if (!r) r = tp_optim_step(t->opt, e->lr);
     if (!r) r = round_masters(t->m, t->masters, t->n_params);
@@ -247,8 +251,15 @@ tp_status tp_trainer_run(struct tp_model *m, const tp_mesh *mesh, const tp_datas
     if (eval && eval->seq_len != train->seq_len)
         return tp_fail(TP_ERR_INVALID, "the eval data's seq_len differs from the training data's");
     tp_status s = setup(&t, train, &total);
+    tp_train_view view = {m, mesh, t.params, t.masters, t.n_params, t.opt, &t.sched, &t.loader, o};
+    int64_t first = 0;
+    if (!s && o->ckpt.resume_dir) s = tp_train_checkpoint_resume(&view, &first);
+    if (!s && first > total)
+        s = tp_fail(TP_ERR_INVALID, "the checkpoint is at step %lld, past this run's %lld steps", (long long)first,
+                    (long long)total);
     if (!s) s = tp_train_log_open(o->out_dir, total, o->writer, &log);
-    for (int64_t k = 0; !s && k < total; k++) {
+    if (!s && o->ckpt.resume_dir) s = tp_train_checkpoint_carry_log(&view, log, first);
+    for (int64_t k = first; !s && k < total; k++) {
         tp_train_log_entry e = {0};
         s = one_step(&t, k, &e);
         if (!s && eval && (o->eval_every > 0 ? (k + 1) % o->eval_every == 0 : k + 1 == total)) {
@@ -257,6 +268,7 @@ tp_status tp_trainer_run(struct tp_model *m, const tp_mesh *mesh, const tp_datas
         }
         if (!s) s = tp_train_log_step(log, &e);
         if (!s) { res->steps = k + 1; res->last_loss = e.loss; }
+        if (!s) s = tp_train_checkpoint_maybe_save(&view, k + 1);
     }
     if (!s) s = tp_train_log_chart(log, NULL, NULL);
     if (!s) adopt_masters(m, t.masters, t.n_params);

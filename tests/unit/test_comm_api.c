@@ -47,6 +47,15 @@ static void test_env_errors(void)
     CHECK(tp_comm_init(&g, NULL) == TP_ERR_INVALID && strstr(tp_error(), "no rendezvous"));
     setenv("TENSORPAR_COMM_TIMEOUT", "-1", 1); tp_settings_reload();
     CHECK(tp_comm_init(&g, NULL) == TP_ERR_INVALID && strstr(tp_error(), "TENSORPAR_COMM_TIMEOUT"));
+    unsetenv("TENSORPAR_COMM_TIMEOUT"); tp_settings_reload();
+    /* One rank on each of two hosts: shared memory cannot join them. */
+    setenv("LOCAL_RANK", "0", 1);
+    setenv("LOCAL_WORLD_SIZE", "1", 1);
+    CHECK(tp_comm_init(&g, NULL) == TP_ERR_INVALID && g == NULL);
+    CHECK(strstr(tp_error(), "the shm backend needs every rank on one host, but this host runs 1 of the 2 ranks "
+                             "(LOCAL_WORLD_SIZE)") != NULL);
+    unsetenv("TENSORPAR_BACKEND"); tp_settings_reload();   /* auto picks shm too */
+    CHECK(tp_comm_init(&g, NULL) == TP_ERR_INVALID && strstr(tp_error(), "with mpirun and the mpi backend"));
     clear_env();
 }
 

@@ -49,6 +49,10 @@ int main(void)
     /* train: HF's linear schedule halfway through its decay */
     tp_lr_schedule lrs = {TP_LR_LINEAR, 1.0, 0, 10, 0};
     EXPECT(tp_lr_schedule_check(&lrs) == TP_OK && tp_lr_at(&lrs, 5) == 0.5);
+    /* api: DistributedConfig(tp_plan="auto") on 4 processes: tp_size 4 */
+    tp_dist_config dc = {.tp_plan = "auto"};
+    tp_dist_sizes ds;
+    EXPECT(tp_dist_config_resolve(&dc, 4, 1, &ds) == TP_OK && ds.tp_size == 4);
 
     printf("%s\n", failed ? "FAILED" : "ok");
     return failed ? 1 : 0;

@@ -325,6 +325,26 @@ static void test_p2p(ctx *c, tp_dtype dt, size_t count)
 
 /* ---- suites -------------------------------------------------------------- */
 
+/* tp_comm_agree: all succeed; the last rank fails; ranks 1 and last fail
+ * (the lowest failing rank's message wins, its code on every rank). */
+static void test_agree(ctx *c)
+{
+    int n = tp_group_size(c->g), me = tp_group_rank(c->g);
+    char want[128];
+    c->checks++;
+    call_ok(c, tp_comm_agree(c->g, TP_OK), "agree, all fine");
+    for (int round = 0; round < 2 && n > 1; round++) {
+        int fails = me == n - 1 || (round == 1 && me == 1);
+        tp_status mine = fails ? tp_fail(TP_ERR_IO, "disk of rank %d is full", me) : TP_OK;
+        tp_status got = tp_comm_agree(c->g, mine);
+        int root = round == 1 ? 1 : n - 1;
+        if (me == root) snprintf(want, sizeof want, "disk of rank %d is full", root);
+        else snprintf(want, sizeof want, "rank %d: disk of rank %d is full", root, root);
+        expect(c, got == TP_ERR_IO && !strcmp(tp_error(), want), "agree message", TP_U8, (size_t)round);
+        tp_clear_error();
+    }
+}
+
 static void suite(ctx *c, int full)
 {
     /* Sizes around the interesting edges: empty, tiny, the one-shot limit
@@ -360,6 +380,7 @@ static void suite(ctx *c, int full)
     }
     c->checks++;
     call_ok(c, tp_comm_barrier(c->g), "barrier");
+    test_agree(c);
 }
 
 /* World 4 as (dp=2, tp=2): tp groups of consecutive ranks made with
