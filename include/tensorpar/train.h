@@ -253,6 +253,20 @@ tp_status tp_cross_entropy_vocab_parallel(double *loss_sum, float *dlogits_local
 /* The bytes the call above allocates for T rows over P ranks: 4·T·(P + 5). */
 size_t tp_cross_entropy_vocab_parallel_scratch(int64_t T, int P);
 
+/* tp_cross_entropy, the same bits, over logits split by vocabulary:
+ * logits_local [T, V_local] is this rank's Shard(1) of [T, V] over the 1-D
+ * `mesh` (tp_chunk_range's columns) and becomes, in place, its shard of
+ * the gradient (softmax − onehot) / count; labels [T] are global ids, the
+ * same on every rank.  Whole rows move to one rank by blocks (Shard(1) ->
+ * Shard(0), an all-to-all through tp_redistribute_local), which runs
+ * tp_cross_entropy_rows on them and sends the gradient rows back; the row
+ * losses are all-gathered and *loss_sum (the same on every rank) adds them
+ * as tp_cross_entropy does.  The scratch is O(V) (64 rows of V per block),
+ * never [T, V].  Fails alike on every rank, before any collective, for a
+ * bad label or count (tp_cross_entropy_check_labels).  Collective over mesh. */
+tp_status tp_cross_entropy_row_parallel(double *loss_sum, float *logits_local, const int64_t *labels, int64_t T,
+                                        int64_t V, double count, const tp_mesh *mesh, tp_threadpool *pool);
+
 /* ---- log --------------------------------------------------------------
  *
  * What a training run reports: one JSON line per optimizer step in

@@ -196,11 +196,14 @@ static void divide_output(const tp_model *m, module_run *r, int64_t T)
     for (int64_t i = 0; i < n; i++) r->y[i] /= P;
 }
 
-/* The group's modules up to their outputs: with finish, each through its
- * post_forward; without, each output left as the rank's partial sum (the
- * caller reduces it: tp_module_linear_partial). */
+/* What run_group leaves: each output through its post_forward, the rank's
+ * partial sum (the caller reduces it: tp_module_linear_partial), or the
+ * local computation's output in its style's local_output layout (the
+ * caller moves it: tp_module_linear_local). */
+typedef enum { RUN_FINISH, RUN_PARTIAL, RUN_LOCAL } run_mode;
+
 static tp_status run_group(tp_model *m, const tp_module *const *lins, int count, const float *x, int64_t T,
-                           int64_t x_width, tp_act *ys, int finish)
+                           int64_t x_width, tp_act *ys, run_mode mode)
 {
     if (count < 1 || count > GROUP_MAX)
         return tp_fail(TP_ERR_INTERNAL, "tp_module_linear_group: %d modules (1..%d)", count, GROUP_MAX);
@@ -222,10 +225,13 @@ static tp_status run_group(tp_model *m, const tp_module *const *lins, int count,
         if (runs[i].mt && runs[i].mt->plan->fwd.divide_params_by_p) divide_output(m, &runs[i], T);
     for (int i = count - 1; i >= 0; i--) module_leave(&runs[i]);   /* contexts nest */
     for (int i = 0; i < count && !s; i++) {
-        if (finish) {
+        int64_t out = tp_module_weight(lins[i])->shape[0];
+        if (mode == RUN_FINISH) {
             s = module_finish(m, &runs[i], T, &ys[i]);
+        } else if (mode == RUN_LOCAL) {
+            ys[i] = (tp_act){runs[i].y, T, out, output_width(m, runs[i].mt, lins[i]), runs[i].mt->plan->fwd.local_output};
+            runs[i].y = NULL;
         } else {
-            int64_t out = tp_module_weight(lins[i])->shape[0];
             ys[i] = (tp_act){runs[i].y, T, out, out, tp_partial()};
             runs[i].y = NULL;
         }
@@ -240,13 +246,13 @@ static tp_status run_group(tp_model *m, const tp_module *const *lins, int count,
 tp_status tp_module_linear_group(tp_model *m, const tp_module *const *lins, int count, const float *x, int64_t T,
                                  int64_t x_width, tp_act *ys)
 {
-    return run_group(m, lins, count, x, T, x_width, ys, 1);
+    return run_group(m, lins, count, x, T, x_width, ys, RUN_FINISH);
 }
 
 tp_status tp_module_linear(tp_model *m, const tp_module *lin, const float *x, int64_t T, int64_t x_width,
                            tp_act *y)
 {
-    return run_group(m, &lin, 1, x, T, x_width, y, 1);
+    return run_group(m, &lin, 1, x, T, x_width, y, RUN_FINISH);
 }
 
 int tp_module_output_summed(const tp_model *m, const tp_module *lin)
@@ -265,7 +271,30 @@ tp_status tp_module_linear_partial(tp_model *m, const tp_module *lin, const floa
     if (!tp_module_output_summed(m, lin))
         return tp_fail(TP_ERR_INTERNAL, "%s: its output is not a plain sum over the ranks",
                        lin->tp ? lin->tp->name : "a Linear module");
-    return run_group(m, &lin, 1, x, T, x_width, y, 0);
+    return run_group(m, &lin, 1, x, T, x_width, y, RUN_PARTIAL);
+}
+
+int tp_module_output_gathers_columns(const tp_model *m, const tp_module *lin)
+{
+    const struct tp_module_tp *mt = lin->tp;
+    if (runs_plainly(m, mt) || tp_mesh_ndim(m->tp->mesh) != 1 || mt->kv_rep > 1) return 0;
+    const tp_forward_desc *d = &mt->plan->fwd;
+    int64_t start, size;
+    tp_chunk_range(mt->out_features, m->tp->size, m->tp->rank, &start, &size);
+    return d->post_forward_moves && !mt->plan->style->transform_grad_output_pre_backward &&
+           d->local_output.kind == TP_SHARD && (d->local_output.dim == 1 || d->local_output.dim == -1) &&
+           d->output.kind == TP_REPLICATE && !d->divide_params_by_p &&
+           !(d->bias_after_reduce && tp_module_bias(lin)->data) &&
+           output_width(m, mt, lin) == mt->out_features && tp_module_weight(lin)->shape[0] == size;
+}
+
+tp_status tp_module_linear_local(tp_model *m, const tp_module *lin, const float *x, int64_t T, int64_t x_width,
+                                 tp_act *y)
+{
+    if (!tp_module_output_gathers_columns(m, lin))
+        return tp_fail(TP_ERR_INTERNAL, "%s: its output is not a gathered column split",
+                       lin->tp ? lin->tp->name : "a Linear module");
+    return run_group(m, &lin, 1, x, T, x_width, y, RUN_LOCAL);
 }
 
 /* ---- blocks (self_attn, mlp) ----------------------------------------- */
@@ -444,21 +473,22 @@ static void lin_bwd_free(lin_bwd *b)
  * pre_forward again (what the forward's GEMM read), dy through
  * pre_backward. */
 static tp_status local_operands(tp_model *m, const struct tp_module_tp *mt, const tp_module_ctx *ctx,
-                                const float *dy, const float *x, int64_t T, int64_t gout, lin_bwd *b)
+                                const float *dy, int dy_local, const float *x, int64_t T, int64_t gout, lin_bwd *b)
 {
     const tp_forward_desc *d = &mt->plan->fwd;
     int64_t gy_shape[2] = {T, gout}, gx_shape[2] = {T, mt->in_features};
-    tp_status s = tp_dtensor_from_local(&b->gy, m->tp->mesh, &d->output, TP_F32, 2, gy_shape, (void *)dy);
+    const tp_placement *gy_pl = dy_local ? &d->local_output : &d->output;
+    tp_status s = tp_dtensor_from_local(&b->gy, m->tp->mesh, gy_pl, TP_F32, 2, gy_shape, (void *)dy);
     b->have_gy = !s;
-    if (!s) s = tp_style_pre_backward(mt->plan->style, ctx, d, &b->gy);
+    if (!s && !dy_local) s = tp_style_pre_backward(mt->plan->style, ctx, d, &b->gy);
     if (!s) s = tp_dtensor_from_local(&b->xd, m->tp->mesh, &d->input, TP_F32, 2, gx_shape, (void *)x);
     b->have_xd = !s;
     if (!s) s = tp_style_pre_forward(mt->plan->style, ctx, d, &b->xd);
     return s;
 }
 
-static tp_status styled_backward(tp_model *m, const tp_module *lin, const float *dy, const float *x, int64_t T,
-                                 float *dx)
+static tp_status styled_backward(tp_model *m, const tp_module *lin, const float *dy, int dy_local, const float *x,
+                                 int64_t T, float *dx)
 {
     const struct tp_module_tp *mt = lin->tp;
     const tp_forward_desc *d = &mt->plan->fwd;
@@ -468,7 +498,7 @@ static tp_status styled_backward(tp_model *m, const tp_module *lin, const float 
     lin_bwd b = {0};
     if (d->divide_params_by_p)
         return tp_fail(TP_ERR_UNSUPPORTED, "%s: the legacy `local` style has no backward", lin->name);
-    tp_status s = local_operands(m, mt, &ctx, dy, x, T, output_width(m, mt, lin), &b);
+    tp_status s = local_operands(m, mt, &ctx, dy, dy_local, x, T, output_width(m, mt, lin), &b);
     if (!s && (b.gy.local.shape[1] != out || b.xd.local.shape[1] != in))
         s = tp_fail(TP_ERR_INVALID, "%s: its style gives the local backward [%lld, %lld] for a weight shard "
                     "[%lld, %lld]", lin->name, (long long)b.gy.local.shape[1], (long long)b.xd.local.shape[1],
@@ -506,7 +536,16 @@ tp_status tp_module_linear_backward(tp_model *m, const tp_module *lin, const flo
                                     float *dx)
 {
     tp_status st = runs_plainly(m, lin->tp) ? plain_backward(m, lin, dy, x, T, dx)
-                                            : styled_backward(m, lin, dy, x, T, dx);
+                                            : styled_backward(m, lin, dy, 0, x, T, dx);
+    return st ? tp_fail_context(st, "the backward of %s", lin->name) : TP_OK;
+}
+
+tp_status tp_module_linear_backward_local(tp_model *m, const tp_module *lin, const float *dy_local, const float *x,
+                                          int64_t T, float *dx)
+{
+    if (!tp_module_output_gathers_columns(m, lin))
+        return tp_fail(TP_ERR_INTERNAL, "%s: its output is not a gathered column split", lin->name);
+    tp_status st = styled_backward(m, lin, dy_local, 1, x, T, dx);
     return st ? tp_fail_context(st, "the backward of %s", lin->name) : TP_OK;
 }
 
