@@ -181,6 +181,9 @@ typedef struct {
     int64_t seq_len, n_rows;
     int64_t *ids;                       /* [n_rows, seq_len] */
     int64_t *labels;                    /* [n_rows, seq_len]; -100 = not counted */
+    /* [n_rows]: the row's real tokens, the rest being padding (NULL: every
+     * row full, as for a dataset built by hand) */
+    int64_t *lengths;
 } tp_dataset;
 
 tp_status tp_dataset_load(tp_dataset *d, const char *path, const tp_data_options *o);
@@ -274,6 +277,8 @@ tp_status tp_cross_entropy_row_parallel(double *loss_sum, float *logits_local, c
  * step, so a run that stops keeps every step it finished:
  *   {"step": 1, "loss": 2.5, "lr": 0.0001, "grad_norm": 1.25,
  *    "tokens_per_s": 812.5, "eval_loss": 2.75}
+ * (tokens_per_s: the real input tokens of the step's rows on this rank's
+ * replica, padding not counted, over the step's wall time)
  * (steps from 1; eval_loss only on steps that evaluated; a number that is
  * not finite is written as null).  On a terminal, a progress line on stderr:
  * step/total, loss, lr, grad-norm, tokens/s, ETA.  At the end, the loss (and
