@@ -504,13 +504,19 @@ static tp_status styled_backward(tp_model *m, const tp_module *lin, const float 
                     "[%lld, %lld]", lin->name, (long long)b.gy.local.shape[1], (long long)b.xd.local.shape[1],
                     (long long)out, (long long)in);
     if (s) { lin_bwd_free(&b); return s; }
-    b.dw = calloc((size_t)(out * in), sizeof(float));
+    /* With no hook on the weight's gradient it is added straight into the
+     * parameter's, as plain_backward does: no [out, in] temporary (lm_head's
+     * would be a vocabulary shard of the embedding's size). */
+    int direct = mt->kv_rep <= 1 && !mt->plan->style->reduce_param_grad_post_backward && !d->param_grad_allreduce;
+    float *dw = NULL;
+    if (direct) s = tp_module_grad(m, lin, TP_MODULE_WEIGHT, &dw);
+    else dw = b.dw = calloc((size_t)(out * in), sizeof(float));
     b.db = bias->data ? calloc((size_t)out, sizeof(float)) : NULL;
     b.dxl = dx ? calloc((size_t)(T * in), sizeof(float)) : NULL;
-    if (!b.dw || (bias->data && !b.db) || (dx && !b.dxl)) s = tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!s && (!dw || (bias->data && !b.db) || (dx && !b.dxl))) s = tp_fail(TP_ERR_NOMEM, "out of memory");
     /* a bias added after the reduction sees the whole output gradient */
     if (!s && b.db && d->bias_after_reduce) s = tp_matmul_backward(NULL, NULL, b.db, dy, x, T, W, m->pool);
-    if (!s) s = tp_matmul_backward(b.dxl, b.dw, d->bias_after_reduce ? NULL : b.db, b.gy.local.data,
+    if (!s) s = tp_matmul_backward(b.dxl, dw, d->bias_after_reduce ? NULL : b.db, b.gy.local.data,
                                    b.xd.local.data, T, W, m->pool);
     if (!s && dx) {
         tp_placement pl = tp_style_local_input_grad_layout(d);
@@ -526,7 +532,7 @@ static tp_status styled_backward(tp_model *m, const tp_module *lin, const float 
     }
     if (!s && mt->kv_rep > 1) s = sum_kv_group(m, lin, TP_MODULE_WEIGHT, b.dw);
     if (!s && mt->kv_rep > 1 && b.db) s = sum_kv_group(m, lin, TP_MODULE_BIAS, b.db);
-    if (!s) s = add_param_grad(m, lin, &ctx, TP_MODULE_WEIGHT, b.dw);
+    if (!s && !direct) s = add_param_grad(m, lin, &ctx, TP_MODULE_WEIGHT, b.dw);
     if (!s && b.db) s = add_param_grad(m, lin, &ctx, TP_MODULE_BIAS, b.db);
     lin_bwd_free(&b);
     return s;
