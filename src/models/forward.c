@@ -67,7 +67,8 @@ static tp_status scratch_train(fwd_scratch *s, const tp_model *m, int64_t T, tp_
 }
 
 /* f->sc.h holds norm(x): lm_head on its rows from `first` on; with local,
- * its column shard before the gather (tp_module_linear_local). */
+ * its column shard before the gather, written straight to logits
+ * (tp_module_linear_local). */
 static tp_status head(tp_model *m, tp_forward_pass *f, int64_t first, float *logits, int local)
 {
     int64_t H = m->cfg.hidden_size, V = m->cfg.vocab_size, rows = f->T - first;
@@ -75,12 +76,12 @@ static tp_status head(tp_model *m, tp_forward_pass *f, int64_t first, float *log
     f->in = f->sc.h + first * H;
     f->rows = rows;
     f->in_width = H;
-    tp_status st = local ? tp_module_linear_local(m, lm_head, f->in, rows, H, &f->out)
-                         : lm_head->ops->forward(m, lm_head, f);
-    if (!st && !local && (f->out.width != V || f->out.pl.kind != TP_REPLICATE))
+    if (local) return tp_module_linear_local(m, lm_head, f->in, rows, H, logits);
+    tp_status st = lm_head->ops->forward(m, lm_head, f);
+    if (!st && (f->out.width != V || f->out.pl.kind != TP_REPLICATE))
         st = tp_fail(TP_ERR_INVALID, "lm_head gives %lld of %lld logits on this rank; the plan must gather them "
                      "(colwise_gather_output)", (long long)f->out.width, (long long)V);
-    if (!st) memcpy(logits, f->out.data, (size_t)(rows * f->out.width) * sizeof(float));
+    if (!st) memcpy(logits, f->out.data, (size_t)(rows * V) * sizeof(float));
     tp_act_release(m, &f->out);
     return st;
 }

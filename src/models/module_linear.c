@@ -82,6 +82,7 @@ typedef struct {
     int have_xd, entered;
     void *state;
     float *y;                       /* the local output                  */
+    float *into;                    /* RUN_LOCAL: the caller's buffer for y, or NULL */
 } module_run;
 
 static int runs_plainly(const tp_model *m, const struct tp_module_tp *mt)
@@ -124,7 +125,7 @@ static tp_status module_begin(tp_model *m, module_run *r, const float *x, int64_
                        "(the plan leaves its input in another layout)", module_name(r), (long long)in,
                        (long long)x_width);
     }
-    r->y = tp_act_alloc(m, T * out);
+    r->y = r->into ? r->into : tp_act_alloc(m, T * out);
     return r->y ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
 }
 
@@ -203,7 +204,7 @@ static void divide_output(const tp_model *m, module_run *r, int64_t T)
 typedef enum { RUN_FINISH, RUN_PARTIAL, RUN_LOCAL } run_mode;
 
 static tp_status run_group(tp_model *m, const tp_module *const *lins, int count, const float *x, int64_t T,
-                           int64_t x_width, tp_act *ys, run_mode mode)
+                           int64_t x_width, tp_act *ys, run_mode mode, float *into)
 {
     if (count < 1 || count > GROUP_MAX)
         return tp_fail(TP_ERR_INTERNAL, "tp_module_linear_group: %d modules (1..%d)", count, GROUP_MAX);
@@ -214,6 +215,7 @@ static tp_status run_group(tp_model *m, const tp_module *const *lins, int count,
     tp_status s = TP_OK;
     for (int i = 0; i < count && !s; i++) {
         runs[i].lin = lins[i];
+        runs[i].into = mode == RUN_LOCAL ? into : NULL;
         runs[i].mt = runs_plainly(m, lins[i]->tp) ? NULL : lins[i]->tp;
         if (runs[i].mt)
             runs[i].ctx = tp_module_ctx_of(m, runs[i].mt, runs[i].mt->plan->fwd.bias_after_reduce && tp_module_bias(lins[i])->data
@@ -229,15 +231,14 @@ static tp_status run_group(tp_model *m, const tp_module *const *lins, int count,
         if (mode == RUN_FINISH) {
             s = module_finish(m, &runs[i], T, &ys[i]);
         } else if (mode == RUN_LOCAL) {
-            ys[i] = (tp_act){runs[i].y, T, out, output_width(m, runs[i].mt, lins[i]), runs[i].mt->plan->fwd.local_output};
-            runs[i].y = NULL;
+            runs[i].y = NULL;   /* the caller's */
         } else {
             ys[i] = (tp_act){runs[i].y, T, out, out, tp_partial()};
             runs[i].y = NULL;
         }
     }
     for (int i = 0; i < count; i++) {
-        tp_act_free(m, runs[i].y);
+        if (runs[i].y != runs[i].into) tp_act_free(m, runs[i].y);
         if (s) tp_act_release(m, &ys[i]);
     }
     return s;
@@ -246,13 +247,13 @@ static tp_status run_group(tp_model *m, const tp_module *const *lins, int count,
 tp_status tp_module_linear_group(tp_model *m, const tp_module *const *lins, int count, const float *x, int64_t T,
                                  int64_t x_width, tp_act *ys)
 {
-    return run_group(m, lins, count, x, T, x_width, ys, RUN_FINISH);
+    return run_group(m, lins, count, x, T, x_width, ys, RUN_FINISH, NULL);
 }
 
 tp_status tp_module_linear(tp_model *m, const tp_module *lin, const float *x, int64_t T, int64_t x_width,
                            tp_act *y)
 {
-    return run_group(m, &lin, 1, x, T, x_width, y, RUN_FINISH);
+    return run_group(m, &lin, 1, x, T, x_width, y, RUN_FINISH, NULL);
 }
 
 int tp_module_output_summed(const tp_model *m, const tp_module *lin)
@@ -271,7 +272,7 @@ tp_status tp_module_linear_partial(tp_model *m, const tp_module *lin, const floa
     if (!tp_module_output_summed(m, lin))
         return tp_fail(TP_ERR_INTERNAL, "%s: its output is not a plain sum over the ranks",
                        lin->tp ? lin->tp->name : "a Linear module");
-    return run_group(m, &lin, 1, x, T, x_width, y, RUN_PARTIAL);
+    return run_group(m, &lin, 1, x, T, x_width, y, RUN_PARTIAL, NULL);
 }
 
 int tp_module_output_gathers_columns(const tp_model *m, const tp_module *lin)
@@ -289,12 +290,13 @@ int tp_module_output_gathers_columns(const tp_model *m, const tp_module *lin)
 }
 
 tp_status tp_module_linear_local(tp_model *m, const tp_module *lin, const float *x, int64_t T, int64_t x_width,
-                                 tp_act *y)
+                                 float *y)
 {
     if (!tp_module_output_gathers_columns(m, lin))
         return tp_fail(TP_ERR_INTERNAL, "%s: its output is not a gathered column split",
                        lin->tp ? lin->tp->name : "a Linear module");
-    return run_group(m, &lin, 1, x, T, x_width, y, RUN_LOCAL);
+    tp_act unused;
+    return run_group(m, &lin, 1, x, T, x_width, &unused, RUN_LOCAL, y);
 }
 
 /* ---- blocks (self_attn, mlp) ----------------------------------------- */

@@ -223,9 +223,10 @@ tp_status tp_module_linear_partial(tp_model *m, const tp_module *lin, const floa
  * (tp_module_linear_local) and hand the local output gradient back
  * (tp_module_linear_backward_local), doing the move itself. */
 int tp_module_output_gathers_columns(const tp_model *m, const tp_module *lin);
-/* lin's forward without post_forward: y is its local_output shard. */
+/* lin's forward without post_forward: its local_output shard written to
+ * y [T, the weight shard's rows] (the caller's buffer, not the arena). */
 tp_status tp_module_linear_local(tp_model *m, const tp_module *lin, const float *x, int64_t T, int64_t x_width,
-                                 tp_act *y);
+                                 float *y);
 /* tp_module_linear_backward with dy_local [T, local columns], the gradient
  * of what tp_module_linear_local gave (no pre_backward). */
 tp_status tp_module_linear_backward_local(tp_model *m, const tp_module *lin, const float *dy_local, const float *x,
