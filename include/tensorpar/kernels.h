@@ -252,6 +252,15 @@ tp_status tp_cross_entropy_check_labels(const int64_t *labels, int64_t T, int64_
                                         int64_t *counted);
 tp_status tp_cross_entropy(double *loss_sum, float *dlogits, const float *logits, const int64_t *labels,
                            int64_t T, int64_t V, double count, tp_threadpool *pool);
+/* The two halves of tp_cross_entropy, for a caller that holds whole rows
+ * but not all of them (the row-parallel loss, train.h): row_loss[t] =
+ * logsumexp − z[label] (0 on ignored rows) and dlogits as above, with
+ * inv_count = 1 / count (0 when no row of the whole batch counts); labels
+ * unchecked.  Then tp_cross_entropy_sum adds the T row losses in row
+ * order, the one order in which tp_cross_entropy adds them. */
+tp_status tp_cross_entropy_rows(double *row_loss, float *dlogits, const float *logits, const int64_t *labels,
+                                int64_t T, int64_t V, double inv_count, tp_threadpool *pool);
+double tp_cross_entropy_sum(const double *row_loss, int64_t T);
 
 /* Causal attention for training: tp_attention's result (same arguments;
  * its own blocked kernel, portable C whose loops also have an AVX2 build)
