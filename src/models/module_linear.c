@@ -177,13 +177,17 @@ static tp_status compute_local(tp_model *m, module_run *runs, const float *const
 {
     tp_matmul_opts opts = m->matmul;
     tp_matmul_out outs[GROUP_MAX];
+    memset(outs, 0, sizeof outs);
     int n = 0;
     tp_status s = TP_OK;
     for (int i = 0; i < count && !s; i++) {
         if (inputs[i] == x) outs[n++] = (tp_matmul_out){runs[i].y, tp_module_weight(runs[i].lin), local_bias(&runs[i])};
         else s = tp_matmul_ex(runs[i].y, inputs[i], T, tp_module_weight(runs[i].lin), local_bias(&runs[i]), m->pool, &opts);
     }
-    return s ? s : tp_matmul_group(outs, n, x, T, m->pool, &opts);
+    if (!s) s = tp_matmul_group(outs, n, x, T, m->pool, &opts);
+    /* a LoRA adapter's term joins the local output before post_forward */
+    for (int i = 0; i < count && !s; i++) s = tp_lora_apply(m, runs[i].lin, inputs[i], T, runs[i].y);
+    return s;
 }
 
 /* Legacy `local`: x · (W/P)ᵀ + b/P, i.e. the output divided by P, which a

@@ -253,4 +253,11 @@ int64_t tp_module_out_width(const tp_model *m, const tp_module *lin);
 /* The embedding lookup of T token ids (ids outside [0, vocab) are an error). */
 tp_status tp_module_embedding(tp_model *m, const tp_module *emb, const int64_t *ids, int64_t T, tp_act *y);
 
+/* ---- LoRA (lora.c) ---------------------------------------------------------- */
+
+/* y [T, out_local] += scale · B(A(x)) when lin has an adapter: x is what
+ * the module's local GEMM read (after pre_forward). */
+tp_status tp_lora_apply(tp_model *m, const tp_module *lin, const float *x, int64_t T, float *y);
+void tp_lora_free(struct tp_lora *l);
+
 #endif

@@ -1,0 +1,190 @@
+/* LoRA adapters on the Linear modules of a loaded model (tp-semantics.md
+ * §9.6): reading PEFT's adapter_model.safetensors shard-on-read with the
+ * placements that follow the base's style, the adapter's term in each
+ * targeted module's local computation, and merging it into the weights.
+ *
+ * The term is added to the module's local output before its
+ * post_forward, so the base's own hooks carry it: under colwise, x is
+ * replicated and B's rows are the base's rows, so scale·(x·Aᵀ)·B_rᵀ is this
+ * rank's column block of the output; under rowwise, x and A are split on
+ * the same columns, so scale·(x_r·A_rᵀ)·Bᵀ is this rank's partial sum and
+ * the base's all-reduce adds them: B(all_reduce(A_r x_r)) by linearity,
+ * with no collective of its own. */
+#include "tensorpar/lora.h"
+#include "tensorpar/kernels.h"
+#include "tp_module.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    tp_tensor A, B;                /* f32 local shards: [r, in_local], [out_local, r] */
+} lora_entry;
+
+struct tp_lora {
+    size_t n;                      /* m->n_modules */
+    lora_entry **by_module;        /* NULL: no adapter on that module */
+    float scale;
+    int64_t r;
+};
+
+void tp_lora_free(struct tp_lora *l)
+{
+    if (!l) return;
+    for (size_t i = 0; i < l->n; i++) {
+        if (!l->by_module[i]) continue;
+        tp_tensor_release(&l->by_module[i]->A);
+        tp_tensor_release(&l->by_module[i]->B);
+        free(l->by_module[i]);
+    }
+    free(l->by_module);
+    free(l);
+}
+
+/* The name of the module's style when its plan splits it, else NULL. */
+static const char *style_name(const tp_model *m, const tp_module *lin)
+{
+    if (!m->tp || !m->tp->res || !m->tp->res->applied || !lin->tp || !lin->tp->plan || !lin->tp->plan->style)
+        return NULL;
+    return lin->tp->plan->style->name;
+}
+
+/* Reads `name` [rows, cols] (global) into t: whole, or the ranges of sl
+ * along sl->dim (0 or 1) when split. */
+static tp_status read_shard(tp_checkpoint *ck, const char *name, int64_t rows, int64_t cols,
+                            const tp_param_slice *sl, int split, tp_tensor *t)
+{
+    int64_t shape[2] = {rows, cols};
+    tp_status s = tp_checkpoint_expect(ck, name, 2, shape);
+    if (s) return s;
+    int dim = split ? sl->dim : -1;
+    int64_t local[2] = {rows, cols};
+    if (dim >= 0) {
+        local[dim] = 0;
+        for (int i = 0; i < sl->n; i++) local[dim] += sl->len[i];
+    }
+    if ((s = tp_tensor_init(t, TP_F32, 2, local))) return s;
+    if (dim < 0) return tp_checkpoint_read(ck, name, TP_F32, t->data);
+    float *dst = t->data;
+    int64_t off = 0;
+    for (int i = 0; i < sl->n && !s; i++) {
+        float *tmp = malloc((size_t)(dim == 0 ? sl->len[i] * cols : rows * sl->len[i]) * sizeof(float) + 1);
+        if (!tmp) return tp_fail(TP_ERR_NOMEM, "out of memory reading %s", name);
+        s = tp_checkpoint_read_slice(ck, name, dim, sl->start[i], sl->len[i], TP_F32, tmp);
+        if (!s && dim == 0) memcpy(dst + off * cols, tmp, (size_t)(sl->len[i] * cols) * sizeof(float));
+        for (int64_t r = 0; !s && dim == 1 && r < rows; r++)
+            memcpy(dst + r * local[1] + off, tmp + r * sl->len[i], (size_t)sl->len[i] * sizeof(float));
+        free(tmp);
+        off += sl->len[i];
+    }
+    return s;
+}
+
+/* lin's adapter into e, with §9.6's placements for its style. */
+static tp_status read_entry(tp_model *m, tp_checkpoint *ck, const tp_module *lin, int64_t r, lora_entry *e)
+{
+    const char *style = style_name(m, lin);
+    if (style && strcmp(style, "colwise") && strcmp(style, "rowwise"))
+        return tp_fail(TP_ERR_UNSUPPORTED, "Unsupported tensor parallel plan '%s' for LoRA state dict sharding.",
+                       style);
+    const tp_module_param *w = &lin->params[TP_MODULE_WEIGHT];
+    int col = style && !strcmp(style, "colwise") && w->slice.dim == 0;
+    int row = style && !strcmp(style, "rowwise") && w->slice.dim == 1;
+    if (style && w->slice.dim >= 0 && !col && !row)
+        return tp_fail(TP_ERR_INTERNAL, "%s: its weight is split along dimension %d under '%s'", lin->name,
+                       w->slice.dim, style);
+    char a[200], b[200];
+    snprintf(a, sizeof a, "base_model.model.%s.lora_A.weight", lin->name);
+    snprintf(b, sizeof b, "base_model.model.%s.lora_B.weight", lin->name);
+    tp_status s = read_shard(ck, a, r, w->shape[1], &w->slice, row, &e->A);
+    if (!s) s = read_shard(ck, b, w->shape[0], r, &w->slice, col, &e->B);
+    return s;
+}
+
+/* W += scale · B·A on the local shards (f32 weights that the module owns). */
+static tp_status merge_entry(tp_model *m, const tp_module *lin, const lora_entry *e, float scale)
+{
+    tp_tensor *W = &((tp_module *)lin)->params[TP_MODULE_WEIGHT].local;
+    if (W->dtype != TP_F32 || !W->owns_data)
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: --merge-adapter needs f32 weights the module owns (load with "
+                       "--dtype f32; a tied weight cannot be merged)", lin->name);
+    int64_t out = W->shape[0], in = W->shape[1], r = e->A.shape[0];
+    float *w = W->data;
+    const float *A = e->A.data, *B = e->B.data;
+    (void)m;
+    for (int64_t o = 0; o < out; o++)
+        for (int64_t k = 0; k < r; k++) {
+            float c = scale * B[o * r + k];
+            for (int64_t i = 0; i < in; i++) w[o * in + i] += c * A[k * in + i];
+        }
+    return TP_OK;
+}
+
+static tp_status attach(tp_model *m, tp_checkpoint *ck, const tp_lora_config *c, int merge, struct tp_lora *l)
+{
+    size_t used = 0;
+    for (size_t i = 0; i < m->n_modules; i++) {
+        const tp_module *mod = &m->modules[i];
+        int hit = tp_lora_config_matches(c, mod->name);
+        if (hit < 0) return TP_ERR_FORMAT;
+        if (!hit || (mod->type != TP_MT_LINEAR && mod->type != TP_MT_EMBEDDING)) continue;
+        if (mod->type == TP_MT_EMBEDDING)
+            return tp_fail(TP_ERR_UNSUPPORTED, "%s: LoRA on an embedding is not supported yet", mod->name);
+        lora_entry *e = calloc(1, sizeof *e);
+        if (!e) return tp_fail(TP_ERR_NOMEM, "out of memory");
+        tp_status s = read_entry(m, ck, mod, c->r, e);
+        if (!s && merge) s = merge_entry(m, mod, e, l->scale);
+        if (s || merge) {
+            tp_tensor_release(&e->A);
+            tp_tensor_release(&e->B);
+            free(e);
+            if (s) return tp_fail_context(s, "the adapter of %s", mod->name);
+        } else {
+            l->by_module[i] = e;
+        }
+        used += 2;
+    }
+    if (!used) return tp_fail(TP_ERR_INVALID, "the adapter's target_modules match no Linear of the model");
+    if (used != tp_checkpoint_count(ck))
+        tp_log(TP_LOG_WARN, "%zu tensors of the adapter are not used", tp_checkpoint_count(ck) - used);
+    return TP_OK;
+}
+
+tp_status tp_model_load_adapter(tp_model *m, const char *dir, int merge)
+{
+    if (m->lora) return tp_fail(TP_ERR_INVALID, "the model already has an adapter");
+    tp_lora_config c;
+    tp_status s = tp_lora_config_load(&c, dir);
+    if (s) return s;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    tp_checkpoint *ck = NULL;
+    struct tp_lora *l = calloc(1, sizeof *l);
+    if (!l || !(l->by_module = calloc(m->n_modules ? m->n_modules : 1, sizeof *l->by_module)))
+        s = tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (l) { l->n = m->n_modules; l->scale = (float)tp_lora_config_scale(&c); l->r = c.r; }
+    if (!s) s = tp_checkpoint_open(&ck, path);
+    if (!s) s = attach(m, ck, &c, merge, l);
+    if (ck) tp_checkpoint_close(ck);
+    tp_lora_config_free(&c);
+    if (s || merge) { tp_lora_free(l); return s; }
+    m->lora = l;
+    return TP_OK;
+}
+
+tp_status tp_lora_apply(tp_model *m, const tp_module *lin, const float *x, int64_t T, float *y)
+{
+    if (!m->lora) return TP_OK;
+    const lora_entry *e = m->lora->by_module[lin - m->modules];
+    if (!e) return TP_OK;
+    int64_t r = e->A.shape[0], out = e->B.shape[0];
+    float *a = malloc((size_t)(T * r) * sizeof(float)), *d = malloc((size_t)(T * out) * sizeof(float));
+    tp_status s = a && d ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!s) s = tp_matmul_ex(a, x, T, &e->A, NULL, m->pool, &m->matmul);
+    if (!s) s = tp_matmul_ex(d, a, T, &e->B, NULL, m->pool, &m->matmul);
+    float scale = m->lora->scale;
+    for (int64_t i = 0; !s && i < T * out; i++) y[i] += scale * d[i];
+    free(a);
+    free(d);
+    return s;
+}
