@@ -1,0 +1,84 @@
+"""PEFT LoRA in NumPy float64: writes adapters in PEFT's save_pretrained layout
+and gives the reference logits of a base model with an adapter.
+
+The math is PEFT's LoraLayer (peft/tuners/lora/layer.py, Linear.forward):
+    y = base(x) + scale * lora_B(lora_A(dropout(x))),
+    scale = lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora,
+with lora_A.weight [r, in] and lora_B.weight [out, r]; keys are
+base_model.model.<module>.lora_A.weight / .lora_B.weight.  Without dropout
+(inference) that equals x @ (W + scale * B @ A).T + b, which is how the
+reference applies it: the merged weights go through hf_reference's model."""
+
+import json
+import math
+import os
+import re
+
+import numpy as np
+
+import hf_reference as ref
+
+PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def targeted(names, targets):
+    """The module names PEFT targets: a list matches a name or a dotted suffix,
+    a string is a regex that must match the whole name (re.fullmatch)."""
+    if isinstance(targets, str):
+        return [n for n in names if re.fullmatch(targets, n)]
+    return [n for n in names if any(n == t or n.endswith("." + t) for t in targets)]
+
+
+def scale_of(cfg):
+    r, alpha = cfg["r"], cfg["lora_alpha"]
+    return alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
+
+
+def linear_modules(tensors):
+    """Names of the Linear modules of a model's tensors (2-D weights but the embedding)."""
+    return sorted(n[:-len(".weight")] for n, a in tensors.items()
+                  if n.endswith(".weight") and a.ndim == 2 and "embed_tokens" not in n)
+
+
+def write_adapter(out_dir, model_dir, r=4, alpha=8, targets=("q_proj", "v_proj"), use_rslora=False, seed=0,
+                  b_std=0.05, extra_config=None):
+    """A PEFT LoRA adapter for the model in model_dir with random A and
+    non-zero B (PEFT initialises B to zeros; a test adapter must matter)."""
+    t = ref.load_model_tensors(model_dir)
+    rng = np.random.default_rng(seed)
+    names = targeted(linear_modules(t), list(targets) if not isinstance(targets, str) else targets)
+    arrays = {}
+    for n in names:
+        out, inp = t[n + ".weight"].shape
+        arrays[f"base_model.model.{n}.lora_A.weight"] = rng.normal(0, 1 / math.sqrt(inp), (r, inp))
+        arrays[f"base_model.model.{n}.lora_B.weight"] = rng.normal(0, b_std, (out, r))
+    os.makedirs(out_dir, exist_ok=True)
+    ref.write_safetensors(os.path.join(out_dir, "adapter_model.safetensors"), arrays, "F32",
+                          metadata={"format": "pt"})
+    cfg = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": alpha, "lora_dropout": 0.0,
+           "bias": "none", "use_rslora": use_rslora, "fan_in_fan_out": False, "modules_to_save": None,
+           "target_modules": list(targets) if not isinstance(targets, str) else targets,
+           "base_model_name_or_path": model_dir, "inference_mode": True}
+    cfg.update(extra_config or {})
+    with open(os.path.join(out_dir, "adapter_config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    return names
+
+
+def merged_tensors(model_dir, adapter_dir):
+    """The base tensors with scale * B @ A added to each targeted weight (float64)."""
+    t = dict(ref.load_model_tensors(model_dir))
+    with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
+        cfg = json.load(f)
+    a = ref.read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"))
+    s = scale_of(cfg)
+    for key in a:
+        if key.endswith(".lora_A.weight"):
+            mod = key[len("base_model.model."):-len(".lora_A.weight")]
+            B = a[f"base_model.model.{mod}.lora_B.weight"]
+            t[mod + ".weight"] = t[mod + ".weight"] + s * (B @ a[key])
+    return t
+
+
+def reference_logits(model_dir, adapter_dir, tokens):
+    return ref.HFReference(model_dir, tensors=merged_tensors(model_dir, adapter_dir)).forward(tokens)
