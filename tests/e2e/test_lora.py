@@ -81,6 +81,27 @@ class LoraLogits(unittest.TestCase):
         self.assertEqual(with_adapter, gen("--adapter", adapter, "--merge-adapter"))
 
 
+class LoraMerge(unittest.TestCase):
+    def test_merge_command(self):
+        model = make("qwen3-base", "qwen3")
+        adapter = os.path.join(WORK, "merge-adapter")
+        peft.write_adapter(adapter, model, targets=list(peft.PROJ), r=4, alpha=16, seed=7)
+        unmerged = logits(model, 2, "--adapter", adapter)
+        saved = {}
+        for tp in (1, 2, 4):
+            out = os.path.join(WORK, f"merged-tp{tp}")
+            run("merge", "--model", model, "--adapter", adapter, "--out", out, "--tp", tp)
+            with open(os.path.join(out, "model.safetensors"), "rb") as f:
+                saved[tp] = f.read()
+            self.assertTrue(os.path.exists(os.path.join(out, "config.json")))
+            self.assertLess(rel(logits(out, 1), unmerged), TOL, f"merged at TP={tp}")
+        # the collective save writes the TP = 1 bytes
+        self.assertEqual(saved[1], saved[2])
+        self.assertEqual(saved[1], saved[4])
+        with open(os.path.join(model, "model.safetensors"), "rb") as f:
+            self.assertNotEqual(f.read(), saved[1])
+
+
 class LoraRefusals(unittest.TestCase):
     def refused(self, adapter_kw, tp, needle, *extra):
         model = make("qwen3-base", "qwen3")
