@@ -18,7 +18,11 @@
 #include <string.h>
 
 typedef struct {
-    tp_tensor A, B;                /* f32 local shards: [r, in_local], [out_local, r] */
+    /* f32 local shards.  Linear: A [r, in_local], B [out_local, r].
+     * Embedding: A = lora_embedding_A [r, V_local], B = lora_embedding_B [H, r]. */
+    tp_tensor A, B;
+    int embedding;
+    tp_param_slice vocab;          /* embedding: the vocabulary ranges A holds (dim -1: all) */
 } lora_entry;
 
 struct tp_lora {
@@ -101,6 +105,56 @@ static tp_status read_entry(tp_model *m, tp_checkpoint *ck, const tp_module *lin
     return s;
 }
 
+/* An embedding's adapter: lora_embedding_A [r, V] split on V like the base
+ * table's rows under embedding_rowwise (§9.6), lora_embedding_B [H, r]
+ * replicated. */
+static tp_status read_embedding_entry(tp_model *m, tp_checkpoint *ck, const tp_module *emb, int64_t r,
+                                      lora_entry *e)
+{
+    const char *style = style_name(m, emb);
+    if (style && strcmp(style, "embedding_rowwise"))
+        return tp_fail(TP_ERR_UNSUPPORTED, "Unsupported tensor parallel plan '%s' for LoRA state dict sharding.",
+                       style);
+    const tp_module_param *w = &emb->params[TP_MODULE_WEIGHT];
+    int split = style && w->slice.dim == 0;
+    e->embedding = 1;
+    e->vocab = w->slice;
+    e->vocab.dim = split ? 1 : -1;
+    char a[200], b[200];
+    snprintf(a, sizeof a, "base_model.model.%s.lora_embedding_A", emb->name);
+    snprintf(b, sizeof b, "base_model.model.%s.lora_embedding_B", emb->name);
+    tp_status s = read_shard(ck, a, r, w->shape[0], &e->vocab, split, &e->A);
+    if (!s) s = read_shard(ck, b, w->shape[1], r, &e->vocab, 0, &e->B);
+    return s;
+}
+
+/* The local column of A that holds token id v, or -1 (another rank's). */
+static int64_t vocab_column(const lora_entry *e, int64_t v)
+{
+    if (e->vocab.dim < 0) return v;
+    int64_t base = 0;
+    for (int i = 0; i < e->vocab.n; base += e->vocab.len[i], i++)
+        if (v >= e->vocab.start[i] && v < e->vocab.start[i] + e->vocab.len[i]) return base + v - e->vocab.start[i];
+    return -1;
+}
+
+/* W [V_local, H] += scale · (B·A)ᵀ: the embedding's merge. */
+static tp_status merge_embedding(const tp_model *m, tp_tensor *W, const lora_entry *e, float scale, const char *name)
+{
+    if (m->cfg.tie_word_embeddings)
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: --merge-adapter would change the tied lm_head too", name);
+    int64_t V = W->shape[0], H = W->shape[1], r = e->A.shape[0];
+    float *w = W->data;
+    const float *A = e->A.data, *B = e->B.data;
+    for (int64_t v = 0; v < V; v++)
+        for (int64_t h = 0; h < H; h++) {
+            float acc = 0;
+            for (int64_t k = 0; k < r; k++) acc += B[h * r + k] * A[k * V + v];
+            w[v * H + h] += scale * acc;
+        }
+    return TP_OK;
+}
+
 /* W += scale · B·A on the local shards (f32 weights that the module owns). */
 static tp_status merge_entry(tp_model *m, const tp_module *lin, const lora_entry *e, float scale)
 {
@@ -108,10 +162,10 @@ static tp_status merge_entry(tp_model *m, const tp_module *lin, const lora_entry
     if (W->dtype != TP_F32 || !W->owns_data)
         return tp_fail(TP_ERR_UNSUPPORTED, "%s: --merge-adapter needs f32 weights the module owns (load with "
                        "--dtype f32; a tied weight cannot be merged)", lin->name);
+    if (e->embedding) return merge_embedding(m, W, e, scale, lin->name);
     int64_t out = W->shape[0], in = W->shape[1], r = e->A.shape[0];
     float *w = W->data;
     const float *A = e->A.data, *B = e->B.data;
-    (void)m;
     for (int64_t o = 0; o < out; o++)
         for (int64_t k = 0; k < r; k++) {
             float c = scale * B[o * r + k];
@@ -128,11 +182,10 @@ static tp_status attach(tp_model *m, tp_checkpoint *ck, const tp_lora_config *c,
         int hit = tp_lora_config_matches(c, mod->name);
         if (hit < 0) return TP_ERR_FORMAT;
         if (!hit || (mod->type != TP_MT_LINEAR && mod->type != TP_MT_EMBEDDING)) continue;
-        if (mod->type == TP_MT_EMBEDDING)
-            return tp_fail(TP_ERR_UNSUPPORTED, "%s: LoRA on an embedding is not supported yet", mod->name);
         lora_entry *e = calloc(1, sizeof *e);
         if (!e) return tp_fail(TP_ERR_NOMEM, "out of memory");
-        tp_status s = read_entry(m, ck, mod, c->r, e);
+        tp_status s = mod->type == TP_MT_EMBEDDING ? read_embedding_entry(m, ck, mod, c->r, e)
+                                                   : read_entry(m, ck, mod, c->r, e);
         if (!s && merge) s = merge_entry(m, mod, e, l->scale);
         if (s || merge) {
             tp_tensor_release(&e->A);
@@ -184,6 +237,29 @@ tp_status tp_lora_apply(tp_model *m, const tp_module *lin, const float *x, int64
     if (!s) s = tp_matmul_ex(d, a, T, &e->B, NULL, m->pool, &m->matmul);
     float scale = m->lora->scale;
     for (int64_t i = 0; !s && i < T * out; i++) y[i] += scale * d[i];
+    free(a);
+    free(d);
+    return s;
+}
+
+tp_status tp_lora_apply_embedding(tp_model *m, const tp_module *emb, const int64_t *ids, int64_t T, float *y)
+{
+    if (!m->lora) return TP_OK;
+    const lora_entry *e = m->lora->by_module[emb - m->modules];
+    if (!e) return TP_OK;
+    int64_t r = e->A.shape[0], Vl = e->A.shape[1], H = e->B.shape[0];
+    float *a = malloc((size_t)(T * r) * sizeof(float)), *d = malloc((size_t)(T * H) * sizeof(float));
+    tp_status s = a && d ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    const float *A = e->A.data;
+    /* the masked lookup of A's transposed table: ids on another rank give
+     * zeros, and the base's all-reduce adds the ranks' terms */
+    for (int64_t t = 0; !s && t < T; t++) {
+        int64_t col = vocab_column(e, ids[t]);
+        for (int64_t k = 0; k < r; k++) a[t * r + k] = col < 0 ? 0.0f : A[k * Vl + col];
+    }
+    if (!s) s = tp_matmul_ex(d, a, T, &e->B, NULL, m->pool, &m->matmul);
+    float scale = m->lora->scale;
+    for (int64_t i = 0; !s && i < T * H; i++) y[i] += scale * d[i];
     free(a);
     free(d);
     return s;

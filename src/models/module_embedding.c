@@ -41,6 +41,7 @@ tp_status tp_module_embedding(tp_model *m, const tp_module *emb, const int64_t *
     if (!buf) return tp_fail(TP_ERR_NOMEM, "out of memory");
     tp_param_slice whole = {.dim = -1};
     lookup_local(emb, mt ? &mt->weight_slice : &whole, ids, T, buf);
+    if ((s = tp_lora_apply_embedding(m, emb, ids, T, buf))) { tp_act_free(m, buf); return s; }
     if (!mt || !mt->plan || !mt->plan->fwd.installed || !m->tp->mesh) {
         *y = (tp_act){buf, T, width, width, tp_replicate()};
         return TP_OK;

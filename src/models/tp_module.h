@@ -258,6 +258,8 @@ tp_status tp_module_embedding(tp_model *m, const tp_module *emb, const int64_t *
 /* y [T, out_local] += scale · B(A(x)) when lin has an adapter: x is what
  * the module's local GEMM read (after pre_forward). */
 tp_status tp_lora_apply(tp_model *m, const tp_module *lin, const float *x, int64_t T, float *y);
+/* The same for an embedding's lookup y [T, width] of ids, before its post_forward. */
+tp_status tp_lora_apply_embedding(tp_model *m, const tp_module *emb, const int64_t *ids, int64_t T, float *y);
 void tp_lora_free(struct tp_lora *l);
 
 #endif

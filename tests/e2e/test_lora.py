@@ -70,6 +70,19 @@ class LoraLogits(unittest.TestCase):
         self.check("llama", tps=(1, 2), targets=r"model\.layers\.[01]\.(self_attn\.(q|o)_proj|mlp\.down_proj)",
                    r=8, alpha=4, use_rslora=True)
 
+    def test_embedding_rowwise(self):
+        # tied: the plan puts embed_tokens under embedding_rowwise (§7.1)
+        model = make("qwen3-tied", "qwen3", "--set", "tie_word_embeddings=true")
+        adapter = os.path.join(WORK, "emb-tied")
+        peft.write_adapter(adapter, model, targets=["embed_tokens", "q_proj", "o_proj"], r=4, alpha=8, seed=3)
+        want = peft.reference_logits(model, adapter, TOKENS)
+        self.assertGreater(rel(logits(model, 1), want), 100 * TOL)
+        for tp in (1, 2, 4):
+            self.assertLess(rel(logits(model, tp, "--adapter", adapter), want), TOL, f"tied TP={tp}")
+
+    def test_embedding_replicated(self):
+        self.check("llama", tps=(1, 2), targets=["embed_tokens", "gate_proj"], r=2, alpha=4)
+
     def test_qwen2_biased_colwise(self):
         self.check("qwen2", tps=(2,), targets=["k_proj", "up_proj"], r=2, alpha=2)
 
@@ -103,8 +116,8 @@ class LoraMerge(unittest.TestCase):
 
 
 class LoraRefusals(unittest.TestCase):
-    def refused(self, adapter_kw, tp, needle, *extra):
-        model = make("qwen3-base", "qwen3")
+    def refused(self, adapter_kw, tp, needle, *extra, model=None):
+        model = model or make("qwen3-base", "qwen3")
         adapter = os.path.join(WORK, "refuse-" + str(abs(hash(needle))))
         peft.write_adapter(adapter, model, **adapter_kw)
         p = run("logits", "--model", model, "--tokens", "1,2", "--out", os.path.join(WORK, "x.npy"), "--tp", tp,
@@ -115,6 +128,19 @@ class LoraRefusals(unittest.TestCase):
     def test_unsupported_style(self):
         self.refused({"targets": ["lm_head"]}, 2,
                      "Unsupported tensor parallel plan 'colwise_gather_output' for LoRA state dict sharding.")
+
+    def test_tied_embedding_merge(self):
+        model = make("qwen3-tied", "qwen3", "--set", "tie_word_embeddings=true")
+        self.refused({"targets": ["embed_tokens"]}, 1, "would change the tied lm_head too", "--merge-adapter",
+                     model=model)
+
+    def test_embedding_colwise(self):
+        plan = os.path.join(WORK, "emb-colwise.json")
+        with open(plan, "w") as f:
+            json.dump({"model.embed_tokens": "embedding_colwise", "lm_head": "colwise_gather_output"}, f)
+        self.refused({"targets": ["embed_tokens"]}, 2,
+                     "Unsupported tensor parallel plan 'embedding_colwise' for LoRA state dict sharding.",
+                     "--tp-plan", plan)
 
     def test_bias(self):
         self.refused({"extra_config": {"bias": "all"}}, 1, "bias must be \"none\"")

@@ -46,10 +46,15 @@ def write_adapter(out_dir, model_dir, r=4, alpha=8, targets=("q_proj", "v_proj")
     non-zero B (PEFT initialises B to zeros; a test adapter must matter)."""
     t = ref.load_model_tensors(model_dir)
     rng = np.random.default_rng(seed)
-    names = targeted(linear_modules(t), list(targets) if not isinstance(targets, str) else targets)
+    tlist = list(targets) if not isinstance(targets, str) else targets
+    names = targeted(linear_modules(t) + ["model.embed_tokens"], tlist)
     arrays = {}
     for n in names:
         out, inp = t[n + ".weight"].shape
+        if n.endswith("embed_tokens"):   # PEFT's Embedding: A [r, V], B [H, r], no ".weight"
+            arrays[f"base_model.model.{n}.lora_embedding_A"] = rng.normal(0, 1.0, (r, out))
+            arrays[f"base_model.model.{n}.lora_embedding_B"] = rng.normal(0, b_std, (inp, r))
+            continue
         arrays[f"base_model.model.{n}.lora_A.weight"] = rng.normal(0, 1 / math.sqrt(inp), (r, inp))
         arrays[f"base_model.model.{n}.lora_B.weight"] = rng.normal(0, b_std, (out, r))
     os.makedirs(out_dir, exist_ok=True)
@@ -73,6 +78,11 @@ def merged_tensors(model_dir, adapter_dir):
     a = ref.read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"))
     s = scale_of(cfg)
     for key in a:
+        if key.endswith(".lora_embedding_A"):
+            mod = key[len("base_model.model."):-len(".lora_embedding_A")]
+            B = a[f"base_model.model.{mod}.lora_embedding_B"]
+            # F.embedding(ids, A.T) @ B.T: the table gains (B @ A).T
+            t[mod + ".weight"] = t[mod + ".weight"] + s * (B @ a[key]).T
         if key.endswith(".lora_A.weight"):
             mod = key[len("base_model.model."):-len(".lora_A.weight")]
             B = a[f"base_model.model.{mod}.lora_B.weight"]
@@ -81,4 +91,9 @@ def merged_tensors(model_dir, adapter_dir):
 
 
 def reference_logits(model_dir, adapter_dir, tokens):
-    return ref.HFReference(model_dir, tensors=merged_tensors(model_dir, adapter_dir)).forward(tokens)
+    merged = merged_tensors(model_dir, adapter_dir)
+    model = ref.HFReference(model_dir, tensors=merged)
+    if model.tied:   # the adapter is on the lookup only: a tied head keeps the base table
+        merged["lm_head.weight"] = ref.load_model_tensors(model_dir)["model.embed_tokens.weight"]
+        model.tied = False
+    return model.forward(tokens)
