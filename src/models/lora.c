@@ -10,27 +10,12 @@
  * the same columns, so scale·(x_r·A_rᵀ)·Bᵀ is this rank's partial sum and
  * the base's all-reduce adds them: B(all_reduce(A_r x_r)) by linearity,
  * with no collective of its own. */
-#include "tensorpar/lora.h"
+#include "lora_internal.h"
+
 #include "tensorpar/kernels.h"
-#include "tp_module.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-typedef struct {
-    /* f32 local shards.  Linear: A [r, in_local], B [out_local, r].
-     * Embedding: A = lora_embedding_A [r, V_local], B = lora_embedding_B [H, r]. */
-    tp_tensor A, B;
-    int embedding;
-    tp_param_slice vocab;          /* embedding: the vocabulary ranges A holds (dim -1: all) */
-} lora_entry;
-
-struct tp_lora {
-    size_t n;                      /* m->n_modules */
-    lora_entry **by_module;        /* NULL: no adapter on that module */
-    float scale;
-    int64_t r;
-};
 
 void tp_lora_free(struct tp_lora *l)
 {
@@ -39,9 +24,12 @@ void tp_lora_free(struct tp_lora *l)
         if (!l->by_module[i]) continue;
         tp_tensor_release(&l->by_module[i]->A);
         tp_tensor_release(&l->by_module[i]->B);
+        tp_tensor_release(&l->by_module[i]->gA);
+        tp_tensor_release(&l->by_module[i]->gB);
         free(l->by_module[i]);
     }
     free(l->by_module);
+    tp_lora_config_free(&l->cfg);
     free(l);
 }
 
@@ -84,24 +72,38 @@ static tp_status read_shard(tp_checkpoint *ck, const char *name, int64_t rows, i
     return s;
 }
 
+tp_status tp_lora_placement(const tp_model *m, const tp_module *lin, int *a_split, int *b_split)
+{
+    const char *style = style_name(m, lin);
+    const tp_module_param *w = &lin->params[TP_MODULE_WEIGHT];
+    *a_split = *b_split = 0;
+    if (!style) return TP_OK;
+    if (strcmp(style, "colwise") && strcmp(style, "rowwise"))
+        return tp_fail(TP_ERR_UNSUPPORTED, "Unsupported tensor parallel plan '%s' for LoRA state dict sharding.",
+                       style);
+    *b_split = !strcmp(style, "colwise") && w->slice.dim == 0;
+    *a_split = !strcmp(style, "rowwise") && w->slice.dim == 1;
+    if (w->slice.dim >= 0 && !*a_split && !*b_split)
+        return tp_fail(TP_ERR_INTERNAL, "%s: its weight is split along dimension %d under '%s'", lin->name,
+                       w->slice.dim, style);
+    return TP_OK;
+}
+
 /* lin's adapter into e, with §9.6's placements for its style. */
 static tp_status read_entry(tp_model *m, tp_checkpoint *ck, const tp_module *lin, int64_t r, lora_entry *e)
 {
-    const char *style = style_name(m, lin);
-    if (style && strcmp(style, "colwise") && strcmp(style, "rowwise"))
-        return tp_fail(TP_ERR_UNSUPPORTED, "Unsupported tensor parallel plan '%s' for LoRA state dict sharding.",
-                       style);
+    int row, col;
+    tp_status s = tp_lora_placement(m, lin, &row, &col);
+    if (s) return s;
     const tp_module_param *w = &lin->params[TP_MODULE_WEIGHT];
-    int col = style && !strcmp(style, "colwise") && w->slice.dim == 0;
-    int row = style && !strcmp(style, "rowwise") && w->slice.dim == 1;
-    if (style && w->slice.dim >= 0 && !col && !row)
-        return tp_fail(TP_ERR_INTERNAL, "%s: its weight is split along dimension %d under '%s'", lin->name,
-                       w->slice.dim, style);
-    char a[200], b[200];
-    snprintf(a, sizeof a, "base_model.model.%s.lora_A.weight", lin->name);
-    snprintf(b, sizeof b, "base_model.model.%s.lora_B.weight", lin->name);
-    tp_status s = read_shard(ck, a, r, w->shape[1], &w->slice, row, &e->A);
-    if (!s) s = read_shard(ck, b, w->shape[0], r, &w->slice, col, &e->B);
+    snprintf(e->a_name, sizeof e->a_name, "base_model.model.%s.lora_A.weight", lin->name);
+    snprintf(e->b_name, sizeof e->b_name, "base_model.model.%s.lora_B.weight", lin->name);
+    e->a_slice = w->slice;
+    e->b_slice = w->slice;
+    if (!row) e->a_slice.dim = -1;
+    if (!col) e->b_slice.dim = -1;
+    s = read_shard(ck, e->a_name, r, w->shape[1], &w->slice, row, &e->A);
+    if (!s) s = read_shard(ck, e->b_name, w->shape[0], r, &w->slice, col, &e->B);
     return s;
 }
 
@@ -120,11 +122,13 @@ static tp_status read_embedding_entry(tp_model *m, tp_checkpoint *ck, const tp_m
     e->embedding = 1;
     e->vocab = w->slice;
     e->vocab.dim = split ? 1 : -1;
-    char a[200], b[200];
-    snprintf(a, sizeof a, "base_model.model.%s.lora_embedding_A", emb->name);
-    snprintf(b, sizeof b, "base_model.model.%s.lora_embedding_B", emb->name);
-    tp_status s = read_shard(ck, a, r, w->shape[0], &e->vocab, split, &e->A);
-    if (!s) s = read_shard(ck, b, w->shape[1], r, &e->vocab, 0, &e->B);
+    snprintf(e->a_name, sizeof e->a_name, "base_model.model.%s.lora_embedding_A", emb->name);
+    snprintf(e->b_name, sizeof e->b_name, "base_model.model.%s.lora_embedding_B", emb->name);
+    e->a_slice = e->vocab;
+    e->b_slice = e->vocab;
+    e->b_slice.dim = -1;
+    tp_status s = read_shard(ck, e->a_name, r, w->shape[0], &e->vocab, split, &e->A);
+    if (!s) s = read_shard(ck, e->b_name, w->shape[1], r, &e->vocab, 0, &e->B);
     return s;
 }
 
@@ -203,6 +207,20 @@ static tp_status attach(tp_model *m, tp_checkpoint *ck, const tp_lora_config *c,
     return TP_OK;
 }
 
+tp_status tp_lora_new(tp_model *m, tp_lora_config *cfg, struct tp_lora **out)
+{
+    struct tp_lora *l = calloc(1, sizeof *l);
+    *out = l;
+    if (!l || !(l->by_module = calloc(m->n_modules ? m->n_modules : 1, sizeof *l->by_module)))
+        return tp_fail(TP_ERR_NOMEM, "out of memory");
+    l->n = m->n_modules;
+    l->scale = (float)tp_lora_config_scale(cfg);
+    l->r = cfg->r;
+    l->cfg = *cfg;
+    memset(cfg, 0, sizeof *cfg);
+    return TP_OK;
+}
+
 tp_status tp_model_load_adapter(tp_model *m, const char *dir, int merge)
 {
     if (m->lora) return tp_fail(TP_ERR_INVALID, "the model already has an adapter");
@@ -212,12 +230,10 @@ tp_status tp_model_load_adapter(tp_model *m, const char *dir, int merge)
     char path[4096];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     tp_checkpoint *ck = NULL;
-    struct tp_lora *l = calloc(1, sizeof *l);
-    if (!l || !(l->by_module = calloc(m->n_modules ? m->n_modules : 1, sizeof *l->by_module)))
-        s = tp_fail(TP_ERR_NOMEM, "out of memory");
-    if (l) { l->n = m->n_modules; l->scale = (float)tp_lora_config_scale(&c); l->r = c.r; }
+    struct tp_lora *l = NULL;
+    s = tp_lora_new(m, &c, &l);
     if (!s) s = tp_checkpoint_open(&ck, path);
-    if (!s) s = attach(m, ck, &c, merge, l);
+    if (!s) s = attach(m, ck, &l->cfg, merge, l);
     if (ck) tp_checkpoint_close(ck);
     tp_lora_config_free(&c);
     if (s || merge) { tp_lora_free(l); return s; }
