@@ -100,6 +100,25 @@ tp_status tp_lora_config_load(tp_lora_config *c, const char *dir)
     return s;
 }
 
+tp_status tp_lora_config_make(tp_lora_config *c, int64_t r, double alpha, double dropout, const char *targets)
+{
+    memset(c, 0, sizeof *c);
+    if (r < 1) return tp_fail(TP_ERR_INVALID, "--lora-r must be >= 1");
+    if (!(dropout >= 0 && dropout < 1)) return tp_fail(TP_ERR_INVALID, "--lora-dropout must be in [0, 1)");
+    c->r = r;
+    c->alpha = alpha;
+    c->dropout = dropout;
+    cJSON *list = cJSON_CreateArray();
+    char *copy = strdup(targets ? targets : "");
+    for (char *save = NULL, *t = copy ? strtok_r(copy, ",", &save) : NULL; t; t = strtok_r(NULL, ",", &save))
+        if (*t) cJSON_AddItemToArray(list, cJSON_CreateString(t));
+    free(copy);
+    tp_status s = read_targets(c, list, "--lora-target");
+    cJSON_Delete(list);
+    if (s) tp_lora_config_free(c);
+    return s;
+}
+
 void tp_lora_config_free(tp_lora_config *c)
 {
     for (int i = 0; i < c->n_targets; i++) free(c->targets[i]);

@@ -15,7 +15,7 @@ typedef struct {
     int embedding;
     tp_param_slice vocab;          /* embedding: the vocabulary ranges A holds (dim -1: all) */
     tp_param_slice a_slice, b_slice;  /* the ranges of A and B this rank holds (dim -1: whole) */
-    char a_name[200], b_name[200]; /* PEFT's keys */
+    char a_name[160], b_name[160]; /* PEFT's keys */
 } lora_entry;
 
 struct tp_lora {

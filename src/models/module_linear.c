@@ -370,6 +370,7 @@ static tp_status plain_backward(tp_model *m, const tp_module *lin, const float *
     tp_status st = tp_module_grad(m, lin, TP_MODULE_WEIGHT, &dw);
     if (!st && tp_module_bias(lin)->data) st = tp_module_grad(m, lin, TP_MODULE_BIAS, &db);
     if (!st) st = tp_matmul_backward(dx, dw, db, dy, x, T, tp_module_weight(lin), m->pool);
+    if (!st) st = tp_lora_backward(m, lin, x, dy, T, dx);
     return st;
 }
 
@@ -382,7 +383,7 @@ static tp_status add_param_grad(tp_model *m, const tp_module *lin, const tp_modu
     float *dst;
     tp_status s = tp_module_grad(m, lin, j, &dst);
     size_t n = tp_tensor_nbytes(&p->local) / tp_dtype_size(p->local.dtype);
-    if (s) return s;
+    if (s || !dst) return s;   /* a frozen base: no gradient (on every rank alike) */
     if (!plan->style->reduce_param_grad_post_backward && !plan->fwd.param_grad_allreduce) {
         for (size_t i = 0; i < n; i++) dst[i] += g[i];   /* the default hook leaves it as it is */
         return TP_OK;
@@ -478,14 +479,18 @@ static tp_status styled_backward(tp_model *m, const tp_module *lin, const float 
                     "[%lld, %lld]", lin->name, (long long)b.gy.local.shape[1], (long long)b.xd.local.shape[1],
                     (long long)out, (long long)in);
     if (s) { lin_bwd_free(&b); return s; }
-    b.dw = calloc((size_t)(out * in), sizeof(float));
-    b.db = bias->data ? calloc((size_t)out, sizeof(float)) : NULL;
+    int frozen = tp_model_base_frozen(m);
+    b.dw = frozen ? NULL : calloc((size_t)(out * in), sizeof(float));
+    b.db = bias->data && !frozen ? calloc((size_t)out, sizeof(float)) : NULL;
     b.dxl = dx ? calloc((size_t)(T * in), sizeof(float)) : NULL;
-    if (!b.dw || (bias->data && !b.db) || (dx && !b.dxl)) s = tp_fail(TP_ERR_NOMEM, "out of memory");
+    if ((!frozen && !b.dw) || (bias->data && !frozen && !b.db) || (dx && !b.dxl))
+        s = tp_fail(TP_ERR_NOMEM, "out of memory");
     /* a bias added after the reduction sees the whole output gradient */
     if (!s && b.db && d->bias_after_reduce) s = tp_matmul_backward(NULL, NULL, b.db, dy, x, T, W, m->pool);
     if (!s) s = tp_matmul_backward(b.dxl, b.dw, d->bias_after_reduce ? NULL : b.db, b.gy.local.data,
                                    b.xd.local.data, T, W, m->pool);
+    /* the adapter's input gradient joins the local one before post_backward */
+    if (!s) s = tp_lora_backward(m, lin, b.xd.local.data, b.gy.local.data, T, b.dxl);
     if (!s && dx) {
         tp_placement pl = tp_style_local_input_grad_layout(d);
         int64_t g[2] = {T, mt->in_features};
@@ -498,9 +503,9 @@ static tp_status styled_backward(tp_model *m, const tp_module *lin, const float 
             for (int64_t i = 0; i < n; i++) dx[i] += v[i];
         }
     }
-    if (!s && mt->kv_rep > 1) s = sum_kv_group(m, lin, TP_MODULE_WEIGHT, b.dw);
+    if (!s && mt->kv_rep > 1 && b.dw) s = sum_kv_group(m, lin, TP_MODULE_WEIGHT, b.dw);
     if (!s && mt->kv_rep > 1 && b.db) s = sum_kv_group(m, lin, TP_MODULE_BIAS, b.db);
-    if (!s) s = add_param_grad(m, lin, &ctx, TP_MODULE_WEIGHT, b.dw);
+    if (!s && b.dw) s = add_param_grad(m, lin, &ctx, TP_MODULE_WEIGHT, b.dw);
     if (!s && b.db) s = add_param_grad(m, lin, &ctx, TP_MODULE_BIAS, b.db);
     lin_bwd_free(&b);
     return s;
