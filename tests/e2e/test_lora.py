@@ -115,6 +115,116 @@ class LoraMerge(unittest.TestCase):
             self.assertNotEqual(f.read(), saved[1])
 
 
+SEQ_LEN = 16
+TRAIN = dict(seq_len=SEQ_LEN, batch_size=2, grad_accum=2, steps=5, optim="adamw", lr=2e-3, lr_scheduler="linear",
+             warmup_steps=1, weight_decay=0.1, max_grad_norm=0.5)
+FLAGS = dict(seq_len="--seq-len", batch_size="--batch-size", grad_accum="--grad-accum", steps="--steps",
+             optim="--optim", lr="--lr", lr_scheduler="--lr-scheduler", warmup_steps="--warmup-steps",
+             weight_decay="--weight-decay", max_grad_norm="--max-grad-norm")
+
+
+def make_data(model, lines=24, seed=0):
+    with open(os.path.join(model, "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
+    path = os.path.join(WORK, f"data-{seed}.jsonl")
+    rng = np.random.default_rng(seed)
+    with open(path, "w") as f:
+        for _ in range(lines):
+            n = int(rng.integers(3, SEQ_LEN + 5))
+            f.write(json.dumps({"input_ids": [int(t) for t in rng.integers(0, vocab, size=n)]}) + "\n")
+    return path
+
+
+def train(model, data, out, tp, opts, *extra):
+    args = ["train", "--model", model, "--data", data, "--out", out, "--tp", tp, "--threads", 1, "--no-shuffle",
+            "--seed", 0, *extra]
+    for k, v in opts.items():
+        args += [FLAGS[k], v]
+    run(*args)
+    with open(os.path.join(out, "train_log.jsonl")) as f:
+        log = [json.loads(line) for line in f if line.strip()]
+    return log, peft.ref.read_safetensors(os.path.join(out, "adapter_model.safetensors"))
+
+
+def adapter_bytes(d):
+    with open(os.path.join(d, "adapter_model.safetensors"), "rb") as f:
+        return f.read()
+
+
+class LoraTraining(unittest.TestCase):
+    def test_five_steps_match_the_reference(self):
+        model = make("qwen3-base", "qwen3")
+        data = make_data(model)
+        start = os.path.join(WORK, "train-start")
+        peft.write_adapter(start, model, targets=list(peft.PROJ), r=4, alpha=8, seed=11, b_std=0.02)
+        log, want = peft.lora_reference_train(model, start, data, **TRAIN)
+        first = peft.ref.read_safetensors(os.path.join(start, "adapter_model.safetensors"))
+        self.assertGreater(min(rel(want[k], first[k]) for k in want), 1e-3, "every adapter tensor moves")
+        for tp in (1, 2):
+            got_log, got = train(model, data, os.path.join(WORK, f"train-tp{tp}"), tp, TRAIN, "--adapter", start)
+            self.assertEqual(len(got_log), len(log))
+            for g, w in zip(got_log, log):
+                self.assertLess(abs(g["loss"] - w["loss"]) / w["loss"], 1e-5, f"TP={tp} step {w['step']}")
+                self.assertLess(abs(g["grad_norm"] - w["grad_norm"]) / w["grad_norm"], 1e-4, f"TP={tp}")
+            self.assertEqual(set(got), set(want))
+            for k in want:
+                self.assertLess(rel(got[k], want[k]), 1e-4, f"TP={tp} {k}")
+
+    def test_grads_tp2_equal_tp1(self):
+        """One SGD step without clipping: the adapter moves by -lr times its gradient, gathered
+        whole by the save; TP = 2's equals TP = 1's.  lr 1e3 makes the step dwarf the start
+        values, so the f32 subtraction below does not round the gradient away."""
+        model = make("qwen3-base", "qwen3")
+        data = make_data(model)
+        start = os.path.join(WORK, "grad-start")
+        peft.write_adapter(start, model, targets=list(peft.PROJ), r=4, alpha=8, seed=12)
+        a0 = peft.ref.read_safetensors(os.path.join(start, "adapter_model.safetensors"))
+        sgd = dict(seq_len=SEQ_LEN, batch_size=4, steps=1, optim="sgd", lr=1e3, lr_scheduler="constant",
+                   max_grad_norm=0)
+        grads = {}
+        for tp in (1, 2):
+            _, got = train(model, data, os.path.join(WORK, f"grad-tp{tp}"), tp, sgd, "--adapter", start)
+            grads[tp] = {k: (a0[k] - got[k]) / 1e3 for k in a0}
+        for k in a0:
+            self.assertGreater(np.abs(grads[1][k]).max(), 0, k)
+            self.assertLess(rel(grads[2][k], grads[1][k]), 1e-5, k)
+
+    def test_init_is_peft_and_independent_of_tp(self):
+        model = make("qwen3-base", "qwen3")
+        data = make_data(model)
+        frozen = dict(seq_len=SEQ_LEN, batch_size=2, steps=1, lr=0.0)
+        saved = {}
+        for tp in (1, 2):
+            out = os.path.join(WORK, f"init-tp{tp}")
+            train(model, data, out, tp, frozen, "--lora-r", 8, "--lora-alpha", 16, "--lora-target", "q_proj,o_proj")
+            saved[tp] = adapter_bytes(out)
+        self.assertEqual(saved[1], saved[2])
+        t = peft.ref.read_safetensors(os.path.join(WORK, "init-tp1", "adapter_model.safetensors"))
+        self.assertEqual(len(t), 8)   # 2 layers x 2 modules x (A, B)
+        for k, v in t.items():
+            if ".lora_B." in k:
+                self.assertFalse(v.any(), k)
+            else:
+                bound = 1 / np.sqrt(v.shape[1])   # kaiming_uniform_(a=sqrt(5)): U(-1/sqrt(in), 1/sqrt(in))
+                self.assertLessEqual(np.abs(v).max(), bound)
+                self.assertGreater(np.abs(v).max(), 0.9 * bound)
+                self.assertEqual(v.shape[0], 8)
+        with open(os.path.join(WORK, "init-tp1", "adapter_config.json")) as f:
+            cfg = json.load(f)
+        self.assertEqual((cfg["r"], cfg["lora_alpha"], cfg["peft_type"]), (8, 16, "LORA"))
+        self.assertEqual(cfg["target_modules"], ["q_proj", "o_proj"])
+
+    def test_save_load_round_trip(self):
+        model = make("qwen3-base", "qwen3")
+        data = make_data(model)
+        start = os.path.join(WORK, "rt-start")
+        peft.write_adapter(start, model, targets=["v_proj", "down_proj"], r=2, alpha=4, seed=13)
+        out = os.path.join(WORK, "rt-out")
+        train(model, data, out, 2, dict(seq_len=SEQ_LEN, batch_size=2, steps=1, lr=0.0), "--adapter", start)
+        self.assertEqual(adapter_bytes(out), adapter_bytes(start))
+        self.assertLess(rel(logits(model, 2, "--adapter", out), logits(model, 1, "--adapter", start)), TOL)
+
+
 class LoraRefusals(unittest.TestCase):
     def refused(self, adapter_kw, tp, needle, *extra, model=None):
         model = model or make("qwen3-base", "qwen3")
@@ -141,6 +251,27 @@ class LoraRefusals(unittest.TestCase):
         self.refused({"targets": ["embed_tokens"]}, 2,
                      "Unsupported tensor parallel plan 'embedding_colwise' for LoRA state dict sharding.",
                      "--tp-plan", plan)
+
+    def train_refused(self, needle, *extra, tp=1):
+        model = make("qwen3-base", "qwen3")
+        data = make_data(model)
+        p = run("train", "--model", model, "--data", data, "--out", os.path.join(WORK, "refused-train"),
+                "--seq-len", SEQ_LEN, "--steps", 1, "--tp", tp, *extra, check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn(needle, p.stderr)
+
+    def test_train_refusals(self):
+        self.train_refused("--lora-dropout: only 0 is supported yet", "--lora-r", 4, "--lora-dropout", 0.1)
+        self.train_refused("it takes no --lora-* option", "--lora-r", 4, "--adapter", WORK)
+        self.train_refused("need --lora-r", "--lora-target", "q_proj")
+        self.train_refused("not supported with LoRA yet", "--lora-r", 4, "--save-every", 1)
+        self.train_refused("--lora-target matches no Linear", "--lora-r", 4, "--lora-target", "nothing")
+        self.train_refused("training LoRA on lm_head is not supported yet", "--lora-r", 4, "--lora-target", "lm_head")
+        self.train_refused("training LoRA on an embedding is not supported yet", "--lora-r", 4,
+                           "--lora-target", "embed_tokens")
+        self.train_refused("Unsupported tensor parallel plan 'colwise_gather_output' for LoRA state dict sharding.",
+                           "--lora-r", 4, "--lora-target", "lm_head", tp=2)
+        self.train_refused("tp_size > num_key_value_heads", "--lora-r", 4, "--lora-target", "k_proj", tp=4)
 
     def test_bias(self):
         self.refused({"extra_config": {"bias": "all"}}, 1, "bias must be \"none\"")

@@ -97,3 +97,71 @@ def reference_logits(model_dir, adapter_dir, tokens):
         merged["lm_head.weight"] = ref.load_model_tensors(model_dir)["model.embed_tokens.weight"]
         model.tied = False
     return model.forward(tokens)
+
+
+def lora_reference_train(model_dir, adapter_dir, data_path, **opts):
+    """hf_reference_train's Trainer steps with PEFT's LoRA: the base frozen
+    (no gradient, no optimizer state), the adapter's A and B the only
+    parameters, y = base(x) + scale * B(A(x)) on each targeted Linear (no
+    dropout).  Returns (log, {PEFT key: float64 array}) after opts["steps"]."""
+    import torch
+    import hf_reference_grad as gref
+    import hf_reference_train as tref
+
+    o = dict(tref.DEFAULTS)
+    o.update(opts)
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
+        acfg = json.load(f)
+    s = scale_of(acfg)
+    base = {k: torch.tensor(v, dtype=torch.float64) for k, v in gref.load_weights(model_dir).items()}
+    if cfg.get("tie_word_embeddings"):
+        base["lm_head.weight"] = base["model.embed_tokens.weight"]
+    start = ref.read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"))
+    params = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in start.items()}
+    mods = sorted({k[len("base_model.model."):-len(".lora_A.weight")] for k in params if k.endswith(".lora_A.weight")})
+
+    def weights():
+        # x·(W + s·B·A)ᵀ = x·Wᵀ + s·(x·Aᵀ)·Bᵀ: the same function, so the same gradients of A and B
+        w = dict(base)
+        for mname in mods:
+            A = params[f"base_model.model.{mname}.lora_A.weight"]
+            B = params[f"base_model.model.{mname}.lora_B.weight"]
+            w[mname + ".weight"] = base[mname + ".weight"] + s * (B @ A)
+        return w
+
+    seqs = tref.read_sequences(data_path, o["seq_len"])
+    opt = tref.make_optimizer(params, o)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, tref.schedule(o["lr_scheduler"], o["warmup_steps"], o["steps"]))
+    every = list(params.values())
+    log = []
+    for step in range(1, o["steps"] + 1):
+        batches = tref.step_batches(seqs, step, o["batch_size"], o["grad_accum"])
+        n_step = sum(tref.counted_labels(q) for b in batches for q in b)
+        lr = opt.param_groups[0]["lr"]
+        opt.zero_grad(set_to_none=True)
+        loss = 0.0
+        for batch in batches:
+            mb = torch.zeros((), dtype=torch.float64)
+            for q in batch:
+                if tref.counted_labels(q):
+                    logits = gref.forward_logits(cfg, weights(), q)
+                    labels = torch.tensor(list(q[1:]) + [gref.IGNORE])
+                    mb = mb + torch.nn.functional.cross_entropy(logits, labels, ignore_index=gref.IGNORE,
+                                                                reduction="sum")
+            mb = mb / n_step
+            if mb.requires_grad:
+                mb.backward()
+            loss += float(mb.item())
+        for p in every:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if o["max_grad_norm"] and o["max_grad_norm"] > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(every, o["max_grad_norm"]))
+        else:
+            norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in every])))
+        opt.step()
+        sched.step()
+        log.append({"step": step, "loss": loss, "lr": lr, "grad_norm": norm})
+    return log, {k: v.detach().numpy().copy() for k, v in params.items()}
