@@ -54,6 +54,11 @@ typedef struct tp_model {
      * logits; 1 = vocabulary-parallel (lm_head's output stays split on the
      * vocabulary, tp_cross_entropy_vocab_parallel).  Set it after loading. */
     int vocab_parallel_loss;
+    /* Called around every module's forward and backward inside the module
+     * tree (module.h, tp_module_hooks), NULL: none.  Data parallelism's
+     * ZeRO-3 (train/data_parallel.c) gathers a decoder layer's parameters
+     * there and frees them after.  Set it after loading. */
+    const struct tp_module_hooks *hooks;
     /* Called last by tp_model_free with on_free_ctx: what a loader above
      * models/ attached to the model (tp_model_from_pretrained's mesh and
      * world group, api.h).  NULL: nothing. */

@@ -99,6 +99,19 @@ struct tp_layer_modules {
     int post_attention_layernorm, mlp, gate_proj, up_proj, down_proj;
 };
 
+/* Hooks around each module that a container runs (tp_model.hooks): before
+ * and after its forward, before and after its backward, with the module's
+ * index in m->modules.  They may replace the data of the module's
+ * parameters' local tensors and gradients (same shapes), e.g. gather a
+ * sharded parameter just before use and free it after (FSDP's unshard and
+ * reshard).  A failure stops the pass with its status.  Any hook may be
+ * NULL. */
+typedef tp_status (*tp_module_hook_fn)(void *ctx, tp_model *m, int module);
+typedef struct tp_module_hooks {
+    tp_module_hook_fn pre_forward, post_forward, pre_backward, post_backward;
+    void *ctx;
+} tp_module_hooks;
+
 /* The module table of the model described by cfg, without tensors (local
  * tensors empty, slices whole).  Free it with tp_module_table_free. */
 tp_status tp_module_table_build(const tp_model_config *cfg, tp_module **out, size_t *n);

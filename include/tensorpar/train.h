@@ -88,7 +88,11 @@ int64_t tp_optim_steps(const tp_optim *opt);
 void tp_optim_set_steps(tp_optim *opt, int64_t t);
 /* Parameter i's state tensor "exp_avg", "exp_avg_sq" (AdamW) or
  * "momentum_buffer" (SGD with momentum), torch's names, borrowed; for
- * checkpoints and tests. */
+ * checkpoints and tests.  The tensor has the shape of the parameter's
+ * value in the optimizer's list: under `--dp-shard` (tp_trainer_run with a
+ * dp_mesh whose dp_shard > 1) that is this rank's flat chunk of the
+ * TP-local shard (tp_trainer_options.dp_mesh says which elements), so a
+ * full-tensor save gathers the chunks over dp_shard, then the TP shards. */
 tp_status tp_optim_state(const tp_optim *opt, int i, const char *which, const tp_tensor **out);
 
 /* ---- learning-rate schedules (HF Trainer's get_scheduler) --------------- */
@@ -134,6 +138,16 @@ tp_status tp_grad_norm(const tp_train_param *params, int n, const tp_mesh *mesh,
  * max_norm <= 0 only measures.  Collective over mesh. */
 tp_status tp_clip_grad_norm(const tp_train_param *params, int n, const tp_mesh *mesh, tp_threadpool *pool,
                             double max_norm, float *norm);
+
+/* The same when the shards are split further over other mesh dimensions
+ * (data parallelism, data_parallel.c): the squares counted as above over
+ * the 1-D tp_sub (TP_PARAM_COUNTED_ONCE replicas), then this rank's sum
+ * moved from sum_pl (one placement per dimension of `grid`: Partial where
+ * the ranks hold different parts, Replicate where they hold copies) to
+ * Replicate over grid, so every element of the model counts once.
+ * Collective over grid. */
+tp_status tp_clip_grad_norm_grid(const tp_train_param *params, int n, const tp_mesh *tp_sub, const tp_mesh *grid,
+                                 const tp_placement *sum_pl, tp_threadpool *pool, double max_norm, float *norm);
 
 /* ---- replica check ------------------------------------------------------ */
 
@@ -326,7 +340,11 @@ typedef struct {
 
 typedef struct {
     const char *out_dir;           /* train_log.jsonl and loss.png           */
-    int64_t batch_size;            /* rows per micro-batch (whole job)       */
+    /* Rows per micro-batch of each data-parallel rank (Trainer's
+     * per_device_train_batch_size): the job's micro-batch is batch_size ×
+     * the dp size, dealt out in order (dp rank k takes its k-th slice), so
+     * a run equals one process with batch_size × dp. */
+    int64_t batch_size;
     int64_t grad_accum;            /* micro-batches per optimizer step       */
     int64_t steps;                 /* > 0: this many steps; else epochs      */
     int64_t epochs;                /* used when steps <= 0                   */
@@ -338,6 +356,14 @@ typedef struct {
     int64_t eval_every;            /* eval data: every N steps; 0: the last  */
     int check_replicas;            /* tp_check_replicated after every step   */
     int writer;                    /* this rank writes the log (rank 0)      */
+    /* Data parallelism: a mesh with dimensions "dp_replicate", "dp_shard"
+     * and "tp" (tp_parallelism_config_mesh's; others of size 1) whose "tp"
+     * dimension is `mesh` (data_parallel.h says what each does);
+     * NULL: none.  With dp_shard > 1 the optimizer holds chunks: each
+     * tp_optim_state tensor is then the flat range [s·c, min((s+1)·c, n))
+     * of the TP-local shard's n elements (row-major), c = ceil(n / S), on
+     * dp_shard rank s of S. */
+    const tp_mesh *dp_mesh;
     tp_train_checkpointing ckpt;   /* checkpoints (checkpoint.c)             */
 } tp_trainer_options;
 

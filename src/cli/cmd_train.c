@@ -17,14 +17,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define N_OWN 33
+#define N_OWN 35
 
 static const cli_option own[N_OWN] = {
     {"--model", "DIR", "model directory (required)", 0, {0}},
     {"--data", "FILE", "training data: .jsonl (input_ids, text or messages) or plain text (required)", 0, {0}},
     {"--out", "DIR", "output: the trained model, train_log.jsonl, loss.png (required)", 0, {0}},
     {"--seq-len", "N", "tokens per sequence (default: min(1024, max_position_embeddings))", 0, {0}},
-    {"--batch-size", "N", "sequences per micro-batch (default 8)", 0, {0}},
+    {"--batch-size", "N", "sequences per micro-batch on each data-parallel rank (default 8)", 0, {0}},
     {"--grad-accum", "N", "micro-batches per optimizer step (default 1)", 0, {0}},
     {"--lr", "F", "peak learning rate (default 5e-5)", 0, {0}},
     {"--lr-scheduler", "KIND", "constant|constant_with_warmup|linear|cosine (default linear)", 0, {0}},
@@ -53,6 +53,8 @@ static const cli_option own[N_OWN] = {
     {"--lora-target", "NAMES", "comma-separated modules to adapt (default q_proj,v_proj)", 0, {0}},
     {"--lora-dropout", "P", "dropout on the adapters' input (default 0; only 0 is supported yet)", 0, {0}},
     {"--adapter", "DIR", "continue training this PEFT LoRA adapter on the frozen model", 0, {0}},
+    {"--dp-replicate", "N", "data parallelism: N replicas of the TP-split model, gradients averaged (default 1)", 0, {0}},
+    {"--dp-shard", "N", "data parallelism with FSDP/ZeRO-3: parameters, gradients and AdamW state split over N ranks (default 1)", 0, {0}},
 };
 
 static int usage(const char *msg)
@@ -240,7 +242,7 @@ static tp_status train_and_save(const char *dir, const char *out, cli_tp *tp, tp
                                 tp_dataset *de, tp_trainer_options *t, int vocab_parallel, const lora_opts *lora)
 {
     tp_model *m;
-    mo->mesh = tp->mesh;
+    mo->mesh = cli_tp_mesh(tp);
     mo->tp_plan = tp->plan;
     t->ckpt.src_dir = dir;
     /* Resuming: the weights are the checkpoint's. */
@@ -252,7 +254,8 @@ static tp_status train_and_save(const char *dir, const char *out, cli_tp *tp, tp
     tp_trainer_result r;
     t->out_dir = out;
     t->writer = tp->rank == 0;
-    s = tp_trainer_run(m, tp->mesh, dt, de->n_rows ? de : NULL, t, &r);
+    t->dp_mesh = tp->grid;
+    s = tp_trainer_run(m, cli_tp_mesh(tp), dt, de->n_rows ? de : NULL, t, &r);
     tp_save_options so = {.max_shard_bytes = t->ckpt.max_shard_bytes, .into_existing = 1};
     int active = 0;
     if (!s) s = tp_save_group_active(tp_model_group(m), t->writer, &active);
@@ -307,11 +310,20 @@ int cmd_train(int argc, char **argv)
     if (load_data(dir, seq_len, data, eval, &dt, &de)) return cli_report("train");
     tp_dataset_release(&dt);
     tp_dataset_release(&de);
+    long long dpr = 1, dps = 1;
+    if (get_int(o, n, "--dp-replicate", 1, &dpr) || get_int(o, n, "--dp-shard", 1, &dps)) return cli_usage_error("train");
+    if ((dpr > 1 || dps > 1) && (lora.r > 0 || lora.adapter))
+        return usage("--dp-replicate and --dp-shard are not supported with LoRA yet");
+    const char *dt_name = cli_value(o, n, "--dtype");
+    if (dps > 1 && dt_name && !strcmp(dt_name, "bf16"))
+        return usage("--dp-shard trains f32 weights only (--dtype bf16 is not supported with it yet)");
+    if (dps > 1 && (cli_value(o, n, "--save-every") || cli_value(o, n, "--resume")))
+        return usage("--save-every and --resume are not supported with --dp-shard yet (its optimizer state is "
+                     "split beyond the TP shards)");
     cli_tp tp;
-    if (cli_tp_begin("train", argc, argv, o, n, dir, &tp, &rc)) { cli_tp_end(&tp); return rc; }
+    if (cli_tp_begin_dp("train", argc, argv, o, n, dir, (int)dpr, (int)dps, &tp, &rc)) { cli_tp_end(&tp); return rc; }
     tp_model_options mo = {.threads = 1, .show_progress = isatty(2) && tp.rank == 0};
     if (cli_tp_threads(o, n, &tp, &mo)) { cli_tp_end(&tp); return cli_report("train"); }
-    const char *dt_name = cli_value(o, n, "--dtype");
     mo.weight_dtype = dt_name && !strcmp(dt_name, "bf16") ? TP_BF16 : TP_F32;
     tp_status s = load_data(dir, seq_len, data, eval, &dt, &de);
     char resume[4096];

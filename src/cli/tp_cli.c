@@ -5,6 +5,7 @@
  * joins directly. */
 #include "tp_cli.h"
 
+#include "tensorpar/api.h"
 #include "tensorpar/parallel.h"
 #include "tensorpar/settings.h"
 
@@ -89,6 +90,35 @@ int cli_tp_agree(const char *cmd, cli_tp *tp, int failed)
     return 1;
 }
 
+/* The TP size of a job of `size` ranks with dp data-parallel replicas:
+ * --tp (want > 0) or the rest of the world; -1 with the error naming the
+ * three sizes and the world size when they do not multiply to it. */
+static long long tp_size_of(long long want, const cli_tp *tp)
+{
+    int dp_replicate = tp->dp_replicate, dp_shard = tp->dp_shard, size = tp->size;
+    long long dp = (long long)dp_replicate * dp_shard, t = want > 0 ? want : (size % dp ? 0 : size / dp);
+    if (t * dp == size) return t;
+    if (!tp->dp_ok)
+        tp_fail(TP_ERR_INVALID, "--tp %lld but the job has %d ranks (WORLD_SIZE); data parallelism is not "
+                "supported by this command", want, size);
+    else   /* spec §9.4's message */
+        tp_fail(TP_ERR_INVALID, "ParallelismConfig sizes multiply to %lld (dp_replicate=%d, dp_shard=%d, cp=1, "
+                "tp=%lld), but WORLD_SIZE is %d.", (want > 0 ? want : 1) * dp, dp_replicate, dp_shard,
+                want > 0 ? want : 1, size);
+    return -1;
+}
+
+/* This rank's meshes: the 1-D TP mesh, or with data parallelism
+ * ParallelismConfig's mesh ["dp_replicate", "dp_shard", "cp", "tp"] (cp 1),
+ * row-major with tp fastest as torch's init_device_mesh (the TP groups are
+ * runs of consecutive ranks), with the flattened "dp" group (api.h). */
+static tp_status make_meshes(cli_tp *tp)
+{
+    if (tp->dp_replicate * tp->dp_shard == 1) return tp_mesh_new_1d(tp->world, "tp", &tp->mesh);
+    tp_parallelism_config pc = {tp->dp_replicate, tp->dp_shard, 1, tp->tp_size};
+    return tp_parallelism_config_mesh(&pc, tp->world, &tp->grid);
+}
+
 /* Joins the job this process is a rank of and runs the model checks on every
  * rank.  0, or 1 with *rc set. */
 static int join(const char *cmd, long long want, const char *dir, cli_tp *tp, int *rc)
@@ -98,23 +128,25 @@ static int join(const char *cmd, long long want, const char *dir, cli_tp *tp, in
     if (tp_comm_options_from_env(&co) || tp_comm_init(&tp->world, &co)) { cli_report(cmd); return 1; }
     tp->size = tp_group_size(tp->world);
     tp->rank = tp_group_rank(tp->world);
-    int failed = 0;
-    if (want > 0 && want != tp->size) {
-        tp_fail(TP_ERR_INVALID, "--tp %lld but the job has %d ranks (WORLD_SIZE); data parallelism is not "
-                "supported by this command", want, tp->size);
-        failed = 1;
-    }
-    if (!failed && dir) failed = check_model(dir, tp->size, tp->plan) != 0;
+    long long t = tp_size_of(want, tp);
+    int failed = t < 0;
+    tp->tp_size = t > 0 ? (int)t : 1;
+    if (!failed && dir) failed = check_model(dir, tp->tp_size, tp->plan) != 0;
     if (cli_tp_agree(cmd, tp, failed)) return 1;
-    if (tp_mesh_new_1d(tp->world, "tp", &tp->mesh)) { cli_report(cmd); return 1; }
+    if (make_meshes(tp)) { cli_report(cmd); return 1; }
     return 0;
 }
 
-int cli_tp_begin(const char *cmd, int argc, char **argv, const cli_option *o, int n, const char *dir,
-                 cli_tp *tp, int *rc)
+/* Both entry points: dp_ok says whether the command takes data parallelism. */
+static int begin(const char *cmd, int argc, char **argv, const cli_option *o, int n, const char *dir,
+                 int dp_replicate, int dp_shard, int dp_ok, cli_tp *tp, int *rc)
 {
     memset(tp, 0, sizeof *tp);
     tp->size = 1;
+    tp->tp_size = 1;
+    tp->dp_replicate = dp_replicate;
+    tp->dp_shard = dp_shard;
+    tp->dp_ok = dp_ok;
     tp->plan = cli_value(o, n, "--tp-plan");
     long long want = 0;
     if ((*rc = check_options(cmd, o, n, dir, &want))) return 1;
@@ -122,17 +154,36 @@ int cli_tp_begin(const char *cmd, int argc, char **argv, const cli_option *o, in
     /* One process so far: what it finds wrong, it says once, and no rank
      * is started for nothing. */
     if (dir && check_model(dir, want > 1 ? want : 1, tp->plan)) { *rc = cli_report(cmd); return 1; }
-    if (want <= 1) return 0;
+    long long ranks = (want > 1 ? want : 1) * dp_replicate * dp_shard;
+    if (ranks <= 1) return 0;
     tp_backend backend = TP_BACKEND_AUTO;
     const char *b = cli_value(o, n, "--backend");
     if (b) tp_backend_parse(b, &backend);   /* checked above */
-    if (relaunch(argc, argv, want, backend, rc) < 0) { *rc = cli_report(cmd); return 1; }
+    if (relaunch(argc, argv, ranks, backend, rc) < 0) { *rc = cli_report(cmd); return 1; }
     return 1;
+}
+
+int cli_tp_begin(const char *cmd, int argc, char **argv, const cli_option *o, int n, const char *dir,
+                 cli_tp *tp, int *rc)
+{
+    return begin(cmd, argc, argv, o, n, dir, 1, 1, 0, tp, rc);
+}
+
+int cli_tp_begin_dp(const char *cmd, int argc, char **argv, const cli_option *o, int n, const char *dir,
+                    int dp_replicate, int dp_shard, cli_tp *tp, int *rc)
+{
+    return begin(cmd, argc, argv, o, n, dir, dp_replicate, dp_shard, 1, tp, rc);
+}
+
+const tp_mesh *cli_tp_mesh(const cli_tp *tp)
+{
+    return tp->grid ? tp_mesh_sub(tp->grid, "tp") : tp->mesh;
 }
 
 void cli_tp_end(cli_tp *tp)
 {
     tp_mesh_free(tp->mesh);
+    tp_mesh_free(tp->grid);
     tp_group_free(tp->world);
     memset(tp, 0, sizeof *tp);
 }

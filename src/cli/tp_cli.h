@@ -12,9 +12,15 @@ extern const cli_option cli_tp_options[CLI_TP_N_OPTIONS];
 
 typedef struct {
     tp_group *world;      /* NULL on a single rank */
-    tp_mesh *mesh;        /* the 1-D TP mesh, or NULL */
+    tp_mesh *mesh;        /* the 1-D TP mesh, or NULL (NULL too under data parallelism: see grid) */
     int rank, size;
     const char *plan;     /* --tp-plan, or NULL */
+    /* Data parallelism (cli_tp_begin_dp): the replica counts and the mesh
+     * ["dp_replicate", "dp_shard", "cp", "tp"] (tp fastest, cp 1, the
+     * flattened "dp" group; tp_parallelism_config_mesh), NULL without. */
+    int tp_size, dp_replicate, dp_shard;
+    int dp_ok;            /* the command takes data parallelism (its size errors say so) */
+    tp_mesh *grid;
 } cli_tp;
 
 /* Checks the options (--tp, --backend, --threads; --model DIR exists) and,
@@ -27,6 +33,15 @@ typedef struct {
  * printed). */
 int cli_tp_begin(const char *cmd, int argc, char **argv, const cli_option *o, int n, const char *dir,
                  cli_tp *tp, int *rc);
+/* The same for a command with data parallelism: the job has
+ * tp × dp_replicate × dp_shard ranks (a single process launches that many;
+ * --tp absent: world size ÷ the dp sizes), and when a dp size exceeds 1
+ * each rank builds tp->grid, the model's TP mesh being grid["tp"]
+ * (cli_tp_mesh). */
+int cli_tp_begin_dp(const char *cmd, int argc, char **argv, const cli_option *o, int n, const char *dir,
+                    int dp_replicate, int dp_shard, cli_tp *tp, int *rc);
+/* The 1-D TP mesh of this rank: tp->mesh, or grid["tp"]; NULL on one rank. */
+const tp_mesh *cli_tp_mesh(const cli_tp *tp);
 void cli_tp_end(cli_tp *tp);
 /* Called by every rank at the same point after a step that all ranks do
  * alike (failed: this rank's step failed, message in tp_error()).  An error

@@ -5,6 +5,12 @@
  * map from a module type to its ops table. */
 #include "tp_module.h"
 
+/* tp_model.hooks' function `fn` on module c, if any. */
+static tp_status hook(tp_model *m, tp_module_hook_fn fn, int c)
+{
+    return m->hooks && fn ? fn(m->hooks->ctx, m, c) : TP_OK;
+}
+
 tp_status tp_module_run_children(tp_model *m, const tp_module *mod, tp_forward_pass *f)
 {
     tp_status st = TP_OK;
@@ -13,7 +19,9 @@ tp_status tp_module_run_children(tp_model *m, const tp_module *mod, tp_forward_p
         if (!child->ops || !child->ops->forward)
             return tp_fail(TP_ERR_UNSUPPORTED, "%s: modules of type %s have no forward yet", child->name,
                            tp_module_type_name(child->type));
-        st = child->ops->forward(m, child, f);
+        st = hook(m, m->hooks ? m->hooks->pre_forward : NULL, c);
+        if (!st) st = child->ops->forward(m, child, f);
+        if (!st) st = hook(m, m->hooks ? m->hooks->post_forward : NULL, c);
     }
     return st;
 }
@@ -28,7 +36,10 @@ static tp_status backward_from(tp_model *m, int c, tp_backward_pass *b)
     if (!child->ops || !child->ops->backward)
         return tp_fail(TP_ERR_UNSUPPORTED, "%s: modules of type %s have no backward yet", child->name,
                        tp_module_type_name(child->type));
-    return child->ops->backward(m, child, b);
+    st = hook(m, m->hooks ? m->hooks->pre_backward : NULL, c);
+    if (!st) st = child->ops->backward(m, child, b);
+    if (!st) st = hook(m, m->hooks ? m->hooks->post_backward : NULL, c);
+    return st;
 }
 
 tp_status tp_module_run_children_backward(tp_model *m, const tp_module *mod, tp_backward_pass *b)

@@ -102,22 +102,32 @@ static tp_status local_sum(const tp_train_param *params, int n, const tp_mesh *m
     return st;
 }
 
-tp_status tp_grad_norm(const tp_train_param *params, int n, const tp_mesh *mesh, tp_threadpool *pool, float *norm)
+/* The norm with this rank's sum moved from sum_pl to Replicate over
+ * sum_mesh (NULL: this process only); replicas counted over tp_sub. */
+static tp_status grad_norm(const tp_train_param *params, int n, const tp_mesh *tp_sub, const tp_mesh *sum_mesh,
+                           const tp_placement *sum_pl, tp_threadpool *pool, float *norm)
 {
     tp_status st = tp_train_params_check(params, n);
-    if (!st) st = mesh_1d(mesh, "gradient norm");
+    if (!st) st = mesh_1d(tp_sub, "gradient norm");
     double local = 0;
-    if (!st) st = local_sum(params, n, mesh, pool, &local);
+    if (!st) st = local_sum(params, n, tp_sub, pool, &local);
     if (st) return st;
     double total = local;
-    if (mesh) {
+    if (sum_mesh) {
         int64_t one = 1;
-        tp_placement partial = tp_partial(), replicate = tp_replicate();
-        st = tp_redistribute_local(mesh, TP_F64, 1, &one, &partial, &local, &replicate, &total);
+        tp_placement replicate[TP_MESH_MAX_DIMS];
+        for (int d = 0; d < TP_MESH_MAX_DIMS; d++) replicate[d] = tp_replicate();
+        st = tp_redistribute_local(sum_mesh, TP_F64, 1, &one, sum_pl, &local, replicate, &total);
         if (st) return tp_fail_context(st, "gradient norm");
     }
     *norm = (float)sqrt(total);
     return TP_OK;
+}
+
+tp_status tp_grad_norm(const tp_train_param *params, int n, const tp_mesh *mesh, tp_threadpool *pool, float *norm)
+{
+    tp_placement partial = tp_partial();
+    return grad_norm(params, n, mesh, mesh, &partial, pool, norm);
 }
 
 typedef struct {
@@ -137,6 +147,19 @@ static void scale_part(void *vctx, int ti, int nt)
     }
 }
 
+/* clip_grad_norm_'s scaling of every gradient for the norm `total`. */
+static void clip_to(const tp_train_param *params, int n, tp_threadpool *pool, double max_norm, float total)
+{
+    if (!(max_norm > 0)) return;
+    /* torch: max_norm / (total_norm + 1e-6) on an f32 tensor, which is
+     * reciprocal() * max_norm; clamped to 1.  A NaN or inf norm scales the
+     * gradients to NaN or 0, as torch does. */
+    float coef = (1.0f / (total + 1e-6f)) * (float)max_norm;
+    if (coef >= 1.0f) return;
+    scale_ctx c = {params, n, coef};
+    tp_parallel_run(pool, scale_part, &c);
+}
+
 tp_status tp_clip_grad_norm(const tp_train_param *params, int n, const tp_mesh *mesh, tp_threadpool *pool,
                             double max_norm, float *norm)
 {
@@ -144,13 +167,17 @@ tp_status tp_clip_grad_norm(const tp_train_param *params, int n, const tp_mesh *
     tp_status st = tp_grad_norm(params, n, mesh, pool, &total);
     if (st) return st;
     if (norm) *norm = total;
-    if (!(max_norm > 0)) return TP_OK;
-    /* torch: max_norm / (total_norm + 1e-6) on an f32 tensor, which is
-     * reciprocal() * max_norm; clamped to 1.  A NaN or inf norm scales the
-     * gradients to NaN or 0, as torch does. */
-    float coef = (1.0f / (total + 1e-6f)) * (float)max_norm;
-    if (coef >= 1.0f) return TP_OK;
-    scale_ctx c = {params, n, coef};
-    tp_parallel_run(pool, scale_part, &c);
+    clip_to(params, n, pool, max_norm, total);
+    return TP_OK;
+}
+
+tp_status tp_clip_grad_norm_grid(const tp_train_param *params, int n, const tp_mesh *tp_sub, const tp_mesh *grid,
+                                 const tp_placement *sum_pl, tp_threadpool *pool, double max_norm, float *norm)
+{
+    float total;
+    tp_status st = grad_norm(params, n, tp_sub, grid, sum_pl, pool, &total);
+    if (st) return st;
+    if (norm) *norm = total;
+    clip_to(params, n, pool, max_norm, total);
     return TP_OK;
 }

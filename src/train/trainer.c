@@ -6,6 +6,7 @@
 #include "tensorpar/train.h"
 #include "checkpoint.h"
 #include "tensorpar/models.h"
+#include "train/data_parallel.h"
 #include "tensorpar/module.h"
 #include "tensorpar/lora.h"
 
@@ -170,7 +171,21 @@ typedef struct {
     tp_optim *opt;
     tp_lr_schedule sched;
     int64_t *rows, *ids, *labels;
+    tp_dp *dp;                     /* data parallelism, or NULL */
 } trainer;
+
+/* Forward and backward of one row; under data parallelism between the
+ * gathers and reduce-scatters its dp partners run alike. */
+static tp_status one_row(trainer *t, const int64_t *ids, const int64_t *labels, int64_t L, double count,
+                         double *sum)
+{
+    if (!t->dp) return tp_model_forward_backward(t->m, ids, labels, L, count, sum, NULL);
+    tp_status s = tp_dp_row_begin(t->dp);
+    if (!s && tp_data_row_label_count(labels, L) == 0) s = tp_dp_row_idle(t->dp);
+    else if (!s) s = tp_model_forward_backward(t->m, ids, labels, L, count, sum, NULL);
+    tp_status e = tp_dp_row_end(t->dp);
+    return s ? s : e;
+}
 
 /* Forward and backward of every row of step s; *loss_sum is the sum of the
  * rows' loss sums, *tokens the rows' positions. */
@@ -184,7 +199,7 @@ static tp_status accumulate(trainer *t, int64_t s, const tp_data_step *st, doubl
             double sum = 0;
             /* count > 0 always: a step without labels gives 0 / 0 below. */
             double count = st->label_tokens > 0 ? (double)st->label_tokens : 1.0;
-            e = tp_model_forward_backward(t->m, t->ids + r * L, t->labels + r * L, L, count, &sum, NULL);
+            e = one_row(t, t->ids + r * L, t->labels + r * L, L, count, &sum);
             *loss_sum += sum;
             *tokens += L;
         }
@@ -203,7 +218,10 @@ static tp_status one_step(trainer *t, int64_t s, tp_train_log_entry *e)
     clock_gettime(CLOCK_MONOTONIC, &a);
     tp_status r = tp_data_loader_step(&t->loader, s, &st);
     if (!r) r = tp_model_zero_grad(t->m);
+    if (!r && t->dp && tp_dp_sharded(t->dp)) tp_train_params_zero_grad(t->params, t->n_params);
     if (!r) r = accumulate(t, s, &st, &sum, &tokens);
+    if (!r && t->dp) r = tp_dp_reduce_loss(t->dp, &sum, &tokens);
+    if (!r && t->dp) r = tp_dp_reduce_grads(t->dp, t->params, t->n_params);
     if (r) return r;
     e->step = s + 1;
     e->loss = st.label_tokens > 0 ? sum / (double)st.label_tokens : NAN;
@@ -211,7 +229,8 @@ static tp_status one_step(trainer *t, int64_t s, tp_train_log_entry *e)
         return tp_fail(TP_ERR_INVALID, "step %lld: the loss is %s%s; training stopped before its update",
                        (long long)(s + 1), isnan(e->loss) ? "nan" : "inf",
                        st.label_tokens > 0 ? "" : " (the step counts no label)");
-    r = tp_clip_grad_norm(t->params, t->n_params, t->mesh, t->m->pool, t->o->max_grad_norm, &norm);
+    if (t->dp) r = tp_dp_clip(t->dp, t->params, t->n_params, t->mesh, t->m->pool, t->o->max_grad_norm, &norm);
+    else r = tp_clip_grad_norm(t->params, t->n_params, t->mesh, t->m->pool, t->o->max_grad_norm, &norm);
     if (!r && !isfinite(norm))   /* the update would make every weight nan: keep the last good ones */
         return tp_fail(TP_ERR_INVALID, "step %lld: the gradient norm is %s; training stopped before its update",
                        (long long)(s + 1), isnan(norm) ? "nan" : "inf");
@@ -219,6 +238,7 @@ static tp_status one_step(trainer *t, int64_t s, tp_train_log_entry *e)
     if (!r) r = tp_optim_step(t->opt, e->lr);
     if (!r) r = round_masters(t->m, t->masters, t->n_params);
     if (!r && t->o->check_replicas) r = tp_check_replicated(t->params, t->n_params, t->mesh);
+    if (!r && t->o->check_replicas && t->dp) r = tp_dp_check_replicas(t->dp, t->params, t->n_params);
     clock_gettime(CLOCK_MONOTONIC, &b);
     double dt = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
     e->grad_norm = norm;
@@ -230,29 +250,45 @@ static tp_status setup(trainer *t, const tp_dataset *train, int64_t *total)
 {
     const tp_trainer_options *o = t->o;
     int64_t L = train->seq_len;
-    tp_status s = tp_data_loader_init(&t->loader, train, o->batch_size, o->grad_accum, o->shuffle, o->seed, 0, 1);
+    tp_status s = o->dp_mesh ? tp_dp_new(t->m, o->dp_mesh, &t->dp) : TP_OK;
+    if (s) return s;
+    int n_dp = t->dp ? tp_dp_count(t->dp) : 1, dp_index = t->dp ? tp_dp_index(t->dp) : 0;
+    int64_t global = o->batch_size * n_dp;
+    s = tp_data_loader_init(&t->loader, train, global, o->grad_accum, o->shuffle, o->seed, dp_index, n_dp);
     if (s) return s;
     if (t->loader.steps_per_epoch <= 0)
         return tp_fail(TP_ERR_INVALID, "the data holds %lld sequences, fewer than one micro-batch of %lld",
-                       (long long)train->n_rows, (long long)o->batch_size);
+                       (long long)train->n_rows, (long long)global);
     *total = o->steps > 0 ? o->steps : o->epochs * t->loader.steps_per_epoch;
     if (*total <= 0) return tp_fail(TP_ERR_INVALID, "no training step to run (steps and epochs are 0)");
     t->sched = o->schedule;
     t->sched.total_steps = *total;
     if ((s = tp_lr_schedule_check(&t->sched))) return s;
-    t->rows = malloc((size_t)o->batch_size * sizeof(int64_t));
-    t->ids = malloc((size_t)(o->batch_size * L) * sizeof(int64_t));
-    t->labels = malloc((size_t)(o->batch_size * L) * sizeof(int64_t));
+    t->rows = malloc((size_t)global * sizeof(int64_t));
+    t->ids = malloc((size_t)(global * L) * sizeof(int64_t));
+    t->labels = malloc((size_t)(global * L) * sizeof(int64_t));
     if (!t->rows || !t->ids || !t->labels) return tp_fail(TP_ERR_NOMEM, "out of memory");
     if ((s = tp_model_zero_grad(t->m))) return s;
-    if ((s = collect_params(t->m, &t->params, &t->masters, &t->n_params))) return s;
+    if (t->dp && tp_dp_sharded(t->dp)) {
+        /* The optimizer steps the chunks (no bf16 masters: f32 only). */
+        const tp_train_param *chunks = tp_dp_params(t->dp, &t->n_params);
+        t->params = malloc((size_t)(t->n_params ? t->n_params : 1) * sizeof *t->params);
+        t->masters = calloc((size_t)(t->n_params ? t->n_params : 1), sizeof *t->masters);
+        if (!t->params || !t->masters) return tp_fail(TP_ERR_NOMEM, "out of memory");
+        memcpy(t->params, chunks, (size_t)t->n_params * sizeof *t->params);
+    } else if ((s = collect_params(t->m, &t->params, &t->masters, &t->n_params))) {
+        return s;
+    }
     tp_optim_options oo = o->optim;
     if (!oo.pool) oo.pool = t->m->pool;
     return tp_optim_new(&oo, t->params, t->n_params, &t->opt);
 }
 
-static void teardown(trainer *t)
+static tp_status teardown(trainer *t, int ok)
 {
+    /* Under dp_shard the model gets its whole parameters back (what a
+     * save reads). */
+    tp_status s = tp_dp_free(t->dp, ok);
     tp_optim_free(t->opt);
     for (int k = 0; t->masters && k < t->n_params; k++) tp_tensor_release(&t->masters[k]);
     free(t->masters);
@@ -261,6 +297,16 @@ static void teardown(trainer *t)
     free(t->ids);
     free(t->labels);
     tp_data_loader_release(&t->loader);
+    return s;
+}
+
+/* The eval loss; under dp_shard with the root unit gathered meanwhile. */
+static tp_status evaluate_dp(trainer *t, const tp_dataset *d, double *loss)
+{
+    tp_status s = t->dp ? tp_dp_root_gather(t->dp) : TP_OK;
+    if (!s) s = evaluate(t->m, d, loss);
+    if (t->dp) tp_dp_root_release(t->dp);
+    return s;
 }
 
 tp_status tp_trainer_run(struct tp_model *m, const tp_mesh *mesh, const tp_dataset *train, const tp_dataset *eval,
@@ -286,15 +332,15 @@ tp_status tp_trainer_run(struct tp_model *m, const tp_mesh *mesh, const tp_datas
         s = one_step(&t, k, &e);
         if (!s && eval && (o->eval_every > 0 ? (k + 1) % o->eval_every == 0 : k + 1 == total)) {
             e.has_eval = 1;
-            s = evaluate(m, eval, &e.eval_loss);
+            s = evaluate_dp(&t, eval, &e.eval_loss);
         }
         if (!s) s = tp_train_log_step(log, &e);
         if (!s) { res->steps = k + 1; res->last_loss = e.loss; }
         if (!s) s = tp_train_checkpoint_maybe_save(&view, k + 1);
     }
     if (!s) s = tp_train_log_chart(log, NULL, NULL);
-    if (!s) adopt_masters(m, t.masters, t.n_params);
+    if (!s && !(t.dp && tp_dp_sharded(t.dp))) adopt_masters(m, t.masters, t.n_params);
     tp_train_log_close(log);
-    teardown(&t);
-    return s;
+    tp_status e = teardown(&t, !s);
+    return s ? s : e;
 }

@@ -1,0 +1,391 @@
+/* Data parallelism in training: what data_parallel.h describes.  The
+ * parameter chunks, the gathers and reduce-scatters of ZeRO-3 driven by
+ * the model's module hooks, and the dp reductions of a step. */
+#include "train/data_parallel.h"
+#include "tensorpar/module.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* One owned parameter of the model under dp_shard. */
+typedef struct {
+    int module, j;                 /* m->modules[module].params[j] */
+    int unit;                      /* its decoder layer's module index, or -1: the root unit */
+    int64_t numel, start, len;     /* flat TP-local size; this rank's chunk */
+    tp_tensor value, grad;         /* the chunk [len] and its gradient */
+    float *full;                   /* the gathered whole, or NULL */
+} dp_param;
+
+struct tp_dp {
+    tp_model *m;
+    const tp_mesh *grid, *rep, *shard;
+    int R, S, index;
+    tp_module_hooks hooks;
+    dp_param *ps;
+    int n;
+    tp_train_param *train;         /* the chunks, for the optimizer */
+};
+
+int tp_dp_index(const tp_dp *dp) { return dp->index; }
+int tp_dp_count(const tp_dp *dp) { return dp->R * dp->S; }
+int tp_dp_sharded(const tp_dp *dp) { return dp->S > 1; }
+
+const tp_train_param *tp_dp_params(const tp_dp *dp, int *n)
+{
+    *n = dp->n;
+    return dp->train;
+}
+
+static tp_module_param *param_of(tp_dp *dp, const dp_param *p)
+{
+    return &dp->m->modules[p->module].params[p->j];
+}
+
+/* The decoder layer a module belongs to, or -1. */
+static int unit_of(const tp_model *m, int i)
+{
+    for (; i >= 0; i = m->modules[i].parent)
+        if (m->modules[i].type == TP_MT_DECODER_LAYER) return i;
+    return -1;
+}
+
+/* Points the parameter (and every parameter tied to it) at `data`. */
+static void set_data(tp_dp *dp, const dp_param *p, float *data)
+{
+    tp_model *m = dp->m;
+    param_of(dp, p)->local.data = data;
+    param_of(dp, p)->local.owns_data = 0;
+    for (size_t i = 0; i < m->n_modules; i++)
+        if (p->j < m->modules[i].n_params && m->modules[i].params[p->j].tied_to == p->module)
+            m->modules[i].params[p->j].local.data = data;
+}
+
+/* Shard(0) -> Replicate over dp_shard: the whole TP-local tensor. */
+static tp_status gather(tp_dp *dp, dp_param *p)
+{
+    if (p->full) return TP_OK;
+    p->full = tp_alloc((size_t)(p->numel ? p->numel : 1) * sizeof(float));
+    if (!p->full) return tp_fail(TP_ERR_NOMEM, "out of memory gathering a parameter of %s",
+                                 dp->m->modules[p->module].name);
+    tp_placement sh = tp_shard(0), rep = tp_replicate();
+    tp_status s = tp_redistribute_local(dp->shard, TP_F32, 1, &p->numel, &sh, p->value.data, &rep, p->full);
+    if (s) return tp_fail_context(s, "gathering %s.%s over dp_shard", dp->m->modules[p->module].name,
+                                  param_of(dp, p)->suffix);
+    set_data(dp, p, p->full);
+    return TP_OK;
+}
+
+static void release(tp_dp *dp, dp_param *p)
+{
+    tp_free(p->full);
+    p->full = NULL;
+    set_data(dp, p, NULL);
+}
+
+/* A zeroed whole gradient for the backward to add into. */
+static tp_status grad_begin(tp_dp *dp, dp_param *p)
+{
+    tp_module_param *mp = param_of(dp, p);
+    tp_tensor_release(&mp->grad);
+    tp_status s = tp_tensor_init(&mp->grad, TP_F32, mp->local.ndim, mp->local.shape);
+    return s ? tp_fail(s, "out of memory for the gradient of %s.%s", dp->m->modules[p->module].name, mp->suffix)
+             : TP_OK;
+}
+
+/* Partial -> Shard(0) over dp_shard, added into the chunk's gradient; the
+ * whole gradient freed.  idle: this rank has no gradient (zeros).  The
+ * reduced chunk lands in a buffer of its own for the moment of the add
+ * (a persistent one would keep the largest chunk resident at the peak). */
+static tp_status grad_end(tp_dp *dp, dp_param *p, int idle)
+{
+    tp_module_param *mp = param_of(dp, p);
+    tp_status s = idle ? grad_begin(dp, p) : TP_OK;
+    float *part_sum = s ? NULL : tp_alloc((size_t)(p->len ? p->len : 1) * sizeof(float));
+    if (!s && !part_sum) s = TP_ERR_NOMEM;
+    tp_placement part = tp_partial(), sh = tp_shard(0);
+    if (!s) s = tp_redistribute_local(dp->shard, TP_F32, 1, &p->numel, &part, mp->grad.data, &sh, part_sum);
+    if (!s) {
+        float *g = p->grad.data;
+        for (int64_t i = 0; i < p->len; i++) g[i] += part_sum[i];
+    }
+    tp_free(part_sum);
+    tp_tensor_release(&mp->grad);
+    return s ? tp_fail_context(s, "reduce-scattering the gradient of %s.%s", dp->m->modules[p->module].name,
+                               mp->suffix) : TP_OK;
+}
+
+/* Gather (and with grads, zeroed whole gradients) every parameter of unit u. */
+static tp_status unit_gather(tp_dp *dp, int u, int grads)
+{
+    for (int k = 0; k < dp->n; k++) {
+        if (dp->ps[k].unit != u) continue;
+        tp_status s = gather(dp, &dp->ps[k]);
+        if (!s && grads) s = grad_begin(dp, &dp->ps[k]);
+        if (s) return s;
+    }
+    return TP_OK;
+}
+
+/* Reduce-scatter (with grads) and free every parameter of unit u. */
+static tp_status unit_release(tp_dp *dp, int u, int grads, int idle)
+{
+    for (int k = 0; k < dp->n; k++) {
+        if (dp->ps[k].unit != u) continue;
+        tp_status s = grads ? grad_end(dp, &dp->ps[k], idle) : TP_OK;
+        release(dp, &dp->ps[k]);
+        if (s) return s;
+    }
+    return TP_OK;
+}
+
+static int is_layer(const tp_model *m, int c) { return m->modules[c].type == TP_MT_DECODER_LAYER; }
+
+static tp_status pre_forward(void *ctx, tp_model *m, int c)
+{
+    return is_layer(m, c) ? unit_gather(ctx, c, 0) : TP_OK;
+}
+
+static tp_status post_forward(void *ctx, tp_model *m, int c)
+{
+    return is_layer(m, c) ? unit_release(ctx, c, 0, 0) : TP_OK;
+}
+
+static tp_status pre_backward(void *ctx, tp_model *m, int c)
+{
+    return is_layer(m, c) ? unit_gather(ctx, c, 1) : TP_OK;
+}
+
+static tp_status post_backward(void *ctx, tp_model *m, int c)
+{
+    return is_layer(m, c) ? unit_release(ctx, c, 1, 0) : TP_OK;
+}
+
+/* Parameter j of module i as this rank's chunk: copied out of the whole
+ * TP-local tensor, which is then freed (its shape kept), and entered in
+ * the optimizer's list with the flags trainer.c gives a whole shard. */
+static tp_status chunk_one(tp_dp *dp, int i, int j, int shard_rank)
+{
+    tp_model *m = dp->m;
+    tp_module_param *mp = &m->modules[i].params[j];
+    if (mp->local.dtype != TP_F32)
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s.%s is %s: --dp-shard trains f32 weights only", m->modules[i].name,
+                       mp->suffix, tp_dtype_name(mp->local.dtype));
+    dp_param *p = &dp->ps[dp->n];
+    p->module = i, p->j = j, p->unit = unit_of(m, i);
+    p->numel = tp_tensor_numel(&mp->local);
+    tp_chunk_range(p->numel, dp->S, shard_rank, &p->start, &p->len);
+    tp_status s = tp_tensor_init(&p->value, TP_F32, 1, &p->len);
+    if (!s) s = tp_tensor_init(&p->grad, TP_F32, 1, &p->len);
+    if (s) return tp_fail(s, "out of memory for the chunk of %s.%s", m->modules[i].name, mp->suffix);
+    dp->n++;
+    memcpy(p->value.data, (const float *)mp->local.data + p->start, (size_t)p->len * sizeof(float));
+    tp_tensor whole = mp->local;
+    tp_tensor_release(&mp->local);
+    mp->local = whole;
+    set_data(dp, p, NULL);
+    tp_tensor_release(&mp->grad);
+    int reps = tp_model_param_replicas(m, &m->modules[i], j);
+    unsigned flags = (mp->kind == TP_PARAM_BIAS || mp->kind == TP_PARAM_NORM) ? TP_PARAM_NO_DECAY : 0;
+    if (reps != 1) flags |= TP_PARAM_COUNTED_ONCE;
+    dp->train[dp->n - 1] = (tp_train_param){m->modules[i].name, &p->value, &p->grad, flags, reps == 1 ? 0 : reps};
+    return TP_OK;
+}
+
+/* Every owned parameter of the model (a tied one borrows its owner's) as
+ * a chunk. */
+static tp_status make_chunks(tp_dp *dp)
+{
+    tp_model *m = dp->m;
+    size_t cap = m->n_modules * TP_MODULE_MAX_PARAMS;
+    int shard_rank = tp_mesh_coord(dp->shard, 0);
+    dp->ps = calloc(cap ? cap : 1, sizeof *dp->ps);
+    dp->train = calloc(cap ? cap : 1, sizeof *dp->train);
+    if (!dp->ps || !dp->train) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < m->n_modules; i++)
+        for (int j = 0; j < m->modules[i].n_params; j++) {
+            const tp_module_param *mp = &m->modules[i].params[j];
+            if (mp->tied_to >= 0 || !mp->local.data) continue;
+            tp_status s = chunk_one(dp, (int)i, j, shard_rank);
+            if (s) return s;
+        }
+    return TP_OK;
+}
+
+tp_status tp_dp_new(tp_model *m, const tp_mesh *grid, tp_dp **out)
+{
+    *out = NULL;
+    tp_dp *dp = calloc(1, sizeof *dp);
+    if (!dp) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    dp->m = m;
+    dp->grid = grid;
+    dp->rep = tp_mesh_sub(grid, "dp_replicate");
+    dp->shard = tp_mesh_sub(grid, "dp_shard");
+    if (!dp->rep || !dp->shard || tp_mesh_dim_index(grid, "tp") < 0) {
+        free(dp);
+        return tp_fail(TP_ERR_INVALID, "data parallelism needs a mesh with dimensions \"dp_replicate\", "
+                       "\"dp_shard\" and \"tp\"");
+    }
+    tp_clear_error();
+    dp->R = tp_mesh_size(dp->rep, 0);
+    dp->S = tp_mesh_size(dp->shard, 0);
+    dp->index = tp_mesh_coord(dp->rep, 0) * dp->S + tp_mesh_coord(dp->shard, 0);
+    *out = dp;
+    if (dp->S == 1) return TP_OK;
+    dp->hooks = (tp_module_hooks){pre_forward, post_forward, pre_backward, post_backward, dp};
+    tp_status s = make_chunks(dp);
+    if (!s) m->hooks = &dp->hooks;
+    return s;
+}
+
+/* Every parameter whole again, owned by the model. */
+static tp_status unshard_all(tp_dp *dp)
+{
+    for (int k = 0; k < dp->n; k++) {
+        dp_param *p = &dp->ps[k];
+        tp_status s = gather(dp, p);
+        if (s) return s;
+        tp_module_param *mp = param_of(dp, p);
+        tp_tensor whole;
+        s = tp_tensor_init(&whole, TP_F32, mp->local.ndim, mp->local.shape);
+        if (s) return tp_fail(s, "out of memory");
+        memcpy(whole.data, p->full, (size_t)p->numel * sizeof(float));
+        release(dp, p);
+        mp->local = whole;
+        set_data(dp, p, whole.data);
+        mp->local.owns_data = 1;
+    }
+    return TP_OK;
+}
+
+tp_status tp_dp_free(tp_dp *dp, int finish)
+{
+    if (!dp) return TP_OK;
+    tp_status s = TP_OK;
+    if (dp->S > 1) {
+        dp->m->hooks = NULL;
+        if (finish) s = unshard_all(dp);
+        for (int k = 0; k < dp->n; k++) {
+            if (dp->ps[k].full) release(dp, &dp->ps[k]);
+            tp_tensor_release(&dp->ps[k].value);
+            tp_tensor_release(&dp->ps[k].grad);
+        }
+    }
+    free(dp->ps);
+    free(dp->train);
+    free(dp);
+    return s;
+}
+
+tp_status tp_dp_row_begin(tp_dp *dp)
+{
+    return dp->S > 1 ? unit_gather(dp, -1, 1) : TP_OK;
+}
+
+tp_status tp_dp_row_end(tp_dp *dp)
+{
+    return dp->S > 1 ? unit_release(dp, -1, 1, 0) : TP_OK;
+}
+
+tp_status tp_dp_row_idle(tp_dp *dp)
+{
+    if (dp->S == 1) return TP_OK;
+    const tp_model *m = dp->m;
+    int n = (int)m->cfg.num_hidden_layers;
+    tp_status s = TP_OK;
+    for (int l = 0; !s && l < n; l++) {
+        int u = unit_of(m, m->layers[l].input_layernorm);
+        s = unit_gather(dp, u, 0);
+        if (!s) s = unit_release(dp, u, 0, 0);
+    }
+    for (int l = n - 1; !s && l >= 0; l--) {
+        int u = unit_of(m, m->layers[l].input_layernorm);
+        s = unit_gather(dp, u, 0);
+        if (!s) s = unit_release(dp, u, 1, 1);
+    }
+    return s;
+}
+
+tp_status tp_dp_root_gather(tp_dp *dp)
+{
+    return dp->S > 1 ? unit_gather(dp, -1, 0) : TP_OK;
+}
+
+void tp_dp_root_release(tp_dp *dp)
+{
+    if (dp->S > 1) unit_release(dp, -1, 0, 0);
+}
+
+/* One placement per dimension of the grid: `dp_rep` on dp_replicate,
+ * `dp_shard` on dp_shard, `tp` on tp, Replicate elsewhere (cp). */
+static void grid_placements(const tp_dp *dp, tp_placement dp_rep, tp_placement dp_shard, tp_placement tp,
+                            tp_placement *out)
+{
+    for (int d = 0; d < tp_mesh_ndim(dp->grid); d++) {
+        const char *name = tp_mesh_dim_name(dp->grid, d);
+        out[d] = !strcmp(name, "dp_replicate") ? dp_rep : !strcmp(name, "dp_shard") ? dp_shard
+               : !strcmp(name, "tp") ? tp : tp_replicate();
+    }
+}
+
+tp_status tp_dp_reduce_loss(tp_dp *dp, double *loss_sum, int64_t *tokens)
+{
+    double v[2] = {*loss_sum, (double)*tokens}, sum[2];
+    int64_t two = 2;
+    tp_placement from[TP_MESH_MAX_DIMS], to[TP_MESH_MAX_DIMS];
+    grid_placements(dp, tp_partial(), tp_partial(), tp_replicate(), from);
+    grid_placements(dp, tp_replicate(), tp_replicate(), tp_replicate(), to);
+    tp_status s = tp_redistribute_local(dp->grid, TP_F64, 1, &two, from, v, to, sum);
+    if (s) return tp_fail_context(s, "summing the loss over the data-parallel ranks");
+    *loss_sum = sum[0];
+    *tokens = (int64_t)sum[1];
+    return TP_OK;
+}
+
+/* Partial -> Replicate of one gradient over a 1-D dp mesh, in place. */
+static tp_status all_reduce(const tp_mesh *mesh, const tp_train_param *p)
+{
+    int64_t n = tp_tensor_numel(p->grad);
+    tp_placement part = tp_partial(), rep = tp_replicate();
+    tp_status s = tp_redistribute_local(mesh, TP_F32, 1, &n, &part, p->grad->data, &rep, p->grad->data);
+    return s ? tp_fail_context(s, "summing the gradient of %s over the data-parallel ranks", p->name) : TP_OK;
+}
+
+tp_status tp_dp_reduce_grads(tp_dp *dp, const tp_train_param *params, int n)
+{
+    /* dp_shard's sums happened in the reduce-scatters (or it has size 1):
+     * what is left is the copies over dp_replicate. */
+    for (int i = 0; dp->R > 1 && i < n; i++) {
+        tp_status s = all_reduce(dp->rep, &params[i]);
+        if (s) return s;
+    }
+    return TP_OK;
+}
+
+tp_status tp_dp_clip(tp_dp *dp, const tp_train_param *params, int n, const tp_mesh *tp_sub, tp_threadpool *pool,
+                     double max_norm, float *norm)
+{
+    /* Copies over dp_replicate (and over dp_shard when unsharded) count
+     * once: only the chunks of one replica sum, and the TP ranks' parts. */
+    tp_placement sum_pl[TP_MESH_MAX_DIMS];
+    grid_placements(dp, tp_replicate(), dp->S > 1 ? tp_partial() : tp_replicate(), tp_partial(), sum_pl);
+    return tp_clip_grad_norm_grid(params, n, tp_sub, dp->grid, sum_pl, pool, max_norm, norm);
+}
+
+tp_status tp_dp_check_replicas(tp_dp *dp, const tp_train_param *params, int n)
+{
+    /* The copies: the replicas of dp_replicate, and of dp_shard when it
+     * does not shard; each parameter is one whole copy per rank there. */
+    const tp_mesh *copies[2] = {dp->rep, dp->S == 1 ? dp->shard : NULL};
+    tp_train_param *all = malloc((size_t)(n ? n : 1) * sizeof *all);
+    if (!all) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        all[i] = params[i];
+        all[i].flags |= TP_PARAM_COUNTED_ONCE;
+        all[i].replicas = 0;
+    }
+    tp_status s = TP_OK;
+    for (int c = 0; !s && c < 2; c++)
+        if (copies[c] && tp_mesh_size(copies[c], 0) > 1) s = tp_check_replicated(all, n, copies[c]);
+    free(all);
+    return s ? tp_fail_context(s, "data-parallel replicas") : TP_OK;
+}
