@@ -84,8 +84,9 @@ typedef struct {
                             the f32 rate, NOT exact: products carry x's bf16
                             rounding, ~2^-9 relative).  0 = exact: weights are
                             widened to f32 in registers, products exact. */
-    int blas;            /* 1: T > 4 goes to OpenBLAS sgemm (bf16 widened by
-                            blocks) instead of the own GEMM. */
+    int blas;            /* 1: T > 4, and the backward's dX and dW, go to
+                            OpenBLAS sgemm (bf16 widened by blocks) instead
+                            of the own GEMM. */
     int amx;             /* bf16 weights, T > 4, AVX-512 path, where
                             tp_kernel_has_amx(): 1 = the AMX tile GEMM.  x is
                             split into three bf16 parts, so products stay
@@ -210,10 +211,15 @@ void tp_silu_mul_backward(float *da, float *db, const float *dy, const float *a,
 
 /* Linear, for y[T, out] = x[T, in]·Wᵀ (+ b): dx[T, in] += dy·W,
  * dw[out, in] += dyᵀ·x, db[out] += Σ_t dy[t].  W is f32 or bf16 (widened
- * by blocks of rows; dw is f32 either way).  The products are OpenBLAS
- * GEMMs run from the calling thread (OpenBLAS's own threads, its kernels
- * chosen from cpuid); pool widens bf16 blocks.  Fails as tp_matmul for a
- * refused TENSORPAR_ISA or a bad weight, or out of memory. */
+ * while packing; dw is f32 either way).  dx, dw, db may each be NULL.  The
+ * products run on opts->path: the SIMD paths through the own packed GEMM on
+ * pool's threads, bitwise the same for any thread count (opts->blas:
+ * OpenBLAS from the calling thread, its own threads); SCALAR the plain
+ * loops.  Fails as tp_matmul_ex for a refused TENSORPAR_ISA, a path the
+ * process may not run or a bad weight, or out of memory.
+ * tp_matmul_backward uses tp_matmul_opts_default. */
+tp_status tp_matmul_backward_ex(float *dx, float *dw, float *db, const float *dy, const float *x,
+                                int64_t T, const tp_tensor *W, tp_threadpool *pool, const tp_matmul_opts *opts);
 tp_status tp_matmul_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
                              int64_t T, const tp_tensor *W, tp_threadpool *pool);
 
@@ -246,6 +252,15 @@ tp_status tp_cross_entropy_check_labels(const int64_t *labels, int64_t T, int64_
                                         int64_t *counted);
 tp_status tp_cross_entropy(double *loss_sum, float *dlogits, const float *logits, const int64_t *labels,
                            int64_t T, int64_t V, double count, tp_threadpool *pool);
+/* The two halves of tp_cross_entropy, for a caller that holds whole rows
+ * but not all of them (the row-parallel loss, train.h): row_loss[t] =
+ * logsumexp − z[label] (0 on ignored rows) and dlogits as above, with
+ * inv_count = 1 / count (0 when no row of the whole batch counts); labels
+ * unchecked.  Then tp_cross_entropy_sum adds the T row losses in row
+ * order, the one order in which tp_cross_entropy adds them. */
+tp_status tp_cross_entropy_rows(double *row_loss, float *dlogits, const float *logits, const int64_t *labels,
+                                int64_t T, int64_t V, double inv_count, tp_threadpool *pool);
+double tp_cross_entropy_sum(const double *row_loss, int64_t T);
 
 /* Causal attention for training: tp_attention's result (same arguments;
  * its own blocked kernel, portable C whose loops also have an AVX2 build)

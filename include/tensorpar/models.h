@@ -50,8 +50,9 @@ typedef struct tp_model {
      * tp_model_options.fuse_norm (on by default). */
     int fuse_norm;
     tp_matmul_opts matmul;         /* every Linear's GEMM: tp_model_options.kernels */
-    /* tp_model_forward_backward's loss: 0 = Hugging Face's on the gathered
-     * logits; 1 = vocabulary-parallel (lm_head's output stays split on the
+    /* tp_model_forward_backward's loss: 0 = Hugging Face's, bit for bit
+     * (under TP with a gathered colwise lm_head, row-parallel: no rank
+     * gathers [T, V]); 1 = vocabulary-parallel (lm_head's output stays split on the
      * vocabulary, tp_cross_entropy_vocab_parallel).  Set it after loading. */
     int vocab_parallel_loss;
     /* Called around every module's forward and backward inside the module
@@ -192,7 +193,11 @@ tp_status tp_model_zero_grad(tp_model *m);
  * The loss is Σ over counted positions of -log p(label), divided by
  * `count` (<= 0: this sequence's counted positions), so that several
  * sequences accumulated with the same count give the mean over all of
- * them.  With m->vocab_parallel_loss no rank holds [T, V] logits: each
+ * them.  Under TP, when lm_head's plan splits it by columns and gathers
+ * its output (colwise_gather_output), the default loss never gathers the
+ * logits: tp_cross_entropy_row_parallel gives TP = 1's loss kernel whole
+ * rows and the logits' gradient comes back to lm_head's column shard.
+ * With m->vocab_parallel_loss no rank holds [T, V] logits either: each
  * computes its vocabulary shard's (lm_head's local GEMM, no gather), the
  * loss and those logits' gradient come from tp_cross_entropy_vocab_parallel
  * and lm_head's input gradient, a partial sum, is all-reduced (a Partial ->

@@ -198,6 +198,9 @@ typedef struct {
     int64_t seq_len, n_rows;
     int64_t *ids;                       /* [n_rows, seq_len] */
     int64_t *labels;                    /* [n_rows, seq_len]; -100 = not counted */
+    /* [n_rows]: the row's real tokens, the rest being padding (NULL: every
+     * row full, as for a dataset built by hand) */
+    int64_t *lengths;
 } tp_dataset;
 
 tp_status tp_dataset_load(tp_dataset *d, const char *path, const tp_data_options *o);
@@ -270,6 +273,20 @@ tp_status tp_cross_entropy_vocab_parallel(double *loss_sum, float *dlogits_local
 /* The bytes the call above allocates for T rows over P ranks: 4·T·(P + 5). */
 size_t tp_cross_entropy_vocab_parallel_scratch(int64_t T, int P);
 
+/* tp_cross_entropy, the same bits, over logits split by vocabulary:
+ * logits_local [T, V_local] is this rank's Shard(1) of [T, V] over the 1-D
+ * `mesh` (tp_chunk_range's columns) and becomes, in place, its shard of
+ * the gradient (softmax − onehot) / count; labels [T] are global ids, the
+ * same on every rank.  Whole rows move to one rank by blocks (Shard(1) ->
+ * Shard(0), an all-to-all through tp_redistribute_local), which runs
+ * tp_cross_entropy_rows on them and sends the gradient rows back; the row
+ * losses are all-gathered and *loss_sum (the same on every rank) adds them
+ * as tp_cross_entropy does.  The scratch is O(V) (64 rows of V per block),
+ * never [T, V].  Fails alike on every rank, before any collective, for a
+ * bad label or count (tp_cross_entropy_check_labels).  Collective over mesh. */
+tp_status tp_cross_entropy_row_parallel(double *loss_sum, float *logits_local, const int64_t *labels, int64_t T,
+                                        int64_t V, double count, const tp_mesh *mesh, tp_threadpool *pool);
+
 /* ---- log --------------------------------------------------------------
  *
  * What a training run reports: one JSON line per optimizer step in
@@ -277,6 +294,8 @@ size_t tp_cross_entropy_vocab_parallel_scratch(int64_t T, int P);
  * step, so a run that stops keeps every step it finished:
  *   {"step": 1, "loss": 2.5, "lr": 0.0001, "grad_norm": 1.25,
  *    "tokens_per_s": 812.5, "eval_loss": 2.75}
+ * (tokens_per_s: the real input tokens of the step's rows on this rank's
+ * replica, padding not counted, over the step's wall time)
  * (steps from 1; eval_loss only on steps that evaluated; a number that is
  * not finite is written as null).  On a terminal, a progress line on stderr:
  * step/total, loss, lr, grad-norm, tokens/s, ETA.  At the end, the loss (and

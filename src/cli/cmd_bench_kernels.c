@@ -1,6 +1,7 @@
 /* tensorpar bench kernels: the kernel micro-benchmarks (tp_kernel_bench) on
  * the process's instruction-set path: the compute peak and read bandwidth,
- * GEMM GFLOP/s at the qwen3-0.6b prefill shapes, GEMV GB/s for decode. */
+ * GEMM GFLOP/s at the qwen3-0.6b prefill shapes, GEMV GB/s for decode, and
+ * the training GEMMs (forward, dx, dW) next to OpenBLAS. */
 #include "cli.h"
 #include "tensorpar/kernels.h"
 

@@ -181,8 +181,7 @@ static void data_ctx_free(data_ctx *c)
     if (c->tpl) tp_chat_template_free(c->tpl);
 }
 
-/* Both datasets, refused (naming file and line) before any rank starts
- * and again on each rank before its model loads. */
+/* Both datasets, refused (naming file and line) before any rank starts. */
 static tp_status load_data(const char *dir, long long seq_len, const char *train, const char *eval, tp_dataset *dt,
                            tp_dataset *de)
 {
@@ -307,29 +306,50 @@ int cmd_train(int argc, char **argv)
     if ((rc = cli_check_dir("train", "--model", dir))) return rc;
     tp_dataset dt = {0}, de = {0};
     const char *eval = cli_value(o, n, "--eval-data");
+    /* Parsed once per process: a rank (one process, or one of a job) keeps
+     * what it loaded; a process that starts the ranks (--tp N from a shell)
+     * only checks the files, each rank loading its own copy. */
     if (load_data(dir, seq_len, data, eval, &dt, &de)) return cli_report("train");
-    tp_dataset_release(&dt);
-    tp_dataset_release(&de);
     long long dpr = 1, dps = 1;
-    if (get_int(o, n, "--dp-replicate", 1, &dpr) || get_int(o, n, "--dp-shard", 1, &dps)) return cli_usage_error("train");
-    if ((dpr > 1 || dps > 1) && (lora.r > 0 || lora.adapter))
-        return usage("--dp-replicate and --dp-shard are not supported with LoRA yet");
+    if (get_int(o, n, "--dp-replicate", 1, &dpr) || get_int(o, n, "--dp-shard", 1, &dps)) {
+        tp_dataset_release(&dt);
+        tp_dataset_release(&de);
+        return cli_usage_error("train");
+    }
     const char *dt_name = cli_value(o, n, "--dtype");
-    if (dps > 1 && dt_name && !strcmp(dt_name, "bf16"))
-        return usage("--dp-shard trains f32 weights only (--dtype bf16 is not supported with it yet)");
-    if (dps > 1 && (cli_value(o, n, "--save-every") || cli_value(o, n, "--resume")))
-        return usage("--save-every and --resume are not supported with --dp-shard yet (its optimizer state is "
-                     "split beyond the TP shards)");
+    const char *refused = NULL;
+    if ((dpr > 1 || dps > 1) && (lora.r > 0 || lora.adapter))
+        refused = "--dp-replicate and --dp-shard are not supported with LoRA yet";
+    else if (dps > 1 && dt_name && !strcmp(dt_name, "bf16"))
+        refused = "--dp-shard trains f32 weights only (--dtype bf16 is not supported with it yet)";
+    else if (dps > 1 && (cli_value(o, n, "--save-every") || cli_value(o, n, "--resume")))
+        refused = "--save-every and --resume are not supported with --dp-shard yet (its optimizer state is "
+                  "split beyond the TP shards)";
+    long long want = 1;
+    if (refused || (!tp_launch_in_job() && !cli_int(o, n, "--tp", &want) && want * dpr * dps > 1)) {
+        tp_dataset_release(&dt);
+        tp_dataset_release(&de);
+    }
+    if (refused) return usage(refused);
     cli_tp tp;
-    if (cli_tp_begin_dp("train", argc, argv, o, n, dir, (int)dpr, (int)dps, &tp, &rc)) { cli_tp_end(&tp); return rc; }
+    if (cli_tp_begin_dp("train", argc, argv, o, n, dir, (int)dpr, (int)dps, &tp, &rc)) {
+        tp_dataset_release(&dt);
+        tp_dataset_release(&de);
+        cli_tp_end(&tp);
+        return rc;
+    }
     tp_model_options mo = {.threads = 1, .show_progress = isatty(2) && tp.rank == 0};
-    if (cli_tp_threads(o, n, &tp, &mo)) { cli_tp_end(&tp); return cli_report("train"); }
+    if (cli_tp_threads(o, n, &tp, &mo)) {
+        tp_dataset_release(&dt);
+        tp_dataset_release(&de);
+        cli_tp_end(&tp);
+        return cli_report("train");
+    }
+    tp_status s = TP_OK;
     mo.weight_dtype = dt_name && !strcmp(dt_name, "bf16") ? TP_BF16 : TP_F32;
-    tp_status s = load_data(dir, seq_len, data, eval, &dt, &de);
     char resume[4096];
-    if (cli_value(o, n, "--resume")) {   /* collective: every rank takes part */
-        tp_status r = resume_dir(cli_value(o, n, "--resume"), out, &tp, resume, sizeof resume);
-        if (!s) s = r;
+    if (!s && cli_value(o, n, "--resume")) {   /* collective: every rank takes part */
+        s = resume_dir(cli_value(o, n, "--resume"), out, &tp, resume, sizeof resume);
         t.ckpt.resume_dir = resume;
     }
     if (!cli_tp_agree("train", &tp, s != TP_OK)) {

@@ -7,6 +7,7 @@
 #include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define REPS_MAX 15
 
@@ -396,6 +397,146 @@ static tp_status gemv_cold(FILE *out, tp_threadpool *pool, const tp_machine_peak
     return TP_OK;
 }
 
+/* ---- training GEMMs: the own packed GEMM next to OpenBLAS ---------------
+ * The three products of a Linear in training at T = 512, f32: the forward
+ * y = x·Wᵀ, dx += dy·W and dW += dyᵀ·x, through tp_matmul_ex and
+ * tp_matmul_backward_ex with and without opts.blas, OpenBLAS limited to the
+ * same number of threads.  The two run alternately (a busy neighbour slows
+ * both alike); GFLOP/s of the median, and the share of the FMA peak
+ * measured on as many threads. */
+
+enum { P_FWD, P_DX, P_DW, NPROD };
+static const char *const prod_names[NPROD] = {"y=x*W^T", "dx+=dy*W", "dW+=dy^T*x"};
+
+typedef struct {
+    float *x, *dy, *y, *dx, *dw;
+    const tp_tensor *W;
+    int64_t T;
+} train_bufs;
+
+static tp_status run_product(const train_bufs *b, int prod, tp_threadpool *pool, const tp_matmul_opts *o)
+{
+    if (prod == P_FWD) return tp_matmul_ex(b->y, b->x, b->T, b->W, NULL, pool, o);
+    if (prod == P_DX) return tp_matmul_backward_ex(b->dx, NULL, NULL, b->dy, b->x, b->T, b->W, pool, o);
+    return tp_matmul_backward_ex(NULL, b->dw, NULL, b->dy, b->x, b->T, b->W, pool, o);
+}
+
+/* On one thread both sides run on the calling thread (OpenBLAS limited to
+ * one, the own GEMM without a pool), so its CPU time, which other jobs on a
+ * shared machine do not inflate, measures them; on more, wall time. */
+static double clock_s(int cpu)
+{
+    if (!cpu) return tp_now();
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The FMA peak of one thread in its CPU time (as clock_s(1)). */
+static double fma_peak_cpu(tp_kernel_path path, int quick)
+{
+    peak_kernels k = peak_kernels_for(path);
+    long iters = quick > 1 ? FMA_ITERS / 1000 : FMA_ITERS / 4;
+    fma_job fj = {iters, {0}};
+    double t[REPS_MAX];
+    int reps = quick > 1 ? 1 : 5;
+    for (int r = 0; r < reps; r++) {
+        double t0 = clock_s(1);
+        k.fma(&fj, 0, 1);
+        t[r] = clock_s(1) - t0;
+    }
+    return 2.0 * k.lanes * (double)iters / median(t, reps) / 1e9;
+}
+
+/* sec[0] ours, sec[1] OpenBLAS: medians of reps alternated runs. */
+static tp_status time_product(const train_bufs *b, int prod, tp_threadpool *pool, tp_kernel_path path, int reps,
+                              double sec[2])
+{
+    double t[2][REPS_MAX];
+    tp_status st = TP_OK;
+    openblas_set_num_threads(tp_threadpool_size(pool));
+    for (int r = -1; r < reps && !st; r++)   /* r = -1 warms up */
+        for (int v = 0; v < 2 && !st; v++) {
+            tp_matmul_opts o = {path, 0, v, 0};
+            /* OpenBLAS's threads spin for a while after a call (2^28 cycles
+             * by default) before they sleep: on more than one thread, let
+             * them, or they take the cores from the own GEMM's pool; then
+             * an untimed call, so that the cores are back at speed. */
+            if (v == 0 && pool) {
+                nanosleep(&(struct timespec){0, 200000000}, NULL);
+                st = run_product(b, prod, pool, &o);
+            }
+            double t0 = clock_s(pool == NULL);
+            st = run_product(b, prod, pool, &o);
+            if (r >= 0) t[v][r] = clock_s(pool == NULL) - t0;
+        }
+    if (!st) sec[0] = median(t[0], reps), sec[1] = median(t[1], reps);
+    return st;
+}
+
+static tp_status train_gemm_shape(FILE *out, const train_bufs *b, const char *name, tp_threadpool *pool,
+                                  const tp_machine_peaks *pk, double peak_cpu1, tp_kernel_path path, int reps)
+{
+    int64_t n = b->W->shape[0], k = b->W->shape[1];
+    double flop = 2.0 * (double)b->T * (double)n * (double)k;
+    for (int prod = 0; prod < NPROD; prod++) {
+        char label[64];
+        snprintf(label, sizeof label, "%s %lldx%lld", name, (long long)n, (long long)k);
+        fprintf(out, "%-24s %-11s", label, prod_names[prod]);
+        for (int th = 0; th < 2; th++) {
+            double sec[2], peak = th ? pk->fma_gflops_n : peak_cpu1;
+            tp_status st = time_product(b, prod, th ? pool : NULL, path, reps, sec);
+            if (st) return st;
+            double g0 = flop / sec[0] / 1e9, g1 = flop / sec[1] / 1e9;
+            fprintf(out, "   %7.1f %3.0f%% %7.1f %3.0f%%", g0, 100 * g0 / peak, g1, 100 * g1 / peak);
+        }
+        fprintf(out, "\n");
+        fflush(out);
+    }
+    return TP_OK;
+}
+
+static tp_status train_gemms(FILE *out, tp_threadpool *pool, const tp_machine_peaks *pk, int quick)
+{
+    static const shape lshapes[] = {{"q_proj", 512, 2048, 1024}, {"o_proj", 512, 1024, 2048},
+                                    {"gate/up", 512, 3072, 1024}, {"down", 512, 1024, 3072},
+                                    {"lm_head", 512, 151936, 1024}};
+    if (pk->path == TP_KERNEL_SCALAR) return TP_OK;   /* the scalar loops are the reference, not a rival */
+    int64_t T = quick > 1 ? 16 : 512, maxn = 151936, maxk = 3072;
+    int reps = quick > 1 ? 1 : quick ? 3 : 5, nt = tp_threadpool_size(pool), saved = openblas_get_num_threads();
+    double peak_cpu1 = fma_peak_cpu(pk->path, quick);
+    fprintf(out, "\nTraining GEMMs, f32, T=%lld: GFLOP/s and share of the FMA peak, own packed GEMM next to OpenBLAS "
+            "(OPENBLAS_CORETYPE=%s, as many threads), alternated, median of %d; 1 thread in its CPU time (FMA peak "
+            "%.1f GFLOP/s so), %d in wall time (peak %.1f):\n%-24s %-11s   %-25s   %d threads\n",
+            (long long)T, getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(auto)", reps, peak_cpu1, nt,
+            pk->fma_gflops_n, "W [n x k]", "product", "1 thread: own, openblas", nt);
+    train_bufs b = {malloc((size_t)(T * maxk) * sizeof(float)), malloc((size_t)(T * maxn) * sizeof(float)),
+                    tp_alloc((size_t)(T * maxn) * sizeof(float)), malloc((size_t)(T * maxk) * sizeof(float)),
+                    NULL, NULL, T};
+    tp_status st = TP_OK;
+    tp_rng rng;
+    tp_rng_seed(&rng, 11);
+    if (!b.x || !b.dy || !b.y || !b.dx) st = tp_fail(TP_ERR_NOMEM, "tp_kernel_bench: no memory");
+    for (int64_t i = 0; !st && i < T * maxk; i++) b.x[i] = (float)tp_rng_normal(&rng), b.dx[i] = 0;
+    for (int64_t i = 0; !st && i < T * maxn; i++) b.dy[i] = (float)(0.01 * tp_rng_normal(&rng));
+    for (size_t s = 0; s < sizeof lshapes / sizeof *lshapes && !st; s++) {
+        const shape *sh = &lshapes[s];
+        if (quick > 1 && sh->n > 100000) continue;
+        tp_tensor w = {0};
+        if ((st = make_weight(&w, TP_F32, sh->n, sh->k, &rng))) break;
+        b.W = &w;
+        b.dw = tp_alloc((size_t)(sh->n * sh->k) * sizeof(float));
+        if (!b.dw) st = tp_fail(TP_ERR_NOMEM, "tp_kernel_bench: no memory");
+        else memset(b.dw, 0, (size_t)(sh->n * sh->k) * sizeof(float));
+        if (!st) st = train_gemm_shape(out, &b, sh->name, pool, pk, peak_cpu1, pk->path, sh->n > 100000 && reps > 3 ? 3 : reps);
+        tp_free(b.dw);
+        tp_tensor_release(&w);
+    }
+    openblas_set_num_threads(saved);
+    free(b.x); free(b.dy); tp_free(b.y); free(b.dx);
+    return st;
+}
+
 tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick)
 {
     int nt = tp_threadpool_size(pool), reps = quick > 1 ? 1 : quick ? 3 : 7;
@@ -494,6 +635,7 @@ tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick)
         tp_tensor_release(&wb);
     }
     if (!st) st = gemv_cold(out, pool, &pk, quick, x, y);
+    if (!st) st = train_gemms(out, pool, &pk, quick);
     free(x);
     tp_free(y);
     return st;

@@ -81,6 +81,21 @@ tp_status tp_cross_entropy_check_labels(const int64_t *labels, int64_t T, int64_
     return TP_OK;
 }
 
+tp_status tp_cross_entropy_rows(double *row_loss, float *dlogits, const float *logits, const int64_t *labels,
+                                int64_t T, int64_t V, double inv_count, tp_threadpool *pool)
+{
+    ce_job j = {dlogits, logits, labels, T, V, inv_count, row_loss};
+    tp_parallel_run(pool, ce_worker, &j);
+    return TP_OK;
+}
+
+double tp_cross_entropy_sum(const double *row_loss, int64_t T)
+{
+    double sum = 0;
+    for (int64_t t = 0; t < T; t++) sum += row_loss[t];
+    return sum;
+}
+
 tp_status tp_cross_entropy(double *loss_sum, float *dlogits, const float *logits, const int64_t *labels,
                            int64_t T, int64_t V, double count, tp_threadpool *pool)
 {
@@ -89,11 +104,8 @@ tp_status tp_cross_entropy(double *loss_sum, float *dlogits, const float *logits
     if (st) return st;
     double *row_loss = malloc((size_t)(T > 0 ? T : 1) * sizeof(double));
     if (!row_loss) return tp_fail(TP_ERR_NOMEM, "tp_cross_entropy: out of memory");
-    ce_job j = {dlogits, logits, labels, T, V, counted > 0 ? 1.0 / count : 0.0, row_loss};
-    tp_parallel_run(pool, ce_worker, &j);
-    double sum = 0;
-    for (int64_t t = 0; t < T; t++) sum += row_loss[t];
+    tp_cross_entropy_rows(row_loss, dlogits, logits, labels, T, V, counted > 0 ? 1.0 / count : 0.0, pool);
+    *loss_sum = tp_cross_entropy_sum(row_loss, T);
     free(row_loss);
-    *loss_sum = sum;
     return TP_OK;
 }

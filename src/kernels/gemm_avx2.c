@@ -1,8 +1,12 @@
-/* AVX2 + FMA matmul: the same structure as gemm_avx512.c (read that first),
- * sized for 16 ymm registers: tiles of MR = 6 rows by NR = 16 columns, 12
- * accumulators.  W slices are packed with plain loops (AVX2 gathers are not
- * worth it); bf16 is widened to f32 while packing, so the products are exact.
- * There is no bf16-dot variant: AVX2 has no bf16 dot product. */
+/* AVX2 + FMA matmul, sized for 16 ymm registers.
+ *
+ * GEMM (prefill): the packed driver of gemm_packed.c with the micro-kernel
+ * below (tiles of MR = 6 rows by NR = 16 columns, 12 accumulators); the
+ * same kernel runs the training backward (matmul.c).  bf16 weights are
+ * widened to f32 while packing, so the products are exact.  There is no
+ * bf16-dot variant: AVX2 has no bf16 dot product.
+ *
+ * GEMV (decode, T <= 4): as gemm_avx512.c's (read that first). */
 #include "kernels/kern_internal.h"
 
 #include <immintrin.h>
@@ -11,34 +15,10 @@
 
 #define MR 6
 #define NR 16
-#define KC 256       /* packed W slice KC×NR×4 B = 16 KiB */
 
 #define TAVX2 __attribute__((target("avx2,fma")))
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
-/* ---- packing ---------------------------------------------------------- */
-
-
-/* W[n0:n0+NR, k0:k0+kc] → dst[kc][NR] f32, columns past n zero. */
-static void pack_b(float *dst, const void *w, tp_dtype wt, int64_t n, int64_t ldw,
-                   int64_t n0, int64_t k0, int64_t kc)
-{
-    for (int j = 0; j < NR; j++) {
-        float *d = dst + j;
-        if (n0 + j >= n) {
-            for (int64_t k = 0; k < kc; k++) d[k * NR] = 0.0f;
-        } else if (wt == TP_F32) {
-            const float *s = (const float *)w + (n0 + j) * ldw + k0;
-            for (int64_t k = 0; k < kc; k++) d[k * NR] = s[k];
-        } else {
-            const uint16_t *s = (const uint16_t *)w + (n0 + j) * ldw + k0;
-            for (int64_t k = 0; k < kc; k++) d[k * NR] = tp_f32_from_bf16(s[k]);
-        }
-    }
-}
-
-/* ---- micro-kernel ----------------------------------------------------- */
 
 /* Lane mask for columns c0..c0+7 of a tile with nr valid columns. */
 TAVX2 static __m256i lane_mask(int valid)
@@ -47,80 +27,76 @@ TAVX2 static __m256i lane_mask(int valid)
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), lanes);
 }
 
-TAVX2 static void kernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc,
-                         int mr, int nr, int accumulate)
+/* ---- micro-kernel for the packed GEMM (gemm_packed.c) -----------------
+ * 12 ymm accumulators, 2 for B and 1 for the broadcast of A: 15 of 16.
+ * Per k: 2 loads of B, 6 broadcasts, 12 FMAs — within two loads and two
+ * FMAs per cycle.  Edge tiles go through a scratch tile and the same adds,
+ * so an element's bits do not depend on where in a tile it lies. */
+TAVX2 static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int mr, int nr,
+                          int accumulate)
 {
-    __m256 acc[MR][2];
-    for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    /* Named accumulators: an array indexed by the edge loops below would
+     * live on the stack and be stored back at every step. */
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    for (int i = 0; i < mr; i++) _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
+#define UK_ROW(i, r0, r1)                                  \
+    do {                                                   \
+        __m256 ai = _mm256_broadcast_ss(a + (i));          \
+        r0 = _mm256_fmadd_ps(ai, b0, r0);                  \
+        r1 = _mm256_fmadd_ps(ai, b1, r1);                  \
+    } while (0)
+#pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++) {
         __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
-#pragma GCC unroll 6
-        for (int i = 0; i < MR; i++) {
-            __m256 ai = _mm256_broadcast_ss(a + i);
-            acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
-            acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
-        }
+        if ((k & 3) == 0) _mm_prefetch((const char *)(a + 8 * MR), _MM_HINT_T0);
+        UK_ROW(0, c00, c01);
+        UK_ROW(1, c10, c11);
+        UK_ROW(2, c20, c21);
+        UK_ROW(3, c30, c31);
+        UK_ROW(4, c40, c41);
+        UK_ROW(5, c50, c51);
         a += MR;
         b += NR;
     }
+#undef UK_ROW
+    __m256 acc[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+    if (mr == MR && nr == NR) {
+        for (int i = 0; i < MR; i++) {
+            float *ci = c + i * ldc;
+            if (accumulate) {
+                acc[i][0] = _mm256_add_ps(_mm256_loadu_ps(ci), acc[i][0]);
+                acc[i][1] = _mm256_add_ps(_mm256_loadu_ps(ci + 8), acc[i][1]);
+            }
+            _mm256_storeu_ps(ci, acc[i][0]);
+            _mm256_storeu_ps(ci + 8, acc[i][1]);
+        }
+        return;
+    }
     __m256i m0 = lane_mask(nr), m1 = lane_mask(nr - 8);
-    for (int i = 0; i < MR && i < mr; i++) {
+    for (int i = 0; i < mr; i++) {
         float *ci = c + i * ldc;
         if (accumulate) {
-            acc[i][0] = _mm256_add_ps(acc[i][0], _mm256_maskload_ps(ci, m0));
-            acc[i][1] = _mm256_add_ps(acc[i][1], _mm256_maskload_ps(ci + 8, m1));
+            acc[i][0] = _mm256_add_ps(_mm256_maskload_ps(ci, m0), acc[i][0]);
+            acc[i][1] = _mm256_add_ps(_mm256_maskload_ps(ci + 8, m1), acc[i][1]);
         }
         _mm256_maskstore_ps(ci, m0, acc[i][0]);
         _mm256_maskstore_ps(ci + 8, m1, acc[i][1]);
     }
 }
 
-/* ---- GEMM driver ------------------------------------------------------ */
+/* Blocks for a core with 32 KiB L1d and 512 KiB - 2 MiB L2: the B
+ * micro-panel KC×NR×4 = 16 KiB, the A block MC×KC×4 = 168 KiB, a B panel
+ * KC×NC×4 = 2 MiB. */
+const tp_gemm_ukernel tp_gemm_ukernel_avx2 = {MR, NR, 168, 256, 2048, ukernel};
 
-typedef struct {
-    float *y;
-    const float *x;
-    const void *w;
-    tp_dtype wt;
-    int64_t T, n, k;
-    char *buf;
-    size_t buf_stride, a_bytes;
-} gemm_job;
-
-static void gemm_worker(void *p, int ti, int nt)
-{
-    const gemm_job *j = p;
-    int64_t b0, b1;
-    tp_split_range((j->n + NR - 1) / NR, ti, nt, &b0, &b1);
-    if (b0 == b1) return;
-    float *ap = (float *)(j->buf + (size_t)ti * j->buf_stride);
-    float *bp = (float *)(j->buf + (size_t)ti * j->buf_stride + j->a_bytes);
-    for (int64_t k0 = 0; k0 < j->k; k0 += KC) {
-        int64_t kc = min64(KC, j->k - k0);
-        tp_gemm_pack_a(ap, j->x, j->T, j->k, k0, kc, MR);
-        for (int64_t nb = b0; nb < b1; nb++) {
-            int64_t n0 = nb * NR;
-            pack_b(bp, j->w, j->wt, j->n, j->k, n0, k0, kc);
-            for (int64_t t0 = 0; t0 < j->T; t0 += MR)
-                kernel(kc, ap + t0 * kc, bp, j->y + t0 * j->n + n0, j->n, (int)min64(MR, j->T - t0),
-                       (int)min64(NR, j->n - n0), k0 > 0);
-        }
-    }
-}
+/* ---- GEMM: y = x·Wᵀ through the packed driver ------------------------- */
 
 tp_status tp_gemm_avx2(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
                        int64_t n, int64_t k, tp_threadpool *pool)
 {
-    int nt = tp_threadpool_size(pool);
-    int64_t tpad = (T + MR - 1) / MR * MR;
-    gemm_job j = {y, x, W, wt, T, n, k, NULL, 0, 0};
-    j.a_bytes = (size_t)tpad * KC * sizeof(float);
-    j.buf_stride = (j.a_bytes + (size_t)KC * NR * sizeof(float) + 63) / 64 * 64;
-    j.buf = tp_alloc(j.buf_stride * (size_t)nt);
-    if (!j.buf) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for GEMM packing");
-    tp_parallel_run(pool, gemm_worker, &j);
-    tp_free(j.buf);
-    return TP_OK;
+    tp_gemm_operand a = {x, TP_F32, k, 1}, b = {W, wt, 1, k};
+    return tp_gemm_packed(&tp_gemm_ukernel_avx2, y, n, 0, T, n, k, &a, &b, pool);
 }
 
 /* ---- GEMV ------------------------------------------------------------- */

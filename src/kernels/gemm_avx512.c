@@ -204,6 +204,18 @@ T512 static void kernel_f32(int64_t kc, const float *a, const float *b, float *c
     STORE_TILE(acc);
 }
 
+/* kernel_f32 as the packed GEMM's micro-kernel (gemm_packed.c; the
+ * training backward), without the prefetches, which are this file's
+ * driver's.  Blocks: the A block MC×KC×4 = 192 KiB of an L2 of 1 MiB or
+ * more, the B micro-panel 32 KiB, a B panel 2 MiB. */
+T512 static void ukernel_f32(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int mr, int nr,
+                             int accumulate)
+{
+    kernel_f32(kc, a, b, c, ldc, mr, nr, accumulate, c, 0, NULL, 0);
+}
+
+const tp_gemm_ukernel tp_gemm_ukernel_avx512 = {MR, NR, 16 * MR, KC, 2048, ukernel_f32};
+
 T512BF static void kernel_dot(int64_t kp, const uint32_t *a, const uint32_t *b, float *c, int64_t ldc,
                               int mr, int nr, int accumulate)
 {

@@ -75,6 +75,37 @@ void tp_attention_path(tp_kernel_path p, float *out, const float *q, const float
                        const float *v, int64_t T, int64_t pos0, int64_t n_heads, int64_t n_kv,
                        int64_t d, int64_t window, tp_threadpool *pool);
 
+/* ---- the packed GEMM (gemm_packed.c) ----------------------------------
+ * A strided matrix view: element (i, j) at p[i·rs + j·cs].  dt is TP_F32,
+ * or TP_BF16 for B (widened while packing). */
+typedef struct {
+    const void *p;
+    tp_dtype dt;
+    int64_t rs, cs;
+} tp_gemm_operand;
+
+/* The micro-kernel: c[0:mr, 0:nr] (ldc apart) gets the sum over kc of the
+ * packed a [kc][MR] times the packed b [kc][NR], summed from zero in k order,
+ * then added to c (accumulate) or stored.  mr <= MR, nr <= NR; the panels are
+ * full (zero-padded). */
+typedef void (*tp_gemm_ukernel_fn)(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int mr,
+                                   int nr, int accumulate);
+typedef struct {
+    int mr, nr;            /* register tile */
+    int64_t mc, kc, nc;    /* cache blocks: A in L2, B micro-panel in L1, B panel in L2/L3 */
+    tp_gemm_ukernel_fn fn;
+} tp_gemm_ukernel;
+
+/* C[m, n] (ldc apart) = A·B, or += with accumulate.  Bitwise the same
+ * result for any number of threads in pool. */
+tp_status tp_gemm_packed(const tp_gemm_ukernel *uk, float *c, int64_t ldc, int accumulate, int64_t m, int64_t n,
+                         int64_t k, const tp_gemm_operand *a, const tp_gemm_operand *b, tp_threadpool *pool);
+#if TP_KERNELS_X86
+/* The micro-kernels of the AVX2 (6×16) and AVX-512 paths. */
+extern const tp_gemm_ukernel tp_gemm_ukernel_avx2;
+extern const tp_gemm_ukernel tp_gemm_ukernel_avx512;
+#endif
+
 /* x[0:T, k0:k0+kc] -> panels [T/mr][kc][mr], rows past T zero (gemm_shared.c). */
 void tp_gemm_pack_a(float *dst, const float *x, int64_t T, int64_t ldx, int64_t k0, int64_t kc, int mr);
 

@@ -291,14 +291,86 @@ tp_status tp_matmul(float *y, const float *x, int64_t T, const tp_tensor *W,
  *   dx += dy·W          [T, in]  = [T, out]·[out, in]
  *   dW += dyᵀ·x         [out, in] = [out, T]·[T, in]
  *   db += Σ_t dy[t]
- * The two products are GEMMs handed to OpenBLAS (beta = 1 accumulates in
- * place), called from this thread so that OpenBLAS runs its own threads and
- * picks its kernels from cpuid.  bf16 weights are widened to f32 a block of
- * rows at a time, so no f32 copy of the whole matrix exists: dx is then the
- * sum over blocks of dy[:, rows]·W[rows, :].  dW is always f32 (the
- * gradient of a bf16 weight is kept, and applied to its master copy, in
- * f32). */
+ * The SIMD paths run the two products through the packed GEMM
+ * (gemm_packed.c) on the pool's threads: bitwise the same for any thread
+ * count, bf16 weights widened while packing.  opts->blas hands them to
+ * OpenBLAS instead (its own threads; its sums depend on their number).  The
+ * SCALAR path runs the plain loops below, the reference.  dW is always f32
+ * (the gradient of a bf16 weight is kept, and applied to its master copy,
+ * in f32). */
 
+typedef struct {
+    float *out;
+    const float *dy, *x;
+    const void *w;
+    tp_dtype wt;
+    int64_t T, n, k;
+    float *scratch;     /* k floats per thread */
+} bwd_job;
+
+/* As the packed GEMM: each element's products are summed from zero, in
+ * order, and the sum is then added to the gradient — so a second call adds
+ * the same bits again. */
+static void add_row(float *d, const float *sum, int64_t k)
+{
+    for (int64_t i = 0; i < k; i++) d[i] += sum[i];
+}
+
+/* dW[o, :] += Σ_t dy[t, o]·x[t, :]; threads split o. */
+static void scalar_dw_worker(void *p, int ti, int nt)
+{
+    const bwd_job *j = p;
+    float *sum = j->scratch + (size_t)ti * (size_t)j->k;
+    int64_t o0, o1;
+    tp_split_range(j->n, ti, nt, &o0, &o1);
+    for (int64_t o = o0; o < o1; o++) {
+        memset(sum, 0, (size_t)j->k * sizeof(float));
+        for (int64_t t = 0; t < j->T; t++) {
+            float g = j->dy[t * j->n + o];
+            const float *xt = j->x + t * j->k;
+            for (int64_t i = 0; i < j->k; i++) sum[i] += g * xt[i];
+        }
+        add_row(j->out + o * j->k, sum, j->k);
+    }
+}
+
+/* dx[t, :] += Σ_o dy[t, o]·W[o, :]; threads split t. */
+static void scalar_dx_worker(void *p, int ti, int nt)
+{
+    const bwd_job *j = p;
+    float *sum = j->scratch + (size_t)ti * (size_t)j->k;
+    int64_t t0, t1;
+    tp_split_range(j->T, ti, nt, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) {
+        memset(sum, 0, (size_t)j->k * sizeof(float));
+        for (int64_t o = 0; o < j->n; o++) {
+            float g = j->dy[t * j->n + o];
+            if (j->wt == TP_F32) {
+                const float *w = (const float *)j->w + o * j->k;
+                for (int64_t i = 0; i < j->k; i++) sum[i] += g * w[i];
+            } else {
+                const uint16_t *w = (const uint16_t *)j->w + o * j->k;
+                for (int64_t i = 0; i < j->k; i++) sum[i] += g * tp_f32_from_bf16(w[i]);
+            }
+        }
+        add_row(j->out + t * j->k, sum, j->k);
+    }
+}
+
+static tp_status backward_scalar(float *dx, float *dw, const float *dy, const float *x, int64_t T,
+                                 const tp_tensor *W, tp_threadpool *pool)
+{
+    bwd_job j = {dw, dy, x, W->data, W->dtype, T, W->shape[0], W->shape[1], NULL};
+    j.scratch = malloc((size_t)tp_threadpool_size(pool) * (size_t)j.k * sizeof(float));
+    if (!j.scratch) return tp_fail(TP_ERR_NOMEM, "tp_matmul_backward: out of memory for the scalar sums");
+    if (dw) tp_parallel_run(pool, scalar_dw_worker, &j);
+    j.out = dx;
+    if (dx) tp_parallel_run(pool, scalar_dx_worker, &j);
+    free(j.scratch);
+    return TP_OK;
+}
+
+#if TP_KERNELS_X86
 typedef struct {
     float *dst;
     const uint16_t *src;
@@ -313,9 +385,18 @@ static void widen_worker(void *p, int ti, int nt)
     for (int64_t i = b; i < e; i++) j->dst[i] = tp_f32_from_bf16(j->src[i]);
 }
 
-static tp_status backward_dx(float *dx, const float *dy, int64_t T, const tp_tensor *W, tp_threadpool *pool)
+/* OpenBLAS, called from this thread so that it runs its own threads and
+ * picks its kernels from cpuid.  bf16 weights are widened a block of rows
+ * at a time (no f32 copy of the whole matrix): dx is then the sum over
+ * blocks of dy[:, rows]·W[rows, :]. */
+static tp_status backward_blas(float *dx, float *dw, const float *dy, const float *x, int64_t T,
+                               const tp_tensor *W, tp_threadpool *pool)
 {
     int64_t n = W->shape[0], k = W->shape[1];
+    if (dw)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)n, (int)k, (int)T,
+                    1.0f, dy, (int)n, x, (int)k, 1.0f, dw, (int)k);
+    if (!dx) return TP_OK;
     if (W->dtype == TP_F32) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)k, (int)n,
                     1.0f, dy, (int)n, W->data, (int)k, 1.0f, dx, (int)k);
@@ -334,20 +415,51 @@ static tp_status backward_dx(float *dx, const float *dy, int64_t T, const tp_ten
     return TP_OK;
 }
 
-tp_status tp_matmul_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
-                             int64_t T, const tp_tensor *W, tp_threadpool *pool)
+/* The packed GEMM: dW = dyᵀ (read by columns) · x, dx = dy · W. */
+static tp_status backward_packed(float *dx, float *dw, const float *dy, const float *x, int64_t T,
+                                 const tp_tensor *W, tp_kernel_path path, tp_threadpool *pool)
 {
-    tp_status st = tp_isa_check();
+    int64_t n = W->shape[0], k = W->shape[1];
+    const tp_gemm_ukernel *uk = path == TP_KERNEL_AVX512 ? &tp_gemm_ukernel_avx512 : &tp_gemm_ukernel_avx2;
+    tp_status st = TP_OK;
+    if (dw) {
+        tp_gemm_operand a = {dy, TP_F32, 1, n}, b = {x, TP_F32, k, 1};
+        st = tp_gemm_packed(uk, dw, k, 1, n, k, T, &a, &b, pool);
+    }
+    if (!st && dx) {
+        tp_gemm_operand a = {dy, TP_F32, n, 1}, b = {W->data, W->dtype, k, 1};
+        st = tp_gemm_packed(uk, dx, k, 1, T, k, n, &a, &b, pool);
+    }
+    return st;
+}
+#endif
+
+tp_status tp_matmul_backward_ex(float *dx, float *dw, float *db, const float *dy, const float *x,
+                                int64_t T, const tp_tensor *W, tp_threadpool *pool, const tp_matmul_opts *opts)
+{
+    tp_status st = check_path(opts);
     if (!st) st = check_weight(W, T);
     if (st) return st;
     int64_t n = W->shape[0], k = W->shape[1];
     if (T == 0 || n == 0) return TP_OK;
-    if (dw && k > 0)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)n, (int)k, (int)T,
-                    1.0f, dy, (int)n, x, (int)k, 1.0f, dw, (int)k);
     if (db)
         for (int64_t t = 0; t < T; t++)
             for (int64_t o = 0; o < n; o++) db[o] += dy[t * n + o];
-    if (dx && k > 0) st = backward_dx(dx, dy, T, W, pool);
-    return st;
+    if (k == 0 || (!dx && !dw)) return TP_OK;
+    tp_kernel_path path = tp_kernel_resolve(opts->path);
+    if (path == TP_KERNEL_SCALAR) return backward_scalar(dx, dw, dy, x, T, W, pool);
+#if TP_KERNELS_X86
+    if (opts->blas) return backward_blas(dx, dw, dy, x, T, W, pool);
+    return backward_packed(dx, dw, dy, x, T, W, path, pool);
+#else
+    return tp_fail(TP_ERR_INTERNAL, "tp_matmul_backward: the %s path is x86-64 code", tp_kernel_path_name(path));
+#endif
+}
+
+tp_status tp_matmul_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
+                             int64_t T, const tp_tensor *W, tp_threadpool *pool)
+{
+    tp_matmul_opts o;
+    tp_matmul_opts_default(&o);
+    return tp_matmul_backward_ex(dx, dw, db, dy, x, T, W, pool, &o);
 }

@@ -66,7 +66,7 @@ static tp_status vp_head_backward(tp_model *m, const vp_head *h, const float *dl
     int64_t H = m->cfg.hidden_size;
     float *dw;
     tp_status st = tp_module_grad(m, &m->modules[m->lm_head], TP_MODULE_WEIGHT, &dw);
-    if (!st && h->cols > 0) st = tp_matmul_backward(dh, dw, NULL, dlogits, x, T, h->W, m->pool);
+    if (!st && h->cols > 0) st = tp_matmul_backward_ex(dh, dw, NULL, dlogits, x, T, h->W, m->pool, &m->matmul);
     if (st || !h->mesh) return st;
     tp_placement part = tp_partial(), rep = tp_replicate();
     int64_t shape[2] = {T, H};
@@ -81,11 +81,30 @@ static tp_status vp_head_backward(tp_model *m, const vp_head *h, const float *dl
     return TP_OK;
 }
 
+/* How lm_head's logits reach the loss. */
+typedef enum {
+    HEAD_GATHERED,      /* [T, V] on every rank (one rank, or a plan's own head) */
+    HEAD_ROWS,          /* its column shard, whole rows moved to one rank each */
+    HEAD_VOCAB          /* --loss vocab-parallel */
+} head_mode;
+
+/* The default loss under a head split by columns and gathered
+ * (colwise_gather_output): the gather is replaced by the row-parallel loss,
+ * which gives the same bits without [T, V] on any rank. */
+static head_mode head_mode_of(const tp_model *m)
+{
+    if (m->vocab_parallel_loss) return HEAD_VOCAB;
+    if (m->tp && m->tp->mesh && m->tp->size > 1 && tp_module_output_gathers_columns(m, &m->modules[m->lm_head]))
+        return HEAD_ROWS;
+    return HEAD_GATHERED;
+}
+
 /* dlogits back to every parameter: [T, V] through lm_head's own backward,
- * or (vp != NULL) this rank's vocabulary shard [T, vp->cols]; save holds
+ * its column shard through its backward without the gather's (HEAD_ROWS),
+ * or this rank's vocabulary shard [T, vp->cols] (HEAD_VOCAB); save holds
  * the forward's activations. */
 static tp_status backward(tp_model *m, const tp_train_acts *save, const int64_t *tokens, int64_t T,
-                          const float *dlogits, const vp_head *vp)
+                          const float *dlogits, head_mode mode, const vp_head *vp)
 {
     int64_t H = m->cfg.hidden_size;
     float *dx = calloc((size_t)(T * H), sizeof(float)), *dh = calloc((size_t)(T * H), sizeof(float));
@@ -95,7 +114,9 @@ static tp_status backward(tp_model *m, const tp_train_acts *save, const int64_t 
                           .dy = dlogits, .in = save->h_final, .rows = T};
     const tp_module *lm_head = &m->modules[m->lm_head];
     const tp_module *model = &m->modules[m->modules[m->embed_tokens].parent];
-    if (!st) st = vp ? vp_head_backward(m, vp, dlogits, save->h_final, T, dh) : lm_head->ops->backward(m, lm_head, &b);
+    if (!st && mode == HEAD_VOCAB) st = vp_head_backward(m, vp, dlogits, save->h_final, T, dh);
+    else if (!st && mode == HEAD_ROWS) st = tp_module_linear_backward_local(m, lm_head, dlogits, save->h_final, T, dh);
+    else if (!st) st = lm_head->ops->backward(m, lm_head, &b);
     if (!st) st = model->ops->backward(m, model, &b);
     free(dx);
     free(dh);
@@ -131,10 +152,12 @@ static tp_status step(tp_model *m, const int64_t *tokens, const int64_t *shifted
                       double *loss_sum)
 {
     int64_t V = m->cfg.vocab_size;
-    vp_head vp;
-    tp_status st = m->vocab_parallel_loss ? vp_head_of(m, &vp) : TP_OK;
+    vp_head vp = {0};
+    head_mode mode = head_mode_of(m);
+    tp_status st = mode == HEAD_VOCAB ? vp_head_of(m, &vp) : TP_OK;
     if (st) return st;
-    int64_t cols = m->vocab_parallel_loss ? vp.cols : V;
+    int64_t cols = mode == HEAD_VOCAB ? vp.cols
+                 : mode == HEAD_ROWS ? tp_module_weight(&m->modules[m->lm_head])->shape[0] : V;
     tp_kv_cache kv;
     tp_train_acts save;
     float *logits = malloc((size_t)(T * (cols > 0 ? cols : 1)) * sizeof(float));
@@ -142,15 +165,17 @@ static tp_status step(tp_model *m, const int64_t *tokens, const int64_t *shifted
     st = tp_kv_cache_init(&kv, m, T);
     if (st) { free(logits); return st; }
     st = tp_train_acts_init(&save, m, T);
-    if (!st) st = tp_model_forward_train(m, &kv, tokens, T, m->vocab_parallel_loss ? NULL : logits, &save);
+    if (!st) st = tp_model_forward_train(m, &kv, tokens, T, mode == HEAD_VOCAB ? NULL : logits, mode == HEAD_ROWS,
+                                         &save);
     /* the logits become their own gradient */
-    if (!st && !m->vocab_parallel_loss) st = tp_cross_entropy(loss_sum, logits, logits, shifted, T, V, count, m->pool);
-    if (!st && !m->vocab_parallel_loss) st = backward(m, &save, tokens, T, logits, NULL);
-    if (m->vocab_parallel_loss) {
+    if (!st && mode == HEAD_GATHERED) st = tp_cross_entropy(loss_sum, logits, logits, shifted, T, V, count, m->pool);
+    if (!st && mode == HEAD_ROWS)
+        st = tp_cross_entropy_row_parallel(loss_sum, logits, shifted, T, V, count, m->tp->mesh, m->pool);
+    if (mode == HEAD_VOCAB) {
         if (!st && cols > 0) st = tp_matmul_ex(logits, save.h_final, T, vp.W, NULL, m->pool, &m->matmul);
         if (!st) st = tp_cross_entropy_vocab_parallel(loss_sum, logits, logits, shifted, T, V, count, vp.mesh, m->pool);
-        if (!st) st = backward(m, &save, tokens, T, logits, &vp);
     }
+    if (!st) st = backward(m, &save, tokens, T, logits, mode, &vp);
     tp_train_acts_free(&save);
     tp_kv_cache_release(&kv);
     free(logits);

@@ -66,14 +66,17 @@ static tp_status scratch_train(fwd_scratch *s, const tp_model *m, int64_t T, tp_
     return save->rope ? TP_OK : TP_ERR_NOMEM;
 }
 
-/* f->sc.h holds norm(x): lm_head on its rows from `first` on. */
-static tp_status head(tp_model *m, tp_forward_pass *f, int64_t first, float *logits)
+/* f->sc.h holds norm(x): lm_head on its rows from `first` on; with local,
+ * its column shard before the gather, written straight to logits
+ * (tp_module_linear_local). */
+static tp_status head(tp_model *m, tp_forward_pass *f, int64_t first, float *logits, int local)
 {
     int64_t H = m->cfg.hidden_size, V = m->cfg.vocab_size, rows = f->T - first;
     const tp_module *lm_head = &m->modules[m->lm_head];
     f->in = f->sc.h + first * H;
     f->rows = rows;
     f->in_width = H;
+    if (local) return tp_module_linear_local(m, lm_head, f->in, rows, H, logits);
     tp_status st = lm_head->ops->forward(m, lm_head, f);
     if (!st && (f->out.width != V || f->out.pl.kind != TP_REPLICATE))
         st = tp_fail(TP_ERR_INVALID, "lm_head gives %lld of %lld logits on this rank; the plan must gather them "
@@ -84,7 +87,7 @@ static tp_status head(tp_model *m, tp_forward_pass *f, int64_t first, float *log
 }
 
 static tp_status run_forward(tp_model *m, tp_kv_cache *cache, const int64_t *tokens, int64_t T, float *logits,
-                             int all_logits, tp_train_acts *save)
+                             int all_logits, tp_train_acts *save, int head_local)
 {
     if (T <= 0) return tp_fail(TP_ERR_INVALID, "forward needs at least one token");
     if (cache->length + T > cache->capacity)
@@ -105,7 +108,7 @@ static tp_status run_forward(tp_model *m, tp_kv_cache *cache, const int64_t *tok
     if (!st) st = model->ops->forward(m, model, &f);
     /* logits NULL (training, vocabulary-parallel loss): the caller runs
      * lm_head on the saved final norm output. */
-    if (!st && logits) st = head(m, &f, all_logits ? 0 : T - 1, logits);
+    if (!st && logits) st = head(m, &f, all_logits ? 0 : T - 1, logits, head_local);
     if (!st) {
         memcpy(cache->tokens + cache->length, tokens, (size_t)T * sizeof *tokens);
         cache->length += T;
@@ -119,11 +122,11 @@ static tp_status run_forward(tp_model *m, tp_kv_cache *cache, const int64_t *tok
 tp_status tp_model_forward(tp_model *m, tp_kv_cache *cache, const int64_t *tokens, int64_t T,
                            float *logits, int all_logits)
 {
-    return run_forward(m, cache, tokens, T, logits, all_logits, NULL);
+    return run_forward(m, cache, tokens, T, logits, all_logits, NULL, 0);
 }
 
 tp_status tp_model_forward_train(tp_model *m, tp_kv_cache *cache, const int64_t *tokens, int64_t T, float *logits,
-                                 tp_train_acts *save)
+                                 int head_local, tp_train_acts *save)
 {
-    return run_forward(m, cache, tokens, T, logits, 1, save);
+    return run_forward(m, cache, tokens, T, logits, 1, save, head_local);
 }

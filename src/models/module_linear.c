@@ -82,6 +82,7 @@ typedef struct {
     int have_xd, entered;
     void *state;
     float *y;                       /* the local output                  */
+    float *into;                    /* RUN_LOCAL: the caller's buffer for y, or NULL */
 } module_run;
 
 static int runs_plainly(const tp_model *m, const struct tp_module_tp *mt)
@@ -124,7 +125,7 @@ static tp_status module_begin(tp_model *m, module_run *r, const float *x, int64_
                        "(the plan leaves its input in another layout)", module_name(r), (long long)in,
                        (long long)x_width);
     }
-    r->y = tp_act_alloc(m, T * out);
+    r->y = r->into ? r->into : tp_act_alloc(m, T * out);
     return r->y ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
 }
 
@@ -200,11 +201,14 @@ static void divide_output(const tp_model *m, module_run *r, int64_t T)
     for (int64_t i = 0; i < n; i++) r->y[i] /= P;
 }
 
-/* The group's modules up to their outputs: with finish, each through its
- * post_forward; without, each output left as the rank's partial sum (the
- * caller reduces it: tp_module_linear_partial). */
+/* What run_group leaves: each output through its post_forward, the rank's
+ * partial sum (the caller reduces it: tp_module_linear_partial), or the
+ * local computation's output in its style's local_output layout (the
+ * caller moves it: tp_module_linear_local). */
+typedef enum { RUN_FINISH, RUN_PARTIAL, RUN_LOCAL } run_mode;
+
 static tp_status run_group(tp_model *m, const tp_module *const *lins, int count, const float *x, int64_t T,
-                           int64_t x_width, tp_act *ys, int finish)
+                           int64_t x_width, tp_act *ys, run_mode mode, float *into)
 {
     if (count < 1 || count > GROUP_MAX)
         return tp_fail(TP_ERR_INTERNAL, "tp_module_linear_group: %d modules (1..%d)", count, GROUP_MAX);
@@ -215,6 +219,7 @@ static tp_status run_group(tp_model *m, const tp_module *const *lins, int count,
     tp_status s = TP_OK;
     for (int i = 0; i < count && !s; i++) {
         runs[i].lin = lins[i];
+        runs[i].into = mode == RUN_LOCAL ? into : NULL;
         runs[i].mt = runs_plainly(m, lins[i]->tp) ? NULL : lins[i]->tp;
         if (runs[i].mt)
             runs[i].ctx = tp_module_ctx_of(m, runs[i].mt, runs[i].mt->plan->fwd.bias_after_reduce && tp_module_bias(lins[i])->data
@@ -226,16 +231,18 @@ static tp_status run_group(tp_model *m, const tp_module *const *lins, int count,
         if (runs[i].mt && runs[i].mt->plan->fwd.divide_params_by_p) divide_output(m, &runs[i], T);
     for (int i = count - 1; i >= 0; i--) module_leave(&runs[i]);   /* contexts nest */
     for (int i = 0; i < count && !s; i++) {
-        if (finish) {
+        int64_t out = tp_module_weight(lins[i])->shape[0];
+        if (mode == RUN_FINISH) {
             s = module_finish(m, &runs[i], T, &ys[i]);
+        } else if (mode == RUN_LOCAL) {
+            runs[i].y = NULL;   /* the caller's */
         } else {
-            int64_t out = tp_module_weight(lins[i])->shape[0];
             ys[i] = (tp_act){runs[i].y, T, out, out, tp_partial()};
             runs[i].y = NULL;
         }
     }
     for (int i = 0; i < count; i++) {
-        tp_act_free(m, runs[i].y);
+        if (runs[i].y != runs[i].into) tp_act_free(m, runs[i].y);
         if (s) tp_act_release(m, &ys[i]);
     }
     return s;
@@ -244,13 +251,13 @@ static tp_status run_group(tp_model *m, const tp_module *const *lins, int count,
 tp_status tp_module_linear_group(tp_model *m, const tp_module *const *lins, int count, const float *x, int64_t T,
                                  int64_t x_width, tp_act *ys)
 {
-    return run_group(m, lins, count, x, T, x_width, ys, 1);
+    return run_group(m, lins, count, x, T, x_width, ys, RUN_FINISH, NULL);
 }
 
 tp_status tp_module_linear(tp_model *m, const tp_module *lin, const float *x, int64_t T, int64_t x_width,
                            tp_act *y)
 {
-    return run_group(m, &lin, 1, x, T, x_width, y, 1);
+    return run_group(m, &lin, 1, x, T, x_width, y, RUN_FINISH, NULL);
 }
 
 int tp_module_output_summed(const tp_model *m, const tp_module *lin)
@@ -269,7 +276,31 @@ tp_status tp_module_linear_partial(tp_model *m, const tp_module *lin, const floa
     if (!tp_module_output_summed(m, lin))
         return tp_fail(TP_ERR_INTERNAL, "%s: its output is not a plain sum over the ranks",
                        lin->tp ? lin->tp->name : "a Linear module");
-    return run_group(m, &lin, 1, x, T, x_width, y, 0);
+    return run_group(m, &lin, 1, x, T, x_width, y, RUN_PARTIAL, NULL);
+}
+
+int tp_module_output_gathers_columns(const tp_model *m, const tp_module *lin)
+{
+    const struct tp_module_tp *mt = lin->tp;
+    if (runs_plainly(m, mt) || tp_mesh_ndim(m->tp->mesh) != 1 || mt->kv_rep > 1) return 0;
+    const tp_forward_desc *d = &mt->plan->fwd;
+    int64_t start, size;
+    tp_chunk_range(mt->out_features, m->tp->size, m->tp->rank, &start, &size);
+    return d->post_forward_moves && !mt->plan->style->transform_grad_output_pre_backward &&
+           d->local_output.kind == TP_SHARD && (d->local_output.dim == 1 || d->local_output.dim == -1) &&
+           d->output.kind == TP_REPLICATE && !d->divide_params_by_p &&
+           !(d->bias_after_reduce && tp_module_bias(lin)->data) &&
+           output_width(m, mt, lin) == mt->out_features && tp_module_weight(lin)->shape[0] == size;
+}
+
+tp_status tp_module_linear_local(tp_model *m, const tp_module *lin, const float *x, int64_t T, int64_t x_width,
+                                 float *y)
+{
+    if (!tp_module_output_gathers_columns(m, lin))
+        return tp_fail(TP_ERR_INTERNAL, "%s: its output is not a gathered column split",
+                       lin->tp ? lin->tp->name : "a Linear module");
+    tp_act unused;
+    return run_group(m, &lin, 1, x, T, x_width, &unused, RUN_LOCAL, y);
 }
 
 /* ---- blocks (self_attn, mlp) ----------------------------------------- */
@@ -369,7 +400,7 @@ static tp_status plain_backward(tp_model *m, const tp_module *lin, const float *
     float *dw, *db = NULL;
     tp_status st = tp_module_grad(m, lin, TP_MODULE_WEIGHT, &dw);
     if (!st && tp_module_bias(lin)->data) st = tp_module_grad(m, lin, TP_MODULE_BIAS, &db);
-    if (!st) st = tp_matmul_backward(dx, dw, db, dy, x, T, tp_module_weight(lin), m->pool);
+    if (!st) st = tp_matmul_backward_ex(dx, dw, db, dy, x, T, tp_module_weight(lin), m->pool, &m->matmul);
     if (!st) st = tp_lora_backward(m, lin, x, dy, T, dx);
     return st;
 }
@@ -449,21 +480,22 @@ static void lin_bwd_free(lin_bwd *b)
  * pre_forward again (what the forward's GEMM read), dy through
  * pre_backward. */
 static tp_status local_operands(tp_model *m, const struct tp_module_tp *mt, const tp_module_ctx *ctx,
-                                const float *dy, const float *x, int64_t T, int64_t gout, lin_bwd *b)
+                                const float *dy, int dy_local, const float *x, int64_t T, int64_t gout, lin_bwd *b)
 {
     const tp_forward_desc *d = &mt->plan->fwd;
     int64_t gy_shape[2] = {T, gout}, gx_shape[2] = {T, mt->in_features};
-    tp_status s = tp_dtensor_from_local(&b->gy, m->tp->mesh, &d->output, TP_F32, 2, gy_shape, (void *)dy);
+    const tp_placement *gy_pl = dy_local ? &d->local_output : &d->output;
+    tp_status s = tp_dtensor_from_local(&b->gy, m->tp->mesh, gy_pl, TP_F32, 2, gy_shape, (void *)dy);
     b->have_gy = !s;
-    if (!s) s = tp_style_pre_backward(mt->plan->style, ctx, d, &b->gy);
+    if (!s && !dy_local) s = tp_style_pre_backward(mt->plan->style, ctx, d, &b->gy);
     if (!s) s = tp_dtensor_from_local(&b->xd, m->tp->mesh, &d->input, TP_F32, 2, gx_shape, (void *)x);
     b->have_xd = !s;
     if (!s) s = tp_style_pre_forward(mt->plan->style, ctx, d, &b->xd);
     return s;
 }
 
-static tp_status styled_backward(tp_model *m, const tp_module *lin, const float *dy, const float *x, int64_t T,
-                                 float *dx)
+static tp_status styled_backward(tp_model *m, const tp_module *lin, const float *dy, int dy_local, const float *x,
+                                 int64_t T, float *dx)
 {
     const struct tp_module_tp *mt = lin->tp;
     const tp_forward_desc *d = &mt->plan->fwd;
@@ -473,22 +505,30 @@ static tp_status styled_backward(tp_model *m, const tp_module *lin, const float 
     lin_bwd b = {0};
     if (d->divide_params_by_p)
         return tp_fail(TP_ERR_UNSUPPORTED, "%s: the legacy `local` style has no backward", lin->name);
-    tp_status s = local_operands(m, mt, &ctx, dy, x, T, output_width(m, mt, lin), &b);
+    tp_status s = local_operands(m, mt, &ctx, dy, dy_local, x, T, output_width(m, mt, lin), &b);
     if (!s && (b.gy.local.shape[1] != out || b.xd.local.shape[1] != in))
         s = tp_fail(TP_ERR_INVALID, "%s: its style gives the local backward [%lld, %lld] for a weight shard "
                     "[%lld, %lld]", lin->name, (long long)b.gy.local.shape[1], (long long)b.xd.local.shape[1],
                     (long long)out, (long long)in);
     if (s) { lin_bwd_free(&b); return s; }
+    /* With no hook on the weight's gradient it is added straight into the
+     * parameter's, as plain_backward does: no [out, in] temporary (lm_head's
+     * would be a vocabulary shard of the embedding's size).  A frozen base
+     * (LoRA training) computes no weight or bias gradient at all. */
     int frozen = tp_model_base_frozen(m);
-    b.dw = frozen ? NULL : calloc((size_t)(out * in), sizeof(float));
+    int direct = !frozen && mt->kv_rep <= 1 && !mt->plan->style->reduce_param_grad_post_backward &&
+                 !d->param_grad_allreduce;
+    float *dw = NULL;
+    if (direct) s = tp_module_grad(m, lin, TP_MODULE_WEIGHT, &dw);
+    else if (!frozen) dw = b.dw = calloc((size_t)(out * in), sizeof(float));
     b.db = bias->data && !frozen ? calloc((size_t)out, sizeof(float)) : NULL;
     b.dxl = dx ? calloc((size_t)(T * in), sizeof(float)) : NULL;
-    if ((!frozen && !b.dw) || (bias->data && !frozen && !b.db) || (dx && !b.dxl))
+    if (!s && ((!frozen && !dw) || (bias->data && !frozen && !b.db) || (dx && !b.dxl)))
         s = tp_fail(TP_ERR_NOMEM, "out of memory");
     /* a bias added after the reduction sees the whole output gradient */
-    if (!s && b.db && d->bias_after_reduce) s = tp_matmul_backward(NULL, NULL, b.db, dy, x, T, W, m->pool);
-    if (!s) s = tp_matmul_backward(b.dxl, b.dw, d->bias_after_reduce ? NULL : b.db, b.gy.local.data,
-                                   b.xd.local.data, T, W, m->pool);
+    if (!s && b.db && d->bias_after_reduce) s = tp_matmul_backward_ex(NULL, NULL, b.db, dy, x, T, W, m->pool, &m->matmul);
+    if (!s) s = tp_matmul_backward_ex(b.dxl, dw, d->bias_after_reduce ? NULL : b.db, b.gy.local.data,
+                                      b.xd.local.data, T, W, m->pool, &m->matmul);
     /* the adapter's input gradient joins the local one before post_backward */
     if (!s) s = tp_lora_backward(m, lin, b.xd.local.data, b.gy.local.data, T, b.dxl);
     if (!s && dx) {
@@ -505,7 +545,7 @@ static tp_status styled_backward(tp_model *m, const tp_module *lin, const float 
     }
     if (!s && mt->kv_rep > 1 && b.dw) s = sum_kv_group(m, lin, TP_MODULE_WEIGHT, b.dw);
     if (!s && mt->kv_rep > 1 && b.db) s = sum_kv_group(m, lin, TP_MODULE_BIAS, b.db);
-    if (!s && b.dw) s = add_param_grad(m, lin, &ctx, TP_MODULE_WEIGHT, b.dw);
+    if (!s && !direct && b.dw) s = add_param_grad(m, lin, &ctx, TP_MODULE_WEIGHT, b.dw);
     if (!s && b.db) s = add_param_grad(m, lin, &ctx, TP_MODULE_BIAS, b.db);
     lin_bwd_free(&b);
     return s;
@@ -515,7 +555,16 @@ tp_status tp_module_linear_backward(tp_model *m, const tp_module *lin, const flo
                                     float *dx)
 {
     tp_status st = runs_plainly(m, lin->tp) ? plain_backward(m, lin, dy, x, T, dx)
-                                            : styled_backward(m, lin, dy, x, T, dx);
+                                            : styled_backward(m, lin, dy, 0, x, T, dx);
+    return st ? tp_fail_context(st, "the backward of %s", lin->name) : TP_OK;
+}
+
+tp_status tp_module_linear_backward_local(tp_model *m, const tp_module *lin, const float *dy_local, const float *x,
+                                          int64_t T, float *dx)
+{
+    if (!tp_module_output_gathers_columns(m, lin))
+        return tp_fail(TP_ERR_INTERNAL, "%s: its output is not a gathered column split", lin->name);
+    tp_status st = styled_backward(m, lin, dy_local, 1, x, T, dx);
     return st ? tp_fail_context(st, "the backward of %s", lin->name) : TP_OK;
 }
 

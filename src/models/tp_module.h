@@ -163,9 +163,11 @@ struct tp_backward_pass {
 
 /* The forward of tp_model_forward with every row's logits, keeping what
  * the backward needs in *save (reserved for T tokens).  logits NULL: no
- * lm_head (the vocabulary-parallel loss runs it on save->h_final). */
+ * lm_head (the vocabulary-parallel loss runs it on save->h_final);
+ * head_local: lm_head's column shard [T, local columns] before its gather
+ * (tp_module_linear_local; the row-parallel loss). */
 tp_status tp_model_forward_train(tp_model *m, tp_kv_cache *cache, const int64_t *tokens, int64_t T, float *logits,
-                                 tp_train_acts *save);
+                                 int head_local, tp_train_acts *save);
 /* Runs the children of a container backward, last first. */
 tp_status tp_module_run_children_backward(tp_model *m, const tp_module *mod, tp_backward_pass *b);
 /* The gradient buffer of parameter j of mod (a tied one: its owner's),
@@ -216,6 +218,21 @@ int tp_module_output_summed(const tp_model *m, const tp_module *lin);
 /* Such a module without its post_forward: y is the rank's partial sum. */
 tp_status tp_module_linear_partial(tp_model *m, const tp_module *lin, const float *x, int64_t T, int64_t x_width,
                                    tp_act *y);
+/* 1 when lin's style computes a column shard of its output (local_output
+ * Shard(1), the weight's rows as tp_chunk_range splits them) and its
+ * default post_forward only all-gathers it to Replicate
+ * (colwise_gather_output): the caller may then take the local shard
+ * (tp_module_linear_local) and hand the local output gradient back
+ * (tp_module_linear_backward_local), doing the move itself. */
+int tp_module_output_gathers_columns(const tp_model *m, const tp_module *lin);
+/* lin's forward without post_forward: its local_output shard written to
+ * y [T, the weight shard's rows] (the caller's buffer, not the arena). */
+tp_status tp_module_linear_local(tp_model *m, const tp_module *lin, const float *x, int64_t T, int64_t x_width,
+                                 float *y);
+/* tp_module_linear_backward with dy_local [T, local columns], the gradient
+ * of what tp_module_linear_local gave (no pre_backward). */
+tp_status tp_module_linear_backward_local(tp_model *m, const tp_module *lin, const float *dy_local, const float *x,
+                                          int64_t T, float *dx);
 /* The rule on a block (self_attn, mlp) whose hooks run on its output, or
  * NULL. */
 const tp_module_plan *tp_module_block(const tp_model *m, const tp_module *block);

@@ -18,6 +18,7 @@ typedef struct {
     const tp_data_options *o;
     int64_t pad;
     tp_idvec ids, labels;     /* finished rows, n * seq_len */
+    tp_idvec lengths;         /* real tokens per finished row */
     tp_idvec stream;          /* packed documents, before cutting into rows */
 } builder;
 
@@ -55,6 +56,7 @@ static tp_status add_row(builder *b, const int64_t *ids, const int64_t *labels, 
     int64_t S = b->o->seq_len, keep = n < S ? n : S, ignore = TP_IGNORE_INDEX;
     tp_status s = tp_idvec_push(&b->ids, ids, keep);
     if (!s) s = tp_idvec_push(&b->labels, labels, keep);
+    if (!s) s = tp_idvec_push(&b->lengths, &keep, 1);
     for (int64_t t = keep; t < S && !s; t++) {
         s = tp_idvec_push(&b->ids, &b->pad, 1);
         if (!s) s = tp_idvec_push(&b->labels, &ignore, 1);
@@ -222,6 +224,7 @@ static tp_status cut_stream(builder *b)
     int64_t rows = b->stream.n / S;
     tp_status s = tp_idvec_push(&b->ids, b->stream.v, rows * S);
     if (!s) s = tp_idvec_push(&b->labels, b->stream.v, rows * S);
+    for (int64_t r = 0; r < rows && !s; r++) s = tp_idvec_push(&b->lengths, &S, 1);
     return s;
 }
 
@@ -281,12 +284,14 @@ tp_status tp_dataset_load(tp_dataset *d, const char *path, const tp_data_options
     if (s) {
         tp_idvec_release(&b.ids);
         tp_idvec_release(&b.labels);
+        tp_idvec_release(&b.lengths);
         return s;
     }
     d->seq_len = o->seq_len;
     d->n_rows = b.ids.n / o->seq_len;
     d->ids = b.ids.v;
     d->labels = b.labels.v;
+    d->lengths = b.lengths.v;
     return TP_OK;
 }
 
@@ -294,6 +299,7 @@ void tp_dataset_release(tp_dataset *d)
 {
     free(d->ids);
     free(d->labels);
+    free(d->lengths);
     memset(d, 0, sizeof *d);
 }
 

@@ -188,7 +188,7 @@ static tp_status one_row(trainer *t, const int64_t *ids, const int64_t *labels, 
 }
 
 /* Forward and backward of every row of step s; *loss_sum is the sum of the
- * rows' loss sums, *tokens the rows' positions. */
+ * rows' loss sums, *tokens the rows' real tokens (padding not counted). */
 static tp_status accumulate(trainer *t, int64_t s, const tp_data_step *st, double *loss_sum, int64_t *tokens)
 {
     int64_t L = t->loader.data->seq_len;
@@ -201,7 +201,7 @@ static tp_status accumulate(trainer *t, int64_t s, const tp_data_step *st, doubl
             double count = st->label_tokens > 0 ? (double)st->label_tokens : 1.0;
             e = one_row(t, t->ids + r * L, t->labels + r * L, L, count, &sum);
             *loss_sum += sum;
-            *tokens += L;
+            *tokens += t->loader.data->lengths ? t->loader.data->lengths[t->rows[r]] : L;
         }
         if (e) return e;
     }

@@ -8,6 +8,7 @@ CPU; CI runs them again per path): the JSON has its keys with positive numbers,
 names that path, and the chart is a PNG.
 Timings are never asserted (the machines are shared and noisy)."""
 
+import re
 import json
 import os
 import shutil
@@ -110,8 +111,20 @@ class BenchTest(unittest.TestCase):
         p = run("bench", "kernels", "--smoke", "--threads", "2", timeout=300)
         self.assertIn(f"kernel path: {isa} ", p.stdout)
         path = "avx512" if isa == "amx" else isa
-        rows = [ln.split() for ln in p.stdout.split("\n") if ln.startswith(("q_proj ", "down "))]
+        lines = p.stdout.split("\n")
+        # The training GEMMs' rows name the weight's shape ("q_proj 2048x1024").
+        train = [ln.split() for ln in lines if re.match(r"\S+ \d+x\d+ ", ln)]
+        rows = [ln.split() for ln in lines if ln.startswith(("q_proj ", "down ")) and ln.split() not in train]
         self.assertEqual(len(rows), 5, p.stdout)   # GEMM and cold GEMV: q_proj, down; GEMV: "down T=1"
+        if isa == "scalar":
+            self.assertEqual(train, [], "the scalar loops are no rival to OpenBLAS")
+        else:   # forward, dx, dW of 4 shapes (the smoke run leaves out lm_head): own and OpenBLAS, 1 and 2 threads
+            self.assertEqual(len(train), 12, p.stdout)
+            self.assertEqual([r[2] for r in train[:3]], ["y=x*W^T", "dx+=dy*W", "dW+=dy^T*x"])
+            for r in train:
+                self.assertEqual(len(r), 11, r)
+                for v in r[3::2]:
+                    self.assertGreater(float(v), 0, r)
         gemm = rows[0]
         # Rates below 1 GFLOP/s print with 4 decimals (the ASan build, the
         # arm64 build under qemu-aarch64), so every measured rate is > 0.

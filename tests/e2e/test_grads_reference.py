@@ -227,6 +227,35 @@ class TestGradsTensorParallel(unittest.TestCase):
         self.assertIn("is inference-only and cannot be used for training.", p.stderr)
 
 
+class TestGradsRowParallelLoss(unittest.TestCase):
+    """The default loss at TP > 1 never gathers lm_head's [T, V] logits: whole rows move to one rank each
+    (Shard(1) -> Shard(0), by blocks of 64 rows per rank) and the loss kernel of TP = 1 runs on them.  With
+    a plan that splits only lm_head (every other module runs as on one rank, the logits are TP = 1's), the
+    loss is bitwise TP = 1's; T not divisible by P, T < P, and T over one block of rows (200 > 64·P at
+    P = 2, 3).  The gradients go through OpenBLAS's GEMMs, whose order of summation depends on the
+    shard's shape (lm_head.weight's differs in the last bit at T = 24 with the gathered logits too):
+    those are checked to the usual tolerance; the logits' gradient itself is bitwise TP = 1's
+    (test_row_parallel_loss.py)."""
+
+    def test_bitwise_tp1(self):
+        d = make_model("rowloss_qwen3", "qwen3", {})
+        plan = os.path.join(WORK, "head_plan.json")
+        with open(plan, "w") as f:
+            json.dump({"lm_head": "colwise_gather_output"}, f)
+        v = 512
+        for n, sizes in ((24, (2, 3, 4)), (7, (2, 4)), (3, (4,)), (200, (2, 3))):
+            toks = [int(x) for x in np.random.default_rng(n).integers(0, v, size=n)]
+            one = engine_grads(d, toks, ["--threads", 1])
+            for p in sizes:
+                with self.subTest(T=n, tp=p):
+                    got = engine_grads(d, toks, ["--tp", p, "--threads", 1, "--tp-plan", plan])
+                    self.assertEqual(float(got["loss"]), float(one["loss"]), f"T={n} tp={p}: loss")
+                    for name in one:
+                        base = np.max(np.abs(one[name])) if one[name].ndim else abs(float(one[name]))
+                        self.assertLessEqual(float(np.max(np.abs(got[name].astype(np.float64) - one[name])) / base),
+                                             TOL, f"T={n} tp={p}: {name}")
+
+
 class TestGradsCli(unittest.TestCase):
     def test_refusals(self):
         d = make_model("cli_qwen3", "qwen3", {})

@@ -130,6 +130,24 @@ class Train(unittest.TestCase):
             b, _ = self.train(f"default-{tag}", model, tp=tp)
             self.assert_same_run(a, b, f"vocab-parallel {tag}")
 
+    def test_default_loss_bitwise_tp1(self):
+        """The default loss at TP > 1 moves whole rows of lm_head's column shard to one rank each
+        (no rank gathers [T, V]) and runs TP = 1's loss kernel on them: with a plan that splits only
+        lm_head, the first step's loss is TP = 1's very bits (later steps apply gradients summed by
+        OpenBLAS in a shard-dependent order); seq-len 12 (rows past a short sequence padded, -100:
+        a rank's whole chunk ignored), 7 at P = 4 (not divisible), 3 at P = 4 (fewer rows than ranks)."""
+        plan = os.path.join(self.work, "head_plan.json")
+        with open(plan, "w") as f:
+            json.dump({"lm_head": "colwise_gather_output"}, f)
+        for seq, sizes in ((12, (2, 3, 4)), (7, (4,)), (3, (4,))):
+            ref, _ = self.train(f"rows-{seq}-tp1", self.llama, "--seq-len", seq, steps=2)
+            for tp in sizes:
+                out, _ = self.train(f"rows-{seq}-tp{tp}", self.llama, "--seq-len", seq, "--tp-plan", plan,
+                                    "--check-replicas", tp=tp, steps=2)
+                la, lb = read_log(ref), read_log(out)
+                self.assertEqual(la[0]["loss"], lb[0]["loss"], f"seq-len {seq} TP={tp}: step 1's loss")
+                self.assertLess(abs(la[1]["loss"] - lb[1]["loss"]), TOL, f"seq-len {seq} TP={tp}: step 2")
+
     def test_text_and_chat_data_with_eval(self):
         """Text (tokenized, packed) and chat (template, assistant tokens)
         files through the model's tokenizer; eval loss on the last step."""

@@ -57,6 +57,8 @@ static void test_input_ids(void)
         /* HF counts labels[1:] != -100 */
         CHECK(tp_data_row_label_count(d.labels + 4, 4) == 1);
         CHECK(tp_data_row_label_count(d.labels, 4) == 3);
+        /* real tokens: cut at seq_len, the padding not counted */
+        CHECK(d.lengths && d.lengths[0] == 4 && d.lengths[1] == 2 && d.lengths[2] == 4);
     }
     tp_dataset_release(&d);
     o.pad_id = -1;   /* no pad token: eos pads */
@@ -115,6 +117,7 @@ static void test_text_packing(const tp_tokenizer *tok)
     if (d.n_rows == 2) {
         CHECK(!memcmp(d.ids, want, sizeof want));
         CHECK(!memcmp(d.labels, want, sizeof want));   /* every packed token counts */
+        CHECK(d.lengths && d.lengths[0] == 3 && d.lengths[1] == 3);   /* packed rows are full */
     }
     tp_dataset_release(&d);
 
