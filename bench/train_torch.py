@@ -47,6 +47,9 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"],
+                    help="bf16: the forward and backward under CPU autocast to bfloat16, f32 master "
+                         "parameters and AdamW state (tensorpar's --dtype bf16 arrangement)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     with open(os.path.join(a.model, "config.json")) as f:
@@ -64,7 +67,8 @@ def main():
         batch = [seqs[(s * a.batch_size + i) % len(seqs)] for i in range(a.batch_size)]
         total = 0.0
         for toks in batch:   # the reference model has no batch dimension; the mean over the batch
-            loss = ref.forward_loss(cfg, p, toks) / len(batch)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
+                loss = ref.forward_loss(cfg, p, toks) / len(batch)
             loss.backward()
             total += float(loss.item())
         torch.nn.utils.clip_grad_norm_(list(p.values()), 1.0)

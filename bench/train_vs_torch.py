@@ -67,7 +67,7 @@ def tensorpar_run(a, tp, threads, env):
     out_dir = os.path.join(a.work, f"out-tp{tp}x{threads}")
     cmd = [a.bin, "train", "--model", a.model, "--data", a.data, "--out", out_dir,
            "--seq-len", str(a.seq_len), "--batch-size", str(a.batch_size), "--steps", str(a.steps),
-           "--no-shuffle", "--threads", str(threads), "--tp", str(tp), "--loss", a.loss]
+           "--no-shuffle", "--threads", str(threads), "--tp", str(tp), "--loss", a.loss, "--dtype", a.dtype]
     if a.blas_threads:
         # tensorpar's backward GEMMs call OpenBLAS (src/kernels/matmul.c), which otherwise
         # starts one thread per core in every rank: 2 ranks x 2 threads on 2 cores
@@ -87,7 +87,7 @@ def torch_run(a, threads, env):
     env = dict(env, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
     cmd = [a.python, os.path.join(HERE, "train_torch.py"), "--model", a.model, "--data", a.data,
            "--threads", str(threads), "--steps", str(a.steps), "--batch-size", str(a.batch_size),
-           "--seq-len", str(a.seq_len)]
+           "--seq-len", str(a.seq_len), "--dtype", a.torch_dtype or a.dtype]
     rc, out, peaks, maxrss = run_measured(cmd, env)
     if rc != 0:
         sys.exit(f"torch run failed ({rc}):\n{out[-3000:]}")
@@ -124,6 +124,12 @@ def main():
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--configs", default="tp1x1,tp1x2,tp2x1,torch1,torch2")
+    ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"],
+                    help="tensorpar --dtype bf16 (bf16 weights, f32 master) against torch under CPU autocast bf16")
+    ap.add_argument("--torch-dtype", choices=["f32", "bf16"],
+                    help="torch's side only (default: --dtype); torch's CPU autocast bf16 has no fast path on AVX2 "
+                         "CPUs (~16x slower than its f32 there), so --dtype bf16 --torch-dtype f32 compares with "
+                         "torch's fastest")
     ap.add_argument("--loss", default="default", help="tensorpar's --loss: default|vocab-parallel")
     ap.add_argument("--no-blas-threads", dest="blas_threads", action="store_false",
                     help="leave OPENBLAS_NUM_THREADS unset for tensorpar (default: its threads per rank)")
@@ -137,7 +143,7 @@ def main():
     isa = subprocess.run([a.bin, "--isa-list"], capture_output=True, text=True).stdout.split()
     print(f"cpu: {cpu}; kernel paths: {' '.join(isa)}; OPENBLAS_CORETYPE={env.get('OPENBLAS_CORETYPE', '(unset)')}; "
           f"OPENBLAS_NUM_THREADS for tensorpar: {'its threads per rank' if a.blas_threads else 'unset'}")
-    print(f"model: {a.preset} f32, seq-len {a.seq_len}, batch {a.batch_size}, {a.steps} steps per run "
+    print(f"model: {a.preset} (checkpoint f32, trained in {a.dtype}; torch in {a.torch_dtype or a.dtype}), seq-len {a.seq_len}, batch {a.batch_size}, {a.steps} steps per run "
           f"(first excluded), {a.rounds} rounds", flush=True)
     configs = a.configs.split(",")
     rate = {c: [] for c in configs}
