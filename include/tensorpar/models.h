@@ -71,6 +71,8 @@ typedef struct tp_model {
      * world group, api.h).  NULL: nothing. */
     void (*on_free)(void *ctx);
     void *on_free_ctx;
+    /* LoRA adapters on its Linear modules (tensorpar/lora.h); NULL: none. */
+    struct tp_lora *lora;
 } tp_model;
 
 typedef struct {

@@ -65,6 +65,7 @@ int cmd_make_model(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_grads(int argc, char **argv);
 int cmd_train(int argc, char **argv);
+int cmd_merge(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_bench_load(int argc, char **argv);

@@ -50,7 +50,7 @@ static tp_status run(tp_model *m, const int64_t *ids, int nt, int incremental, c
 
 int cmd_logits(int argc, char **argv)
 {
-    cli_option o[N_OWN + CLI_TP_N_OPTIONS] = {
+    cli_option o[N_OWN + CLI_TP_N_OPTIONS + CLI_ADAPTER_N_OPTIONS] = {
         {"--model", "DIR", "model directory (required)", 0, {0}},
         {"--tokens", "IDS", "comma-separated token ids (required)", 0, {0}},
         {"--out", "FILE.npy", "output file: float32 [T, vocab] (required); %r = rank: every rank writes", 0, {0}},
@@ -60,7 +60,8 @@ int cmd_logits(int argc, char **argv)
         {"--bytes-read", NULL, "print the checkpoint bytes each rank read (stderr)", 0, {0}},
     };
     memcpy(o + N_OWN, cli_tp_options, sizeof cli_tp_options);
-    int n = N_OWN + CLI_TP_N_OPTIONS;
+    memcpy(o + N_OWN + CLI_TP_N_OPTIONS, cli_adapter_options, sizeof cli_adapter_options);
+    int n = N_OWN + CLI_TP_N_OPTIONS + CLI_ADAPTER_N_OPTIONS;
     int rc = cli_parse(argc, argv, o, n, "tensorpar logits --model DIR --tokens 1,2,3 --out FILE.npy [--tp N]",
                        "Runs the model over the tokens and writes the logits of every position.", NULL, NULL);
     if (rc) return rc == 1 ? 0 : CLI_EXIT_USAGE;
@@ -82,7 +83,10 @@ int cmd_logits(int argc, char **argv)
     tp_dist_config dc = {.tp_size = tp.size, .tp_plan = tp.plan, .world = tp.world, .model = &mo};
     tp_model *m;
     tp_status s = tp_model_from_pretrained(&m, dir, mo.weight_dtype, &dc);
-    if (!s) {
+    if (!s && cli_adapter_load(o, n, m)) {
+        s = TP_ERR_INVALID;
+        tp_model_free(m);
+    } else if (!s) {
         if (cli_flag(o, n, "--bytes-read"))
             fprintf(stderr, "rank %d read %llu bytes\n", tp.rank, (unsigned long long)tp_model_bytes_read(m));
         char path[4096];

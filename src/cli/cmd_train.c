@@ -5,6 +5,7 @@
  * TrainingArguments), loads data and model, and saves. */
 #include "tp_cli.h"
 #include "tensorpar/io.h"
+#include "tensorpar/lora.h"
 #include "tensorpar/models.h"
 #include "tensorpar/module.h"
 #include "tensorpar/text.h"
@@ -16,7 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define N_OWN 31
+#define N_OWN 36
 
 static const cli_option own[N_OWN] = {
     {"--model", "DIR", "model directory (required)", 0, {0}},
@@ -48,6 +49,11 @@ static const cli_option own[N_OWN] = {
     {"--save-total-limit", "N", "keep only the newest N checkpoints (default: all)", 0, {0}},
     {"--resume", "DIR|latest", "continue from a checkpoint directory, or OUT's newest checkpoint-<step>", 0, {0}},
     {"--max-shard-size", "BYTES", "split saved safetensors past this size: 5GB, 200MB, 4096 (default 5GB)", 0, {0}},
+    {"--lora-r", "R", "train a LoRA adapter of rank R on the frozen model; OUT gets the adapter in PEFT's format", 0, {0}},
+    {"--lora-alpha", "A", "LoRA scale numerator: scale = A / R (default 8)", 0, {0}},
+    {"--lora-target", "NAMES", "comma-separated modules to adapt (default q_proj,v_proj)", 0, {0}},
+    {"--lora-dropout", "P", "dropout on the adapters' input (default 0; only 0 is supported yet)", 0, {0}},
+    {"--adapter", "DIR", "continue training this PEFT LoRA adapter on the frozen model", 0, {0}},
     {"--dp-replicate", "N", "data parallelism: N replicas of the TP-split model, gradients averaged (default 1)", 0, {0}},
     {"--dp-shard", "N", "data parallelism with FSDP/ZeRO-3: parameters, gradients and AdamW state split over N ranks (default 1)", 0, {0}},
 };
@@ -188,8 +194,53 @@ static tp_status load_data(const char *dir, long long seq_len, const char *train
     return s;
 }
 
+/* LoRA options: an adapter to train (fresh: r > 0, or resumed: adapter). */
+typedef struct {
+    long long r;
+    double alpha, dropout;
+    const char *target, *adapter;
+} lora_opts;
+
+static int parse_lora(const cli_option *o, int n, lora_opts *l)
+{
+    l->r = 0;
+    l->alpha = 8.0;
+    l->dropout = 0.0;
+    l->target = cli_value(o, n, "--lora-target");
+    l->adapter = cli_value(o, n, "--adapter");
+    if (cli_int(o, n, "--lora-r", &l->r) || cli_double(o, n, "--lora-alpha", &l->alpha) ||
+        cli_double(o, n, "--lora-dropout", &l->dropout))
+        return cli_usage_error("train");
+    int any = l->r || l->target || cli_value(o, n, "--lora-alpha") || cli_value(o, n, "--lora-dropout");
+    if (cli_value(o, n, "--lora-r") && l->r < 1) return usage("--lora-r must be >= 1");
+    if (l->adapter && any) return usage("--adapter resumes an adapter with its own adapter_config.json; "
+                                        "it takes no --lora-* option");
+    if (any && !l->r) return usage("--lora-alpha, --lora-target and --lora-dropout need --lora-r");
+    if (l->dropout != 0.0) return usage("--lora-dropout: only 0 is supported yet");
+    if ((l->r || l->adapter) && (cli_value(o, n, "--save-every") || cli_value(o, n, "--resume")))
+        return usage("checkpoints (--save-every, --resume) are not supported with LoRA yet; --adapter OUT "
+                     "continues from a saved adapter");
+    return 0;
+}
+
+/* Attaches the adapter to train and freezes the base. */
+static tp_status lora_attach(tp_model *m, const lora_opts *l, uint64_t seed)
+{
+    tp_status s;
+    if (l->adapter) {
+        s = tp_model_load_adapter(m, l->adapter, 0);
+    } else {
+        tp_lora_config c;
+        s = tp_lora_config_make(&c, l->r, l->alpha, l->dropout, l->target ? l->target : "q_proj,v_proj");
+        if (!s) s = tp_model_lora_init(m, &c, seed);
+        tp_lora_config_free(&c);
+    }
+    return s ? s : tp_model_lora_train(m);
+}
+
 static tp_status train_and_save(const char *dir, const char *out, cli_tp *tp, tp_model_options *mo, tp_dataset *dt,
-                                tp_dataset *de, tp_trainer_options *t, int vocab_parallel, int grad_ckpt)
+                                tp_dataset *de, tp_trainer_options *t, int vocab_parallel, const lora_opts *lora,
+                                int grad_ckpt)
 {
     tp_model *m;
     mo->mesh = cli_tp_mesh(tp);
@@ -200,6 +251,8 @@ static tp_status train_and_save(const char *dir, const char *out, cli_tp *tp, tp
     if (s) return s;
     m->vocab_parallel_loss = vocab_parallel;
     m->gradient_checkpointing = grad_ckpt;
+    int adapting = lora->r > 0 || lora->adapter;
+    if (adapting && (s = lora_attach(m, lora, t->seed))) { tp_model_free(m); return s; }
     tp_trainer_result r;
     t->out_dir = out;
     t->writer = tp->rank == 0;
@@ -208,7 +261,7 @@ static tp_status train_and_save(const char *dir, const char *out, cli_tp *tp, tp
     tp_save_options so = {.max_shard_bytes = t->ckpt.max_shard_bytes, .into_existing = 1};
     int active = 0;
     if (!s) s = tp_save_group_active(tp_model_group(m), t->writer, &active);
-    if (!s && active) s = tp_model_save_ex(m, dir, out, &so);
+    if (!s && active) s = adapting ? tp_model_save_adapter(m, out) : tp_model_save_ex(m, dir, out, &so);
     tp_model_free(m);
     return s;
 }
@@ -251,6 +304,8 @@ int cmd_train(int argc, char **argv)
     tp_trainer_options t = {0};
     long long seq_len = 0;
     if ((rc = parse_train(o, n, &t, &seq_len))) return rc;
+    lora_opts lora;
+    if ((rc = parse_lora(o, n, &lora))) return rc;
     if ((rc = cli_check_dir("train", "--model", dir))) return rc;
     tp_dataset dt = {0}, de = {0};
     const char *eval = cli_value(o, n, "--eval-data");
@@ -265,11 +320,15 @@ int cmd_train(int argc, char **argv)
         return cli_usage_error("train");
     }
     const char *dt_name = cli_value(o, n, "--dtype");
+    const char *refused = NULL;
+    if ((dpr > 1 || dps > 1) && (lora.r > 0 || lora.adapter))
+        refused = "--dp-replicate and --dp-shard are not supported with LoRA yet";
     long long want = 1;
-    if (!tp_launch_in_job() && !cli_int(o, n, "--tp", &want) && want * dpr * dps > 1) {
+    if (refused || (!tp_launch_in_job() && !cli_int(o, n, "--tp", &want) && want * dpr * dps > 1)) {
         tp_dataset_release(&dt);
         tp_dataset_release(&de);
     }
+    if (refused) return usage(refused);
     cli_tp tp;
     if (cli_tp_begin_dp("train", argc, argv, o, n, dir, (int)dpr, (int)dps, &tp, &rc)) {
         tp_dataset_release(&dt);
@@ -293,7 +352,7 @@ int cmd_train(int argc, char **argv)
     }
     if (!cli_tp_agree("train", &tp, s != TP_OK)) {
         const char *loss = cli_value(o, n, "--loss");
-        s = train_and_save(dir, out, &tp, &mo, &dt, &de, &t, loss && !strcmp(loss, "vocab-parallel"),
+        s = train_and_save(dir, out, &tp, &mo, &dt, &de, &t, loss && !strcmp(loss, "vocab-parallel"), &lora,
                            cli_flag(o, n, "--gradient-checkpointing"));
         rc = cli_tp_agree("train", &tp, s != TP_OK);
     } else {

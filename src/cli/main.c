@@ -15,6 +15,7 @@ static const command commands[] = {
     {"logits", cmd_logits, "run a forward pass and write the logits as .npy"},
     {"grads", cmd_grads, "one forward and backward of the causal-LM loss; gradients as .safetensors"},
     {"train", cmd_train, "fine-tune a model on a data file (--tp N: split over N ranks)"},
+    {"merge", cmd_merge, "fold a PEFT LoRA adapter into a model and save it (--tp N: split over N ranks)"},
     {"generate", cmd_generate, "generate tokens from a prompt"},
     {"chat", cmd_chat, "interactive chat with a model"},
     {"tokenize", cmd_tokenize, "encode text into token ids with a tokenizer.json"},

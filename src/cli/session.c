@@ -22,6 +22,8 @@ const cli_option session_sampling_options[SESSION_N_SAMPLING] = {
     {"--max-new-tokens", "N", "tokens to generate (default: generation_config.json, else 256)", 0, {0}},
     {"--dtype", "f32|bf16", "weight dtype in memory (default: as stored; f16 checkpoints are converted to f32)", 0, {0}},
     {"--threads", "N", "threads per rank (default: cores / local ranks)", 0, {0}},
+    {"--adapter", "DIR", "a PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors) on the model", 0, {0}},
+    {"--merge-adapter", NULL, "fold the adapter into the weights at load (f32 weights; no cost per token)", 0, {0}},
 };
 
 int session_read_options(session *s, const cli_option *o, int n)
@@ -114,7 +116,8 @@ int session_open(session *s, const char *cmd, const char *dir, const cli_option 
      * rank first); the API builds the mesh on it and loads. */
     tp_dist_config dc = {.tp_size = s->tp.size, .tp_plan = s->tp.plan, .world = s->tp.world, .model = &mo};
     if (tp_model_from_pretrained(&s->model, dir, mo.weight_dtype, &dc)) return -1;
-    int bad = tp_generation_config_load(&s->gen, dir, &s->model->cfg) || session_read_options(s, o, n);
+    int bad = tp_generation_config_load(&s->gen, dir, &s->model->cfg) || session_read_options(s, o, n) ||
+              cli_adapter_load(o, n, s->model);
     if (cli_tp_agree(cmd, &s->tp, bad)) return -2;
     s->opts.tok = s->tok;
     if (s->tp.world) {   /* rank 0 chooses every token and broadcasts it */

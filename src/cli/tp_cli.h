@@ -63,4 +63,10 @@ int cli_pin_wanted(void);
 /* A tp_choose_callback: every rank takes rank 0's token. */
 tp_status cli_tp_choose(void *ctx, int64_t *id);
 
+/* --adapter DIR and --merge-adapter (cli_adapter.c). */
+#define CLI_ADAPTER_N_OPTIONS 2
+extern const cli_option cli_adapter_options[CLI_ADAPTER_N_OPTIONS];
+/* Loads the adapter the options name onto m, if any; -1 with tp_error(). */
+int cli_adapter_load(const cli_option *o, int n, tp_model *m);
+
 #endif

@@ -6,11 +6,14 @@
 #include "tp_module.h"
 
 #include "tensorpar/dist.h"
+#include "tensorpar/lora.h"
 
 #include <string.h>
 
 tp_status tp_model_zero_grad(tp_model *m)
 {
+    /* LoRA training: the adapters alone have gradients, the base none */
+    if (tp_model_base_frozen(m)) return tp_lora_zero_grad(m);
     for (size_t i = 0; i < m->n_modules; i++)
         for (int j = 0; j < m->modules[i].n_params; j++) {
             tp_module_param *p = &m->modules[i].params[j];
@@ -25,6 +28,8 @@ tp_status tp_model_zero_grad(tp_model *m)
 tp_status tp_module_grad(const tp_model *m, const tp_module *mod, int j, float **g)
 {
     const tp_module_param *p = &mod->params[j];
+    *g = NULL;
+    if (tp_model_base_frozen(m)) return TP_OK;
     if (p->tied_to >= 0) p = &m->modules[p->tied_to].params[j];
     if (!p->grad.data)
         return tp_fail(TP_ERR_INVALID, "%s.%s has no gradient buffer (tp_model_zero_grad allocates them)",

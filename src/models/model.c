@@ -163,6 +163,7 @@ uint64_t tp_model_bytes_read(const tp_model *m) { return m->bytes_read; }
 void tp_model_free(tp_model *m)
 {
     if (!m) return;
+    tp_lora_free(m->lora);
     tp_module_table_free(m->modules, m->n_modules);
     free(m->layers);
     tp_model_tp_free(m);

@@ -41,6 +41,7 @@ tp_status tp_module_embedding(tp_model *m, const tp_module *emb, const int64_t *
     if (!buf) return tp_fail(TP_ERR_NOMEM, "out of memory");
     tp_param_slice whole = {.dim = -1};
     lookup_local(emb, mt ? &mt->weight_slice : &whole, ids, T, buf);
+    if ((s = tp_lora_apply_embedding(m, emb, ids, T, buf))) { tp_act_free(m, buf); return s; }
     if (!mt || !mt->plan || !mt->plan->fwd.installed || !m->tp->mesh) {
         *y = (tp_act){buf, T, width, width, tp_replicate()};
         return TP_OK;
@@ -112,7 +113,7 @@ static tp_status embedding_backward(tp_model *m, const tp_module *mod, tp_backwa
         }
         if (!st) dy = gy.local.data;
     }
-    if (!st) tp_embedding_backward(dw, row0, w->shape[0], w->shape[1], b->tokens, dy, b->T, m->pool);
+    if (!st && dw) tp_embedding_backward(dw, row0, w->shape[0], w->shape[1], b->tokens, dy, b->T, m->pool);
     if (!st && styled) tp_dtensor_release(&gy);
     return st;
 }

@@ -178,13 +178,17 @@ static tp_status compute_local(tp_model *m, module_run *runs, const float *const
 {
     tp_matmul_opts opts = m->matmul;
     tp_matmul_out outs[GROUP_MAX];
+    memset(outs, 0, sizeof outs);
     int n = 0;
     tp_status s = TP_OK;
     for (int i = 0; i < count && !s; i++) {
         if (inputs[i] == x) outs[n++] = (tp_matmul_out){runs[i].y, tp_module_weight(runs[i].lin), local_bias(&runs[i])};
         else s = tp_matmul_ex(runs[i].y, inputs[i], T, tp_module_weight(runs[i].lin), local_bias(&runs[i]), m->pool, &opts);
     }
-    return s ? s : tp_matmul_group(outs, n, x, T, m->pool, &opts);
+    if (!s) s = tp_matmul_group(outs, n, x, T, m->pool, &opts);
+    /* a LoRA adapter's term joins the local output before post_forward */
+    for (int i = 0; i < count && !s; i++) s = tp_lora_apply(m, runs[i].lin, inputs[i], T, runs[i].y);
+    return s;
 }
 
 /* Legacy `local`: x · (W/P)ᵀ + b/P, i.e. the output divided by P, which a
@@ -397,6 +401,7 @@ static tp_status plain_backward(tp_model *m, const tp_module *lin, const float *
     tp_status st = tp_module_grad(m, lin, TP_MODULE_WEIGHT, &dw);
     if (!st && tp_module_bias(lin)->data) st = tp_module_grad(m, lin, TP_MODULE_BIAS, &db);
     if (!st) st = tp_matmul_backward_ex(dx, dw, db, dy, x, T, tp_module_weight(lin), m->pool, &m->matmul);
+    if (!st) st = tp_lora_backward(m, lin, x, dy, T, dx);
     return st;
 }
 
@@ -409,7 +414,7 @@ static tp_status add_param_grad(tp_model *m, const tp_module *lin, const tp_modu
     float *dst;
     tp_status s = tp_module_grad(m, lin, j, &dst);
     size_t n = tp_tensor_nbytes(&p->local) / tp_dtype_size(p->local.dtype);
-    if (s) return s;
+    if (s || !dst) return s;   /* a frozen base: no gradient (on every rank alike) */
     if (!plan->style->reduce_param_grad_post_backward && !plan->fwd.param_grad_allreduce) {
         for (size_t i = 0; i < n; i++) dst[i] += g[i];   /* the default hook leaves it as it is */
         return TP_OK;
@@ -508,18 +513,24 @@ static tp_status styled_backward(tp_model *m, const tp_module *lin, const float 
     if (s) { lin_bwd_free(&b); return s; }
     /* With no hook on the weight's gradient it is added straight into the
      * parameter's, as plain_backward does: no [out, in] temporary (lm_head's
-     * would be a vocabulary shard of the embedding's size). */
-    int direct = mt->kv_rep <= 1 && !mt->plan->style->reduce_param_grad_post_backward && !d->param_grad_allreduce;
+     * would be a vocabulary shard of the embedding's size).  A frozen base
+     * (LoRA training) computes no weight or bias gradient at all. */
+    int frozen = tp_model_base_frozen(m);
+    int direct = !frozen && mt->kv_rep <= 1 && !mt->plan->style->reduce_param_grad_post_backward &&
+                 !d->param_grad_allreduce;
     float *dw = NULL;
     if (direct) s = tp_module_grad(m, lin, TP_MODULE_WEIGHT, &dw);
-    else dw = b.dw = calloc((size_t)(out * in), sizeof(float));
-    b.db = bias->data ? calloc((size_t)out, sizeof(float)) : NULL;
+    else if (!frozen) dw = b.dw = calloc((size_t)(out * in), sizeof(float));
+    b.db = bias->data && !frozen ? calloc((size_t)out, sizeof(float)) : NULL;
     b.dxl = dx ? calloc((size_t)(T * in), sizeof(float)) : NULL;
-    if (!s && (!dw || (bias->data && !b.db) || (dx && !b.dxl))) s = tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!s && ((!frozen && !dw) || (bias->data && !frozen && !b.db) || (dx && !b.dxl)))
+        s = tp_fail(TP_ERR_NOMEM, "out of memory");
     /* a bias added after the reduction sees the whole output gradient */
     if (!s && b.db && d->bias_after_reduce) s = tp_matmul_backward_ex(NULL, NULL, b.db, dy, x, T, W, m->pool, &m->matmul);
     if (!s) s = tp_matmul_backward_ex(b.dxl, dw, d->bias_after_reduce ? NULL : b.db, b.gy.local.data,
                                       b.xd.local.data, T, W, m->pool, &m->matmul);
+    /* the adapter's input gradient joins the local one before post_backward */
+    if (!s) s = tp_lora_backward(m, lin, b.xd.local.data, b.gy.local.data, T, b.dxl);
     if (!s && dx) {
         tp_placement pl = tp_style_local_input_grad_layout(d);
         int64_t g[2] = {T, mt->in_features};
@@ -532,9 +543,9 @@ static tp_status styled_backward(tp_model *m, const tp_module *lin, const float 
             for (int64_t i = 0; i < n; i++) dx[i] += v[i];
         }
     }
-    if (!s && mt->kv_rep > 1) s = sum_kv_group(m, lin, TP_MODULE_WEIGHT, b.dw);
+    if (!s && mt->kv_rep > 1 && b.dw) s = sum_kv_group(m, lin, TP_MODULE_WEIGHT, b.dw);
     if (!s && mt->kv_rep > 1 && b.db) s = sum_kv_group(m, lin, TP_MODULE_BIAS, b.db);
-    if (!s && !direct) s = add_param_grad(m, lin, &ctx, TP_MODULE_WEIGHT, b.dw);
+    if (!s && !direct && b.dw) s = add_param_grad(m, lin, &ctx, TP_MODULE_WEIGHT, b.dw);
     if (!s && b.db) s = add_param_grad(m, lin, &ctx, TP_MODULE_BIAS, b.db);
     lin_bwd_free(&b);
     return s;

@@ -163,6 +163,7 @@ tp_status tp_norm_add_weight_grad(tp_model *m, const tp_module *norm, float *g)
     int64_t n = p->local.shape[0];
     float *dst;
     tp_status s = tp_module_grad(m, norm, TP_MODULE_WEIGHT, &dst);
+    if (s || !dst) return s;   /* a frozen base: no gradient (on every rank alike) */
     const tp_module_plan *r = grad_rule(m, norm);
     tp_dtensor gd;
     int have = 0;

@@ -8,6 +8,7 @@
 #define TP_MODELS_TP_MODULE_H
 
 #include "tensorpar/dist.h"
+#include "tensorpar/lora.h"
 #include "tensorpar/models.h"
 #include "tensorpar/module.h"
 #include "tensorpar/parallel.h"
@@ -181,7 +182,8 @@ tp_status tp_layer_recompute(tp_model *m, const tp_module *layer, tp_kv_cache *c
 tp_status tp_module_run_children_backward(tp_model *m, const tp_module *mod, tp_backward_pass *b);
 /* The gradient buffer of parameter j of mod (a tied one: its owner's),
  * f32 shaped like the local tensor; fails when tp_model_zero_grad has not
- * allocated it. */
+ * allocated it.  *g = NULL (TP_OK) while the base is frozen (LoRA training):
+ * callers then skip the parameter's gradient. */
 tp_status tp_module_grad(const tp_model *m, const tp_module *mod, int j, float **g);
 /* A Linear's backward on input x [T, in] and output gradient dy [T, out]:
  * dW (and db) += …, dx += dy · W (dx NULL: not needed). */
@@ -279,5 +281,20 @@ tp_status tp_norm_add_weight_grad(tp_model *m, const tp_module *norm, float *g);
 int64_t tp_module_out_width(const tp_model *m, const tp_module *lin);
 /* The embedding lookup of T token ids (ids outside [0, vocab) are an error). */
 tp_status tp_module_embedding(tp_model *m, const tp_module *emb, const int64_t *ids, int64_t T, tp_act *y);
+
+/* ---- LoRA (lora.c) ---------------------------------------------------------- */
+
+/* y [T, out_local] += scale · B(A(x)) when lin has an adapter: x is what
+ * the module's local GEMM read (after pre_forward). */
+tp_status tp_lora_apply(tp_model *m, const tp_module *lin, const float *x, int64_t T, float *y);
+/* The same for an embedding's lookup y [T, width] of ids, before its post_forward. */
+tp_status tp_lora_apply_embedding(tp_model *m, const tp_module *emb, const int64_t *ids, int64_t T, float *y);
+void tp_lora_free(struct tp_lora *l);
+/* Training: the adapter's gradients from the Linear's local operands (x
+ * after pre_forward, dy after pre_backward), its input gradient added into
+ * dx (NULL: not needed) before the base's post_backward (lora_train.c). */
+tp_status tp_lora_backward(tp_model *m, const tp_module *lin, const float *x, const float *dy, int64_t T, float *dx);
+/* Allocates or zeroes the adapters' gradients. */
+tp_status tp_lora_zero_grad(tp_model *m);
 
 #endif

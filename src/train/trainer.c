@@ -8,11 +8,32 @@
 #include "tensorpar/models.h"
 #include "train/data_parallel.h"
 #include "tensorpar/module.h"
+#include "tensorpar/lora.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+/* LoRA training: the adapters' tensors alone (f32, no masters); a
+ * replicated one (A under colwise, B under rowwise) has the same gradient
+ * on every rank and is counted once. */
+static tp_status collect_adapters(tp_model *m, tp_train_param *ps, int *n)
+{
+    size_t count = tp_model_lora_count(m);
+    if (count > tp_model_module_count(m) * TP_MODULE_MAX_PARAMS)
+        return tp_fail(TP_ERR_INTERNAL, "more adapter tensors than room for them");
+    for (size_t k = 0; k < count; k++) {
+        const char *name;
+        tp_tensor *value, *grad;
+        int reps;
+        tp_status s = tp_model_lora_tensor(m, k, &name, &value, &grad, &reps);
+        if (s) return s;
+        ps[k] = (tp_train_param){name, value, grad, reps == 1 ? 0 : TP_PARAM_COUNTED_ONCE, 0};
+        *n = (int)k + 1;
+    }
+    return TP_OK;
+}
 
 /* The parameters the optimizer updates: each module parameter with a local
  * shard of its own (a tied lm_head borrows the embedding's), flagged as
@@ -28,6 +49,7 @@ static tp_status collect_params(tp_model *m, tp_train_param **out, tp_tensor **m
     *masters = ms;
     *n = 0;
     if (!ps || !ms) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (tp_model_base_frozen(m)) return collect_adapters(m, ps, n);
     for (size_t i = 0; i < tp_model_module_count(m); i++) {
         tp_module *mod = &m->modules[i];
         for (int j = 0; j < mod->n_params; j++) {

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Checkpoints (tp-semantics §6.4, issue 14 item 3) on tiny made models:
+"""Checkpoints (tp-semantics §6.4) on tiny made models:
 
 * the saved directory is byte for byte the TP = 1 save at TP = 2, 3, 4 and
   6 (uneven MLP and vocabulary shards, KV-head replication), under mpirun too, sharded by --max-shard-size

@@ -1,0 +1,86 @@
+/* tensorpar/lora.h — PEFT LoRA adapters on a (TP) base model
+ * (tp-semantics.md §9.6).
+ *
+ * An adapter directory holds adapter_config.json and
+ * adapter_model.safetensors as PEFT's save_pretrained writes them.  Each
+ * targeted Linear gets y = base(x) + scale · B(A(x)), scale = alpha / r
+ * (alpha / sqrt(r) with use_rslora), its adapter read shard-on-read with
+ * the placements of §9.6: colwise base -> lora_B Shard(0) like the base's
+ * rows; rowwise base -> lora_A Shard(-1) like the base's columns; a base
+ * that is not split -> both whole. */
+#ifndef TENSORPAR_LORA_H
+#define TENSORPAR_LORA_H
+
+#include "tensorpar/models.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What adapter_config.json says (the fields tensorpar uses). */
+typedef struct {
+    int64_t r;
+    double alpha, dropout;
+    int use_rslora;
+    /* target_modules: a list of names (a module matches when its name is
+     * one of them or ends with "." + one of them), or a regex matched
+     * against the whole module name (target_regex non-empty). */
+    char **targets;
+    int n_targets;
+    char target_regex[512];
+} tp_lora_config;
+
+/* Reads DIR/adapter_config.json; refuses what tensorpar does not do
+ * (bias other than "none", modules_to_save, rank/alpha patterns,
+ * fan_in_fan_out).  Free with tp_lora_config_free. */
+tp_status tp_lora_config_load(tp_lora_config *c, const char *dir);
+void tp_lora_config_free(tp_lora_config *c);
+/* A config from training options: rank r, alpha, dropout and a
+ * comma-separated list of target names ("q_proj,v_proj"). */
+tp_status tp_lora_config_make(tp_lora_config *c, int64_t r, double alpha, double dropout, const char *targets);
+/* 1 when the module named `name` is a target; -1 with tp_error() for a
+ * regex that does not compile. */
+int tp_lora_config_matches(const tp_lora_config *c, const char *name);
+/* scale = alpha / r, or alpha / sqrt(r) with use_rslora. */
+double tp_lora_config_scale(const tp_lora_config *c);
+
+/* Attaches the adapter in dir to every targeted Linear of m (each rank
+ * reads its shards).  merge != 0: folds scale · B·A into the local weight
+ * shards instead (f32 weights only), so the adapter costs nothing per
+ * token.  Every rank calls it alike; a refused module style is
+ * `Unsupported tensor parallel plan '<name>' for LoRA state dict sharding.` */
+tp_status tp_model_load_adapter(tp_model *m, const char *dir, int merge);
+
+/* ---- training (lora_train.c) ------------------------------------------ */
+
+/* Attaches fresh adapters to every Linear that cfg targets, initialised as
+ * PEFT's init_lora_weights=True does: A Kaiming-uniform (a = sqrt(5): U(±1/sqrt(in))),
+ * B zeros, each A drawn whole from `seed` and the module's index, so every
+ * rank and every TP size holds the same values (§9.3) and keeps its shard.
+ * cfg is moved into the model. */
+tp_status tp_model_lora_init(tp_model *m, tp_lora_config *cfg, uint64_t seed);
+/* Freezes the base for training: from now on tp_model_zero_grad gives only
+ * the adapters gradients, and the base's weights get none.  Fails without
+ * adapters, on embedding adapters and under KV-head replication (not built). */
+tp_status tp_model_lora_train(tp_model *m);
+/* 1 when the base is frozen (LoRA training). */
+int tp_model_base_frozen(const tp_model *m);
+/* The adapters' tensors as trainable parameters, 2 per adapted module
+ * (A then B), in module order: k in [0, count).  *replicas: 0 when every
+ * rank holds it whole, 1 when split (tp_train_param.replicas). */
+size_t tp_model_lora_count(const tp_model *m);
+tp_status tp_model_lora_tensor(tp_model *m, size_t k, const char **name, tp_tensor **value, tp_tensor **grad,
+                               int *replicas);
+
+/* ---- saving (lora_save.c) ---------------------------------------------- */
+
+/* Writes the adapters into out_dir as PEFT's save_pretrained does:
+ * adapter_model.safetensors (F32, PEFT's keys, the whole tensors: equal to
+ * the TP = 1 save) and adapter_config.json.  Collective over the model's
+ * TP group; rank 0 creates the files; atomic (save_dir.c). */
+tp_status tp_model_save_adapter(tp_model *m, const char *out_dir);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,154 @@
+/* adapter_config.json, as PEFT's LoraConfig writes it: the fields that
+ * decide the adapter's math and which modules it targets. */
+#include "tensorpar/lora.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <regex.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char *read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    if (fseek(f, 0, SEEK_END) == 0) {
+        long len = ftell(f);
+        if (len >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)len + 1))) {
+            if (fread(buf, 1, (size_t)len, f) != (size_t)len) { free(buf); buf = NULL; }
+            else buf[len] = 0;
+        }
+    }
+    fclose(f);
+    return buf;
+}
+
+/* A key that must be absent, null, false or empty: tensorpar cannot honour it. */
+static tp_status refuse_set(const cJSON *root, const char *key, const char *path)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v)) return TP_OK;
+    if ((cJSON_IsArray(v) || cJSON_IsObject(v)) && cJSON_GetArraySize(v) == 0) return TP_OK;
+    return tp_fail(TP_ERR_UNSUPPORTED, "%s: '%s' is set; tensorpar's LoRA does not support it", path, key);
+}
+
+static tp_status read_targets(tp_lora_config *c, const cJSON *t, const char *path)
+{
+    if (cJSON_IsString(t)) {
+        if (strlen(t->valuestring) + 8 >= sizeof c->target_regex)
+            return tp_fail(TP_ERR_UNSUPPORTED, "%s: target_modules regex too long", path);
+        snprintf(c->target_regex, sizeof c->target_regex, "^(%s)$", t->valuestring);   /* re.fullmatch */
+        return TP_OK;
+    }
+    if (!cJSON_IsArray(t) || cJSON_GetArraySize(t) == 0)
+        return tp_fail(TP_ERR_FORMAT, "%s: target_modules must be a non-empty list of names or a regex", path);
+    int n = cJSON_GetArraySize(t);
+    c->targets = calloc((size_t)n, sizeof *c->targets);
+    if (!c->targets) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        const cJSON *e = cJSON_GetArrayItem(t, i);
+        if (!cJSON_IsString(e)) return tp_fail(TP_ERR_FORMAT, "%s: target_modules[%d] is not a string", path, i);
+        if (!(c->targets[i] = strdup(e->valuestring))) return tp_fail(TP_ERR_NOMEM, "out of memory");
+        c->n_targets = i + 1;
+    }
+    return TP_OK;
+}
+
+static tp_status parse(tp_lora_config *c, const cJSON *root, const char *path)
+{
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(root, "r");
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, "lora_alpha");
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(root, "lora_dropout");
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(root, "bias");
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "target_modules");
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(root, "peft_type");
+    if (ty && cJSON_IsString(ty) && strcmp(ty->valuestring, "LORA"))
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: peft_type '%s'; tensorpar loads LORA adapters only", path,
+                       ty->valuestring);
+    if (!cJSON_IsNumber(r) || r->valuedouble < 1 || r->valuedouble != floor(r->valuedouble))
+        return tp_fail(TP_ERR_FORMAT, "%s: 'r' must be a positive integer", path);
+    c->r = (int64_t)r->valuedouble;
+    c->alpha = cJSON_IsNumber(a) ? a->valuedouble : 8.0;   /* PEFT's default lora_alpha */
+    c->dropout = cJSON_IsNumber(d) ? d->valuedouble : 0.0;
+    c->use_rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_rslora"));
+    if (b && !cJSON_IsNull(b) && (!cJSON_IsString(b) || strcmp(b->valuestring, "none")))
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: bias must be \"none\" (tensorpar trains no biases)", path);
+    static const char *const unsupported[] = {"modules_to_save", "rank_pattern", "alpha_pattern",
+                                              "fan_in_fan_out", "use_dora", "layers_to_transform"};
+    for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++) {
+        tp_status s = refuse_set(root, unsupported[i], path);
+        if (s) return s;
+    }
+    if (!t) return tp_fail(TP_ERR_FORMAT, "%s: no target_modules", path);
+    return read_targets(c, t, path);
+}
+
+tp_status tp_lora_config_load(tp_lora_config *c, const char *dir)
+{
+    memset(c, 0, sizeof *c);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    char *text = read_text(path);
+    if (!text) return tp_fail(TP_ERR_IO, "%s: cannot read it (is %s a PEFT adapter directory?)", path, dir);
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(root)) { cJSON_Delete(root); return tp_fail(TP_ERR_FORMAT, "%s: not a JSON object", path); }
+    tp_status s = parse(c, root, path);
+    cJSON_Delete(root);
+    if (s) tp_lora_config_free(c);
+    return s;
+}
+
+tp_status tp_lora_config_make(tp_lora_config *c, int64_t r, double alpha, double dropout, const char *targets)
+{
+    memset(c, 0, sizeof *c);
+    if (r < 1) return tp_fail(TP_ERR_INVALID, "--lora-r must be >= 1");
+    if (!(dropout >= 0 && dropout < 1)) return tp_fail(TP_ERR_INVALID, "--lora-dropout must be in [0, 1)");
+    c->r = r;
+    c->alpha = alpha;
+    c->dropout = dropout;
+    cJSON *list = cJSON_CreateArray();
+    char *copy = strdup(targets ? targets : "");
+    for (char *save = NULL, *t = copy ? strtok_r(copy, ",", &save) : NULL; t; t = strtok_r(NULL, ",", &save))
+        if (*t) cJSON_AddItemToArray(list, cJSON_CreateString(t));
+    free(copy);
+    tp_status s = read_targets(c, list, "--lora-target");
+    cJSON_Delete(list);
+    if (s) tp_lora_config_free(c);
+    return s;
+}
+
+void tp_lora_config_free(tp_lora_config *c)
+{
+    for (int i = 0; i < c->n_targets; i++) free(c->targets[i]);
+    free(c->targets);
+    c->targets = NULL;
+    c->n_targets = 0;
+}
+
+int tp_lora_config_matches(const tp_lora_config *c, const char *name)
+{
+    if (c->target_regex[0]) {
+        regex_t re;
+        if (regcomp(&re, c->target_regex, REG_EXTENDED | REG_NOSUB)) {
+            tp_fail(TP_ERR_FORMAT, "target_modules: the regex %s does not compile", c->target_regex);
+            return -1;
+        }
+        int hit = regexec(&re, name, 0, NULL, 0) == 0;
+        regfree(&re);
+        return hit;
+    }
+    size_t n = strlen(name);
+    for (int i = 0; i < c->n_targets; i++) {
+        size_t k = strlen(c->targets[i]);
+        if (!strcmp(name, c->targets[i])) return 1;
+        if (n > k && name[n - k - 1] == '.' && !strcmp(name + n - k, c->targets[i])) return 1;
+    }
+    return 0;
+}
+
+double tp_lora_config_scale(const tp_lora_config *c)
+{
+    return c->use_rslora ? c->alpha / sqrt((double)c->r) : c->alpha / (double)c->r;
+}

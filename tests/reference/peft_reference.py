@@ -1,0 +1,167 @@
+"""PEFT LoRA in NumPy float64: writes adapters in PEFT's save_pretrained layout
+and gives the reference logits of a base model with an adapter.
+
+The math is PEFT's LoraLayer (peft/tuners/lora/layer.py, Linear.forward):
+    y = base(x) + scale * lora_B(lora_A(dropout(x))),
+    scale = lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora,
+with lora_A.weight [r, in] and lora_B.weight [out, r]; keys are
+base_model.model.<module>.lora_A.weight / .lora_B.weight.  Without dropout
+(inference) that equals x @ (W + scale * B @ A).T + b, which is how the
+reference applies it: the merged weights go through hf_reference's model."""
+
+import json
+import math
+import os
+import re
+
+import numpy as np
+
+import hf_reference as ref
+
+PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def targeted(names, targets):
+    """The module names PEFT targets: a list matches a name or a dotted suffix,
+    a string is a regex that must match the whole name (re.fullmatch)."""
+    if isinstance(targets, str):
+        return [n for n in names if re.fullmatch(targets, n)]
+    return [n for n in names if any(n == t or n.endswith("." + t) for t in targets)]
+
+
+def scale_of(cfg):
+    r, alpha = cfg["r"], cfg["lora_alpha"]
+    return alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
+
+
+def linear_modules(tensors):
+    """Names of the Linear modules of a model's tensors (2-D weights but the embedding)."""
+    return sorted(n[:-len(".weight")] for n, a in tensors.items()
+                  if n.endswith(".weight") and a.ndim == 2 and "embed_tokens" not in n)
+
+
+def write_adapter(out_dir, model_dir, r=4, alpha=8, targets=("q_proj", "v_proj"), use_rslora=False, seed=0,
+                  b_std=0.05, extra_config=None):
+    """A PEFT LoRA adapter for the model in model_dir with random A and
+    non-zero B (PEFT initialises B to zeros; a test adapter must matter)."""
+    t = ref.load_model_tensors(model_dir)
+    rng = np.random.default_rng(seed)
+    tlist = list(targets) if not isinstance(targets, str) else targets
+    names = targeted(linear_modules(t) + ["model.embed_tokens"], tlist)
+    arrays = {}
+    for n in names:
+        out, inp = t[n + ".weight"].shape
+        if n.endswith("embed_tokens"):   # PEFT's Embedding: A [r, V], B [H, r], no ".weight"
+            arrays[f"base_model.model.{n}.lora_embedding_A"] = rng.normal(0, 1.0, (r, out))
+            arrays[f"base_model.model.{n}.lora_embedding_B"] = rng.normal(0, b_std, (inp, r))
+            continue
+        arrays[f"base_model.model.{n}.lora_A.weight"] = rng.normal(0, 1 / math.sqrt(inp), (r, inp))
+        arrays[f"base_model.model.{n}.lora_B.weight"] = rng.normal(0, b_std, (out, r))
+    os.makedirs(out_dir, exist_ok=True)
+    ref.write_safetensors(os.path.join(out_dir, "adapter_model.safetensors"), arrays, "F32",
+                          metadata={"format": "pt"})
+    cfg = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": alpha, "lora_dropout": 0.0,
+           "bias": "none", "use_rslora": use_rslora, "fan_in_fan_out": False, "modules_to_save": None,
+           "target_modules": list(targets) if not isinstance(targets, str) else targets,
+           "base_model_name_or_path": model_dir, "inference_mode": True}
+    cfg.update(extra_config or {})
+    with open(os.path.join(out_dir, "adapter_config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    return names
+
+
+def merged_tensors(model_dir, adapter_dir):
+    """The base tensors with scale * B @ A added to each targeted weight (float64)."""
+    t = dict(ref.load_model_tensors(model_dir))
+    with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
+        cfg = json.load(f)
+    a = ref.read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"))
+    s = scale_of(cfg)
+    for key in a:
+        if key.endswith(".lora_embedding_A"):
+            mod = key[len("base_model.model."):-len(".lora_embedding_A")]
+            B = a[f"base_model.model.{mod}.lora_embedding_B"]
+            # F.embedding(ids, A.T) @ B.T: the table gains (B @ A).T
+            t[mod + ".weight"] = t[mod + ".weight"] + s * (B @ a[key]).T
+        if key.endswith(".lora_A.weight"):
+            mod = key[len("base_model.model."):-len(".lora_A.weight")]
+            B = a[f"base_model.model.{mod}.lora_B.weight"]
+            t[mod + ".weight"] = t[mod + ".weight"] + s * (B @ a[key])
+    return t
+
+
+def reference_logits(model_dir, adapter_dir, tokens):
+    merged = merged_tensors(model_dir, adapter_dir)
+    model = ref.HFReference(model_dir, tensors=merged)
+    if model.tied:   # the adapter is on the lookup only: a tied head keeps the base table
+        merged["lm_head.weight"] = ref.load_model_tensors(model_dir)["model.embed_tokens.weight"]
+        model.tied = False
+    return model.forward(tokens)
+
+
+def lora_reference_train(model_dir, adapter_dir, data_path, **opts):
+    """hf_reference_train's Trainer steps with PEFT's LoRA: the base frozen
+    (no gradient, no optimizer state), the adapter's A and B the only
+    parameters, y = base(x) + scale * B(A(x)) on each targeted Linear (no
+    dropout).  Returns (log, {PEFT key: float64 array}) after opts["steps"]."""
+    import torch
+    import hf_reference_grad as gref
+    import hf_reference_train as tref
+
+    o = dict(tref.DEFAULTS)
+    o.update(opts)
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
+        acfg = json.load(f)
+    s = scale_of(acfg)
+    base = {k: torch.tensor(v, dtype=torch.float64) for k, v in gref.load_weights(model_dir).items()}
+    if cfg.get("tie_word_embeddings"):
+        base["lm_head.weight"] = base["model.embed_tokens.weight"]
+    start = ref.read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"))
+    params = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in start.items()}
+    mods = sorted({k[len("base_model.model."):-len(".lora_A.weight")] for k in params if k.endswith(".lora_A.weight")})
+
+    def weights():
+        # x·(W + s·B·A)ᵀ = x·Wᵀ + s·(x·Aᵀ)·Bᵀ: the same function, so the same gradients of A and B
+        w = dict(base)
+        for mname in mods:
+            A = params[f"base_model.model.{mname}.lora_A.weight"]
+            B = params[f"base_model.model.{mname}.lora_B.weight"]
+            w[mname + ".weight"] = base[mname + ".weight"] + s * (B @ A)
+        return w
+
+    seqs = tref.read_sequences(data_path, o["seq_len"])
+    opt = tref.make_optimizer(params, o)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, tref.schedule(o["lr_scheduler"], o["warmup_steps"], o["steps"]))
+    every = list(params.values())
+    log = []
+    for step in range(1, o["steps"] + 1):
+        batches = tref.step_batches(seqs, step, o["batch_size"], o["grad_accum"])
+        n_step = sum(tref.counted_labels(q) for b in batches for q in b)
+        lr = opt.param_groups[0]["lr"]
+        opt.zero_grad(set_to_none=True)
+        loss = 0.0
+        for batch in batches:
+            mb = torch.zeros((), dtype=torch.float64)
+            for q in batch:
+                if tref.counted_labels(q):
+                    logits = gref.forward_logits(cfg, weights(), q)
+                    labels = torch.tensor(list(q[1:]) + [gref.IGNORE])
+                    mb = mb + torch.nn.functional.cross_entropy(logits, labels, ignore_index=gref.IGNORE,
+                                                                reduction="sum")
+            mb = mb / n_step
+            if mb.requires_grad:
+                mb.backward()
+            loss += float(mb.item())
+        for p in every:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if o["max_grad_norm"] and o["max_grad_norm"] > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(every, o["max_grad_norm"]))
+        else:
+            norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in every])))
+        opt.step()
+        sched.step()
+        log.append({"step": step, "loss": loss, "lr": lr, "grad_norm": norm})
+    return log, {k: v.detach().numpy().copy() for k, v in params.items()}
