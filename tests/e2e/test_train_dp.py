@@ -207,7 +207,9 @@ class TrainDataParallel(unittest.TestCase):
     def test_gradient_checkpointing(self):
         """--gradient-checkpointing (each decoder layer recomputed inside its backward) gives bitwise the losses,
         gradient norms and weights of the run without it: one process, TP, TP x dp-shard, dp-shard with the
-        vocabulary-parallel loss."""
+        vocabulary-parallel loss, and a LoRA adapter."""
+        def keys(log):
+            return [(e["step"], e["loss"], e["lr"], e["grad_norm"]) for e in log]
         for model, layout in ((self.qwen3, []), (self.llama, ["--tp", 2]),
                               (self.qwen3, ["--tp", 2, "--dp-shard", 2]),
                               (self.llama, ["--dp-shard", 2, "--loss", "vocab-parallel"])):
@@ -216,13 +218,20 @@ class TrainDataParallel(unittest.TestCase):
                 out = os.path.join(self.work, f"gc-{os.path.basename(model)}-{'-'.join(map(str, layout))}{len(gc)}")
                 run(*self.args(model, out, 1, *layout, *gc))
                 outs.append(out)
-            def keys(log):
-                return [(e["step"], e["loss"], e["lr"], e["grad_norm"]) for e in log]
             self.assertEqual(keys(read_log(outs[1])), keys(read_log(outs[0])), layout)
             self.assertEqual(len(read_log(outs[0])), 5)
             with open(os.path.join(outs[0], "model.safetensors"), "rb") as a, \
                     open(os.path.join(outs[1], "model.safetensors"), "rb") as b:
                 self.assertEqual(a.read(), b.read(), layout)
+        # LoRA's backward reads the layer's recomputed inputs: the adapter is bitwise the same too.
+        outs = []
+        for gc in ([], ["--gradient-checkpointing"]):
+            outs.append(os.path.join(self.work, f"gc-lora{len(gc)}"))
+            run(*self.args(self.llama, outs[-1], 2, "--lora-r", 4, "--lora-target", "q_proj,v_proj,down_proj", *gc))
+        self.assertEqual(keys(read_log(outs[1])), keys(read_log(outs[0])))
+        with open(os.path.join(outs[0], "adapter_model.safetensors"), "rb") as a, \
+                open(os.path.join(outs[1], "adapter_model.safetensors"), "rb") as b:
+            self.assertEqual(a.read(), b.read())
 
     def test_under_mpirun(self):
         if not HAVE_MPI:
