@@ -158,6 +158,19 @@ void tp_silu_mul(float *a, const float *b, int64_t n);
 /* In-place softmax over n values. */
 void tp_softmax(float *x, int64_t n);
 
+/* The AdamW update of n elements (train/optim.c's step, torch 1.13's
+ * single-tensor arithmetic: see kernels/adamw.c), with the per-step
+ * scalars already rounded to f32. */
+typedef struct {
+    float decay;                          /* 1 - lr·weight_decay          */
+    float beta1, one_minus_beta1, beta2, one_minus_beta2;
+    float bc2_sqrt;                       /* sqrt(1 - beta2^t)            */
+    float eps, neg_step_size;             /* -lr / (1 - beta1^t)          */
+} tp_adamw_consts;
+/* decay != 0 applies the decoupled weight decay.  Every path gives the
+ * scalar loop's bits. */
+void tp_adamw_update(const tp_adamw_consts *c, int decay, float *p, const float *g, float *m, float *v, int64_t n);
+
 /* Fused residual add + RMSNorm: x += y (rows × n), then out = rmsnorm(x).
  * Saves one pass over the residual stream.  out may be y (each row of y is
  * read before that row of out is written), not x. */

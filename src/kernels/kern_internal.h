@@ -66,6 +66,8 @@ tp_status tp_gemv_avx2(float *y, const float *x, int64_t T, const void *W, tp_dt
 void tp_rmsnorm_path(tp_kernel_path p, float *out, const float *x, const float *w,
                      int64_t rows, int64_t n, double eps);
 void tp_silu_mul_path(tp_kernel_path p, float *a, const float *b, int64_t n);
+void tp_adamw_update_path(tp_kernel_path path, const tp_adamw_consts *c, int decay, float *p, const float *g,
+                          float *m, float *v, int64_t n);
 void tp_softmax_path(tp_kernel_path p, float *x, int64_t n);
 void tp_rope_apply_table_path(tp_kernel_path p, float *x, int64_t T, int64_t n_heads,
                               int64_t head_dim, const float *table);

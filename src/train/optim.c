@@ -12,6 +12,7 @@
  * its local shard's shape, so the state is sharded exactly as the
  * parameter is, and ranks holding the same shard update it identically. */
 #include "tensorpar/train.h"
+#include "tensorpar/kernels.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -123,9 +124,8 @@ tp_status tp_optim_state(const tp_optim *opt, int i, const char *which, const tp
 /* The per-step scalars, rounded to f32 where torch hands a Python float to
  * an f32 tensor op. */
 typedef struct {
-    float decay;           /* AdamW: 1 - lr·wd; SGD: wd */
-    float beta1, one_minus_beta1, beta2, one_minus_beta2;
-    float bc2_sqrt, eps, neg_step_size;
+    tp_adamw_consts adamw;
+    float decay;           /* SGD: wd */
     float momentum, one_minus_dampening, neg_lr;
     int first;             /* SGD: the momentum buffer is still empty */
 } step_consts;
@@ -134,20 +134,6 @@ typedef struct {
     const tp_optim *opt;
     step_consts c;
 } step_ctx;
-
-static void adamw_range(const step_consts *c, int decay, float *p, const float *g, float *m, float *v,
-                        int64_t b, int64_t e)
-{
-    for (int64_t i = b; i < e; i++) {
-        if (decay) p[i] = p[i] * c->decay;
-        m[i] = m[i] * c->beta1;
-        m[i] = m[i] + c->one_minus_beta1 * g[i];
-        v[i] = v[i] * c->beta2;
-        v[i] = v[i] + c->one_minus_beta2 * g[i] * g[i];
-        float denom = sqrtf(v[i]) / c->bc2_sqrt + c->eps;
-        p[i] = p[i] + c->neg_step_size * m[i] / denom;
-    }
-}
 
 static void sgd_range(const step_consts *c, int decay, int nesterov, float *p, const float *g, float *buf,
                       int64_t b, int64_t e)
@@ -179,7 +165,7 @@ static void step_part(void *vctx, int ti, int nt)
         const float *g = pa->grad->data;
         tp_tensor *s = &opt->state[i * opt->n_state];
         if (opt->o.kind == TP_OPTIM_ADAMW)
-            adamw_range(&sc->c, decay, p, g, s[0].data, s[1].data, b, e);
+            tp_adamw_update(&sc->c.adamw, decay, p + b, g + b, (float *)s[0].data + b, (float *)s[1].data + b, e - b);
         else
             sgd_range(&sc->c, decay, opt->o.nesterov, p, g, opt->n_state ? s[0].data : NULL, b, e);
     }
@@ -196,12 +182,13 @@ tp_status tp_optim_step(tp_optim *opt, double lr)
     double t = (double)(opt->t + 1);
     if (o->kind == TP_OPTIM_ADAMW) {
         double bc1 = 1 - pow(o->beta1, t), bc2 = 1 - pow(o->beta2, t);
-        c->decay = (float)(1 - lr * o->weight_decay);
-        c->beta1 = (float)o->beta1, c->one_minus_beta1 = (float)(1 - o->beta1);
-        c->beta2 = (float)o->beta2, c->one_minus_beta2 = (float)(1 - o->beta2);
-        c->bc2_sqrt = (float)sqrt(bc2);
-        c->eps = (float)o->eps;
-        c->neg_step_size = (float)-(lr / bc1);
+        tp_adamw_consts *a = &c->adamw;
+        a->decay = (float)(1 - lr * o->weight_decay);
+        a->beta1 = (float)o->beta1, a->one_minus_beta1 = (float)(1 - o->beta1);
+        a->beta2 = (float)o->beta2, a->one_minus_beta2 = (float)(1 - o->beta2);
+        a->bc2_sqrt = (float)sqrt(bc2);
+        a->eps = (float)o->eps;
+        a->neg_step_size = (float)-(lr / bc1);
     } else {
         c->decay = (float)o->weight_decay;
         c->momentum = (float)o->momentum;

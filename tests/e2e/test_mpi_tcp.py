@@ -24,6 +24,8 @@ Checks, on each layout:
   - `tensorpar train --tp 2` (tiny llama, 4 steps) logs the shm run's
     losses, gradient norms and learning rates exactly and saves the same
     model.safetensors bytes;
+  - (lo) a TP x DP job, `--tp 2 --dp-shard 2` on four ranks, logs the
+    shm run's losses and saves its bytes;
   - a rank SIGKILLed in the middle of training ends the job within 10 s,
     non-zero, with mpirun's message naming the rank and the signal, and
     leaves no rank process behind;
@@ -120,8 +122,8 @@ class TwoHosts:
                 "sh", BIN, "launch"] + args
 
 
-def lo_mpirun(args):
-    return [MPIRUN, "-n", "2", "--oversubscribe", "--bind-to", "none", "--mca", "btl_tcp_if_include", "lo",
+def lo_mpirun(args, n=2):
+    return [MPIRUN, "-n", str(n), "--oversubscribe", "--bind-to", "none", "--mca", "btl_tcp_if_include", "lo",
             "--mca", "oob_tcp_if_include", "lo"] + TCP + args
 
 
@@ -236,6 +238,26 @@ class MpiOverTcp(unittest.TestCase):
                         self.assertEqual(x[k], y[k], f"{layout}: step {y['step']} {k}")
                 self.assertEqual(slurp(os.path.join(out, "model.safetensors")),
                                  slurp(os.path.join(shm, "model.safetensors")), f"{layout}: saved weights")
+
+    def test_train_tp_x_dp_losses_bitwise(self):
+        """A TP x DP job (tp 2 x dp_shard 2, four ranks) over TCP on the
+        loopback logs the shared-memory run's losses and saves its weights."""
+        args = ["train", "--model", self.tmodel, "--data", self.data, "--steps", 3, "--tp", 2, "--dp-shard", 2,
+                *TRAIN]
+        shm = os.path.join(self.work, "train-dp-shm")
+        run(*args, "--out", shm)
+        out = os.path.join(self.work, "train-dp-lo")
+        e = job_env(mpi=True)
+        cmd = lo_mpirun(["--mca", "mpi_yield_when_idle", "1"] + forwarded(e) + [BIN] + [str(a) for a in args]
+                        + ["--out", out], n=4)
+        p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=180)
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        ref, got = read_log(shm), read_log(out)
+        self.assertEqual([x["step"] for x in got], [1, 2, 3])
+        for x, y in zip(got, ref):
+            for k in ("step", "loss", "grad_norm", "lr"):
+                self.assertEqual(x[k], y[k], f"step {y['step']} {k}")
+        self.assertEqual(slurp(os.path.join(out, "model.safetensors")), slurp(os.path.join(shm, "model.safetensors")))
 
     def kill_during_training(self, layout, victim):
         mark = f"{os.getpid()}-{layout}-{victim}"

@@ -377,6 +377,48 @@ static void test_paths(void)
     print_skipped_paths("test_kernels");
 }
 
+/* The AdamW update: every path gives the scalar loop's bits (with and
+ * without decay, odd lengths, tiny and large gradients), and the scalar
+ * loop equals the update written out in double-free f32 steps. */
+static void test_adamw(void)
+{
+    enum { N = 1031 };
+    float g[N], p0[N], m0[N], v0[N], pr[N], mr[N], vr[N], po[N], mo[N], vo[N];
+    fill(g, N, 1e-3);
+    fill(p0, N, 0.5);
+    fill(m0, N, 1e-3);
+    for (int i = 0; i < N; i++) v0[i] = (float)fabs(1e-6 * tp_rng_normal(&rng));
+    g[0] = 0.0f, g[1] = 1e30f, g[2] = -1e-30f, v0[3] = 0.0f;
+    tp_adamw_consts c = {.decay = 1.0f - 1e-3f * 0.1f, .beta1 = 0.9f, .one_minus_beta1 = 0.1f, .beta2 = 0.999f,
+                         .one_minus_beta2 = (float)(1 - 0.999), .bc2_sqrt = (float)sqrt(1 - 0.999 * 0.999),
+                         .eps = 1e-8f, .neg_step_size = (float)-(1e-3 / (1 - 0.9 * 0.9))};
+    for (int decay = 0; decay < 2; decay++)
+        for (int pi = 0; pi < 3; pi++) {
+            tp_kernel_path path = PATHS[pi];
+            if (!tp_kernel_path_supported(path)) continue;
+            for (int64_t n = 1; n <= N; n += n < 20 ? 1 : 337) {
+                memcpy(pr, p0, sizeof pr), memcpy(mr, m0, sizeof mr), memcpy(vr, v0, sizeof vr);
+                memcpy(po, p0, sizeof po), memcpy(mo, m0, sizeof mo), memcpy(vo, v0, sizeof vo);
+                for (int64_t i = 0; i < n; i++) {   /* the formula, one rounding per operation */
+                    volatile float pi_ = decay ? pr[i] * c.decay : pr[i];
+                    volatile float a = mr[i] * c.beta1, b = c.one_minus_beta1 * g[i];
+                    mr[i] = a + b;
+                    volatile float d = vr[i] * c.beta2, e = c.one_minus_beta2 * g[i];
+                    volatile float f = e * g[i];
+                    vr[i] = d + f;
+                    volatile float q = sqrtf(vr[i]) / c.bc2_sqrt;
+                    volatile float den = q + c.eps, num = c.neg_step_size * mr[i];
+                    volatile float upd = num / den;
+                    pr[i] = pi_ + upd;
+                }
+                tp_adamw_update_path(path, &c, decay, po, g, mo, vo, n);
+                CHECK_MSG(!memcmp(po, pr, sizeof po) && !memcmp(mo, mr, sizeof mo) && !memcmp(vo, vr, sizeof vo),
+                          "adamw %s n=%lld decay=%d differs from the formula's bits", tp_kernel_path_name(path),
+                          (long long)n, decay);
+            }
+        }
+}
+
 int main(void)
 {
     tp_rng_seed(&rng, 1234);
@@ -391,6 +433,7 @@ int main(void)
     test_gemv_split(NULL);
     test_gemv_split(pool3);
     test_elementwise();
+    test_adamw();
     test_rope();
     test_attention(NULL);
     test_attention(pool3);
