@@ -73,6 +73,11 @@ typedef struct tp_model {
     void *on_free_ctx;
     /* LoRA adapters on its Linear modules (tensorpar/lora.h); NULL: none. */
     struct tp_lora *lora;
+    /* What tp_model_forward_backward keeps between steps (the saved
+     * activations' arena, the KV cache, the logits), so that every step
+     * after the first reuses resident pages (models/backward.c); NULL
+     * until the first call. */
+    struct tp_train_ws *train_ws;
 } tp_model;
 
 typedef struct {

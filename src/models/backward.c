@@ -148,6 +148,57 @@ static tp_status check_split(const tp_model *m)
     return tp_plan_check_training(m->tp->res);
 }
 
+/* The buffers of a step that outlive it (m->train_ws): every step after
+ * the first reuses resident pages instead of faulting in — and having the
+ * kernel zero — over a gigabyte of fresh ones (the saved activations, the
+ * KV cache, the logits) at 0.6B parameters and 512 tokens. */
+struct tp_train_ws {
+    tp_arena acts;
+    tp_kv_cache kv;
+    int has_kv;
+    float *logits;
+    size_t logits_bytes;
+};
+
+void tp_model_train_ws_free(tp_model *m)
+{
+    struct tp_train_ws *w = m->train_ws;
+    if (!w) return;
+    tp_arena_release(&w->acts);
+    if (w->has_kv) tp_kv_cache_release(&w->kv);
+    tp_free(w->logits);
+    free(w);
+    m->train_ws = NULL;
+}
+
+/* The workspace for T tokens and `floats` logits, grown when it must be. */
+static tp_status train_ws_get(tp_model *m, int64_t T, size_t floats, struct tp_train_ws **out)
+{
+    if (!m->train_ws && !(m->train_ws = calloc(1, sizeof *m->train_ws)))
+        return tp_fail(TP_ERR_NOMEM, "out of memory");
+    struct tp_train_ws *w = m->train_ws;
+    size_t bytes = (floats ? floats : 1) * sizeof(float);
+    if (bytes > w->logits_bytes) {
+        tp_free(w->logits);
+        w->logits_bytes = 0;
+        if (!(w->logits = tp_alloc(bytes)))
+            return tp_fail(TP_ERR_NOMEM, "out of memory for the logits of %lld tokens", (long long)T);
+        w->logits_bytes = bytes;
+    }
+    if (w->has_kv && w->kv.capacity < T) {
+        tp_kv_cache_release(&w->kv);
+        w->has_kv = 0;
+    }
+    if (!w->has_kv) {
+        tp_status st = tp_kv_cache_init(&w->kv, m, T);
+        if (st) return st;
+        w->has_kv = 1;
+    }
+    tp_kv_cache_reset(&w->kv);
+    *out = w;
+    return TP_OK;
+}
+
 static tp_status step(tp_model *m, const int64_t *tokens, const int64_t *shifted, int64_t T, double count,
                       double *loss_sum)
 {
@@ -158,14 +209,14 @@ static tp_status step(tp_model *m, const int64_t *tokens, const int64_t *shifted
     if (st) return st;
     int64_t cols = mode == HEAD_VOCAB ? vp.cols
                  : mode == HEAD_ROWS ? tp_module_weight(&m->modules[m->lm_head])->shape[0] : V;
-    tp_kv_cache kv;
+    struct tp_train_ws *ws = NULL;
+    st = train_ws_get(m, T, (size_t)(T * (cols > 0 ? cols : 1)), &ws);
+    if (st) return st;
+    tp_kv_cache *kv = &ws->kv;
+    float *logits = ws->logits;
     tp_train_acts save;
-    float *logits = malloc((size_t)(T * (cols > 0 ? cols : 1)) * sizeof(float));
-    if (!logits) return tp_fail(TP_ERR_NOMEM, "out of memory for the logits of %lld tokens", (long long)T);
-    st = tp_kv_cache_init(&kv, m, T);
-    if (st) { free(logits); return st; }
-    st = tp_train_acts_init(&save, m, T);
-    if (!st) st = tp_model_forward_train(m, &kv, tokens, T, mode == HEAD_VOCAB ? NULL : logits, mode == HEAD_ROWS,
+    st = tp_train_acts_init(&save, m, T, &ws->acts);
+    if (!st) st = tp_model_forward_train(m, kv, tokens, T, mode == HEAD_VOCAB ? NULL : logits, mode == HEAD_ROWS,
                                          &save);
     /* the logits become their own gradient */
     if (!st && mode == HEAD_GATHERED) st = tp_cross_entropy(loss_sum, logits, logits, shifted, T, V, count, m->pool);
@@ -175,10 +226,8 @@ static tp_status step(tp_model *m, const int64_t *tokens, const int64_t *shifted
         if (!st && cols > 0) st = tp_matmul_ex(logits, save.h_final, T, vp.W, NULL, m->pool, &m->matmul);
         if (!st) st = tp_cross_entropy_vocab_parallel(loss_sum, logits, logits, shifted, T, V, count, vp.mesh, m->pool);
     }
-    if (!st) st = backward(m, &save, &kv, tokens, T, logits, mode, &vp);
+    if (!st) st = backward(m, &save, kv, tokens, T, logits, mode, &vp);
     tp_train_acts_free(&save);
-    tp_kv_cache_release(&kv);
-    free(logits);
     return st;
 }
 

@@ -168,6 +168,7 @@ void tp_model_free(tp_model *m)
     free(m->layers);
     tp_model_tp_free(m);
     tp_act_arena_free(m);
+    tp_model_train_ws_free(m);
     free(m->inv_freq);
     tp_threadpool_destroy(m->pool);
     if (m->on_free) m->on_free(m->on_free_ctx);

@@ -79,11 +79,11 @@ static tp_status layer_forward(tp_model *m, const tp_module *mod, tp_forward_pas
         st = hook(m, m->hooks ? m->hooks->pre_forward : NULL, c);
         if (!st) st = child->ops->forward(m, child, f);
         if (!st) st = hook(m, m->hooks ? m->hooks->post_forward : NULL, c);
-        if (c == first) mark = tp_arena_mark(&f->save->arena), seen = 1;
+        if (c == first) mark = tp_arena_mark(f->save->arena), seen = 1;
     }
     if (!st && !seen) st = tp_fail(TP_ERR_INTERNAL, "%s: no input_layernorm among its children", mod->name);
     if (!st) {
-        tp_arena_rewind(&f->save->arena, mark);
+        tp_arena_rewind(f->save->arena, mark);
         forget_layer(&f->save->layers[mod->layer]);
     }
     return st;
@@ -92,10 +92,10 @@ static tp_status layer_forward(tp_model *m, const tp_module *mod, tp_forward_pas
 static tp_status layer_backward(tp_model *m, const tp_module *mod, tp_backward_pass *b)
 {
     if (!b->acts || !m->gradient_checkpointing) return tp_module_run_children_backward(m, mod, b);
-    size_t mark = tp_arena_mark(&b->acts->arena);
+    size_t mark = tp_arena_mark(b->acts->arena);
     tp_status st = tp_layer_recompute(m, mod, b->cache, b->tokens, b->T, b->acts);
     if (!st) st = tp_module_run_children_backward(m, mod, b);
-    tp_arena_rewind(&b->acts->arena, mark);
+    tp_arena_rewind(b->acts->arena, mark);
     forget_layer(&b->acts->layers[mod->layer]);
     return st ? tp_fail_context(st, "%s (recomputed for its backward)", mod->name) : TP_OK;
 }

@@ -112,15 +112,19 @@ typedef struct {
 } tp_saved_layer;
 
 typedef struct {
-    tp_arena arena;
+    tp_arena *arena;               /* the model's (tp_train_ws), rewound by init and free */
     int64_t T;
     tp_saved_layer *layers;        /* [num_hidden_layers] */
     float *x_final, *h_final;      /* model.norm's input (after the add) and output */
     float *rope;                   /* the rope table of the pass [T, D]          */
 } tp_train_acts;
 
-tp_status tp_train_acts_init(tp_train_acts *s, const tp_model *m, int64_t T);
+/* Takes `arena` (kept by the caller across steps: its pages stay
+ * resident) from empty, grown to fit T tokens if it must be. */
+tp_status tp_train_acts_init(tp_train_acts *s, const tp_model *m, int64_t T, tp_arena *arena);
 void tp_train_acts_free(tp_train_acts *s);
+/* Frees m->train_ws (tp_model_free). */
+void tp_model_train_ws_free(tp_model *m);
 /* A copy of n floats of src in the arena (NULL: out of memory, reported). */
 float *tp_train_save(tp_train_acts *s, const float *src, int64_t n);
 /* The saved stream and norm slots of a stream norm module. */

@@ -1,7 +1,10 @@
 /* The activations a training forward keeps for its backward: one arena,
  * reserved once for T tokens from the config's (global, so widest) widths,
- * filled by the module forwards when tp_forward_pass.save is set, freed
- * after the backward.  The inference forward never touches it. */
+ * filled by the module forwards when tp_forward_pass.save is set, rewound
+ * after the backward.  The arena is the model's (backward.c's tp_train_ws)
+ * and outlives the step: fresh pages cost a page fault and the kernel's
+ * zeroing each, over a gigabyte a step at 0.6B parameters.  The inference
+ * forward never touches it. */
 #include "tp_module.h"
 
 #include <stdlib.h>
@@ -23,29 +26,30 @@ static size_t bound_floats(const tp_model *m, int64_t T)
     return (size_t)(T * (layer * c->num_hidden_layers + 2 * H + D));
 }
 
-tp_status tp_train_acts_init(tp_train_acts *s, const tp_model *m, int64_t T)
+tp_status tp_train_acts_init(tp_train_acts *s, const tp_model *m, int64_t T, tp_arena *arena)
 {
     memset(s, 0, sizeof *s);
-    tp_arena_init(&s->arena);
+    tp_arena_rewind(arena, 0);
+    s->arena = arena;
     s->T = T;
     s->layers = calloc((size_t)m->cfg.num_hidden_layers, sizeof *s->layers);
     if (!s->layers) return tp_fail(TP_ERR_NOMEM, "out of memory");
     size_t allocs = (size_t)(ALLOCS_PER_LAYER * m->cfg.num_hidden_layers + 3);
     size_t bytes = bound_floats(m, T) * sizeof(float) + allocs * TP_ARENA_ALIGN;
-    tp_status st = tp_arena_reserve(&s->arena, bytes);
+    tp_status st = tp_arena_reserve(s->arena, bytes);
     return st ? tp_fail_context(st, "the saved activations of %lld tokens", (long long)T) : TP_OK;
 }
 
 void tp_train_acts_free(tp_train_acts *s)
 {
-    tp_arena_release(&s->arena);
+    if (s->arena) tp_arena_rewind(s->arena, 0);
     free(s->layers);
     s->layers = NULL;
 }
 
 float *tp_train_save(tp_train_acts *s, const float *src, int64_t n)
 {
-    float *p = tp_arena_alloc(&s->arena, (size_t)(n > 0 ? n : 1) * sizeof(float));
+    float *p = tp_arena_alloc(s->arena, (size_t)(n > 0 ? n : 1) * sizeof(float));
     if (!p) {
         tp_fail(TP_ERR_NOMEM, "the saved activations outgrew their reservation");
         return NULL;
