@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Peak RSS per rank of `tensorpar train --dp-replicate 2` against
 `--dp-shard 2` (ZeRO-3), f32 AdamW, one model preset: VmHWM of every rank
-polled as bench/train_vs_torch.py does, the runs one after the other
+polled by bench/measure.py, the runs one after the other
 (never two at once), the losses printed so that both runs are seen to
 agree.
 
@@ -11,15 +11,12 @@ agree.
     bench/dp_memory.py --preset qwen3-0.6b --configs shard --gradient-checkpointing
 """
 import argparse
-import json
 import os
-import random
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_vs_torch import run_measured  # noqa: E402
+from measure import make_model, train_measured, write_rows  # noqa: E402
 
 
 def main():
@@ -38,16 +35,8 @@ def main():
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="tp-dp-mem-")
     model = os.path.join(work, "model")
-    sets = [x for kv in a.set for x in ("--set", kv)]
-    subprocess.run([a.bin, "make-model", "--arch", "qwen3", "--preset", a.preset, "--dtype", "f32", *sets,
-                    "--out", model], check=True, capture_output=True)
-    with open(os.path.join(model, "config.json")) as f:
-        vocab = json.load(f)["vocab_size"]
-    data = os.path.join(work, "d.jsonl")
-    rng = random.Random(1)
-    with open(data, "w") as f:
-        for _ in range(2 * a.steps):
-            f.write(json.dumps({"input_ids": [rng.randrange(vocab) for _ in range(a.seq_len)]}) + "\n")
+    make_model(a.bin, a.preset, model, a.set)
+    data = write_rows(model, os.path.join(work, "d.jsonl"), 2 * a.steps, a.seq_len, seed=1)
     env = dict(os.environ, OPENBLAS_NUM_THREADS=str(a.threads))
     peaks = {}
     for cfg in a.configs.split(","):
@@ -56,12 +45,8 @@ def main():
                "--batch-size", "1", "--steps", str(a.steps), "--no-shuffle", "--threads", str(a.threads),
                *([] if cfg == "single" else ["--dp-" + cfg, "2"]),
                *(["--gradient-checkpointing"] if a.gradient_checkpointing else [])]
-        rc, text, tree, _ = run_measured(cmd, env)
-        if rc:
-            sys.exit(f"{cfg} failed ({rc}):\n{text[-3000:]}")
-        ranks = sorted((v for v in tree.values() if v > 0), reverse=True)[:1 if cfg == "single" else 2]
-        with open(os.path.join(out, "train_log.jsonl")) as f:
-            losses = [json.loads(line)["loss"] for line in f]
+        ranks, _, log = train_measured(cmd, out, env, 1 if cfg == "single" else 2, cfg)
+        losses = [e["loss"] for e in log]
         peaks[cfg] = ranks[0]
         print(f"{cfg}: peak RSS per rank {[round(r / 2**20, 3) for r in ranks]} GiB, losses {losses}")
     base = peaks.get("replicate", peaks.get("single"))

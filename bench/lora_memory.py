@@ -1,24 +1,21 @@
 #!/usr/bin/python3
 """A LoRA training step against a full fine-tuning step (bench/README.md's
-LoRA targets): peak RSS per rank (VmHWM polled as bench/train_vs_torch.py
-does) and tokens/s (median over the steps after the first) of `tensorpar
-train` at one TP size, f32 AdamW, the two runs one after the other (never
+LoRA targets): peak RSS per rank (VmHWM polled by bench/measure.py) and
+tokens/s (median over the steps after the first) of `tensorpar train` at
+one TP size, f32 AdamW, the two runs one after the other (never
 both at once).
 
     bench/lora_memory.py --bin build/tensorpar --preset qwen3-0.6b --tp 2
     bench/lora_memory.py --preset small --tp 1 --steps 4
 """
 import argparse
-import json
 import os
-import random
 import statistics
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_vs_torch import run_measured  # noqa: E402
+from measure import make_model, train_measured, write_rows  # noqa: E402
 
 
 def main():
@@ -35,16 +32,8 @@ def main():
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="tp-lora-mem-")
     model = os.path.join(work, "model")
-    sets = [x for kv in a.set for x in ("--set", kv)]
-    subprocess.run([a.bin, "make-model", "--arch", "qwen3", "--preset", a.preset, "--dtype", "f32", *sets,
-                    "--out", model], check=True, capture_output=True)
-    with open(os.path.join(model, "config.json")) as f:
-        vocab = json.load(f)["vocab_size"]
-    data = os.path.join(work, "d.jsonl")
-    rng = random.Random(1)
-    with open(data, "w") as f:
-        for _ in range(2 * a.steps):
-            f.write(json.dumps({"input_ids": [rng.randrange(vocab) for _ in range(a.seq_len)]}) + "\n")
+    make_model(a.bin, a.preset, model, a.set)
+    data = write_rows(model, os.path.join(work, "d.jsonl"), 2 * a.steps, a.seq_len, seed=1)
     env = dict(os.environ, OPENBLAS_NUM_THREADS=str(a.threads))
     res = {}
     for cfg in ("full", "lora"):
@@ -52,12 +41,7 @@ def main():
         cmd = [a.bin, "train", "--model", model, "--data", data, "--out", out, "--seq-len", str(a.seq_len),
                "--batch-size", "1", "--steps", str(a.steps), "--no-shuffle", "--threads", str(a.threads),
                "--tp", str(a.tp), *(a.lora.split() if cfg == "lora" else [])]
-        rc, text, tree, maxrss = run_measured(cmd, env)
-        if rc:
-            sys.exit(f"{cfg} failed ({rc}):\n{text[-3000:]}")
-        ranks = sorted((v for v in tree.values() if v > 0), reverse=True)[:a.tp]
-        with open(os.path.join(out, "train_log.jsonl")) as f:
-            log = [json.loads(line) for line in f]
+        ranks, maxrss, log = train_measured(cmd, out, env, a.tp, cfg)
         rate = statistics.median(e["tokens_per_s"] for e in log[1:]) if len(log) > 1 else log[0]["tokens_per_s"]
         res[cfg] = (max(ranks[0], maxrss), rate)
         print(f"{cfg}: peak RSS per rank {[round(r / 2**20, 3) for r in ranks]} GiB, tokens/s {rate:.1f}, "
