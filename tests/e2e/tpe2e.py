@@ -126,7 +126,7 @@ def read_log(out):
     """The entries of OUT/train_log.jsonl (`tensorpar train`'s log), one dict a step."""
     import json
     with open(os.path.join(out, "train_log.jsonl")) as f:
-        return [json.loads(line) for line in f]
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def vocab_size(model):
