@@ -8,40 +8,25 @@ both at once).
     bench/lora_memory.py --bin build/tensorpar --preset qwen3-0.6b --tp 2
     bench/lora_memory.py --preset small --tp 1 --steps 4
 """
-import argparse
 import os
 import statistics
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from measure import make_model, train_measured, write_rows  # noqa: E402
+from measure import memory_args, memory_setup, memory_train  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", default="build/tensorpar")
-    ap.add_argument("--preset", default="small")
+    ap = memory_args(seq_len=256, steps=3)
     ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--lora", default="--lora-r 16 --lora-alpha 32 --lora-target q_proj,k_proj,v_proj,o_proj,"
                     "gate_proj,up_proj,down_proj", help="the LoRA run's options")
-    ap.add_argument("--set", action="append", default=[], help="make-model --set KEY=VALUE (repeatable)")
     a = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="tp-lora-mem-")
-    model = os.path.join(work, "model")
-    make_model(a.bin, a.preset, model, a.set)
-    data = write_rows(model, os.path.join(work, "d.jsonl"), 2 * a.steps, a.seq_len, seed=1)
-    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(a.threads))
+    setup = memory_setup(a, "tp-lora-mem-")
     res = {}
     for cfg in ("full", "lora"):
-        out = os.path.join(work, "out-" + cfg)
-        cmd = [a.bin, "train", "--model", model, "--data", data, "--out", out, "--seq-len", str(a.seq_len),
-               "--batch-size", "1", "--steps", str(a.steps), "--no-shuffle", "--threads", str(a.threads),
-               "--tp", str(a.tp), *(a.lora.split() if cfg == "lora" else [])]
-        ranks, maxrss, log = train_measured(cmd, out, env, a.tp, cfg)
+        extra = ["--tp", str(a.tp), *(a.lora.split() if cfg == "lora" else [])]
+        ranks, maxrss, log = memory_train(a, setup, cfg, a.tp, extra)
         rate = statistics.median(e["tokens_per_s"] for e in log[1:]) if len(log) > 1 else log[0]["tokens_per_s"]
         res[cfg] = (max(ranks[0], maxrss), rate)
         print(f"{cfg}: peak RSS per rank {[round(r / 2**20, 3) for r in ranks]} GiB, tokens/s {rate:.1f}, "

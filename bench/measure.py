@@ -1,12 +1,15 @@
 """What the training benchmarks share (bench/train_vs_torch.py,
 bench/dp_memory.py, bench/lora_memory.py): a command run with the peak RSS
 of every process of its tree polled (each rank is a process), a made model
-and a file of random token rows."""
+and a file of random token rows; and the options, setup and train runs of
+the two memory benchmarks."""
+import argparse
 import json
 import os
 import random
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -92,3 +95,36 @@ def write_rows(model, path, rows, seq_len, seed):
         for _ in range(rows):
             f.write(json.dumps({"input_ids": [rng.randrange(vocab) for _ in range(seq_len)]}) + "\n")
     return path
+
+
+def memory_args(seq_len, steps):
+    """The options of the memory benchmarks (dp_memory, lora_memory): the binary,
+    the made model, the run's size and threads; the caller adds its own."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="build/tensorpar")
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--seq-len", type=int, default=seq_len)
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--set", action="append", default=[], help="make-model --set KEY=VALUE (repeatable)")
+    return ap
+
+
+def memory_setup(a, prefix):
+    """A temporary folder with memory_args' model and 2 x steps token rows;
+    returns (work, model, data, env): env has OPENBLAS_NUM_THREADS = --threads."""
+    work = tempfile.mkdtemp(prefix=prefix)
+    model = os.path.join(work, "model")
+    make_model(a.bin, a.preset, model, a.set)
+    data = write_rows(model, os.path.join(work, "d.jsonl"), 2 * a.steps, a.seq_len, seed=1)
+    return work, model, data, dict(os.environ, OPENBLAS_NUM_THREADS=str(a.threads))
+
+
+def memory_train(a, setup, name, nranks, extra):
+    """One measured `tensorpar train` of a memory benchmark (batch 1, no shuffle,
+    memory_args' sizes) into WORK/out-NAME with the options extra; train_measured's result."""
+    work, model, data, env = setup
+    out = os.path.join(work, "out-" + name)
+    cmd = [a.bin, "train", "--model", model, "--data", data, "--out", out, "--seq-len", str(a.seq_len),
+           "--batch-size", "1", "--steps", str(a.steps), "--no-shuffle", "--threads", str(a.threads), *extra]
+    return train_measured(cmd, out, env, nranks, name)
