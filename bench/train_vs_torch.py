@@ -5,62 +5,14 @@ in interleaved rounds whose order alternates.  See bench/README.md, "Training".
 import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def tree_pids(pid):
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            for t in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{t}/children") as f:
-                    todo += [int(c) for c in f.read().split()]
-        except OSError:
-            pass
-    return out
-
-
-def hwm_kb(pid):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def run_measured(cmd, env):
-    """Runs cmd; returns (rc, stdout, per-process VmHWM in KiB, wait4's maxrss in KiB).
-    VmHWM is polled over the process tree (each rank a process); wait4's figure
-    is the largest single process of the tree, read at its end."""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    peaks, done = {}, threading.Event()
-
-    def poll():
-        while not done.is_set():
-            for p in tree_pids(proc.pid):
-                peaks[p] = max(peaks.get(p, 0), hwm_kb(p))
-            time.sleep(0.1)
-
-    th = threading.Thread(target=poll, daemon=True)
-    th.start()
-    out = proc.stdout.read()
-    _, status, ru = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    done.set()
-    th.join()
-    return proc.returncode, out, peaks, ru.ru_maxrss
+sys.path.insert(0, HERE)
+from measure import make_model, run_measured, train_measured, write_rows  # noqa: E402
 
 
 def tensorpar_run(a, tp, threads, env):
@@ -72,14 +24,8 @@ def tensorpar_run(a, tp, threads, env):
         # tensorpar's backward GEMMs call OpenBLAS (src/kernels/matmul.c), which otherwise
         # starts one thread per core in every rank: 2 ranks x 2 threads on 2 cores
         env = dict(env, OPENBLAS_NUM_THREADS=str(threads))
-    rc, out, peaks, maxrss = run_measured(cmd, env)
-    if rc != 0:
-        sys.exit(f"tensorpar train failed ({rc}):\n{out[-3000:]}")
-    with open(os.path.join(out_dir, "train_log.jsonl")) as f:
-        log = [json.loads(line) for line in f if line.strip()]
+    ranks, maxrss, log = train_measured(cmd, out_dir, env, tp, "tensorpar train")
     rates = [e["tokens_per_s"] for e in log[1:]]   # step 1 is the warm-up
-    # the per-rank peaks: the ranks are the processes of the tree that hold the model
-    ranks = sorted((v for v in peaks.values() if v > 0), reverse=True)[:tp]
     return statistics.median(rates), max(ranks[0] if ranks else 0, maxrss), ranks, [e["loss"] for e in log]
 
 
@@ -99,14 +45,8 @@ def torch_run(a, threads, env):
 def prepare(a):
     os.makedirs(a.work, exist_ok=True)
     if not os.path.exists(os.path.join(a.model, "config.json")):
-        subprocess.run([a.bin, "make-model", "--arch", "qwen3", "--preset", a.preset, "--dtype", "f32",
-                        "--out", a.model], check=True)
-    with open(os.path.join(a.model, "config.json")) as f:
-        vocab = json.load(f)["vocab_size"]
-    rng = random.Random(0)
-    with open(a.data, "w") as f:
-        for _ in range(a.steps * a.batch_size):
-            f.write(json.dumps({"input_ids": [rng.randrange(vocab) for _ in range(a.seq_len)]}) + "\n")
+        make_model(a.bin, a.preset, a.model, quiet=False)
+    write_rows(a.model, a.data, a.steps * a.batch_size, a.seq_len, seed=0)
 
 
 def fmt(vals, unit=""):

@@ -241,20 +241,31 @@ tp_status tp_model_load_adapter(tp_model *m, const char *dir, int merge)
     return TP_OK;
 }
 
+/* y[T, out] += scale · a·Bᵀ: the adapter's second half, the same for a Linear
+ * and an embedding once a[T, r] (x·Aᵀ, or A's looked-up columns) is made. */
+static tp_status add_up_projection(tp_model *m, const lora_entry *e, const float *a, int64_t T, float *y)
+{
+    int64_t out = e->B.shape[0];
+    float *d = malloc((size_t)(T * out) * sizeof(float));
+    if (!d) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    tp_status s = tp_matmul_ex(d, a, T, &e->B, NULL, m->pool, &m->matmul);
+    float scale = m->lora->scale;
+    for (int64_t i = 0; !s && i < T * out; i++) y[i] += scale * d[i];
+    free(d);
+    return s;
+}
+
 tp_status tp_lora_apply(tp_model *m, const tp_module *lin, const float *x, int64_t T, float *y)
 {
     if (!m->lora) return TP_OK;
     const lora_entry *e = m->lora->by_module[lin - m->modules];
     if (!e) return TP_OK;
-    int64_t r = e->A.shape[0], out = e->B.shape[0];
-    float *a = malloc((size_t)(T * r) * sizeof(float)), *d = malloc((size_t)(T * out) * sizeof(float));
-    tp_status s = a && d ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    int64_t r = e->A.shape[0];
+    float *a = malloc((size_t)(T * r) * sizeof(float));
+    tp_status s = a ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
     if (!s) s = tp_matmul_ex(a, x, T, &e->A, NULL, m->pool, &m->matmul);
-    if (!s) s = tp_matmul_ex(d, a, T, &e->B, NULL, m->pool, &m->matmul);
-    float scale = m->lora->scale;
-    for (int64_t i = 0; !s && i < T * out; i++) y[i] += scale * d[i];
+    if (!s) s = add_up_projection(m, e, a, T, y);
     free(a);
-    free(d);
     return s;
 }
 
@@ -263,9 +274,9 @@ tp_status tp_lora_apply_embedding(tp_model *m, const tp_module *emb, const int64
     if (!m->lora) return TP_OK;
     const lora_entry *e = m->lora->by_module[emb - m->modules];
     if (!e) return TP_OK;
-    int64_t r = e->A.shape[0], Vl = e->A.shape[1], H = e->B.shape[0];
-    float *a = malloc((size_t)(T * r) * sizeof(float)), *d = malloc((size_t)(T * H) * sizeof(float));
-    tp_status s = a && d ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    int64_t r = e->A.shape[0], Vl = e->A.shape[1];
+    float *a = malloc((size_t)(T * r) * sizeof(float));
+    tp_status s = a ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
     const float *A = e->A.data;
     /* the masked lookup of A's transposed table: ids on another rank give
      * zeros, and the base's all-reduce adds the ranks' terms */
@@ -273,10 +284,7 @@ tp_status tp_lora_apply_embedding(tp_model *m, const tp_module *emb, const int64
         int64_t col = vocab_column(e, ids[t]);
         for (int64_t k = 0; k < r; k++) a[t * r + k] = col < 0 ? 0.0f : A[k * Vl + col];
     }
-    if (!s) s = tp_matmul_ex(d, a, T, &e->B, NULL, m->pool, &m->matmul);
-    float scale = m->lora->scale;
-    for (int64_t i = 0; !s && i < T * H; i++) y[i] += scale * d[i];
+    if (!s) s = add_up_projection(m, e, a, T, y);
     free(a);
-    free(d);
     return s;
 }

@@ -29,15 +29,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
-from tpe2e import BIN, HAVE_MPI, MPI_SKIP, job_env, run  # noqa: E402
+from tpe2e import BIN, HAVE_MPI, MPI_SKIP, job_env, read_log, run, write_token_rows  # noqa: E402
 import hf_reference as st_reader  # noqa: E402
 
 TOL = 1e-5
-
-
-def read_log(out):
-    with open(os.path.join(out, "train_log.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 def model_files(d):
@@ -92,10 +87,7 @@ class Checkpoint(unittest.TestCase):
             "--set", "num_key_value_heads=3", "--set", "head_dim=8", "--set", "intermediate_size=100",
             "--set", "tie_word_embeddings=true", "--out", cls.qwen3)
         rng = np.random.default_rng(3)
-        cls.data = os.path.join(cls.work, "d.jsonl")
-        with open(cls.data, "w") as f:
-            for _ in range(16):
-                f.write(json.dumps({"input_ids": [int(x) for x in rng.integers(0, 500, rng.integers(6, 20))]}) + "\n")
+        cls.data = write_token_rows(os.path.join(cls.work, "d.jsonl"), rng, 16, 500, lambda i: int(rng.integers(6, 20)))
 
     @classmethod
     def tearDownClass(cls):

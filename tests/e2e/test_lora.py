@@ -18,7 +18,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 sys.path.insert(0, HERE)
-from tpe2e import rel, run, tp_logits  # noqa: E402
+from tpe2e import read_log, rel, run, tp_logits, vocab_size, write_token_rows  # noqa: E402
 import peft_reference as peft  # noqa: E402
 
 TOL = 1e-5
@@ -124,15 +124,9 @@ FLAGS = dict(seq_len="--seq-len", batch_size="--batch-size", grad_accum="--grad-
 
 
 def make_data(model, lines=24, seed=0):
-    with open(os.path.join(model, "config.json")) as f:
-        vocab = json.load(f)["vocab_size"]
-    path = os.path.join(WORK, f"data-{seed}.jsonl")
     rng = np.random.default_rng(seed)
-    with open(path, "w") as f:
-        for _ in range(lines):
-            n = int(rng.integers(3, SEQ_LEN + 5))
-            f.write(json.dumps({"input_ids": [int(t) for t in rng.integers(0, vocab, size=n)]}) + "\n")
-    return path
+    return write_token_rows(os.path.join(WORK, f"data-{seed}.jsonl"), rng, lines, vocab_size(model),
+                            lambda i: int(rng.integers(3, SEQ_LEN + 5)))
 
 
 def train(model, data, out, tp, opts, *extra):
@@ -141,8 +135,7 @@ def train(model, data, out, tp, opts, *extra):
     for k, v in opts.items():
         args += [FLAGS[k], v]
     run(*args)
-    with open(os.path.join(out, "train_log.jsonl")) as f:
-        log = [json.loads(line) for line in f if line.strip()]
+    log = read_log(out)
     return log, peft.ref.read_safetensors(os.path.join(out, "adapter_model.safetensors"))
 
 

@@ -44,7 +44,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tpe2e import BIN, HAVE_MPI, MPI_SKIP, job_env, run  # noqa: E402
+from tpe2e import BIN, HAVE_MPI, MPI_SKIP, job_env, read_log, run  # noqa: E402
 
 MPIRUN = shutil.which("mpirun") if HAVE_MPI else None
 TCP = ["--mca", "pml", "ob1", "--mca", "btl", "tcp,self"]
@@ -132,11 +132,6 @@ def forwarded(env, *names):
     agent, like ssh, passes nothing on by itself."""
     keep = [v for v in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS") + names if v in env]
     return [a for v in keep for a in ("-x", v)]
-
-
-def read_log(out):
-    with open(os.path.join(out, "train_log.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 def slurp(path):

@@ -15,7 +15,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
-from tpe2e import run, tp_logits  # noqa: E402
+from tpe2e import make_train_models, read_log, run, tp_logits, write_token_rows  # noqa: E402
 import hf_reference as st_reader  # noqa: E402
 
 TOL = 1e-5
@@ -26,26 +26,15 @@ def read_safetensors(path):
     return st_reader.read_safetensors(path, np.float32)
 
 
-def read_log(out):
-    with open(os.path.join(out, "train_log.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
 class Train(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.work = cls.tmp.name
-        cls.llama = os.path.join(cls.work, "llama")
-        run("make-model", "--arch", "llama", "--preset", "tiny", "--dtype", "f32", "--out", cls.llama)
-        cls.qwen3 = os.path.join(cls.work, "qwen3")
-        run("make-model", "--arch", "qwen3", "--preset", "tiny", "--dtype", "f32", "--set",
-            "tie_word_embeddings=true", "--out", cls.qwen3)
+        cls.llama, cls.qwen3 = make_train_models(cls.work)
         rng = np.random.default_rng(7)
-        cls.data = os.path.join(cls.work, "d.jsonl")
-        with open(cls.data, "w") as f:
-            for _ in range(16):   # lengths around seq-len: truncated and padded rows
-                f.write(json.dumps({"input_ids": [int(x) for x in rng.integers(0, 500, rng.integers(6, 20))]}) + "\n")
+        # lengths around seq-len: truncated and padded rows
+        cls.data = write_token_rows(os.path.join(cls.work, "d.jsonl"), rng, 16, 500, lambda i: int(rng.integers(6, 20)))
 
     @classmethod
     def tearDownClass(cls):

@@ -6,7 +6,6 @@ weights after 5 steps of ONE process on the global batch (batch size x dp)
 within 1e-5, with --check-replicas covering the dp copies, and with
 gradient accumulation; a product of sizes that is not the world size is
 refused naming the three sizes and the world size (spec §9.4's message)."""
-import json
 import os
 import subprocess
 import sys
@@ -17,15 +16,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
-from tpe2e import BIN, HAVE_MPI, job_env, run  # noqa: E402
+from tpe2e import BIN, HAVE_MPI, job_env, make_train_models, read_log, run, write_token_rows  # noqa: E402
 import hf_reference as st_reader  # noqa: E402
 
 TOL = 1e-5
-
-
-def read_log(out):
-    with open(os.path.join(out, "train_log.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 class TrainDataParallel(unittest.TestCase):
@@ -33,17 +27,11 @@ class TrainDataParallel(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.work = cls.tmp.name
-        cls.llama = os.path.join(cls.work, "llama")
-        run("make-model", "--arch", "llama", "--preset", "tiny", "--dtype", "f32", "--out", cls.llama)
-        cls.qwen3 = os.path.join(cls.work, "qwen3")
-        run("make-model", "--arch", "qwen3", "--preset", "tiny", "--dtype", "f32", "--set",
-            "tie_word_embeddings=true", "--out", cls.qwen3)
+        cls.llama, cls.qwen3 = make_train_models(cls.work)
         rng = np.random.default_rng(11)
-        cls.data = os.path.join(cls.work, "d.jsonl")
-        with open(cls.data, "w") as f:
-            for i in range(40):   # truncated and padded rows; one row that counts no label
-                n = 1 if i == 5 else int(rng.integers(6, 20))
-                f.write(json.dumps({"input_ids": [int(x) for x in rng.integers(0, 500, n)]}) + "\n")
+        # truncated and padded rows; one row that counts no label
+        cls.data = write_token_rows(os.path.join(cls.work, "d.jsonl"), rng, 40, 500,
+                                    lambda i: 1 if i == 5 else int(rng.integers(6, 20)))
         cls.refs = {}
 
     @classmethod

@@ -52,7 +52,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 sys.path.insert(0, HERE)
-from tpe2e import BIN  # noqa: E402
+from tpe2e import BIN, read_log, vocab_size, write_token_rows  # noqa: E402
 import hf_reference_grad as gref  # noqa: E402
 import hf_reference_train as tref  # noqa: E402
 import hf_reference as st_reader  # noqa: E402
@@ -116,15 +116,10 @@ def make_model(name, arch, sets):
 
 def make_data(model, seed=0):
     """LINES lines of random ids, 3 to SEQ_LEN + 12 long: some cut, most padded."""
-    with open(os.path.join(model, "config.json")) as f:
-        vocab = json.load(f)["vocab_size"]
-    path = os.path.join(WORK, f"data-{vocab}-{seed}.jsonl")
+    vocab = vocab_size(model)
     rng = np.random.default_rng(seed)
-    with open(path, "w") as f:
-        for _ in range(LINES):
-            n = int(rng.integers(3, SEQ_LEN + 13))
-            f.write(json.dumps({"input_ids": [int(t) for t in rng.integers(0, vocab, size=n)]}) + "\n")
-    return path
+    return write_token_rows(os.path.join(WORK, f"data-{vocab}-{seed}.jsonl"), rng, LINES, vocab,
+                            lambda i: int(rng.integers(3, SEQ_LEN + 13)))
 
 
 def read_safetensors(path):
@@ -143,8 +138,7 @@ def engine_train(model, data, opts, tp, out):
     for k, v in opts.items():
         args += [CLI_FLAGS[k], v]
     run(args)
-    with open(os.path.join(out, "train_log.jsonl")) as f:
-        log = [json.loads(line) for line in f if line.strip()]
+    log = read_log(out)
     return log, read_safetensors(os.path.join(out, "model.safetensors"))
 
 
@@ -199,8 +193,7 @@ class TestReferenceItself(unittest.TestCase):
             args += [CLI_FLAGS[k], str(v)]
         self.assertEqual(tref.main(args), 0)
         log, want = tref.reference_train(d, data, **o)
-        with open(os.path.join(out, "train_log.jsonl")) as f:
-            self.assertEqual([json.loads(line) for line in f], log)
+        self.assertEqual(read_log(out), log)
         got = read_safetensors(os.path.join(out, "model.safetensors"))
         self.assertEqual(set(got), set(want))
         for k in want:

@@ -120,3 +120,39 @@ def rel(a, b):
     """max |a - b| relative to max |b|."""
     import numpy as np
     return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def read_log(out):
+    """The entries of OUT/train_log.jsonl (`tensorpar train`'s log), one dict a step."""
+    import json
+    with open(os.path.join(out, "train_log.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def vocab_size(model):
+    """vocab_size of a model directory's config.json."""
+    import json
+    with open(os.path.join(model, "config.json")) as f:
+        return json.load(f)["vocab_size"]
+
+
+def write_token_rows(path, rng, rows, vocab, length):
+    """A `tensorpar train` .jsonl of `rows` lines of input_ids: line i holds
+    length(i) ids in [0, vocab) drawn from rng (a numpy Generator) after the
+    length.  Returns path."""
+    import json
+    with open(path, "w") as f:
+        for i in range(rows):
+            n = length(i)
+            f.write(json.dumps({"input_ids": [int(t) for t in rng.integers(0, vocab, size=n)]}) + "\n")
+    return path
+
+
+def make_train_models(work):
+    """The two tiny f32 models the training tests share, made in work: (llama,
+    qwen3 with tied embeddings)."""
+    llama, qwen3 = os.path.join(work, "llama"), os.path.join(work, "qwen3")
+    run("make-model", "--arch", "llama", "--preset", "tiny", "--dtype", "f32", "--out", llama)
+    run("make-model", "--arch", "qwen3", "--preset", "tiny", "--dtype", "f32", "--set", "tie_word_embeddings=true",
+        "--out", qwen3)
+    return llama, qwen3

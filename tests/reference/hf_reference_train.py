@@ -151,24 +151,12 @@ def make_optimizer(params, o):
 
 # ---- the steps ------------------------------------------------------------------
 
-def reference_train(model_dir, data_path, **opts):
-    """Runs opts["steps"] optimizer steps; returns (log, params): log is a list of
-    {"step", "loss", "lr", "grad_norm"}, params {HF name: float64 NumPy} after the last step
-    (a tied lm_head has no entry of its own, as in the checkpoint's sense of one tensor)."""
-    o = dict(DEFAULTS)
-    unknown = set(opts) - set(o)
-    if unknown:
-        raise TypeError(f"unknown options {sorted(unknown)}")
-    o.update(opts)
-    with open(os.path.join(model_dir, "config.json")) as f:
-        cfg = json.load(f)
-    weights = model_ref.load_weights(model_dir)
-    if cfg.get("tie_word_embeddings"):
-        weights.pop("lm_head.weight", None)
+def train_steps(params, seqs, o, forward, vocab):
+    """Trainer's o["steps"] optimizer steps on params {name: leaf tensor} over
+    the token sequences seqs; forward(seq) gives one sequence's logits from
+    the current params.  Returns the log: a list of {"step", "loss", "lr",
+    "grad_norm"}.  reference_train's loop, and peft_reference's with LoRA."""
     dt = getattr(torch, o["dtype"])
-    params = {k: torch.tensor(v, dtype=dt, requires_grad=True) for k, v in weights.items()}
-    seqs = read_sequences(data_path, o["seq_len"])
-    vocab = cfg["vocab_size"]
     opt = make_optimizer(params, o)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule(o["lr_scheduler"], o["warmup_steps"], o["steps"]))
     every = list(params.values())
@@ -187,9 +175,8 @@ def reference_train(model_dir, data_path, **opts):
                 if any(t < 0 or t >= vocab for t in s):
                     raise ValueError(f"step {step}: an id outside the vocabulary [0, {vocab})")
                 if counted_labels(s):
-                    logits = model_ref.forward_logits(cfg, params, s)
                     labels = torch.tensor(list(s[1:]) + [model_ref.IGNORE])
-                    mb = mb + torch.nn.functional.cross_entropy(logits, labels, ignore_index=model_ref.IGNORE,
+                    mb = mb + torch.nn.functional.cross_entropy(forward(s), labels, ignore_index=model_ref.IGNORE,
                                                                 reduction="sum")
             if o["loss_norm"] == "step":
                 mb = mb / n_step
@@ -208,6 +195,27 @@ def reference_train(model_dir, data_path, **opts):
         opt.step()
         sched.step()
         log.append({"step": step, "loss": loss, "lr": lr, "grad_norm": norm})
+    return log
+
+
+def reference_train(model_dir, data_path, **opts):
+    """Runs opts["steps"] optimizer steps; returns (log, params): log is a list of
+    {"step", "loss", "lr", "grad_norm"}, params {HF name: float64 NumPy} after the last step
+    (a tied lm_head has no entry of its own, as in the checkpoint's sense of one tensor)."""
+    o = dict(DEFAULTS)
+    unknown = set(opts) - set(o)
+    if unknown:
+        raise TypeError(f"unknown options {sorted(unknown)}")
+    o.update(opts)
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    weights = model_ref.load_weights(model_dir)
+    if cfg.get("tie_word_embeddings"):
+        weights.pop("lm_head.weight", None)
+    dt = getattr(torch, o["dtype"])
+    params = {k: torch.tensor(v, dtype=dt, requires_grad=True) for k, v in weights.items()}
+    seqs = read_sequences(data_path, o["seq_len"])
+    log = train_steps(params, seqs, o, lambda s: model_ref.forward_logits(cfg, params, s), cfg["vocab_size"])
     return log, {k: v.detach().numpy().copy() for k, v in params.items()}
 
 

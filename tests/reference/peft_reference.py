@@ -132,36 +132,5 @@ def lora_reference_train(model_dir, adapter_dir, data_path, **opts):
         return w
 
     seqs = tref.read_sequences(data_path, o["seq_len"])
-    opt = tref.make_optimizer(params, o)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, tref.schedule(o["lr_scheduler"], o["warmup_steps"], o["steps"]))
-    every = list(params.values())
-    log = []
-    for step in range(1, o["steps"] + 1):
-        batches = tref.step_batches(seqs, step, o["batch_size"], o["grad_accum"])
-        n_step = sum(tref.counted_labels(q) for b in batches for q in b)
-        lr = opt.param_groups[0]["lr"]
-        opt.zero_grad(set_to_none=True)
-        loss = 0.0
-        for batch in batches:
-            mb = torch.zeros((), dtype=torch.float64)
-            for q in batch:
-                if tref.counted_labels(q):
-                    logits = gref.forward_logits(cfg, weights(), q)
-                    labels = torch.tensor(list(q[1:]) + [gref.IGNORE])
-                    mb = mb + torch.nn.functional.cross_entropy(logits, labels, ignore_index=gref.IGNORE,
-                                                                reduction="sum")
-            mb = mb / n_step
-            if mb.requires_grad:
-                mb.backward()
-            loss += float(mb.item())
-        for p in every:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        if o["max_grad_norm"] and o["max_grad_norm"] > 0:
-            norm = float(torch.nn.utils.clip_grad_norm_(every, o["max_grad_norm"]))
-        else:
-            norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in every])))
-        opt.step()
-        sched.step()
-        log.append({"step": step, "loss": loss, "lr": lr, "grad_norm": norm})
+    log = tref.train_steps(params, seqs, o, lambda q: gref.forward_logits(cfg, weights(), q), cfg["vocab_size"])
     return log, {k: v.detach().numpy().copy() for k, v in params.items()}

@@ -293,19 +293,33 @@ static int group_is(const tp_mesh *m, const char *name, const char *want, int ra
     return 0;
 }
 
+/* The model's logits [3, V] for ids 1, 2, 3 (malloc'd): what the parent
+ * writes as the unsplit logits and every rank's model must give. */
+static float *logits_123(tp_model *m)
+{
+    int64_t ids[3] = {1, 2, 3};
+    float *out = malloc((size_t)(3 * m->cfg.vocab_size) * sizeof(float));
+    tp_kv_cache kv;
+    CHECK(tp_kv_cache_init(&kv, m, 3) == TP_OK && tp_model_forward(m, &kv, ids, 3, out, 1) == TP_OK);
+    tp_kv_cache_release(&kv);
+    return out;
+}
+
+/* DIR/unsplit.f32, the parent's logits file, opened in mode. */
+static FILE *open_unsplit(const char *dir, const char *mode)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/unsplit.f32", dir);
+    return fopen(path, mode);
+}
+
 /* The model's logits for ids 1, 2, 3 against the unsplit ones the parent
  * wrote, within 1e-5. */
 static void check_logits(tp_model *m, const char *dir, int me, const char *what)
 {
-    int64_t ids[3] = {1, 2, 3};
     int64_t V = m->cfg.vocab_size;
-    float *got = malloc((size_t)(3 * V) * sizeof(float)), *want = malloc((size_t)(3 * V) * sizeof(float));
-    tp_kv_cache kv;
-    CHECK(tp_kv_cache_init(&kv, m, 3) == TP_OK && tp_model_forward(m, &kv, ids, 3, got, 1) == TP_OK);
-    tp_kv_cache_release(&kv);
-    char path[4200];
-    snprintf(path, sizeof path, "%s/unsplit.f32", dir);
-    FILE *f = fopen(path, "rb");
+    float *got = logits_123(m), *want = malloc((size_t)(3 * V) * sizeof(float));
+    FILE *f = open_unsplit(dir, "rb");
     CHECK(f && fread(want, sizeof(float), (size_t)(3 * V), f) == (size_t)(3 * V));
     if (f) fclose(f);
     double err = 0;
@@ -416,14 +430,9 @@ static void run_ranks(char **argv)
     CHECK(tp_model_from_pretrained(&m, dir, TP_F32, &c) == TP_OK && tp_model_world(m) == NULL &&
           tp_model_tp_mesh(m) == NULL);
     if (m) {
-        int64_t ids[3] = {1, 2, 3}, V = m->cfg.vocab_size;
-        float *logits = malloc((size_t)(3 * V) * sizeof(float));
-        tp_kv_cache kv;
-        CHECK(tp_kv_cache_init(&kv, m, 3) == TP_OK && tp_model_forward(m, &kv, ids, 3, logits, 1) == TP_OK);
-        tp_kv_cache_release(&kv);
-        char path[4200];
-        snprintf(path, sizeof path, "%s/unsplit.f32", dir);
-        FILE *f = fopen(path, "wb");
+        int64_t V = m->cfg.vocab_size;
+        float *logits = logits_123(m);
+        FILE *f = open_unsplit(dir, "wb");
         CHECK(f && fwrite(logits, sizeof(float), (size_t)(3 * V), f) == (size_t)(3 * V));
         if (f) fclose(f);
         free(logits);

@@ -16,7 +16,7 @@
  * shards the whole parameters narrowed, and tp_check_replicated must pass,
  * then catch a replica changed on one rank.  Prints
  *   worker_optim: rank R of P: N checks, F failed   and  norm <step> <%a>. */
-#include "worker_args.h"
+#include "worker_check.h"
 #include "tensorpar/comm.h"
 #include "tensorpar/io.h"
 #include "tensorpar/train.h"
@@ -26,13 +26,6 @@
 #include <string.h>
 
 static const char *prog = "worker_optim";
-static long checks, failures;
-
-#define EXPECT(cond, ...) do { \
-    checks++; \
-    if (!(cond)) { failures++; fprintf(stderr, "%s: line %d: ", prog, __LINE__); \
-                   fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } \
-} while (0)
 
 static void *xcalloc(size_t n, size_t sz)
 {

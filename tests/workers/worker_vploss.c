@@ -25,7 +25,7 @@
  * and per case:     loss <case> <%a of the loss>   (the same on every rank)
  *                   err <case> <loss rel. error> <gradient rel. error>
  *                   mem <case> <vp bytes> <gathered bytes> */
-#include "worker_args.h"
+#include "worker_check.h"
 #include "tensorpar/comm.h"
 #include "tensorpar/kernels.h"
 #include "tensorpar/train.h"
@@ -37,13 +37,6 @@
 #include <string.h>
 
 static const char *prog = "worker_vploss";
-static long checks, failures;
-
-#define EXPECT(cond, ...) do { \
-    checks++; \
-    if (!(cond)) { failures++; fprintf(stderr, "%s: line %d: ", prog, __LINE__); \
-                   fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } \
-} while (0)
 
 /* ---- allocation counters (the --wrap targets) --------------------------- */
 
@@ -260,24 +253,12 @@ static void run_case(const vp_case *c, const tp_mesh *mesh, tp_threadpool *pool,
     free(full), free(dref), free(labels), free(local), free(dl), free(work);
 }
 
+static void run_cases(tp_mesh *mesh, tp_threadpool *pool, uint64_t seed)
+{
+    for (int i = 0; i < NCASES; i++) run_case(&cases[i], mesh, pool, seed + (uint64_t)i);
+}
+
 int main(int argc, char **argv)
 {
-    enum { SEED, NOPTS };
-    worker_opt o[NOPTS] = {{"--seed", 1, NULL}};
-    double seed;
-    if (worker_parse(prog, argc, argv, o, NOPTS) || worker_number(prog, &o[SEED], 7, &seed)) return 2;
-    tp_group *world;
-    tp_mesh *mesh;
-    tp_threadpool *pool;
-    if (tp_comm_init(&world, NULL)) return fprintf(stderr, "%s: %s\n", prog, tp_error()), 1;
-    if (tp_mesh_new_1d(world, "tp", &mesh)) return fprintf(stderr, "%s: %s\n", prog, tp_error()), 1;
-    if (tp_threadpool_create(&pool, 3)) return fprintf(stderr, "%s: %s\n", prog, tp_error()), 1;
-    for (int i = 0; i < NCASES; i++) run_case(&cases[i], mesh, pool, (uint64_t)seed + (uint64_t)i);
-    int rc = tp_comm_barrier(world) ? 1 : 0;
-    printf("%s: rank %d of %d: %ld checks, %ld failed\n", prog, tp_mesh_coord(mesh, 0), tp_mesh_size(mesh, 0),
-           checks, failures);
-    tp_threadpool_destroy(pool);
-    tp_mesh_free(mesh);
-    tp_group_free(world);
-    return rc || failures ? 1 : 0;
+    return worker_mesh_main(prog, argc, argv, 7, run_cases);
 }
