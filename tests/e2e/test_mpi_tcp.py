@@ -128,9 +128,12 @@ def lo_mpirun(args, n=2):
 
 
 def forwarded(env, *names):
-    """mpirun's -x for the sanitizers' settings and `names`: the two-host
-    agent, like ssh, passes nothing on by itself."""
-    keep = [v for v in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS") + names if v in env]
+    """mpirun's -x for the sanitizers' settings, every TENSORPAR_* set (a
+    forced TENSORPAR_ISA must reach the remote rank too, or it computes on
+    another kernel path than the shm run it is compared with) and `names`:
+    the two-host agent, like ssh, passes nothing on by itself."""
+    ours = tuple(sorted(v for v in env if v.startswith("TENSORPAR_") and v != "TENSORPAR_BIN"))
+    keep = [v for v in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS") + ours + names if v in env]
     return [a for v in keep for a in ("-x", v)]
 
 
