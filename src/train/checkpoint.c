@@ -20,6 +20,11 @@
  *                        step count and the data position (epoch, index
  *                        into its order, batch size, accumulation,
  *                        shuffle, seed).
+ * A resume reads the weights, the optimizer files and trainer_state.json
+ * only: that file holds the step, the seed and the data position, from
+ * which the schedule and the shuffle order follow, so scheduler.json and
+ * rng_state.json are written for a reader (and Trainer's layout) and are
+ * not read back.
  *
  * The directory is written and renamed atomically (models/save_dir.c), so
  * every checkpoint-<step>/ that exists is complete; old ones beyond the

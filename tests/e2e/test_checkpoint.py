@@ -16,6 +16,7 @@
 import filecmp
 import json
 import os
+import shutil
 import random
 import resource
 import signal
@@ -68,6 +69,16 @@ def read_model(d):
         out.update(st_reader.read_safetensors(os.path.join(d, f), np.float32))
     return out
 
+
+
+def slurp_dir(d):
+    """Every file of d (not recursive) by name, its bytes."""
+    out = {}
+    for n in sorted(os.listdir(d)):
+        if os.path.isfile(os.path.join(d, n)):
+            with open(os.path.join(d, n), "rb") as f:
+                out[n] = f.read()
+    return out
 
 class Checkpoint(unittest.TestCase):
     @classmethod
@@ -195,6 +206,30 @@ class Checkpoint(unittest.TestCase):
             wo = read_model(other)
             for k in wf:
                 self.assertLess(float(np.abs(wf[k] - wo[k]).max()), TOL, f"TP={tp}: {k}")
+
+    def test_corrupt_checkpoint_is_refused(self):
+        """A damaged checkpoint file stops the resume with the file's name and
+        a non-zero exit; the checkpoint itself is left as it was."""
+        part, _ = self.train("corrupt", "--save-every", 2, steps=2)
+        ck = os.path.join(part, "checkpoint-2")
+        opt = sorted(f for f in os.listdir(ck) if f.startswith("optimizer") and f.endswith(".safetensors"))[0]
+        cases = (("trainer_state.json", lambda f: f.write(b"garbage{"), "trainer_state.json"),
+                 (opt, lambda f: f.truncate(200), opt),
+                 (sorted(f for f in model_files(ck) if f.endswith(".safetensors"))[0], lambda f: f.truncate(300),
+                  ".safetensors"))
+        for name, damage, needle in cases:
+            with self.subTest(file=name):
+                bad = os.path.join(self.work, "corrupt-" + name.replace(".", "-"))
+                shutil.copytree(part, bad)
+                with open(os.path.join(bad, "checkpoint-2", name), "r+b") as f:
+                    f.seek(0)
+                    damage(f)
+                before = slurp_dir(os.path.join(bad, "checkpoint-2"))
+                _, p = self.train(os.path.basename(bad), "--resume", "latest", check=False)
+                self.assertNotEqual(p.returncode, 0)
+                self.assertIn(needle, p.stderr)
+                self.assertIn("error", p.stderr)
+                self.assertEqual(slurp_dir(os.path.join(bad, "checkpoint-2")), before)
 
     def test_resume_bf16_sgd_is_bitwise(self):
         """bf16 weights train through f32 masters, and the norms stay f32:

@@ -283,6 +283,32 @@ class LoraRefusals(unittest.TestCase):
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("--merge-adapter needs --adapter DIR", p.stderr)
 
+    def test_garbage_adapter_files(self):
+        """An adapter_config.json that is not JSON, or not PEFT's fields, and
+        an adapter_model.safetensors that is noise or missing: each a clear
+        error naming the file, non-zero exit."""
+        model = make("qwen3-base", "qwen3")
+        good = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"], "peft_type": "LORA"}
+        cases = (("{not json", None, "adapter_config.json"),
+                 (json.dumps(dict(good, r="x")), None, "'r' must be a positive integer"),
+                 (json.dumps(good), os.urandom(100), "adapter_model.safetensors"),
+                 (json.dumps(good), b"", "adapter_model.safetensors"),
+                 (json.dumps(good), None, "adapter_model.safetensors"))
+        for i, (config, weights, needle) in enumerate(cases):
+            with self.subTest(case=i):
+                d = os.path.join(WORK, f"garbage-adapter-{i}")
+                os.makedirs(d, exist_ok=True)
+                with open(os.path.join(d, "adapter_config.json"), "w") as f:
+                    f.write(config)
+                if weights is not None:
+                    with open(os.path.join(d, "adapter_model.safetensors"), "wb") as f:
+                        f.write(weights)
+                p = run("logits", "--model", model, "--tokens", "1,2", "--out", os.path.join(WORK, "x.npy"),
+                        "--adapter", d, check=False)
+                self.assertNotEqual(p.returncode, 0)
+                self.assertIn(needle, p.stderr)
+                self.assertIn("error", p.stderr)
+
     def test_wrong_shape(self):
         model = make("qwen3-base", "qwen3")
         other = make("llama-96", "llama", "--set", "hidden_size=96", "--set", "num_attention_heads=6",
