@@ -28,7 +28,19 @@
  *
  * The directory is written and renamed atomically (models/save_dir.c), so
  * every checkpoint-<step>/ that exists is complete; old ones beyond the
- * limit are first renamed to a temporary name, then removed. */
+ * limit are first renamed to a temporary name, then removed.
+ *
+ * Who writes which bytes: one replica saves, the one holding the log's
+ * writer.  Its rank 0 creates the temporary directory, every safetensors
+ * file at its size with its header (and the index), the JSON files, and
+ * renames.  Without dp_shard its TP group saves: each rank pwrite()s its
+ * shards (one rank per replicated copy).  Under dp_shard its dp_shard x tp
+ * ranks save: each writes the chunks it holds (parameters, moments,
+ * masters) as the runs tp_slice_runs gives, a bf16 model file rounding
+ * the f32 chunk, so no rank gathers a shard.  Each rank fsyncs what it
+ * wrote; the group agrees before the rename.  A resume reads, per rank,
+ * only the runs of the part the optimizer holds (the shard or the chunk),
+ * whatever layout saved the files. */
 #include "checkpoint.h"
 
 #include "tensorpar/comm.h"
