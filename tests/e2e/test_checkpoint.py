@@ -185,7 +185,8 @@ class Checkpoint(unittest.TestCase):
         ones at 3, KV heads replicated at TP 3): the checkpoint's model files are byte for byte the TP = 1 save,
         and the whole checkpoint (optimizer files included) that of the --dp-replicate run of the same layout,
         which the TP writer saves; a bf16 model's f32 masters are the TP = 1 ones."""
-        for model, dtype, layouts in ((self.llama12, "f32", (("--tp", 2, "--dp-shard", 2), ("--dp-shard", 3))),
+        for model, dtype, layouts in ((self.llama12, "f32", (("--tp", 2, "--dp-shard", 2), ("--dp-shard", 3),
+                                                            ("--dp-replicate", 2, "--dp-shard", 2))),
                                       (self.qwen3, "bf16", (("--tp", 3, "--dp-shard", 2),))):
             tag = os.path.basename(model)
             one = self.dp_save(f"dpx-{tag}-one", model, dtype)
@@ -195,13 +196,15 @@ class Checkpoint(unittest.TestCase):
                 what = f"{tag} {' '.join(map(str, layout))}"
                 name = "-".join(map(str, layout)).replace("--", "")
                 sharded = self.dp_save(f"dpx-{tag}-{name}", model, dtype, *layout)
-                replica = self.dp_save(f"dpx-{tag}-{name}-rep", model, dtype,
-                                       *("--dp-replicate" if x == "--dp-shard" else x for x in layout))
                 for d in (sharded, os.path.join(sharded, "checkpoint-1")):
                     self.assertEqual(model_files(d), files, what)
                     for f in files:
                         self.assertTrue(filecmp.cmp(os.path.join(one, f), os.path.join(d, f), shallow=False),
                                         f"{what}: {d}/{f} differs from TP=1")
+                if "--dp-replicate" in layout:
+                    continue   # one replica of two saved; its moments are summed in another order than dpr 4's
+                replica = self.dp_save(f"dpx-{tag}-{name}-rep", model, dtype,
+                                       *("--dp-replicate" if x == "--dp-shard" else x for x in layout))
                 ck, rep = os.path.join(sharded, "checkpoint-1"), os.path.join(replica, "checkpoint-1")
                 self.assertIn("optimizer.safetensors.index.json", os.listdir(ck), what)
                 self.assertEqual(same_tree(ck, rep), [], what)
