@@ -123,7 +123,8 @@ static int measure_as_rank(const char *dir, const char *report, const work *w, c
     cli_tp tp;
     int rc = 0;
     if (cli_tp_begin(cmd, argc, argv, o, n, NULL, &tp, &rc)) { cli_tp_end(&tp); return rc; }
-    tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .mesh = tp.mesh, .tp_plan = tp.plan};
+    tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .mesh = tp.mesh, .tp_plan = tp.plan,
+                           .expert_parallel = tp.ep && tp.size > 1};
     const char *dt = cli_value(o, n, "--dtype");
     tp_model *m = NULL;
     double secs = 0, comm = 0;

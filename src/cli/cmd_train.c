@@ -245,6 +245,7 @@ static tp_status train_and_save(const char *dir, const char *out, cli_tp *tp, tp
     tp_model *m;
     mo->mesh = cli_tp_mesh(tp);
     mo->tp_plan = tp->plan;
+    mo->expert_parallel = tp->ep && tp->tp_size > 1;
     t->ckpt.src_dir = dir;
     /* Resuming: the weights are the checkpoint's. */
     tp_status s = tp_model_load(&m, t->ckpt.resume_dir ? t->ckpt.resume_dir : dir, mo);
