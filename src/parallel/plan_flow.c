@@ -482,9 +482,13 @@ static tp_status moe_block(flow *f, int64_t l)
     if (!ep && remaps)
         return refuse(gate, rp->style->name, "it maps the router's choices to each rank's own experts, but the "
                       "experts are not split on the expert dimension (grouped_gemm on both expert tensors)");
-    if (split && !(xp && xp->fwd.local_output.kind == TP_PARTIAL && xp->fwd.output.kind == TP_REPLICATE))
+    int sums = xp && xp->fwd.local_output.kind == TP_PARTIAL && xp->fwd.output.kind == TP_REPLICATE;
+    if (split && !sums)
         return refuse(ex, xsty, "its experts are split, so each rank's output is a partial sum; the container "
                       "needs a rule that sums it (moe_tp_experts)");
+    if (xp && !sums)
+        return refuse(ex, xp->style->name, "the experts' container takes only a rule that sums the ranks' partial "
+                      "outputs (moe_tp_experts)");
     return TP_OK;
 }
 
