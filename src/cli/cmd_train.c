@@ -155,6 +155,10 @@ static tp_status data_ctx_init(data_ctx *c, const char *dir, int64_t seq_len)
     memset(c, 0, sizeof *c);
     tp_status s = tp_config_load(&cfg, dir);
     if (s) return s;
+    /* The experts have no backward yet: refused before anything is written. */
+    if (cfg.num_experts > 0)
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: training is not supported for model type '%s' (mixture of experts) "
+                       "yet; its inference is (logits, generate, chat, bench)", dir, cfg.model_type);
     c->d.seq_len = seq_len > 0 ? seq_len : (cfg.max_position_embeddings < 1024 ? cfg.max_position_embeddings : 1024);
     c->d.vocab = cfg.vocab_size;
     c->d.pad_id = -1;
@@ -245,6 +249,7 @@ static tp_status train_and_save(const char *dir, const char *out, cli_tp *tp, tp
     tp_model *m;
     mo->mesh = cli_tp_mesh(tp);
     mo->tp_plan = tp->plan;
+    mo->expert_parallel = tp->ep && tp->tp_size > 1;
     t->ckpt.src_dir = dir;
     /* Resuming: the weights are the checkpoint's. */
     tp_status s = tp_model_load(&m, t->ckpt.resume_dir ? t->ckpt.resume_dir : dir, mo);

@@ -76,6 +76,11 @@ tp_dtype tp_model_save_dtype(const tp_model *m)
  * as save_pretrained drops tied weights). */
 static tp_status model_tensors(const tp_model *m, tp_save_tensor **out, size_t *n)
 {
+    /* Saving would have to split the stacked experts back into the
+     * per-expert tensors of §6.1 (§6.4); until it does, it refuses. */
+    if (m->cfg.num_experts > 0)
+        return tp_fail(TP_ERR_UNSUPPORTED, "saving a mixture-of-experts model (model type %s) is not supported yet",
+                       m->cfg.model_type);
     tp_dtype dt = tp_model_save_dtype(m);
     tp_save_tensor *t = calloc(m->n_modules * TP_MODULE_MAX_PARAMS + 1, sizeof *t);
     if (!t) return tp_fail(TP_ERR_NOMEM, "out of memory");
