@@ -113,15 +113,20 @@ tp_status tp_safetensors_header(const char *path, const tp_st_entry *entries, si
 
 /* ---- Hugging Face config.json ----------------------------------------- */
 
-typedef enum { TP_ARCH_LLAMA, TP_ARCH_MISTRAL, TP_ARCH_QWEN2, TP_ARCH_QWEN3, TP_ARCH_QWEN3_MOE, TP_ARCH_MIXTRAL } tp_arch;
+typedef enum { TP_ARCH_LLAMA, TP_ARCH_MISTRAL, TP_ARCH_QWEN2, TP_ARCH_QWEN3, TP_ARCH_QWEN3_MOE, TP_ARCH_MIXTRAL,
+               TP_ARCH_DEEPSEEK_V2, TP_ARCH_DEEPSEEK_V3 } tp_arch;
 
-typedef enum { TP_ROPE_DEFAULT, TP_ROPE_LLAMA3, TP_ROPE_LINEAR } tp_rope_kind;
+typedef enum { TP_ROPE_DEFAULT, TP_ROPE_LLAMA3, TP_ROPE_LINEAR, TP_ROPE_YARN } tp_rope_kind;
 
 typedef struct {
     tp_rope_kind kind;
     double factor;                          /* llama3, linear */
     double low_freq_factor, high_freq_factor;  /* llama3 */
-    int64_t original_max_position_embeddings;  /* llama3 */
+    int64_t original_max_position_embeddings;  /* llama3, yarn */
+    /* yarn (modeling_rope_utils' _compute_yarn_parameters): the ramp's
+     * rotation bounds, and the attention factor that scales cos and sin —
+     * attention_factor 0: derived from mscale / mscale_all_dim. */
+    double beta_fast, beta_slow, mscale, mscale_all_dim, attention_factor;
 } tp_rope_scaling;
 
 #define TP_MAX_EOS 8
@@ -155,6 +160,17 @@ typedef struct {
     int norm_topk_prob;
     int n_mlp_only;
     int64_t mlp_only_layers[TP_MAX_MLP_ONLY];
+    /* Multi-head latent attention (deepseek_v2, deepseek_v3; mla = 1).
+     * head_dim is qk_rope_head_dim, the rotary part shared by all heads
+     * (DeepseekV2Config sets it so); a query/key head is qk_nope_head_dim +
+     * qk_rope_head_dim wide, a value head v_head_dim.  q_lora_rank 0 (null
+     * in config.json): q_proj instead of q_a_proj -> q_a_layernorm ->
+     * q_b_proj.  rope_interleave: deepseek_v3's rotation of interleaved
+     * pairs (deepseek_v2 always rotates pairs).  Layers from
+     * first_k_dense_replace on have MoE blocks (not built yet: refused). */
+    int mla, rope_interleave;
+    int64_t q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+    int64_t first_k_dense_replace;
 } tp_model_config;
 
 /* 1 when decoder layer l of cfg has a sparse MoE block instead of an MLP. */

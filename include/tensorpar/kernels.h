@@ -205,6 +205,22 @@ void tp_add_rmsnorm(float *x, const float *y, float *out, const tp_tensor *w,
  * head with it; the result equals tp_rope_apply's. */
 void tp_rope_table(float *table, int64_t T, int64_t head_dim, const double *inv_freq, int64_t pos0);
 void tp_rope_apply_table(float *x, int64_t T, int64_t n_heads, int64_t head_dim, const float *table);
+/* DeepSeek's rotary part: x holds rows of stride `stride`, the rotary part
+ * at offset `off`, head_dim wide, row r at position r / per_t of the table.
+ * interleaved: the pairs (x[2i], x[2i+1]) turn by angle i (DeepSeek-V2's
+ * complex product, V3's rope_interleave; the pair stays in place — q and
+ * k alike, so their dot products are Transformers'); else the pairs
+ * (x[i], x[i + half]) as rotate_half.  Each result is times `scale`
+ * (YaRN's attention factor, by which Transformers multiplies cos and sin). */
+void tp_rope_apply_mla(float *x, int64_t rows, int64_t per_t, int64_t stride, int64_t off, int64_t head_dim,
+                       const float *table, float scale, int interleaved);
+/* YaRN (modeling_rope_utils' _compute_yarn_parameters): the blend of
+ * interpolated and extrapolated frequencies over the ramp between the
+ * dimensions of beta_fast and beta_slow rotations at original_max_pos. */
+void tp_rope_inv_freq_yarn(double *inv_freq, int64_t head_dim, double theta, double factor, double beta_fast,
+                           double beta_slow, int64_t original_max_pos);
+/* YaRN's get_mscale: 1 for scale <= 1, else 0.1 * mscale * ln(scale) + 1. */
+double tp_yarn_mscale(double scale, double mscale);
 
 /* Causal attention for T new queries at positions pos0..pos0+T-1 against a
  * cache holding keys/values for positions 0..pos0+T-1.

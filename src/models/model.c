@@ -138,8 +138,12 @@ tp_status tp_model_load(tp_model **out, const char *model_dir, const tp_model_op
     m->fuse_norm = tp_switch_on(opt ? opt->fuse_norm : TP_DEFAULT, 1);
     tp_matmul_opts_init(&m->matmul, opt ? &opt->kernels : NULL);
     const tp_rope_scaling *rs = &c->rope_scaling;
-    tp_rope_inv_freq(m->inv_freq, c->head_dim, c->rope_theta, (int)rs->kind, rs->factor,
-                     rs->low_freq_factor, rs->high_freq_factor, rs->original_max_position_embeddings);
+    if (rs->kind == TP_ROPE_YARN)
+        tp_rope_inv_freq_yarn(m->inv_freq, c->head_dim, c->rope_theta, rs->factor, rs->beta_fast, rs->beta_slow,
+                              rs->original_max_position_embeddings);
+    else
+        tp_rope_inv_freq(m->inv_freq, c->head_dim, c->rope_theta, (int)rs->kind, rs->factor,
+                         rs->low_freq_factor, rs->high_freq_factor, rs->original_max_position_embeddings);
     /* The plan is resolved and checked before any weight is read. */
     if ((s = tp_model_tp_setup(m, opt))) { tp_model_free(m); return s; }
     if ((s = load_weights(m, model_dir, opt && opt->show_progress))) { tp_model_free(m); return s; }

@@ -90,7 +90,7 @@ tp_status tp_model_build_modules(tp_model *m);
 /* The ops table of a module type (NULL: a type not built yet). */
 const tp_module_ops *tp_module_ops_of(tp_module_type type);
 extern const tp_module_ops tp_container_ops, tp_decoder_layer_ops, tp_embedding_ops, tp_linear_ops,
-    tp_norm_ops, tp_attention_ops, tp_mlp_ops, tp_moe_ops, tp_experts_ops;
+    tp_norm_ops, tp_attention_ops, tp_mlp_ops, tp_moe_ops, tp_experts_ops, tp_mla_ops;
 
 /* ---- mixture of experts (moe_router.c, module_moe.c, module_experts.c) -- */
 
@@ -104,6 +104,14 @@ void tp_moe_route(float *logits, int64_t T, int64_t E, int64_t k, int renorm, in
 int tp_moe_expert_parallel(const tp_model *m, const tp_module *experts);
 /* Floats per token a sparse block's forward takes from the arena. */
 int64_t tp_moe_block_bound(const tp_model *m, const tp_module *moe);
+
+/* ---- multi-head latent attention (module_mla.c) --------------------------- */
+
+/* The padded head width of MLA's queries, keys and values in the cache:
+ * max(qk_nope_head_dim + qk_rope_head_dim, v_head_dim). */
+int64_t tp_mla_head_dim(const tp_model_config *c);
+/* Floats per token an MLA block takes from the arena besides its Linears. */
+int64_t tp_mla_block_bound(const tp_model_config *c);
 
 /* ---- the forward pass ---------------------------------------------------- */
 

@@ -48,6 +48,32 @@ static const rule mixtral_plan[] = {
     {"layers.*.mlp.experts", "moe_tp_experts"}, {NULL, NULL},
 };
 
+/* §7.7: deepseek_v2.  q_proj (q_lora_rank null) or q_b_proj and kv_b_proj
+ * split the heads; kv_a_proj_with_mqa stays whole (mla_kv_a_proj);
+ * q_a_proj and the latent norms are replicated; the plain mlp rules serve
+ * the dense layers before first_k_dense_replace. */
+static const rule deepseek_v2_plan[] = {
+    {"layers.*.self_attn.q_proj", "colwise"}, {"layers.*.self_attn.q_b_proj", "colwise"},
+    {"layers.*.self_attn.kv_a_proj_with_mqa", "mla_kv_a_proj"}, {"layers.*.self_attn.kv_b_proj", "colwise"},
+    {"layers.*.self_attn.o_proj", "rowwise"},
+    {"layers.*.mlp.experts.gate_up_proj", "packed_colwise"}, {"layers.*.mlp.experts.down_proj", "rowwise"},
+    {"layers.*.mlp.experts", "moe_tp_experts"},
+    {"layers.*.mlp.shared_experts.gate_proj", "colwise"}, {"layers.*.mlp.shared_experts.up_proj", "colwise"},
+    {"layers.*.mlp.shared_experts.down_proj", "rowwise"},
+    {"layers.*.mlp.gate_proj", "colwise"}, {"layers.*.mlp.up_proj", "colwise"},
+    {"layers.*.mlp.down_proj", "rowwise"}, {NULL, NULL},
+};
+
+/* §7.8: deepseek_v3 shards the MLPs only; MLA is replicated on every rank. */
+static const rule deepseek_v3_plan[] = {
+    {"layers.*.mlp.experts.gate_up_proj", "packed_colwise"}, {"layers.*.mlp.experts.down_proj", "rowwise"},
+    {"layers.*.mlp.experts", "moe_tp_experts"},
+    {"layers.*.mlp.shared_experts.gate_proj", "colwise"}, {"layers.*.mlp.shared_experts.up_proj", "colwise"},
+    {"layers.*.mlp.shared_experts.down_proj", "rowwise"},
+    {"layers.*.mlp.gate_proj", "colwise"}, {"layers.*.mlp.up_proj", "colwise"},
+    {"layers.*.mlp.down_proj", "rowwise"}, {NULL, NULL},
+};
+
 /* §7.4, §7.5: the EP plan of both MoE types covers the experts only; the
  * attention stays replicated. */
 static const rule moe_ep_plan[] = {
@@ -63,6 +89,8 @@ static const rule *base_plan(tp_arch a)
     case TP_ARCH_QWEN3: return qwen3_plan;
     case TP_ARCH_QWEN3_MOE: return qwen3_moe_plan;
     case TP_ARCH_MIXTRAL: return mixtral_plan;
+    case TP_ARCH_DEEPSEEK_V2: return deepseek_v2_plan;
+    case TP_ARCH_DEEPSEEK_V3: return deepseek_v3_plan;
     }
     return NULL;
 }
@@ -81,6 +109,8 @@ const char *tp_arch_class_name(tp_arch a)
     case TP_ARCH_QWEN3: return "Qwen3ForCausalLM";
     case TP_ARCH_QWEN3_MOE: return "Qwen3MoeForCausalLM";
     case TP_ARCH_MIXTRAL: return "MixtralForCausalLM";
+    case TP_ARCH_DEEPSEEK_V2: return "DeepseekV2ForCausalLM";
+    case TP_ARCH_DEEPSEEK_V3: return "DeepseekV3ForCausalLM";
     }
     return "CausalLM";
 }
