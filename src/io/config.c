@@ -386,6 +386,11 @@ static tp_status parse_config(tp_model_config *c, const json_doc *d)
         c->num_experts = 0;
     }
     if (c->mla && (s = parse_mla(c, d))) return s;
+    /* The dense attention's rope table has no attention factor: YaRN is
+     * built for MLA (module_mla.c) only. */
+    if (c->rope_scaling.kind == TP_ROPE_YARN && !c->mla)
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: rope_scaling type 'yarn' is supported for deepseek_v2 and deepseek_v3 "
+                       "only, not %s", d->path, c->model_type);
     if (arch == TP_ARCH_MISTRAL || arch == TP_ARCH_MIXTRAL) {
         cJSON *sw = cJSON_GetObjectItemCaseSensitive(d->root, "sliding_window");
         if (sw && cJSON_IsNull(sw)) c->sliding_window = 0;
