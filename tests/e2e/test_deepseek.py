@@ -1,0 +1,167 @@
+#!/usr/bin/python3
+"""End-to-end: deepseek_v2 and deepseek_v3 with multi-head latent attention
+(dense layers: first_k_dense_replace = num_hidden_layers).
+
+* Logits against the independent NumPy reference (tests/reference/
+  hf_deepseek.py, from Transformers' DeepseekV2Attention /
+  DeepseekV3Attention): <= 1e-5 relative, for a whole prompt and token by
+  token through the KV cache; q_proj (q_lora_rank null) and the low-rank
+  query; YaRN rope (attention factor on cos/sin, V3's softmax mscale);
+  V3 with and without rope_interleave; a value head narrower and one wider
+  than the query/key head.
+* TP 2 and 4 (§7.7: q/q_b/kv_b colwise, kv_a_proj_with_mqa mla_kv_a_proj,
+  o_proj rowwise; §7.8: deepseek_v3 replicates the attention) give the TP = 1
+  logits, bitwise the same on every rank, and the same greedy tokens.
+* Refusals: heads that do not divide, a plan splitting the latent, training,
+  MoE layers (first_k_dense_replace < num_hidden_layers).
+
+q/k paths are drawn with std 0.25 (--qk-std) so that attention is decisive."""
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "reference"))
+from tpe2e import rel, run, tp_logits  # noqa: E402
+import hf_reference as ref  # noqa: E402
+
+TOL = 1e-5
+TOKENS = "1,5,9,42,7,3,11,200,17,99,4,8,300,12,6,77,31,64,128,250"
+YARN_V2 = ('rope_scaling={"type": "yarn", "factor": 4, "original_max_position_embeddings": 512, '
+           '"mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1}')
+YARN_V3 = ('rope_scaling={"type": "yarn", "factor": 4, "original_max_position_embeddings": 512, '
+           '"mscale": 1.0, "mscale_all_dim": 0.8}')
+WORK = None
+
+
+def setUpModule():
+    global WORK
+    WORK = tempfile.mkdtemp(prefix="tp-e2e-deepseek-")
+
+
+def tearDownModule():
+    shutil.rmtree(WORK, ignore_errors=True)
+
+
+def make(name, arch, *extra):
+    d = os.path.join(WORK, name)
+    if not os.path.exists(d):
+        run("make-model", "--arch", arch, "--preset", "tiny", "--qk-std", "0.25", "--seed", "3", *extra, "--out", d)
+    return d
+
+
+def logits(model, tp=1, *extra):
+    return tp_logits(WORK, model, tp, *extra, tokens=TOKENS)
+
+
+def reference(model):
+    return ref.reference_logits(model, [int(t) for t in TOKENS.split(",")])
+
+
+def generate(model, tp=1):
+    return json.loads(run("generate", "--model", model, "--tokens", "1,2,3", "--max-new-tokens", "24",
+                          "--greedy", "--tp", tp).stdout)
+
+
+def fails(*args):
+    p = run(*args, check=False)
+    assert p.returncode != 0, f"tensorpar {' '.join(map(str, args))} succeeded"
+    return p.stderr
+
+
+def models():
+    return [make("v2", "deepseek_v2"), make("v3-yarn", "deepseek_v3", "--set", YARN_V3)]
+
+
+class Reference(unittest.TestCase):
+    def check(self, model):
+        self.assertLessEqual(rel(logits(model), reference(model)), TOL, model)
+        out = os.path.join(WORK, "inc.npy")
+        run("logits", "--model", model, "--tokens", TOKENS, "--out", out, "--incremental")
+        self.assertLessEqual(rel(np.load(out), reference(model)), TOL, f"{model} token by token")
+
+    def test_deepseek_v2(self):
+        self.check(make("v2", "deepseek_v2"))
+        self.check(make("v2-yarn", "deepseek_v2", "--set", YARN_V2))
+        # the low-rank query, and a value head wider than the query/key head
+        self.check(make("v2-qlora", "deepseek_v2", "--set", "q_lora_rank=24", "--set", "v_head_dim=30"))
+
+    def test_deepseek_v3(self):
+        self.check(make("v3", "deepseek_v3"))
+        self.check(make("v3-yarn", "deepseek_v3", "--set", YARN_V3))
+        self.check(make("v3-halves", "deepseek_v3", "--set", YARN_V3, "--set", "rope_interleave=false",
+                        "--set", "q_lora_rank=null"))
+
+    def test_bf16_weights(self):
+        model = make("v2-bf16", "deepseek_v2", "--dtype", "bf16")
+        self.assertLessEqual(rel(logits(model), reference(model)), TOL)
+
+    def test_rope_and_scale_matter(self):
+        """The YaRN model's logits differ from the plain one's (same weights):
+        the factor reaches the frequencies, cos/sin and the softmax scale."""
+        plain, yarn = make("v3", "deepseek_v3"), make("v3-yarn", "deepseek_v3", "--set", YARN_V3)
+        self.assertGreater(rel(logits(yarn), logits(plain)), 1e-3)
+
+
+class Parallel(unittest.TestCase):
+    def test_tp_equals_tp1(self):
+        for model in models():
+            base = logits(model)
+            for tp in (2, 4):
+                self.assertLessEqual(rel(logits(model, tp), base), TOL, f"{model} TP={tp}")
+
+    def test_plans(self):
+        v2 = json.loads(run("plan", "--model", make("v2", "deepseek_v2"), "--tp", 2, "--json").stdout)
+        v3 = json.loads(run("plan", "--model", make("v3-yarn", "deepseek_v3", "--set", YARN_V3), "--tp", 2,
+                            "--json").stdout)
+        text = json.dumps(v2)
+        self.assertIn("mla_kv_a_proj", text)
+        self.assertNotIn("mla_kv_a_proj", json.dumps(v3))
+        self.assertLess(v2["bytes_per_rank"][0], v3["bytes_per_rank"][0])   # v3's attention is whole on each rank
+
+    def test_greedy_tokens_identical(self):
+        for model in models():
+            want = generate(model)
+            self.assertEqual(len(want), 24)
+            for tp in (2, 4):
+                self.assertEqual(generate(model, tp), want, f"{model} TP={tp}")
+
+
+class Messages(unittest.TestCase):
+    def test_heads_do_not_divide(self):
+        err = fails("logits", "--model", make("v2", "deepseek_v2"), "--tokens", "1", "--out",
+                    os.path.join(WORK, "e.npy"), "--tp", 3)
+        self.assertIn("`num_attention_heads` must be divisible by `tp_size`", err)
+
+    def test_latent_must_stay_whole(self):
+        path = os.path.join(WORK, "split-latent.json")
+        with open(path, "w") as f:
+            json.dump({"model.layers.*.self_attn.kv_a_proj_with_mqa": "colwise"}, f)
+        err = fails("plan", "--model", make("v2", "deepseek_v2"), "--tp", 2, "--tp-plan", path)
+        self.assertIn("needs the latent whole on every rank", err)
+
+    def test_moe_layers_refused(self):
+        err = fails("make-model", "--arch", "deepseek_v2", "--preset", "tiny", "--set", "first_k_dense_replace=1",
+                    "--out", os.path.join(WORK, "moe"))
+        self.assertIn("mixture-of-experts blocks", err)
+
+    def test_train_refuses(self):
+        model = make("v2", "deepseek_v2")
+        data = os.path.join(WORK, "rows.jsonl")
+        with open(data, "w") as f:
+            f.write(json.dumps({"input_ids": [1, 2, 3, 4, 5, 6, 7, 8]}) + "\n")
+        out = os.path.join(WORK, "trained")
+        err = fails("train", "--model", model, "--data", data, "--out", out, "--seq-len", 8)
+        self.assertIn("training is not supported for model type 'deepseek_v2'", err)
+        self.assertFalse(os.path.exists(out))
+
+
+if __name__ == "__main__":
+    unittest.main()
