@@ -171,6 +171,18 @@ typedef struct {
     int mla, rope_interleave;
     int64_t q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
     int64_t first_k_dense_replace;
+    /* DeepSeek's MoE blocks (layers from first_k_dense_replace on; their
+     * routed experts in num_experts, num_experts_per_tok,
+     * moe_intermediate_size): n_shared_experts dense experts of that width
+     * (shared_experts, one MLP n_shared_experts times wider) added to the
+     * routed output; the routing weights times routed_scaling_factor.  V2
+     * routes by softmax, topk_method greedy or group_limited_greedy (the
+     * best expert of each of n_group groups picks topk_group groups);
+     * V3 by sigmoid, choosing with e_score_correction_bias added (group
+     * score: its two best), weights renormalised when norm_topk_prob. */
+    int64_t n_shared_experts, n_group, topk_group;
+    double routed_scaling_factor;
+    int group_limited;       /* V2's topk_method = group_limited_greedy */
 } tp_model_config;
 
 /* 1 when decoder layer l of cfg has a sparse MoE block instead of an MLP. */

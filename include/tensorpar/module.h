@@ -102,6 +102,8 @@ struct tp_layer_modules {
     /* Multi-head latent attention (k_proj, v_proj absent; q_proj absent
      * when q_lora_rank is set). */
     int q_a_proj, q_a_layernorm, q_b_proj, kv_a_proj, kv_a_layernorm, kv_b_proj;
+    /* DeepSeek's MoE block: mlp.shared_experts and its projections (-1: none). */
+    int shared_experts, shared_gate, shared_up, shared_down;
 };
 
 /* Hooks around each module that a container runs (tp_model.hooks): before

@@ -111,6 +111,7 @@ static void set_defaults(tp_model_config *c, tp_arch arch)
 int tp_config_layer_is_sparse(const tp_model_config *c, int64_t l)
 {
     if (c->num_experts <= 0) return 0;
+    if (c->mla) return l >= c->first_k_dense_replace;   /* DeepseekV2DecoderLayer's rule */
     for (int i = 0; i < c->n_mlp_only; i++)
         if (c->mlp_only_layers[i] == l) return 0;
     return c->decoder_sparse_step > 0 && (l + 1) % c->decoder_sparse_step == 0;
@@ -269,6 +270,55 @@ static tp_status parse_yarn(const json_doc *sub, tp_rope_scaling *rs, int64_t ma
     return TP_OK;
 }
 
+/* DeepSeek's MoE keys with DeepseekV2Config's / DeepseekV3Config's
+ * defaults; num_experts stays 0 for a model whose layers are all dense. */
+static tp_status parse_deepseek_moe(tp_model_config *c, const json_doc *d)
+{
+    int v3 = c->arch == TP_ARCH_DEEPSEEK_V3;
+    c->num_experts = v3 ? 256 : 64;
+    c->num_experts_per_tok = v3 ? 8 : 0;
+    c->moe_intermediate_size = v3 ? 2048 : 1407;
+    c->n_shared_experts = v3 ? 1 : 2;
+    c->routed_scaling_factor = v3 ? 2.5 : 1.0;
+    c->n_group = v3 ? 8 : 1;
+    c->topk_group = v3 ? 4 : 1;
+    c->norm_topk_prob = v3;
+    cJSON *shared = cJSON_GetObjectItemCaseSensitive(d->root, "n_shared_experts");
+    tp_status s;
+    if (shared && cJSON_IsNull(shared)) c->n_shared_experts = 0;
+    else if ((s = get_size(d, "n_shared_experts", &c->n_shared_experts))) return s;
+    if ((s = get_size(d, "n_routed_experts", &c->num_experts)) ||
+        (s = get_size(d, "num_experts_per_tok", &c->num_experts_per_tok)) ||
+        (s = get_size(d, "moe_intermediate_size", &c->moe_intermediate_size)) ||
+        (s = get_double(d, "routed_scaling_factor", &c->routed_scaling_factor)) ||
+        (s = get_size(d, "n_group", &c->n_group)) || (s = get_size(d, "topk_group", &c->topk_group)) ||
+        (s = get_bool(d, "norm_topk_prob", &c->norm_topk_prob)))
+        return s;
+    cJSON *method = cJSON_GetObjectItemCaseSensitive(d->root, "topk_method");
+    c->group_limited = 0;
+    if (!v3 && method && !cJSON_IsNull(method)) {
+        if (!cJSON_IsString(method) ||
+            (strcmp(method->valuestring, "greedy") && strcmp(method->valuestring, "group_limited_greedy")))
+            return tp_fail(TP_ERR_UNSUPPORTED, "%s: key 'topk_method' must be \"greedy\" or "
+                           "\"group_limited_greedy\"", d->path);
+        c->group_limited = !strcmp(method->valuestring, "group_limited_greedy");
+    }
+    if (!v3) c->norm_topk_prob = 0;   /* DeepseekV2Moe does not renormalise */
+    int64_t E = c->num_experts, G = c->n_group > 0 ? c->n_group : 1;
+    int grouped = v3 || c->group_limited;
+    if (E < 1 || c->num_experts_per_tok < 1 || c->num_experts_per_tok > E || c->moe_intermediate_size < 1 ||
+        (grouped && (E % G || c->topk_group < 1 || c->topk_group > G ||
+                     c->num_experts_per_tok > c->topk_group * (E / G))))
+        return tp_fail(TP_ERR_FORMAT, "%s: %s's MoE layers need n_routed_experts >= 1, 1 <= num_experts_per_tok <= "
+                       "the experts of the topk_group groups chosen (got %lld of %lld, n_group %lld, topk_group %lld) "
+                       "and n_group dividing n_routed_experts", d->path, c->model_type,
+                       (long long)c->num_experts_per_tok, (long long)E, (long long)c->n_group, (long long)c->topk_group);
+    if (v3 && E / G < 2)
+        return tp_fail(TP_ERR_FORMAT, "%s: deepseek_v3 scores a group by its two best experts: n_group must leave at "
+                       "least 2 experts a group", d->path);
+    return TP_OK;
+}
+
 /* The multi-head latent attention keys (DeepseekV2Config, DeepseekV3Config). */
 static tp_status parse_mla(tp_model_config *c, const json_doc *d)
 {
@@ -289,12 +339,7 @@ static tp_status parse_mla(tp_model_config *c, const json_doc *d)
     if (c->attention_bias)
         return tp_fail(TP_ERR_UNSUPPORTED, "%s: key 'attention_bias' = true is not supported for %s", d->path,
                        c->model_type);
-    if (c->first_k_dense_replace < c->num_hidden_layers)
-        return tp_fail(TP_ERR_UNSUPPORTED, "%s: %s layers from first_k_dense_replace = %lld on are mixture-of-experts "
-                       "blocks, which tensorpar does not build for this model type yet; only dense models "
-                       "(first_k_dense_replace >= num_hidden_layers = %lld) are supported", d->path, c->model_type,
-                       (long long)c->first_k_dense_replace, (long long)c->num_hidden_layers);
-    return TP_OK;
+    return c->first_k_dense_replace < c->num_hidden_layers ? parse_deepseek_moe(c, d) : TP_OK;
 }
 
 static tp_status parse_rope_scaling(const json_doc *d, tp_rope_scaling *rs, int64_t max_pos)
@@ -534,6 +579,20 @@ static void mla_json(cJSON *o, const tp_model_config *c)
     cJSON_AddNumberToObject(o, "qk_rope_head_dim", (double)c->qk_rope_head_dim);
     cJSON_AddNumberToObject(o, "v_head_dim", (double)c->v_head_dim);
     if (c->arch == TP_ARCH_DEEPSEEK_V3) cJSON_AddBoolToObject(o, "rope_interleave", c->rope_interleave);
+    if (c->num_experts <= 0) return;
+    cJSON_AddNumberToObject(o, "moe_intermediate_size", (double)c->moe_intermediate_size);
+    cJSON_AddNumberToObject(o, "n_group", (double)c->n_group);
+    cJSON_AddNumberToObject(o, "n_routed_experts", (double)c->num_experts);
+    if (c->n_shared_experts > 0) cJSON_AddNumberToObject(o, "n_shared_experts", (double)c->n_shared_experts);
+    else cJSON_AddNullToObject(o, "n_shared_experts");
+    cJSON_AddBoolToObject(o, "norm_topk_prob", c->norm_topk_prob);
+    cJSON_AddNumberToObject(o, "num_experts_per_tok", (double)c->num_experts_per_tok);
+    cJSON_AddNumberToObject(o, "routed_scaling_factor", c->routed_scaling_factor);
+    cJSON_AddNumberToObject(o, "topk_group", (double)c->topk_group);
+    if (c->arch == TP_ARCH_DEEPSEEK_V2)
+        cJSON_AddStringToObject(o, "topk_method", c->group_limited ? "group_limited_greedy" : "greedy");
+    else
+        cJSON_AddStringToObject(o, "topk_method", "noaux_tc");
 }
 
 static cJSON *config_json(const tp_model_config *c)
@@ -565,7 +624,7 @@ static cJSON *config_json(const tp_model_config *c)
     cJSON_AddNumberToObject(o, "rms_norm_eps", c->rms_norm_eps);
     cJSON_AddItemToObject(o, "rope_scaling", rope_scaling_json(&c->rope_scaling));
     cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
-    if (c->num_experts > 0) moe_json(o, c);
+    if (c->num_experts > 0 && !c->mla) moe_json(o, c);
     if (c->mla) mla_json(o, c);
     if (c->arch == TP_ARCH_MISTRAL || c->arch == TP_ARCH_MIXTRAL) {
         if (c->sliding_window > 0) cJSON_AddNumberToObject(o, "sliding_window", (double)c->sliding_window);
@@ -597,7 +656,8 @@ static const char *const settable_keys[] = {
     "attention_bias", "bos_token_id", "decoder_sparse_step", "eos_token_id", "first_k_dense_replace", "head_dim",
     "hidden_act", "hidden_size", "intermediate_size", "kv_lora_rank", "max_position_embeddings", "mlp_bias",
     "mlp_only_layers", "moe_intermediate_size", "norm_topk_prob", "num_attention_heads", "num_experts",
-    "num_experts_per_tok", "num_hidden_layers", "num_key_value_heads", "num_local_experts", "q_lora_rank",
+    "num_experts_per_tok", "num_hidden_layers", "num_key_value_heads", "num_local_experts", "n_group",
+    "n_routed_experts", "n_shared_experts", "q_lora_rank", "routed_scaling_factor", "topk_group", "topk_method",
     "qk_nope_head_dim", "qk_rope_head_dim", "rms_norm_eps", "rope_interleave", "rope_scaling", "rope_theta",
     "sliding_window", "tie_word_embeddings", "torch_dtype", "use_sliding_window", "v_head_dim", "vocab_size",
 };

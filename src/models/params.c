@@ -149,6 +149,17 @@ static tp_status add_moe(table *t, const tp_model_config *c, tp_layer_modules *L
     if (!s) s = add_module(t, L->mlp, TP_MT_EXPERTS, l, &L->experts, "experts");
     if (!s) s = tp_module_add_param(&t->v[L->experts], "gate_up_proj", TP_PARAM_WEIGHT, 3, (int64_t[3]){E, 2 * I, H});
     if (!s) s = tp_module_add_param(&t->v[L->experts], "down_proj", TP_PARAM_WEIGHT, 3, (int64_t[3]){E, H, I});
+    /* DeepSeek: V3's router carries the bias its choice adds (a buffer of
+     * the checkpoint), and n_shared_experts dense experts run as one MLP. */
+    if (!s && c->arch == TP_ARCH_DEEPSEEK_V3)
+        s = tp_module_add_param(&t->v[L->router], "e_score_correction_bias", TP_PARAM_BIAS, 1, &E);
+    if (!s && c->mla && c->n_shared_experts > 0) {
+        int64_t S = I * c->n_shared_experts;
+        s = add_module(t, L->mlp, TP_MT_MLP, l, &L->shared_experts, "shared_experts");
+        if (!s) s = add_linear(t, L->shared_experts, l, 0, S, H, &L->shared_gate, "gate_proj");
+        if (!s) s = add_linear(t, L->shared_experts, l, 0, S, H, &L->shared_up, "up_proj");
+        if (!s) s = add_linear(t, L->shared_experts, l, 0, H, S, &L->shared_down, "down_proj");
+    }
     return s;
 }
 

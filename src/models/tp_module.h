@@ -99,6 +99,12 @@ extern const tp_module_ops tp_container_ops, tp_decoder_layer_ops, tp_embedding_
  * probabilities (ties: the lower id), divided by their sum when renorm.
  * ids, w: [T, k]. */
 void tp_moe_route(float *logits, int64_t T, int64_t E, int64_t k, int renorm, int32_t *ids, float *w);
+/* DeepSeek's routing of T tokens from the router logits [T, E]
+ * (overwritten): V2 softmax / V3 sigmoid with e_score_correction_bias
+ * (bias, [E], NULL: none) for the choice, the group limits, the routed
+ * scaling factor (moe_router.c says which step is whose). */
+tp_status tp_moe_route_deepseek(const tp_model_config *c, float *logits, int64_t T, const float *bias, int32_t *ids,
+                                float *w);
 /* 1 when the experts of this sparse block are split on the expert
  * dimension (grouped_gemm): each rank holds whole experts. */
 int tp_moe_expert_parallel(const tp_model *m, const tp_module *experts);

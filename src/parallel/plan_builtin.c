@@ -74,8 +74,8 @@ static const rule deepseek_v3_plan[] = {
     {"layers.*.mlp.down_proj", "rowwise"}, {NULL, NULL},
 };
 
-/* §7.4, §7.5: the EP plan of both MoE types covers the experts only; the
- * attention stays replicated. */
+/* §7.4, §7.5, §7.7, §7.8: the EP plan of the MoE types covers the experts
+ * only; the attention (and DeepSeek's shared experts) stay replicated. */
 static const rule moe_ep_plan[] = {
     {"layers.*.mlp.gate", "ep_router"},
     {"layers.*.mlp.experts.gate_up_proj", "grouped_gemm"}, {"layers.*.mlp.experts.down_proj", "grouped_gemm"},
@@ -97,7 +97,9 @@ static const rule *base_plan(tp_arch a)
 
 static const rule *ep_plan(tp_arch a)
 {
-    return a == TP_ARCH_QWEN3_MOE || a == TP_ARCH_MIXTRAL ? moe_ep_plan : NULL;
+    /* §7.7, §7.8: deepseek_v2 and deepseek_v3 share it */
+    return a == TP_ARCH_QWEN3_MOE || a == TP_ARCH_MIXTRAL || a == TP_ARCH_DEEPSEEK_V2 || a == TP_ARCH_DEEPSEEK_V3
+               ? moe_ep_plan : NULL;
 }
 
 const char *tp_arch_class_name(tp_arch a)

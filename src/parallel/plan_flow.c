@@ -502,6 +502,35 @@ static tp_status expert_split(const char *ex, const char *sty, const tp_param_pl
                   tp_placement_str(gu->placement, a, sizeof a), tp_placement_str(dn->placement, b, sizeof b));
 }
 
+/* DeepSeek's shared experts: a dense MLP beside the routed experts whose
+ * output the block adds to theirs, so it must arrive whole (rowwise
+ * down_proj, or everything replicated); no rule on the container. */
+static tp_status shared_experts(flow *f, const char *block)
+{
+    char base[128], g[144], u[144], dn[144], a[40], b[40], o[300];
+    snprintf(base, sizeof base, "%s.shared_experts", block);
+    snprintf(g, sizeof g, "%s.gate_proj", base);
+    snprintf(u, sizeof u, "%s.up_proj", base);
+    snprintf(dn, sizeof dn, "%s.down_proj", base);
+    tp_module_plan *bp = module_at(f, base);
+    if (bp) return refuse(base, bp->style->name, "tensorpar runs no rule on shared_experts itself; rules go on its "
+                          "projections");
+    lay lg, lu, ld;
+    tp_status s;
+    if ((s = linear(f, g, REP, &lg)) || (s = linear(f, u, REP, &lu)) ||
+        (s = not_linear(f, g, lg, "the SiLU gate")) || (s = not_linear(f, u, lu, "the gated product")))
+        return s;
+    if (!lay_eq(lg, lu))
+        return refuse(u, style_of(module_at(f, u), param_of(f, u, "weight")), "gate_proj gives %s%s and up_proj "
+                      "gives %s here; the elementwise product needs them alike", lay_str(lg, a, sizeof a),
+                      origin(lg, o, sizeof o), lay_str(lu, b, sizeof b));
+    if ((s = linear(f, dn, lg, &ld))) return s;
+    if (ld.k != L_REP)
+        return refuse(dn, ld.sty ? ld.sty : "-", "its output is %s here, but the block adds it to the routed "
+                      "experts' whole output", lay_str(ld, a, sizeof a));
+    return TP_OK;
+}
+
 /* A sparse block (§2.14, §2.17, §2.18): the router replicated (every rank
  * routes every token), with ep_router exactly when the experts are split
  * on the expert dimension, and split experts summed by the rule on
@@ -537,7 +566,7 @@ static tp_status moe_block(flow *f, int64_t l)
     if (xp && !sums)
         return refuse(ex, xp->style->name, "the experts' container takes only a rule that sums the ranks' partial "
                       "outputs (moe_tp_experts)");
-    return TP_OK;
+    return f->r->cfg.mla && f->r->cfg.n_shared_experts > 0 ? shared_experts(f, base) : TP_OK;
 }
 
 /* The lookup's layout follows from the table's placement. */

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Independent NumPy reference of Hugging Face's deepseek_v2 and deepseek_v3
-causal LMs with dense MLPs (layers before first_k_dense_replace).
+causal LMs: dense MLPs before first_k_dense_replace, MoE blocks from there on.
 
 Written from Transformers' modeling_deepseek_v2.py / modeling_deepseek_v3.py
 and modeling_rope_utils (not from the C engine), in float64:
@@ -20,6 +20,15 @@ and modeling_rope_utils (not from the C engine), in float64:
 * Softmax scale (qk_nope_head_dim + qk_rope_head_dim)^-1/2; V3 multiplies it
   by yarn_get_mscale(factor, mscale_all_dim)^2 when rope_scaling has
   mscale_all_dim (V2 does not).
+* DeepseekV2Moe / DeepseekV3MoE on the per-expert checkpoint tensors
+  (mlp.experts.<e>.gate_proj/up_proj/down_proj): V2 routes by softmax,
+  greedy or group_limited_greedy (a group's score: its best probability),
+  weights times routed_scaling_factor; V3 (DeepseekV3TopkRouter) by sigmoid,
+  choosing on scores + e_score_correction_bias within the topk_group groups
+  of best two-expert sums, weights from the scores, renormalised (+1e-20)
+  when norm_topk_prob, times routed_scaling_factor; masked experts are
+  filled with 0.0 as masked_fill does.  shared_experts (one MLP
+  n_shared_experts times moe_intermediate_size wide) is added.
 * YaRN inverse frequencies and attention factor as _compute_yarn_parameters
   (factor = max_position_embeddings / original_max_position_embeddings when
   the latter is given).
@@ -95,8 +104,15 @@ class DeepseekReference:
         self.nope = int(c["qk_nope_head_dim"])
         self.rope = int(c["qk_rope_head_dim"])
         self.vd = int(c["v_head_dim"])
-        if int(c.get("first_k_dense_replace", 0)) < self.n_layers:
-            raise base.ReferenceError("the reference builds dense deepseek layers only")
+        v3 = self.arch == "deepseek_v3"
+        self.first_sparse = int(c.get("first_k_dense_replace", 3 if v3 else 0))
+        self.n_experts = int(c.get("n_routed_experts", 256 if v3 else 64))
+        self.top_k = c.get("num_experts_per_tok", 8 if v3 else None)
+        self.scale_routed = float(c.get("routed_scaling_factor", 2.5 if v3 else 1.0))
+        self.n_group = c.get("n_group", 8 if v3 else None)
+        self.topk_group = c.get("topk_group", 4 if v3 else None)
+        self.topk_method = c.get("topk_method", "greedy")
+        self.norm_topk = bool(c.get("norm_topk_prob", v3))
         self.interleave = self.arch == "deepseek_v2" or bool(c.get("rope_interleave", True))
         theta, rtype, p = base.rope_settings_any(c)
         if rtype == "yarn":
@@ -154,7 +170,59 @@ class DeepseekReference:
         o = (w @ v).transpose(1, 0, 2).reshape(T, nh * self.vd)
         return o @ W("o_proj").T
 
+    def route(self, i, x):
+        """(chosen [T, k], weights [T, k]) of layer i's router."""
+        p = f"model.layers.{i}.mlp.gate."
+        logits = x @ self.t[p + "weight"].T
+        E, k, T = self.n_experts, int(self.top_k), x.shape[0]
+        if self.arch == "deepseek_v2":
+            probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+            probs = probs / probs.sum(axis=-1, keepdims=True)
+            choice = probs.copy()
+            if self.topk_method == "group_limited_greedy":
+                G = int(self.n_group)
+                gs = probs.reshape(T, G, -1).max(axis=-1)
+                keep = np.argsort(-gs, axis=-1, kind="stable")[:, :int(self.topk_group)]
+                mask = np.zeros((T, G), dtype=bool)
+                np.put_along_axis(mask, keep, True, axis=-1)
+                choice = np.where(np.repeat(mask, E // G, axis=-1), choice, 0.0)
+            chosen = np.argsort(-choice, axis=-1, kind="stable")[:, :k]
+            return chosen, np.take_along_axis(choice, chosen, axis=-1) * self.scale_routed
+        scores = 1 / (1 + np.exp(-logits))
+        choice = scores + self.t.get(p + "e_score_correction_bias", np.zeros(E))[None]
+        G = int(self.n_group)
+        top2 = -np.sort(-choice.reshape(T, G, -1), axis=-1)[..., :2]
+        gs = top2.sum(axis=-1)
+        keep = np.argsort(-gs, axis=-1, kind="stable")[:, :int(self.topk_group)]
+        mask = np.zeros((T, G), dtype=bool)
+        np.put_along_axis(mask, keep, True, axis=-1)
+        choice = np.where(np.repeat(mask, E // G, axis=-1), choice, 0.0)
+        chosen = np.argsort(-choice, axis=-1, kind="stable")[:, :k]
+        w = np.take_along_axis(scores, chosen, axis=-1)
+        if self.norm_topk:
+            w = w / (w.sum(axis=-1, keepdims=True) + 1e-20)
+        return chosen, w * self.scale_routed
+
+    def swiglu(self, x, p):
+        g = x @ self.t[p + "gate_proj.weight"].T
+        u = x @ self.t[p + "up_proj.weight"].T
+        return (base.silu(g) * u) @ self.t[p + "down_proj.weight"].T
+
+    def moe(self, i, x):
+        chosen, w = self.route(i, x)
+        out = np.zeros_like(x)
+        for e in range(self.n_experts):
+            tok, slot = np.nonzero(chosen == e)
+            if tok.size:
+                y = self.swiglu(x[tok], f"model.layers.{i}.mlp.experts.{e}.")
+                np.add.at(out, tok, y * w[tok, slot][:, None])
+        if f"model.layers.{i}.mlp.shared_experts.gate_proj.weight" in self.t:
+            out = out + self.swiglu(x, f"model.layers.{i}.mlp.shared_experts.")
+        return out
+
     def mlp(self, i, x):
+        if i >= self.first_sparse:
+            return self.moe(i, x)
         p = f"model.layers.{i}.mlp."
         g = x @ self.t[p + "gate_proj.weight"].T
         u = x @ self.t[p + "up_proj.weight"].T
