@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""End-to-end: deepseek_v2 and deepseek_v3 with multi-head latent attention
-(dense layers: first_k_dense_replace = num_hidden_layers).
+"""End-to-end: deepseek_v2 and deepseek_v3: multi-head latent attention,
+dense MLPs before first_k_dense_replace and MoE blocks after (routed experts,
+shared experts).
 
 * Logits against the independent NumPy reference (tests/reference/
   hf_deepseek.py, from Transformers' DeepseekV2Attention /
@@ -9,13 +10,19 @@
   query; YaRN rope (attention factor on cos/sin, V3's softmax mscale);
   V3 with and without rope_interleave; a value head narrower and one wider
   than the query/key head.
+* MoE blocks (the tiny presets: layer 0 dense, layer 1 8 experts top-2):
+  V2 greedy and group_limited_greedy (every layer sparse, no shared
+  experts, routed_scaling_factor 1.5); V3's sigmoid router with
+  e_score_correction_bias and group limits, with and without norm_topk_prob.
 * TP 2 and 4 (§7.7: q/q_b/kv_b colwise, kv_a_proj_with_mqa mla_kv_a_proj,
   o_proj rowwise; §7.8: deepseek_v3 replicates the attention) give the TP = 1
   logits, bitwise the same on every rank, and the same greedy tokens.
-* Refusals: heads that do not divide, a plan splitting the latent, training,
-  MoE layers (first_k_dense_replace < num_hidden_layers).
+  EP 2 and 4 (§7.7's EP plan, shared by V3) give them too.
+* Refusals: heads that do not divide, a plan splitting the latent or the
+  shared experts' output, training.
 
-q/k paths are drawn with std 0.25 (--qk-std) so that attention is decisive."""
+q/k paths are drawn with std 0.25 (--qk-std) so that attention is decisive,
+routers with std 0.3 (--router-std) so that the top-k choices are."""
 
 import json
 import os
@@ -53,7 +60,8 @@ def tearDownModule():
 def make(name, arch, *extra):
     d = os.path.join(WORK, name)
     if not os.path.exists(d):
-        run("make-model", "--arch", arch, "--preset", "tiny", "--qk-std", "0.25", "--seed", "3", *extra, "--out", d)
+        run("make-model", "--arch", arch, "--preset", "tiny", "--qk-std", "0.25", "--router-std", "0.3", "--seed", "3",
+            *extra, "--out", d)
     return d
 
 
@@ -65,9 +73,9 @@ def reference(model):
     return ref.reference_logits(model, [int(t) for t in TOKENS.split(",")])
 
 
-def generate(model, tp=1):
+def generate(model, tp=1, *extra):
     return json.loads(run("generate", "--model", model, "--tokens", "1,2,3", "--max-new-tokens", "24",
-                          "--greedy", "--tp", tp).stdout)
+                          "--greedy", "--tp", tp, *extra).stdout)
 
 
 def fails(*args):
@@ -76,8 +84,19 @@ def fails(*args):
     return p.stderr
 
 
+DENSE = ("--set", "first_k_dense_replace=2")
+V2_GROUPS = ("--set", "first_k_dense_replace=0", "--set", "n_shared_experts=null", "--set", "n_group=4",
+             "--set", "topk_group=2", "--set", "topk_method=group_limited_greedy", "--set", "routed_scaling_factor=1.5")
+
+
 def models():
-    return [make("v2", "deepseek_v2"), make("v3-yarn", "deepseek_v3", "--set", YARN_V3)]
+    """Dense models of both types, and the MoE ones."""
+    return [make("v2", "deepseek_v2", *DENSE), make("v3-yarn", "deepseek_v3", "--set", YARN_V3, *DENSE)]
+
+
+def moe_models():
+    return [make("v2-moe", "deepseek_v2"), make("v3-moe", "deepseek_v3", "--set", YARN_V3),
+            make("v2-groups", "deepseek_v2", *V2_GROUPS)]
 
 
 class Reference(unittest.TestCase):
@@ -88,38 +107,49 @@ class Reference(unittest.TestCase):
         self.assertLessEqual(rel(np.load(out), reference(model)), TOL, f"{model} token by token")
 
     def test_deepseek_v2(self):
-        self.check(make("v2", "deepseek_v2"))
-        self.check(make("v2-yarn", "deepseek_v2", "--set", YARN_V2))
+        self.check(make("v2", "deepseek_v2", *DENSE))
+        self.check(make("v2-yarn", "deepseek_v2", "--set", YARN_V2, *DENSE))
         # the low-rank query, and a value head wider than the query/key head
-        self.check(make("v2-qlora", "deepseek_v2", "--set", "q_lora_rank=24", "--set", "v_head_dim=30"))
+        self.check(make("v2-qlora", "deepseek_v2", "--set", "q_lora_rank=24", "--set", "v_head_dim=30", *DENSE))
 
     def test_deepseek_v3(self):
-        self.check(make("v3", "deepseek_v3"))
-        self.check(make("v3-yarn", "deepseek_v3", "--set", YARN_V3))
+        self.check(make("v3", "deepseek_v3", *DENSE))
+        self.check(make("v3-yarn", "deepseek_v3", "--set", YARN_V3, *DENSE))
         self.check(make("v3-halves", "deepseek_v3", "--set", YARN_V3, "--set", "rope_interleave=false",
-                        "--set", "q_lora_rank=null"))
+                        "--set", "q_lora_rank=null", *DENSE))
+
+    def test_moe_blocks(self):
+        for model in moe_models():
+            self.check(model)
+        self.check(make("v3-moe-nonorm", "deepseek_v3", "--set", "norm_topk_prob=false", "--set", "num_experts_per_tok=3"))
 
     def test_bf16_weights(self):
-        model = make("v2-bf16", "deepseek_v2", "--dtype", "bf16")
+        model = make("v2-bf16", "deepseek_v2", "--dtype", "bf16")   # layer 1 sparse
         self.assertLessEqual(rel(logits(model), reference(model)), TOL)
 
     def test_rope_and_scale_matter(self):
         """The YaRN model's logits differ from the plain one's (same weights):
         the factor reaches the frequencies, cos/sin and the softmax scale."""
-        plain, yarn = make("v3", "deepseek_v3"), make("v3-yarn", "deepseek_v3", "--set", YARN_V3)
+        plain, yarn = make("v3", "deepseek_v3", *DENSE), make("v3-yarn", "deepseek_v3", "--set", YARN_V3, *DENSE)
         self.assertGreater(rel(logits(yarn), logits(plain)), 1e-3)
 
 
 class Parallel(unittest.TestCase):
     def test_tp_equals_tp1(self):
-        for model in models():
+        for model in models() + moe_models():
             base = logits(model)
             for tp in (2, 4):
                 self.assertLessEqual(rel(logits(model, tp), base), TOL, f"{model} TP={tp}")
 
+    def test_ep_equals_tp1(self):
+        for model in moe_models():
+            base = logits(model)
+            for ep in (2, 4):
+                self.assertLessEqual(rel(logits(model, ep, "--ep"), base), TOL, f"{model} EP={ep}")
+
     def test_plans(self):
-        v2 = json.loads(run("plan", "--model", make("v2", "deepseek_v2"), "--tp", 2, "--json").stdout)
-        v3 = json.loads(run("plan", "--model", make("v3-yarn", "deepseek_v3", "--set", YARN_V3), "--tp", 2,
+        v2 = json.loads(run("plan", "--model", make("v2", "deepseek_v2", *DENSE), "--tp", 2, "--json").stdout)
+        v3 = json.loads(run("plan", "--model", make("v3-yarn", "deepseek_v3", "--set", YARN_V3, *DENSE), "--tp", 2,
                             "--json").stdout)
         text = json.dumps(v2)
         self.assertIn("mla_kv_a_proj", text)
@@ -127,16 +157,16 @@ class Parallel(unittest.TestCase):
         self.assertLess(v2["bytes_per_rank"][0], v3["bytes_per_rank"][0])   # v3's attention is whole on each rank
 
     def test_greedy_tokens_identical(self):
-        for model in models():
+        for model in models() + moe_models()[:2]:
             want = generate(model)
             self.assertEqual(len(want), 24)
-            for tp in (2, 4):
-                self.assertEqual(generate(model, tp), want, f"{model} TP={tp}")
+            for extra in ((2,), (4,)) + (((2, "--ep"), (4, "--ep")) if "moe" in model else ()):
+                self.assertEqual(generate(model, *extra), want, f"{model} {extra}")
 
 
 class Messages(unittest.TestCase):
     def test_heads_do_not_divide(self):
-        err = fails("logits", "--model", make("v2", "deepseek_v2"), "--tokens", "1", "--out",
+        err = fails("logits", "--model", make("v2", "deepseek_v2", *DENSE), "--tokens", "1", "--out",
                     os.path.join(WORK, "e.npy"), "--tp", 3)
         self.assertIn("`num_attention_heads` must be divisible by `tp_size`", err)
 
@@ -144,16 +174,24 @@ class Messages(unittest.TestCase):
         path = os.path.join(WORK, "split-latent.json")
         with open(path, "w") as f:
             json.dump({"model.layers.*.self_attn.kv_a_proj_with_mqa": "colwise"}, f)
-        err = fails("plan", "--model", make("v2", "deepseek_v2"), "--tp", 2, "--tp-plan", path)
+        err = fails("plan", "--model", make("v2", "deepseek_v2", *DENSE), "--tp", 2, "--tp-plan", path)
         self.assertIn("needs the latent whole on every rank", err)
 
-    def test_moe_layers_refused(self):
-        err = fails("make-model", "--arch", "deepseek_v2", "--preset", "tiny", "--set", "first_k_dense_replace=1",
-                    "--out", os.path.join(WORK, "moe"))
-        self.assertIn("mixture-of-experts blocks", err)
+    def test_shared_experts_output_must_be_whole(self):
+        path = os.path.join(WORK, "split-shared.json")
+        with open(path, "w") as f:
+            json.dump({"model.layers.*.mlp.shared_experts.gate_proj": "colwise",
+                       "model.layers.*.mlp.shared_experts.up_proj": "colwise"}, f)
+        err = fails("plan", "--model", make("v2-moe", "deepseek_v2"), "--tp", 2, "--tp-plan", path)
+        self.assertIn("shared_experts.down_proj", err)
+
+    def test_group_limits_checked(self):
+        err = fails("make-model", "--arch", "deepseek_v3", "--preset", "tiny", "--set", "n_group=3",
+                    "--out", os.path.join(WORK, "bad-groups"))
+        self.assertIn("n_group dividing n_routed_experts", err)
 
     def test_train_refuses(self):
-        model = make("v2", "deepseek_v2")
+        model = make("v2", "deepseek_v2", *DENSE)
         data = os.path.join(WORK, "rows.jsonl")
         with open(data, "w") as f:
             f.write(json.dumps({"input_ids": [1, 2, 3, 4, 5, 6, 7, 8]}) + "\n")
