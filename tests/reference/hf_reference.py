@@ -705,7 +705,8 @@ def self_test(verbose=True):
         # --- invariants of the forward pass
         T = 24
         toks = list(rng.integers(0, 61, size=T))
-        for arch in SUPPORTED_ARCHS:
+        # make_tiny writes the dense types (the MoE ones have their own e2e tests)
+        for arch in ("llama", "mistral", "qwen2", "qwen3"):
             make_tiny(d(f"c_{arch}"), arch=arch, seed=11)
             m = HFReference(d(f"c_{arch}"))
             a = m.forward(toks)
