@@ -14,7 +14,7 @@ shared experts).
   V2 greedy and group_limited_greedy (every layer sparse, no shared
   experts, routed_scaling_factor 1.5); V3's sigmoid router with
   e_score_correction_bias and group limits, with and without norm_topk_prob.
-* TP 2 and 4 (§7.7: q/q_b/kv_b colwise, kv_a_proj_with_mqa mla_kv_a_proj,
+* TP 2, 3 and 4 (§7.7: q/q_b/kv_b colwise, kv_a_proj_with_mqa mla_kv_a_proj,
   o_proj rowwise; §7.8: deepseek_v3 replicates the attention) give the TP = 1
   logits, bitwise the same on every rank, and the same greedy tokens.
   EP 2 and 4 (§7.7's EP plan, shared by V3) give them too.
@@ -141,6 +141,12 @@ class Parallel(unittest.TestCase):
             for tp in (2, 4):
                 self.assertLessEqual(rel(logits(model, tp), base), TOL, f"{model} TP={tp}")
 
+    def test_tp3(self):
+        # 6 heads and a vocabulary of 510 so that 3 divides them; the experts' widths split unevenly
+        model = make("v2-tp3", "deepseek_v2", "--set", "num_attention_heads=6", "--set", "num_key_value_heads=6",
+                     "--set", "vocab_size=510")
+        self.assertLessEqual(rel(logits(model, 3), logits(model)), TOL)
+
     def test_ep_equals_tp1(self):
         for model in moe_models():
             base = logits(model)
@@ -189,6 +195,11 @@ class Messages(unittest.TestCase):
         err = fails("make-model", "--arch", "deepseek_v3", "--preset", "tiny", "--set", "n_group=3",
                     "--out", os.path.join(WORK, "bad-groups"))
         self.assertIn("n_group dividing n_routed_experts", err)
+
+    def test_grads_refuses(self):
+        err = fails("grads", "--model", make("v2", "deepseek_v2", *DENSE), "--tokens", "1,2,3", "--out",
+                    os.path.join(WORK, "g.safetensors"))
+        self.assertIn("training deepseek_v2 (multi-head latent attention) is not supported yet", err)
 
     def test_train_refuses(self):
         model = make("v2", "deepseek_v2", *DENSE)
