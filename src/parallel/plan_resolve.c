@@ -207,7 +207,7 @@ static tp_status resolve_modules(ctx *c)
         mp->out_features = module_width(c, m);
         tp_module_ctx mod = {mp->name, m->kind, r->tp_size, 0, &r->cfg, NULL, NULL};
         tp_status s = tp_style_install_forward(st, &mod, &mp->fwd);
-        if (s) return s;
+        if (s) return tp_fail_context(s, "Tensor parallel style '%s' on `%s`", st->name, mp->name);
     }
     return TP_OK;
 }

@@ -30,8 +30,9 @@ import tempfile
 
 import numpy as np
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
-# deepseek_v2 and deepseek_v3 (dense layers): hf_deepseek.py, through reference_model.
+DENSE_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ARCHS = DENSE_ARCHS + ("qwen3_moe", "mixtral")
+# deepseek_v2 and deepseek_v3: hf_deepseek.py, through reference_model.
 
 
 class ReferenceError(Exception):
@@ -705,8 +706,7 @@ def self_test(verbose=True):
         # --- invariants of the forward pass
         T = 24
         toks = list(rng.integers(0, 61, size=T))
-        # make_tiny writes the dense types (the MoE ones have their own e2e tests)
-        for arch in ("llama", "mistral", "qwen2", "qwen3"):
+        for arch in DENSE_ARCHS:   # make_tiny writes dense models; the MoE ones are made by make-model
             make_tiny(d(f"c_{arch}"), arch=arch, seed=11)
             m = HFReference(d(f"c_{arch}"))
             a = m.forward(toks)

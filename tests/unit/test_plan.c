@@ -248,7 +248,7 @@ static void test_errors(void)
                       "`model.layers.0.self_attn.q_proj`)."), "%s", tp_error());
     /* grouped_gemm shards 3-D expert tensors only */
     CHECK(resolve_json(&c, "{\"model.layers.*.mlp.up_proj\": \"grouped_gemm\"}", 2, &r) != TP_OK);
-    CHECK(strstr(tp_error(), "3-D expert tensors") != NULL);
+    CHECK(strstr(tp_error(), "'grouped_gemm'") && strstr(tp_error(), "3-D expert tensors"));
     /* moe_tp_experts on a dense MLP resolves, and the flow check refuses it:
      * its all-reduce would add P copies of a replicated output */
     CHECK(resolve_json(&c, "{\"model.layers.*.mlp\": \"moe_tp_experts\"}", 2, &r) == TP_OK);
