@@ -162,6 +162,20 @@ class Parallel(unittest.TestCase):
         self.assertNotIn("mla_kv_a_proj", json.dumps(v3))
         self.assertLess(v2["bytes_per_rank"][0], v3["bytes_per_rank"][0])   # v3's attention is whole on each rank
 
+    def test_v3_user_plan_shards_mla(self):
+        """§7.8: a user plan may add the four MLA rules to deepseek_v3."""
+        path = os.path.join(WORK, "v3-mla.json")
+        with open(path, "w") as f:
+            json.dump({"model.layers.*.self_attn.q_b_proj": "colwise",
+                       "model.layers.*.self_attn.kv_a_proj_with_mqa": "mla_kv_a_proj",
+                       "model.layers.*.self_attn.kv_b_proj": "colwise",
+                       "model.layers.*.self_attn.o_proj": "rowwise",
+                       "model.layers.*.mlp.shared_experts.gate_proj": "colwise",
+                       "model.layers.*.mlp.shared_experts.up_proj": "colwise",
+                       "model.layers.*.mlp.shared_experts.down_proj": "rowwise"}, f)
+        model = make("v3-moe", "deepseek_v3", "--set", YARN_V3)
+        self.assertLessEqual(rel(logits(model, 2, "--tp-plan", path), logits(model)), TOL)
+
     def test_greedy_tokens_identical(self):
         for model in models() + moe_models()[:2]:
             want = generate(model)
