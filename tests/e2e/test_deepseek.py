@@ -141,6 +141,15 @@ class Parallel(unittest.TestCase):
             for tp in (2, 4):
                 self.assertLessEqual(rel(logits(model, tp), base), TOL, f"{model} TP={tp}")
 
+    def test_long_prompt(self):
+        """80 tokens: under TP the residual add and norm run inside o_proj's reduction (fused norm)."""
+        toks = ",".join(str((i * 7) % 500) for i in range(80))
+        for model in (make("v2", "deepseek_v2", *DENSE), make("v2-moe", "deepseek_v2")):
+            want = ref.reference_logits(model, [int(t) for t in toks.split(",")])
+            for tp in (1, 2):
+                got = tp_logits(WORK, model, tp, tokens=toks)
+                self.assertLessEqual(rel(got, want), TOL, f"{model} TP={tp}")
+
     def test_tp3(self):
         # 6 heads and a vocabulary of 510 so that 3 divides them; the experts' widths split unevenly
         model = make("v2-tp3", "deepseek_v2", "--set", "num_attention_heads=6", "--set", "num_key_value_heads=6",
