@@ -5,9 +5,11 @@
  * adapter_model.safetensors as PEFT's save_pretrained writes them.  Each
  * targeted Linear gets y = base(x) + scale · B(A(x)), scale = alpha / r
  * (alpha / sqrt(r) with use_rslora), its adapter read shard-on-read with
- * the placements of §9.6: colwise base -> lora_B Shard(0) like the base's
- * rows; rowwise base -> lora_A Shard(-1) like the base's columns; a base
- * that is not split -> both whole. */
+ * the placements of §9.6: colwise (and lm_head's colwise_gather_output)
+ * base -> lora_B Shard(0) like the base's rows; rowwise base -> lora_A
+ * Shard(-1) like the base's columns; embedding_rowwise ->
+ * lora_embedding_A Shard(1) on the vocabulary; a base that is not split ->
+ * both whole. */
 #ifndef TENSORPAR_LORA_H
 #define TENSORPAR_LORA_H
 
@@ -53,21 +55,24 @@ tp_status tp_model_load_adapter(tp_model *m, const char *dir, int merge);
 
 /* ---- training (lora_train.c) ------------------------------------------ */
 
-/* Attaches fresh adapters to every Linear that cfg targets, initialised as
- * PEFT's init_lora_weights=True does: A Kaiming-uniform (a = sqrt(5): U(±1/sqrt(in))),
- * B zeros, each A drawn whole from `seed` and the module's index, so every
- * rank and every TP size holds the same values (§9.3) and keeps its shard.
- * cfg is moved into the model. */
+/* Attaches fresh adapters to every Linear and Embedding that cfg targets,
+ * initialised as PEFT's init_lora_weights=True does: Linear A
+ * Kaiming-uniform (a = sqrt(5): U(±1/sqrt(in))), B zeros; Embedding
+ * lora_embedding_A zeros, lora_embedding_B N(0, 1).  Each random tensor is
+ * drawn whole from `seed` and the module's index, so every rank and every
+ * TP size holds the same values (§9.3) and keeps its shard.  cfg is moved
+ * into the model. */
 tp_status tp_model_lora_init(tp_model *m, tp_lora_config *cfg, uint64_t seed);
 /* Freezes the base for training: from now on tp_model_zero_grad gives only
  * the adapters gradients, and the base's weights get none.  Fails without
- * adapters, on embedding adapters and under KV-head replication (not built). */
+ * adapters. */
 tp_status tp_model_lora_train(tp_model *m);
 /* 1 when the base is frozen (LoRA training). */
 int tp_model_base_frozen(const tp_model *m);
 /* The adapters' tensors as trainable parameters, 2 per adapted module
  * (A then B), in module order: k in [0, count).  *replicas: 0 when every
- * rank holds it whole, 1 when split (tp_train_param.replicas). */
+ * rank holds it whole, 1 when split, kv_rep when split like a KV head that
+ * kv_rep consecutive ranks hold (tp_train_param.replicas). */
 size_t tp_model_lora_count(const tp_model *m);
 tp_status tp_model_lora_tensor(tp_model *m, size_t k, const char **name, tp_tensor **value, tp_tensor **grad,
                                int *replicas);

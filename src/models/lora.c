@@ -78,10 +78,13 @@ tp_status tp_lora_placement(const tp_model *m, const tp_module *lin, int *a_spli
     const tp_module_param *w = &lin->params[TP_MODULE_WEIGHT];
     *a_split = *b_split = 0;
     if (!style) return TP_OK;
-    if (strcmp(style, "colwise") && strcmp(style, "rowwise"))
+    /* lm_head's colwise_gather_output splits its rows as colwise does: B
+     * follows them and the gather after the local output carries the term */
+    int colwise = !strcmp(style, "colwise") || !strcmp(style, "colwise_gather_output");
+    if (!colwise && strcmp(style, "rowwise"))
         return tp_fail(TP_ERR_UNSUPPORTED, "Unsupported tensor parallel plan '%s' for LoRA state dict sharding.",
                        style);
-    *b_split = !strcmp(style, "colwise") && w->slice.dim == 0;
+    *b_split = colwise && w->slice.dim == 0;
     *a_split = !strcmp(style, "rowwise") && w->slice.dim == 1;
     if (w->slice.dim >= 0 && !*a_split && !*b_split)
         return tp_fail(TP_ERR_INTERNAL, "%s: its weight is split along dimension %d under '%s'", lin->name,
@@ -110,8 +113,7 @@ static tp_status read_entry(tp_model *m, tp_checkpoint *ck, const tp_module *lin
 /* An embedding's adapter: lora_embedding_A [r, V] split on V like the base
  * table's rows under embedding_rowwise (§9.6), lora_embedding_B [H, r]
  * replicated. */
-static tp_status read_embedding_entry(tp_model *m, tp_checkpoint *ck, const tp_module *emb, int64_t r,
-                                      lora_entry *e)
+tp_status tp_lora_embedding_placement(const tp_model *m, const tp_module *emb, lora_entry *e)
 {
     const char *style = style_name(m, emb);
     if (style && strcmp(style, "embedding_rowwise"))
@@ -127,13 +129,22 @@ static tp_status read_embedding_entry(tp_model *m, tp_checkpoint *ck, const tp_m
     e->a_slice = e->vocab;
     e->b_slice = e->vocab;
     e->b_slice.dim = -1;
-    tp_status s = read_shard(ck, e->a_name, r, w->shape[0], &e->vocab, split, &e->A);
+    return TP_OK;
+}
+
+static tp_status read_embedding_entry(tp_model *m, tp_checkpoint *ck, const tp_module *emb, int64_t r,
+                                      lora_entry *e)
+{
+    tp_status s = tp_lora_embedding_placement(m, emb, e);
+    if (s) return s;
+    const tp_module_param *w = &emb->params[TP_MODULE_WEIGHT];
+    int split = e->vocab.dim >= 0;
+    s = read_shard(ck, e->a_name, r, w->shape[0], &e->vocab, split, &e->A);
     if (!s) s = read_shard(ck, e->b_name, w->shape[1], r, &e->vocab, 0, &e->B);
     return s;
 }
 
-/* The local column of A that holds token id v, or -1 (another rank's). */
-static int64_t vocab_column(const lora_entry *e, int64_t v)
+int64_t tp_lora_vocab_column(const lora_entry *e, int64_t v)
 {
     if (e->vocab.dim < 0) return v;
     int64_t base = 0;
@@ -281,7 +292,7 @@ tp_status tp_lora_apply_embedding(tp_model *m, const tp_module *emb, const int64
     /* the masked lookup of A's transposed table: ids on another rank give
      * zeros, and the base's all-reduce adds the ranks' terms */
     for (int64_t t = 0; !s && t < T; t++) {
-        int64_t col = vocab_column(e, ids[t]);
+        int64_t col = tp_lora_vocab_column(e, ids[t]);
         for (int64_t k = 0; k < r; k++) a[t * r + k] = col < 0 ? 0.0f : A[k * Vl + col];
     }
     if (!s) s = add_up_projection(m, e, a, T, y);

@@ -33,4 +33,11 @@ tp_status tp_lora_new(tp_model *m, tp_lora_config *cfg, struct tp_lora **out);
  * (dim 0) is split like the base's weight; refuses another style. */
 tp_status tp_lora_placement(const tp_model *m, const tp_module *lin, int *a_split, int *b_split);
 
+/* The placement of §9.6 for an embedding's adapter (keys, vocabulary
+ * ranges of lora_embedding_A, B whole) into e; refuses another style. */
+tp_status tp_lora_embedding_placement(const tp_model *m, const tp_module *emb, lora_entry *e);
+/* The local column of an embedding adapter's A that holds token id v, or
+ * -1 (another rank's). */
+int64_t tp_lora_vocab_column(const lora_entry *e, int64_t v);
+
 #endif

@@ -300,5 +300,14 @@ void tp_lora_free(struct tp_lora *l);
 tp_status tp_lora_backward(tp_model *m, const tp_module *lin, const float *x, const float *dy, int64_t T, float *dx);
 /* Allocates or zeroes the adapters' gradients. */
 tp_status tp_lora_zero_grad(tp_model *m);
+/* The embedding adapter's backward: dy [T, H] is the lookup's whole output
+ * gradient (lora_train.c). */
+tp_status tp_lora_backward_embedding(tp_model *m, const tp_module *emb, const int64_t *ids, const float *dy,
+                                     int64_t T);
+/* Under KV-head replication: g, this rank's rows sl (one range, dim 0) of a
+ * [shape[0], shape[1]] gradient, becomes the sum of the same rows over the
+ * ranks that hold them — the ranks of a KV subgroup (module_linear.c). */
+tp_status tp_sum_kv_rows(tp_model *m, const tp_param_slice *sl, int ndim, const int64_t *shape, float *g,
+                         const char *what);
 
 #endif

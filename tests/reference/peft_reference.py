@@ -44,7 +44,9 @@ def write_adapter(out_dir, model_dir, r=4, alpha=8, targets=("q_proj", "v_proj")
                   b_std=0.05, extra_config=None):
     """A PEFT LoRA adapter for the model in model_dir with random A and
     non-zero B (PEFT initialises B to zeros; a test adapter must matter)."""
-    t = ref.load_model_tensors(model_dir)
+    t = dict(ref.load_model_tensors(model_dir))
+    if "lm_head.weight" not in t:   # tied: PEFT still wraps lm_head as a Linear of its own
+        t["lm_head.weight"] = t["model.embed_tokens.weight"]
     rng = np.random.default_rng(seed)
     tlist = list(targets) if not isinstance(targets, str) else targets
     names = targeted(linear_modules(t) + ["model.embed_tokens"], tlist)
@@ -71,8 +73,12 @@ def write_adapter(out_dir, model_dir, r=4, alpha=8, targets=("q_proj", "v_proj")
 
 
 def merged_tensors(model_dir, adapter_dir):
-    """The base tensors with scale * B @ A added to each targeted weight (float64)."""
+    """The base tensors with scale * B @ A added to each targeted weight
+    (float64), lm_head.weight always its own (a tied head starts as the base
+    table: PEFT's embedding adapter changes the lookup only, and an lm_head
+    adapter is a Linear adapter on the head alone)."""
     t = dict(ref.load_model_tensors(model_dir))
+    t.setdefault("lm_head.weight", t["model.embed_tokens.weight"])
     with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
         cfg = json.load(f)
     a = ref.read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"))
@@ -93,9 +99,7 @@ def merged_tensors(model_dir, adapter_dir):
 def reference_logits(model_dir, adapter_dir, tokens):
     merged = merged_tensors(model_dir, adapter_dir)
     model = ref.HFReference(model_dir, tensors=merged)
-    if model.tied:   # the adapter is on the lookup only: a tied head keeps the base table
-        merged["lm_head.weight"] = ref.load_model_tensors(model_dir)["model.embed_tokens.weight"]
-        model.tied = False
+    model.tied = False   # merged_tensors gave lm_head its own weight
     return model.forward(tokens)
 
 
@@ -117,18 +121,31 @@ def lora_reference_train(model_dir, adapter_dir, data_path, **opts):
     s = scale_of(acfg)
     base = {k: torch.tensor(v, dtype=torch.float64) for k, v in gref.load_weights(model_dir).items()}
     if cfg.get("tie_word_embeddings"):
+        # the head reads lm_head.weight below: PEFT's embedding adapter changes the lookup only
         base["lm_head.weight"] = base["model.embed_tokens.weight"]
+        cfg = dict(cfg, tie_word_embeddings=False)
     start = ref.read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"))
     params = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in start.items()}
-    mods = sorted({k[len("base_model.model."):-len(".lora_A.weight")] for k in params if k.endswith(".lora_A.weight")})
+    pre = "base_model.model."
+    mods = sorted({k[len(pre):-len(".lora_A.weight")] for k in params if k.endswith(".lora_A.weight")})
+    embs = sorted({k[len(pre):-len(".lora_embedding_A")] for k in params if k.endswith(".lora_embedding_A")})
+    # modules_to_save: PEFT saves the trained copy under the module's own key
+    saved = sorted(k[len(pre):] for k in params if ".lora_" not in k)
 
     def weights():
-        # x·(W + s·B·A)ᵀ = x·Wᵀ + s·(x·Aᵀ)·Bᵀ: the same function, so the same gradients of A and B
+        # x·(W + s·B·A)ᵀ = x·Wᵀ + s·(x·Aᵀ)·Bᵀ: the same function, so the same gradients of A and B;
+        # PEFT's Embedding: W[ids] + s·embedding(ids, Aᵀ)·Bᵀ = (W + s·(B·A)ᵀ)[ids]
         w = dict(base)
+        for name in saved:
+            w[name] = params[pre + name]
         for mname in mods:
-            A = params[f"base_model.model.{mname}.lora_A.weight"]
-            B = params[f"base_model.model.{mname}.lora_B.weight"]
-            w[mname + ".weight"] = base[mname + ".weight"] + s * (B @ A)
+            A = params[f"{pre}{mname}.lora_A.weight"]
+            B = params[f"{pre}{mname}.lora_B.weight"]
+            w[mname + ".weight"] = w[mname + ".weight"] + s * (B @ A)
+        for mname in embs:
+            A = params[f"{pre}{mname}.lora_embedding_A"]
+            B = params[f"{pre}{mname}.lora_embedding_B"]
+            w[mname + ".weight"] = w[mname + ".weight"] + s * (B @ A).T
         return w
 
     seqs = tref.read_sequences(data_path, o["seq_len"])
