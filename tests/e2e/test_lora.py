@@ -80,6 +80,20 @@ class LoraLogits(unittest.TestCase):
         for tp in (1, 2, 4):
             self.assertLess(rel(logits(model, tp, "--adapter", adapter), want), TOL, f"tied TP={tp}")
 
+    def test_lm_head(self):
+        # colwise_gather_output: lora_B split like the head's rows, the gather carries the term
+        self.check("llama", tps=(1, 2, 4), targets=["lm_head", "q_proj"], r=4, alpha=8)
+
+    def test_lm_head_tied(self):
+        # PEFT puts a Linear adapter on the tied head itself: the lookup keeps the base table
+        model = make("qwen3-tied", "qwen3", "--set", "tie_word_embeddings=true")
+        adapter = os.path.join(WORK, "head-tied")
+        peft.write_adapter(adapter, model, targets=["lm_head", "embed_tokens"], r=4, alpha=8, seed=4)
+        want = peft.reference_logits(model, adapter, TOKENS)
+        self.assertGreater(rel(logits(model, 1), want), 100 * TOL)
+        for tp in (1, 2, 4):
+            self.assertLess(rel(logits(model, tp, "--adapter", adapter), want), TOL, f"tied head TP={tp}")
+
     def test_embedding_replicated(self):
         self.check("llama", tps=(1, 2), targets=["embed_tokens", "gate_proj"], r=2, alpha=4)
 
@@ -163,24 +177,64 @@ class LoraTraining(unittest.TestCase):
             for k in want:
                 self.assertLess(rel(got[k], want[k]), 1e-4, f"TP={tp} {k}")
 
+    def five_steps(self, model, targets, tps, seed, *extra_runs):
+        """5 AdamW steps from a PEFT-layout adapter on `targets`: loss, grad norm
+        and every adapter tensor equal the torch reference at each TP size
+        (extra_runs: (tp, flags...) tuples run and checked the same way)."""
+        data = make_data(model)
+        start = os.path.join(WORK, f"steps-{seed}")
+        peft.write_adapter(start, model, targets=targets, r=4, alpha=8, seed=seed, b_std=0.02)
+        log, want = peft.lora_reference_train(model, start, data, **TRAIN)
+        first = peft.ref.read_safetensors(os.path.join(start, "adapter_model.safetensors"))
+        self.assertGreater(min(rel(want[k], first[k]) for k in want), 1e-3, "every adapter tensor moves")
+        for tp, *flags in [(tp,) for tp in tps] + list(extra_runs):
+            what = f"TP={tp} {' '.join(map(str, flags))}"
+            got_log, got = train(model, data, os.path.join(WORK, f"steps-{seed}-tp{tp}"), tp, TRAIN, "--adapter",
+                                 start, *flags)
+            self.assertEqual(len(got_log), len(log))
+            for g, w in zip(got_log, log):
+                self.assertLess(abs(g["loss"] - w["loss"]) / w["loss"], 1e-5, f"{what} step {w['step']}")
+                self.assertLess(abs(g["grad_norm"] - w["grad_norm"]) / w["grad_norm"], 1e-4, what)
+            self.assertEqual(set(got), set(want))
+            for k in want:
+                self.assertLess(rel(got[k], want[k]), 1e-4, f"{what} {k}")
+
+    def test_embedding_and_head_tied(self):
+        # tied qwen3: embed_tokens embedding_rowwise, lm_head a Linear adapter of its own on the tied head
+        model = make("qwen3-tied", "qwen3", "--set", "tie_word_embeddings=true")
+        self.five_steps(model, ["embed_tokens", "lm_head", "q_proj"], (1, 2, 4), 21, (2, "--loss", "vocab-parallel"))
+
+    def test_embedding_and_head_untied(self):
+        # llama: embed_tokens replicated, lm_head colwise_gather_output
+        self.five_steps(make("llama-base", "llama"), ["embed_tokens", "lm_head", "o_proj"], (1, 2), 22)
+
+    def test_kv_replicated(self):
+        # tiny qwen3 has 2 KV heads: at TP = 4 each is held by 2 ranks
+        self.five_steps(make("qwen3-base", "qwen3"), ["k_proj", "v_proj", "q_proj"], (1, 4), 23)
+
     def test_grads_tp2_equal_tp1(self):
         """One SGD step without clipping: the adapter moves by -lr times its gradient, gathered
-        whole by the save; TP = 2's equals TP = 1's.  lr 1e3 makes the step dwarf the start
+        whole by the save; TP = 2's and TP = 4's equal TP = 1's.  lr 1e3 makes the step dwarf the start
         values, so the f32 subtraction below does not round the gradient away."""
-        model = make("qwen3-base", "qwen3")
-        data = make_data(model)
-        start = os.path.join(WORK, "grad-start")
-        peft.write_adapter(start, model, targets=list(peft.PROJ), r=4, alpha=8, seed=12)
-        a0 = peft.ref.read_safetensors(os.path.join(start, "adapter_model.safetensors"))
+        cases = (("qwen3-base", (), list(peft.PROJ), (2, 4)),
+                 # embedding_rowwise embed_tokens and the tied head's own adapter
+                 ("qwen3-tied", ("--set", "tie_word_embeddings=true"), ["embed_tokens", "lm_head", "v_proj"], (2, 4)))
         sgd = dict(seq_len=SEQ_LEN, batch_size=4, steps=1, optim="sgd", lr=1e3, lr_scheduler="constant",
                    max_grad_norm=0)
-        grads = {}
-        for tp in (1, 2):
-            _, got = train(model, data, os.path.join(WORK, f"grad-tp{tp}"), tp, sgd, "--adapter", start)
-            grads[tp] = {k: (a0[k] - got[k]) / 1e3 for k in a0}
-        for k in a0:
-            self.assertGreater(np.abs(grads[1][k]).max(), 0, k)
-            self.assertLess(rel(grads[2][k], grads[1][k]), 1e-5, k)
+        for i, (name, mk, targets, tps) in enumerate(cases):
+            model = make(name, "qwen3", *mk)
+            data = make_data(model)
+            start = os.path.join(WORK, f"grad-start-{i}")
+            peft.write_adapter(start, model, targets=targets, r=4, alpha=8, seed=12)
+            a0 = peft.ref.read_safetensors(os.path.join(start, "adapter_model.safetensors"))
+            grads = {}
+            for tp in (1,) + tps:
+                _, got = train(model, data, os.path.join(WORK, f"grad-{i}-tp{tp}"), tp, sgd, "--adapter", start)
+                grads[tp] = {k: (a0[k] - got[k]) / 1e3 for k in a0}
+            for k in a0:
+                self.assertGreater(np.abs(grads[1][k]).max(), 0, k)
+                for tp in tps:   # TP = 4: k/v heads replicated over 2 ranks each
+                    self.assertLess(rel(grads[tp][k], grads[1][k]), 1e-5, f"TP={tp} {k}")
 
     def test_init_is_peft_and_independent_of_tp(self):
         model = make("qwen3-base", "qwen3")
@@ -202,6 +256,25 @@ class LoraTraining(unittest.TestCase):
                 self.assertLessEqual(np.abs(v).max(), bound)
                 self.assertGreater(np.abs(v).max(), 0.9 * bound)
                 self.assertEqual(v.shape[0], 8)
+        # PEFT's Embedding init: lora_embedding_A zeros, lora_embedding_B N(0, 1); the lm_head
+        # Linear as any Linear; the same bytes at every TP size
+        model_t = make("qwen3-tied", "qwen3", "--set", "tie_word_embeddings=true")
+        for tp in (1, 2):
+            out = os.path.join(WORK, f"init-emb-tp{tp}")
+            train(model_t, data, out, tp, frozen, "--lora-r", 8, "--lora-target", "embed_tokens,lm_head")
+            saved[tp] = adapter_bytes(out)
+        self.assertEqual(saved[1], saved[2])
+        e = peft.ref.read_safetensors(os.path.join(WORK, "init-emb-tp1", "adapter_model.safetensors"))
+        self.assertEqual(sorted(e), ["base_model.model.lm_head.lora_A.weight", "base_model.model.lm_head.lora_B.weight",
+                                     "base_model.model.model.embed_tokens.lora_embedding_A",
+                                     "base_model.model.model.embed_tokens.lora_embedding_B"])
+        ea, eb = (e["base_model.model.model.embed_tokens.lora_embedding_" + x] for x in "AB")
+        self.assertEqual((ea.shape, eb.shape), ((8, 512), (64, 8)))
+        self.assertFalse(ea.any())
+        self.assertLess(abs(eb.mean()), 0.15)
+        self.assertLess(abs(eb.std() - 1), 0.15)
+        self.assertFalse(e["base_model.model.lm_head.lora_B.weight"].any())
+        self.assertEqual(e["base_model.model.lm_head.lora_A.weight"].shape, (8, 64))
         with open(os.path.join(WORK, "init-tp1", "adapter_config.json")) as f:
             cfg = json.load(f)
         self.assertEqual((cfg["r"], cfg["lora_alpha"], cfg["peft_type"]), (8, 16, "LORA"))
@@ -229,8 +302,11 @@ class LoraRefusals(unittest.TestCase):
         self.assertIn(needle, p.stderr)
 
     def test_unsupported_style(self):
+        plan = os.path.join(WORK, "head-replicate.json")
+        with open(plan, "w") as f:
+            json.dump({"lm_head": "replicate"}, f)
         self.refused({"targets": ["lm_head"]}, 2,
-                     "Unsupported tensor parallel plan 'colwise_gather_output' for LoRA state dict sharding.")
+                     "Unsupported tensor parallel plan 'replicate' for LoRA state dict sharding.", "--tp-plan", plan)
 
     def test_tied_embedding_merge(self):
         model = make("qwen3-tied", "qwen3", "--set", "tie_word_embeddings=true")
@@ -259,12 +335,11 @@ class LoraRefusals(unittest.TestCase):
         self.train_refused("need --lora-r", "--lora-target", "q_proj")
         self.train_refused("not supported with LoRA yet", "--lora-r", 4, "--save-every", 1)
         self.train_refused("--lora-target matches no Linear", "--lora-r", 4, "--lora-target", "nothing")
-        self.train_refused("training LoRA on lm_head is not supported yet", "--lora-r", 4, "--lora-target", "lm_head")
-        self.train_refused("training LoRA on an embedding is not supported yet", "--lora-r", 4,
-                           "--lora-target", "embed_tokens")
-        self.train_refused("Unsupported tensor parallel plan 'colwise_gather_output' for LoRA state dict sharding.",
-                           "--lora-r", 4, "--lora-target", "lm_head", tp=2)
-        self.train_refused("tp_size > num_key_value_heads", "--lora-r", 4, "--lora-target", "k_proj", tp=4)
+        plan = os.path.join(WORK, "head-replicate.json")
+        with open(plan, "w") as f:
+            json.dump({"lm_head": "replicate"}, f)
+        self.train_refused("Unsupported tensor parallel plan 'replicate' for LoRA state dict sharding.",
+                           "--lora-r", 4, "--lora-target", "lm_head", "--tp-plan", plan, tp=2)
         self.train_refused("not supported with LoRA yet", "--lora-r", 4, "--dp-replicate", 2)
 
     def test_bias(self):
