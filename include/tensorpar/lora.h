@@ -30,16 +30,24 @@ typedef struct {
     char **targets;
     int n_targets;
     char target_regex[512];
+    /* modules_to_save: modules trained in full and saved whole with the
+     * adapter (names matched as target_modules' list). */
+    char **save;
+    int n_save;
 } tp_lora_config;
 
 /* Reads DIR/adapter_config.json; refuses what tensorpar does not do
- * (bias other than "none", modules_to_save, rank/alpha patterns,
- * fan_in_fan_out).  Free with tp_lora_config_free. */
+ * (bias other than "none", rank/alpha patterns, fan_in_fan_out, DoRA).
+ * Free with tp_lora_config_free. */
 tp_status tp_lora_config_load(tp_lora_config *c, const char *dir);
 void tp_lora_config_free(tp_lora_config *c);
 /* A config from training options: rank r, alpha, dropout and a
  * comma-separated list of target names ("q_proj,v_proj"). */
 tp_status tp_lora_config_make(tp_lora_config *c, int64_t r, double alpha, double dropout, const char *targets);
+/* Sets modules_to_save from a comma-separated list ("lm_head,score"). */
+tp_status tp_lora_config_set_saved(tp_lora_config *c, const char *names);
+/* 1 when the module named `name` is one of modules_to_save. */
+int tp_lora_config_saves(const tp_lora_config *c, const char *name);
 /* 1 when the module named `name` is a target; -1 with tp_error() for a
  * regex that does not compile. */
 int tp_lora_config_matches(const tp_lora_config *c, const char *name);

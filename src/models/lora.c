@@ -29,6 +29,7 @@ void tp_lora_free(struct tp_lora *l)
         free(l->by_module[i]);
     }
     free(l->by_module);
+    free(l->saved);
     tp_lora_config_free(&l->cfg);
     free(l);
 }
@@ -41,10 +42,8 @@ static const char *style_name(const tp_model *m, const tp_module *lin)
     return lin->tp->plan->style->name;
 }
 
-/* Reads `name` [rows, cols] (global) into t: whole, or the ranges of sl
- * along sl->dim (0 or 1) when split. */
-static tp_status read_shard(tp_checkpoint *ck, const char *name, int64_t rows, int64_t cols,
-                            const tp_param_slice *sl, int split, tp_tensor *t)
+tp_status tp_lora_read_shard(tp_checkpoint *ck, const char *name, int64_t rows, int64_t cols,
+                             const tp_param_slice *sl, int split, tp_tensor *t)
 {
     int64_t shape[2] = {rows, cols};
     tp_status s = tp_checkpoint_expect(ck, name, 2, shape);
@@ -105,8 +104,8 @@ static tp_status read_entry(tp_model *m, tp_checkpoint *ck, const tp_module *lin
     e->b_slice = w->slice;
     if (!row) e->a_slice.dim = -1;
     if (!col) e->b_slice.dim = -1;
-    s = read_shard(ck, e->a_name, r, w->shape[1], &w->slice, row, &e->A);
-    if (!s) s = read_shard(ck, e->b_name, w->shape[0], r, &w->slice, col, &e->B);
+    s = tp_lora_read_shard(ck, e->a_name, r, w->shape[1], &w->slice, row, &e->A);
+    if (!s) s = tp_lora_read_shard(ck, e->b_name, w->shape[0], r, &w->slice, col, &e->B);
     return s;
 }
 
@@ -139,8 +138,8 @@ static tp_status read_embedding_entry(tp_model *m, tp_checkpoint *ck, const tp_m
     if (s) return s;
     const tp_module_param *w = &emb->params[TP_MODULE_WEIGHT];
     int split = e->vocab.dim >= 0;
-    s = read_shard(ck, e->a_name, r, w->shape[0], &e->vocab, split, &e->A);
-    if (!s) s = read_shard(ck, e->b_name, w->shape[1], r, &e->vocab, 0, &e->B);
+    s = tp_lora_read_shard(ck, e->a_name, r, w->shape[0], &e->vocab, split, &e->A);
+    if (!s) s = tp_lora_read_shard(ck, e->b_name, w->shape[1], r, &e->vocab, 0, &e->B);
     return s;
 }
 
@@ -192,6 +191,7 @@ static tp_status merge_entry(tp_model *m, const tp_module *lin, const lora_entry
 static tp_status attach(tp_model *m, tp_checkpoint *ck, const tp_lora_config *c, int merge, struct tp_lora *l)
 {
     size_t used = 0;
+    /* the adapters first: a module both targeted and saved is refused */
     for (size_t i = 0; i < m->n_modules; i++) {
         const tp_module *mod = &m->modules[i];
         int hit = tp_lora_config_matches(c, mod->name);
@@ -213,6 +213,8 @@ static tp_status attach(tp_model *m, tp_checkpoint *ck, const tp_lora_config *c,
         used += 2;
     }
     if (!used) return tp_fail(TP_ERR_INVALID, "the adapter's target_modules match no Linear of the model");
+    tp_status s = tp_lora_saved_attach(m, l, ck, &used);
+    if (s) return s;
     if (used != tp_checkpoint_count(ck))
         tp_log(TP_LOG_WARN, "%zu tensors of the adapter are not used", tp_checkpoint_count(ck) - used);
     return TP_OK;

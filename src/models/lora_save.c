@@ -35,7 +35,7 @@ static void describe(const tp_model *m, const tp_module *mod, const char *name, 
 static tp_status tensors(const tp_model *m, tp_save_tensor **out, size_t *n)
 {
     const struct tp_lora *l = m->lora;
-    tp_save_tensor *t = calloc(2 * l->n + 1, sizeof *t);
+    tp_save_tensor *t = calloc(2 * l->n + tp_lora_saved_count(m) + 1, sizeof *t);
     if (!t) return tp_fail(TP_ERR_NOMEM, "out of memory");
     size_t k = 0;
     for (size_t i = 0; i < l->n; i++) {
@@ -48,6 +48,7 @@ static tp_status tensors(const tp_model *m, tp_save_tensor **out, size_t *n)
         describe(m, mod, e->a_name, &e->A, &e->a_slice, l->r, a_cols, &t[k++]);
         describe(m, mod, e->b_name, &e->B, &e->b_slice, b_rows, l->r, &t[k++]);
     }
+    for (size_t j = 0; j < tp_lora_saved_count(m); j++) tp_lora_saved_describe(m, j, &t[k++]);
     *out = t;
     *n = k;
     return TP_OK;
@@ -66,7 +67,12 @@ static char *config_json(const tp_lora_config *c)
     cJSON_AddNullToObject(o, "layers_to_transform");
     cJSON_AddNumberToObject(o, "lora_alpha", c->alpha);
     cJSON_AddNumberToObject(o, "lora_dropout", c->dropout);
-    cJSON_AddNullToObject(o, "modules_to_save");
+    if (c->n_save) {
+        cJSON *a = cJSON_AddArrayToObject(o, "modules_to_save");
+        for (int i = 0; i < c->n_save; i++) cJSON_AddItemToArray(a, cJSON_CreateString(c->save[i]));
+    } else {
+        cJSON_AddNullToObject(o, "modules_to_save");
+    }
     cJSON_AddStringToObject(o, "peft_type", "LORA");
     cJSON_AddNumberToObject(o, "r", (double)c->r);
     cJSON_AddItemToObject(o, "rank_pattern", cJSON_CreateObject());

@@ -101,6 +101,7 @@ tp_status tp_model_lora_init(tp_model *m, tp_lora_config *cfg, uint64_t seed)
         used++;
     }
     if (!s && !used) s = tp_fail(TP_ERR_INVALID, "--lora-target matches no Linear of the model");
+    if (!s) s = tp_lora_saved_attach(m, l, NULL, NULL);
     if (s) { tp_lora_free(l); return s; }
     m->lora = l;
     return TP_OK;
@@ -109,6 +110,8 @@ tp_status tp_model_lora_init(tp_model *m, tp_lora_config *cfg, uint64_t seed)
 tp_status tp_model_lora_train(tp_model *m)
 {
     if (!m->lora) return tp_fail(TP_ERR_INVALID, "no adapter to train");
+    tp_status s = tp_lora_saved_check_training(m);
+    if (s) return s;
     m->lora->training = 1;
     return TP_OK;
 }
@@ -132,14 +135,14 @@ tp_status tp_lora_zero_grad(tp_model *m)
             memset(g->data, 0, tp_tensor_nbytes(g));
         }
     }
-    return TP_OK;
+    return tp_lora_saved_zero_grad(m);
 }
 
 size_t tp_model_lora_count(const tp_model *m)
 {
     size_t n = 0;
     for (size_t i = 0; m->lora && i < m->lora->n; i++) n += m->lora->by_module[i] ? 2 : 0;
-    return n;
+    return n + tp_lora_saved_count(m);
 }
 
 tp_status tp_model_lora_tensor(tp_model *m, size_t k, const char **name, tp_tensor **value, tp_tensor **grad,
@@ -164,6 +167,8 @@ tp_status tp_model_lora_tensor(tp_model *m, size_t k, const char **name, tp_tens
         }
         at += 2;
     }
+    /* then the modules_to_save weights */
+    if (k >= at) return tp_lora_saved_tensor(m, k - at, name, value, grad, replicas);
     return tp_fail(TP_ERR_INVALID, "no adapter tensor %zu", k);
 }
 

@@ -523,7 +523,7 @@ static tp_status styled_backward(tp_model *m, const tp_module *lin, const float 
      * parameter's, as plain_backward does: no [out, in] temporary (lm_head's
      * would be a vocabulary shard of the embedding's size).  A frozen base
      * (LoRA training) computes no weight or bias gradient at all. */
-    int frozen = tp_model_base_frozen(m);
+    int frozen = tp_model_base_frozen(m) && !tp_lora_module_trained(m, lin);
     int direct = !frozen && mt->kv_rep <= 1 && !mt->plan->style->reduce_param_grad_post_backward &&
                  !d->param_grad_allreduce;
     float *dw = NULL;

@@ -291,6 +291,94 @@ class LoraTraining(unittest.TestCase):
         self.assertLess(rel(logits(model, 2, "--adapter", out), logits(model, 1, "--adapter", start)), TOL)
 
 
+class LoraModulesToSave(unittest.TestCase):
+    """PEFT's modules_to_save: the module's trained copy, saved whole under
+    base_model.model.<module>.weight, replaces the base module."""
+
+    def test_logits(self):
+        model = make("llama-base", "llama")
+        adapter = os.path.join(WORK, "mts-logits")
+        peft.write_adapter(adapter, model, targets=["q_proj"], modules_to_save=["lm_head", "embed_tokens"], seed=31)
+        want = peft.reference_logits(model, adapter, TOKENS)
+        self.assertGreater(rel(logits(model, 1), want), 100 * TOL)
+        for tp in (1, 2, 4):
+            got = logits(model, tp, "--adapter", adapter)
+            self.assertLess(rel(got, want), TOL, f"TP={tp}")
+            self.assertLess(rel(logits(model, tp, "--adapter", adapter, "--merge-adapter"), got), TOL)
+
+    def test_five_steps(self):
+        # lm_head colwise_gather_output (a vocabulary shard each), o_proj rowwise, k_proj's head replicated at TP 4
+        model = make("qwen3-base", "qwen3")
+        data = make_data(model)
+        start = os.path.join(WORK, "mts-start")
+        peft.write_adapter(start, model, targets=["q_proj"], modules_to_save=["lm_head", "o_proj", "k_proj"],
+                           r=4, alpha=8, seed=32, b_std=0.02, save_std=0.02)
+        log, want = peft.lora_reference_train(model, start, data, **TRAIN)
+        first = peft.ref.read_safetensors(os.path.join(start, "adapter_model.safetensors"))
+        self.assertIn("base_model.model.lm_head.weight", want)
+        self.assertGreater(min(rel(want[k], first[k]) for k in want), 1e-4, "every tensor moves")
+        for tp in (1, 2, 4):
+            got_log, got = train(model, data, os.path.join(WORK, f"mts-tp{tp}"), tp, TRAIN, "--adapter", start)
+            for g, w in zip(got_log, log):
+                self.assertLess(abs(g["loss"] - w["loss"]) / w["loss"], 1e-5, f"TP={tp} step {w['step']}")
+                self.assertLess(abs(g["grad_norm"] - w["grad_norm"]) / w["grad_norm"], 1e-4, f"TP={tp}")
+            self.assertEqual(set(got), set(want))
+            for k in want:
+                self.assertLess(rel(got[k], want[k]), 1e-4, f"TP={tp} {k}")
+
+    def test_train_flag_and_round_trip(self):
+        model = make("qwen3-base", "qwen3")
+        data = make_data(model)
+        frozen = dict(seq_len=SEQ_LEN, batch_size=2, steps=1, lr=0.0)
+        saved = {}
+        for tp in (1, 2):
+            out = os.path.join(WORK, f"mts-flag-tp{tp}")
+            train(model, data, out, tp, frozen, "--lora-r", 2, "--lora-target", "v_proj",
+                  "--lora-modules-to-save", "lm_head")
+            saved[tp] = adapter_bytes(out)
+        self.assertEqual(saved[1], saved[2])
+        out = os.path.join(WORK, "mts-flag-tp1")
+        t = peft.ref.read_safetensors(os.path.join(out, "adapter_model.safetensors"))
+        base = peft.ref.load_model_tensors(model)
+        # lr 0: the copy is the base module as it was
+        self.assertTrue(np.array_equal(t["base_model.model.lm_head.weight"], base["lm_head.weight"]))
+        with open(os.path.join(out, "adapter_config.json")) as f:
+            self.assertEqual(json.load(f)["modules_to_save"], ["lm_head"])
+        # trained: the saved copy is what inference uses, at any TP size
+        out2 = os.path.join(WORK, "mts-flag-trained")
+        train(model, data, out2, 2, dict(seq_len=SEQ_LEN, batch_size=2, steps=2, lr=1e-2), "--lora-r", 2,
+              "--lora-target", "v_proj", "--lora-modules-to-save", "lm_head")
+        t2 = peft.ref.read_safetensors(os.path.join(out2, "adapter_model.safetensors"))
+        self.assertGreater(rel(t2["base_model.model.lm_head.weight"], base["lm_head.weight"]), 1e-4)
+        want = peft.reference_logits(model, out2, TOKENS)
+        for tp in (1, 4):
+            self.assertLess(rel(logits(model, tp, "--adapter", out2), want), TOL, f"TP={tp}")
+
+    def test_refusals(self):
+        tied = make("qwen3-tied", "qwen3", "--set", "tie_word_embeddings=true")
+        cases = ((tied, {"modules_to_save": ["lm_head"]}, "shares its weight with the tied embed_tokens"),
+                 (make("qwen2-base", "qwen2"), {"targets": ["q_proj"], "modules_to_save": ["k_proj"]},
+                  "k_proj has a bias"),
+                 (make("qwen3-base", "qwen3"), {"targets": ["q_proj"], "modules_to_save": ["q_proj"]},
+                  "is a LoRA target as well"),
+                 (make("qwen3-base", "qwen3"), {"targets": ["q_proj"], "modules_to_save": ["nothing"]},
+                  "modules_to_save matches no module"))
+        for i, (model, kw, needle) in enumerate(cases):
+            with self.subTest(needle=needle):
+                adapter = os.path.join(WORK, f"mts-refused-{i}")
+                peft.write_adapter(adapter, model, **kw)
+                p = run("logits", "--model", model, "--tokens", "1,2", "--out", os.path.join(WORK, "x.npy"),
+                        "--adapter", adapter, check=False)
+                self.assertNotEqual(p.returncode, 0)
+                self.assertIn(needle, p.stderr)
+        model = make("qwen3-base", "qwen3")
+        p = run("train", "--model", model, "--data", make_data(model), "--out", os.path.join(WORK, "mts-bf16"),
+                "--seq-len", SEQ_LEN, "--steps", 1, "--dtype", "bf16", "--lora-r", 2, "--lora-modules-to-save",
+                "lm_head", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("training it needs f32 weights", p.stderr)
+
+
 class LoraRefusals(unittest.TestCase):
     def refused(self, adapter_kw, tp, needle, *extra, model=None):
         model = model or make("qwen3-base", "qwen3")
@@ -345,8 +433,8 @@ class LoraRefusals(unittest.TestCase):
     def test_bias(self):
         self.refused({"extra_config": {"bias": "all"}}, 1, "bias must be \"none\"")
 
-    def test_modules_to_save(self):
-        self.refused({"extra_config": {"modules_to_save": ["lm_head"]}}, 1, "'modules_to_save' is set")
+    def test_dora(self):
+        self.refused({"extra_config": {"use_dora": True}}, 1, "'use_dora' is set")
 
     def test_no_match(self):
         self.refused({"extra_config": {"target_modules": ["nothing_here"]}}, 1, "match no Linear")

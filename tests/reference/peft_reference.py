@@ -41,9 +41,13 @@ def linear_modules(tensors):
 
 
 def write_adapter(out_dir, model_dir, r=4, alpha=8, targets=("q_proj", "v_proj"), use_rslora=False, seed=0,
-                  b_std=0.05, extra_config=None):
+                  b_std=0.05, extra_config=None, modules_to_save=None, save_std=0.05):
     """A PEFT LoRA adapter for the model in model_dir with random A and
-    non-zero B (PEFT initialises B to zeros; a test adapter must matter)."""
+    non-zero B (PEFT initialises B to zeros; a test adapter must matter).
+    modules_to_save: their trained copies, the base weight plus noise, under
+    the keys PEFT's get_peft_model_state_dict gives them on disk
+    (`<module>.modules_to_save.default.weight` without "modules_to_save."
+    and ".default": base_model.model.<module>.weight)."""
     t = dict(ref.load_model_tensors(model_dir))
     if "lm_head.weight" not in t:   # tied: PEFT still wraps lm_head as a Linear of its own
         t["lm_head.weight"] = t["model.embed_tokens.weight"]
@@ -59,11 +63,15 @@ def write_adapter(out_dir, model_dir, r=4, alpha=8, targets=("q_proj", "v_proj")
             continue
         arrays[f"base_model.model.{n}.lora_A.weight"] = rng.normal(0, 1 / math.sqrt(inp), (r, inp))
         arrays[f"base_model.model.{n}.lora_B.weight"] = rng.normal(0, b_std, (out, r))
+    for n in targeted(linear_modules(t) + ["model.embed_tokens"], list(modules_to_save or [])):
+        w = t[n + ".weight"]
+        arrays[f"base_model.model.{n}.weight"] = w + rng.normal(0, save_std, w.shape)
     os.makedirs(out_dir, exist_ok=True)
     ref.write_safetensors(os.path.join(out_dir, "adapter_model.safetensors"), arrays, "F32",
                           metadata={"format": "pt"})
     cfg = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": alpha, "lora_dropout": 0.0,
-           "bias": "none", "use_rslora": use_rslora, "fan_in_fan_out": False, "modules_to_save": None,
+           "bias": "none", "use_rslora": use_rslora, "fan_in_fan_out": False,
+           "modules_to_save": list(modules_to_save) if modules_to_save else None,
            "target_modules": list(targets) if not isinstance(targets, str) else targets,
            "base_model_name_or_path": model_dir, "inference_mode": True}
     cfg.update(extra_config or {})
@@ -83,6 +91,9 @@ def merged_tensors(model_dir, adapter_dir):
         cfg = json.load(f)
     a = ref.read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"))
     s = scale_of(cfg)
+    for key in a:   # modules_to_save: the saved copy replaces the module
+        if ".lora_" not in key:
+            t[key[len("base_model.model."):]] = a[key]
     for key in a:
         if key.endswith(".lora_embedding_A"):
             mod = key[len("base_model.model."):-len(".lora_embedding_A")]
