@@ -19,6 +19,9 @@
 extern "C" {
 #endif
 
+/* adapter_config.json's `bias`: which base biases train with the adapter. */
+typedef enum { TP_LORA_BIAS_NONE, TP_LORA_BIAS_ALL, TP_LORA_BIAS_LORA_ONLY } tp_lora_bias;
+
 /* What adapter_config.json says (the fields tensorpar uses). */
 typedef struct {
     int64_t r;
@@ -34,16 +37,19 @@ typedef struct {
      * adapter (names matched as target_modules' list). */
     char **save;
     int n_save;
+    tp_lora_bias bias;    /* "none" | "all" (every bias) | "lora_only" (the adapted modules') */
 } tp_lora_config;
 
 /* Reads DIR/adapter_config.json; refuses what tensorpar does not do
- * (bias other than "none", rank/alpha patterns, fan_in_fan_out, DoRA).
+ * (rank/alpha patterns, fan_in_fan_out, DoRA).
  * Free with tp_lora_config_free. */
 tp_status tp_lora_config_load(tp_lora_config *c, const char *dir);
 void tp_lora_config_free(tp_lora_config *c);
 /* A config from training options: rank r, alpha, dropout and a
  * comma-separated list of target names ("q_proj,v_proj"). */
 tp_status tp_lora_config_make(tp_lora_config *c, int64_t r, double alpha, double dropout, const char *targets);
+/* Sets `bias` from its name: "none", "all" or "lora_only". */
+tp_status tp_lora_config_set_bias(tp_lora_config *c, const char *bias, const char *where);
 /* Sets modules_to_save from a comma-separated list ("lm_head,score"). */
 tp_status tp_lora_config_set_saved(tp_lora_config *c, const char *names);
 /* 1 when the module named `name` is one of modules_to_save. */

@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define N_OWN 37
+#define N_OWN 38
 
 static const cli_option own[N_OWN] = {
     {"--model", "DIR", "model directory (required)", 0, {0}},
@@ -54,6 +54,8 @@ static const cli_option own[N_OWN] = {
     {"--lora-target", "NAMES", "comma-separated modules to adapt (default q_proj,v_proj)", 0, {0}},
     {"--lora-modules-to-save", "NAMES", "comma-separated modules trained in full and saved with the adapter "
      "(PEFT's modules_to_save; f32 weights)", 0, {0}},
+    {"--lora-bias", "none|all|lora_only", "biases trained with the adapter: none (default), every one, or the "
+     "adapted modules' (PEFT's bias; f32 weights)", 0, {0}},
     {"--lora-dropout", "P", "dropout on the adapters' input (default 0; only 0 is supported yet)", 0, {0}},
     {"--adapter", "DIR", "continue training this PEFT LoRA adapter on the frozen model", 0, {0}},
     {"--dp-replicate", "N", "data parallelism: N replicas of the TP-split model, gradients averaged (default 1)", 0, {0}},
@@ -200,7 +202,7 @@ static tp_status load_data(const char *dir, long long seq_len, const char *train
 typedef struct {
     long long r;
     double alpha, dropout;
-    const char *target, *adapter, *save;
+    const char *target, *adapter, *save, *bias;
 } lora_opts;
 
 static int parse_lora(const cli_option *o, int n, lora_opts *l)
@@ -211,15 +213,17 @@ static int parse_lora(const cli_option *o, int n, lora_opts *l)
     l->target = cli_value(o, n, "--lora-target");
     l->adapter = cli_value(o, n, "--adapter");
     l->save = cli_value(o, n, "--lora-modules-to-save");
+    l->bias = cli_value(o, n, "--lora-bias");
     if (cli_int(o, n, "--lora-r", &l->r) || cli_double(o, n, "--lora-alpha", &l->alpha) ||
         cli_double(o, n, "--lora-dropout", &l->dropout))
         return cli_usage_error("train");
-    int any = l->r || l->target || l->save || cli_value(o, n, "--lora-alpha") || cli_value(o, n, "--lora-dropout");
+    int any = l->r || l->target || l->save || l->bias || cli_value(o, n, "--lora-alpha") || cli_value(o, n, "--lora-dropout");
     if (cli_value(o, n, "--lora-r") && l->r < 1) return usage("--lora-r must be >= 1");
     if (l->adapter && any) return usage("--adapter resumes an adapter with its own adapter_config.json; "
                                         "it takes no --lora-* option");
     if (any && !l->r)
-        return usage("--lora-alpha, --lora-target, --lora-dropout and --lora-modules-to-save need --lora-r");
+        return usage("--lora-alpha, --lora-target, --lora-dropout, --lora-bias and --lora-modules-to-save need "
+                     "--lora-r");
     if (l->dropout != 0.0) return usage("--lora-dropout: only 0 is supported yet");
     if ((l->r || l->adapter) && (cli_value(o, n, "--save-every") || cli_value(o, n, "--resume")))
         return usage("checkpoints (--save-every, --resume) are not supported with LoRA yet; --adapter OUT "
@@ -237,6 +241,7 @@ static tp_status lora_attach(tp_model *m, const lora_opts *l, uint64_t seed)
         tp_lora_config c;
         s = tp_lora_config_make(&c, l->r, l->alpha, l->dropout, l->target ? l->target : "q_proj,v_proj");
         if (!s && l->save) s = tp_lora_config_set_saved(&c, l->save);
+        if (!s && l->bias) s = tp_lora_config_set_bias(&c, l->bias, "--lora-bias");
         if (!s) s = tp_model_lora_init(m, &c, seed);
         tp_lora_config_free(&c);
     }

@@ -30,6 +30,7 @@ void tp_lora_free(struct tp_lora *l)
     }
     free(l->by_module);
     free(l->saved);
+    free(l->saved_keys);
     tp_lora_config_free(&l->cfg);
     free(l);
 }

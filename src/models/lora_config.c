@@ -55,6 +55,14 @@ static tp_status read_targets(tp_lora_config *c, const cJSON *t, const char *pat
     return TP_OK;
 }
 
+tp_status tp_lora_config_set_bias(tp_lora_config *c, const char *bias, const char *where)
+{
+    static const char *const names[] = {"none", "all", "lora_only"};
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(bias, names[i])) { c->bias = (tp_lora_bias)i; return TP_OK; }
+    return tp_fail(TP_ERR_UNSUPPORTED, "%s: bias '%s'; it must be \"none\", \"all\" or \"lora_only\"", where, bias);
+}
+
 /* modules_to_save: absent, null or a list of module names. */
 static tp_status read_saved(tp_lora_config *c, const cJSON *v, const char *path)
 {
@@ -114,8 +122,10 @@ static tp_status parse(tp_lora_config *c, const cJSON *root, const char *path)
     c->alpha = cJSON_IsNumber(a) ? a->valuedouble : 8.0;   /* PEFT's default lora_alpha */
     c->dropout = cJSON_IsNumber(d) ? d->valuedouble : 0.0;
     c->use_rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_rslora"));
-    if (b && !cJSON_IsNull(b) && (!cJSON_IsString(b) || strcmp(b->valuestring, "none")))
-        return tp_fail(TP_ERR_UNSUPPORTED, "%s: bias must be \"none\" (tensorpar trains no biases)", path);
+    if (b && !cJSON_IsNull(b) && !cJSON_IsString(b))
+        return tp_fail(TP_ERR_FORMAT, "%s: bias must be \"none\", \"all\" or \"lora_only\"", path);
+    tp_status sb = b && cJSON_IsString(b) ? tp_lora_config_set_bias(c, b->valuestring, path) : TP_OK;
+    if (sb) return sb;
     static const char *const unsupported[] = {"rank_pattern", "alpha_pattern", "fan_in_fan_out", "use_dora",
                                               "layers_to_transform"};
     for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++) {

@@ -26,7 +26,11 @@ struct tp_lora {
     float scale;
     int64_t r;
     int training;                  /* the base is frozen: only adapters get gradients */
-    unsigned char *saved;          /* [n] or NULL: modules_to_save, trained in full (lora_saved.c) */
+    /* the base parameters trained with the adapter (lora_saved.c):
+     * saved[i] bit j for parameter j of module i (NULL: none), and their
+     * PEFT keys in module, parameter order */
+    unsigned char *saved;
+    char (*saved_keys)[200];
     tp_lora_config cfg;            /* what adapter_config.json says (saved back) */
 };
 

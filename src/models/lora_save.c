@@ -59,7 +59,8 @@ static char *config_json(const tp_lora_config *c)
     cJSON *o = cJSON_CreateObject();
     cJSON_AddItemToObject(o, "alpha_pattern", cJSON_CreateObject());
     cJSON_AddNullToObject(o, "base_model_name_or_path");
-    cJSON_AddStringToObject(o, "bias", "none");
+    static const char *const bias[] = {"none", "all", "lora_only"};
+    cJSON_AddStringToObject(o, "bias", bias[c->bias]);
     cJSON_AddFalseToObject(o, "fan_in_fan_out");
     cJSON_AddTrueToObject(o, "inference_mode");
     cJSON_AddTrueToObject(o, "init_lora_weights");

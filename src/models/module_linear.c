@@ -523,15 +523,16 @@ static tp_status styled_backward(tp_model *m, const tp_module *lin, const float 
      * parameter's, as plain_backward does: no [out, in] temporary (lm_head's
      * would be a vocabulary shard of the embedding's size).  A frozen base
      * (LoRA training) computes no weight or bias gradient at all. */
-    int frozen = tp_model_base_frozen(m) && !tp_lora_module_trained(m, lin);
+    int frozen = tp_model_base_frozen(m) && !tp_lora_param_trained(m, lin, TP_MODULE_WEIGHT);
+    int bias_frozen = tp_model_base_frozen(m) && !tp_lora_param_trained(m, lin, TP_MODULE_BIAS);
     int direct = !frozen && mt->kv_rep <= 1 && !mt->plan->style->reduce_param_grad_post_backward &&
                  !d->param_grad_allreduce;
     float *dw = NULL;
     if (direct) s = tp_module_grad(m, lin, TP_MODULE_WEIGHT, &dw);
     else if (!frozen) dw = b.dw = calloc((size_t)(out * in), sizeof(float));
-    b.db = bias->data && !frozen ? calloc((size_t)out, sizeof(float)) : NULL;
+    b.db = bias->data && !bias_frozen ? calloc((size_t)out, sizeof(float)) : NULL;
     b.dxl = dx ? calloc((size_t)(T * in), sizeof(float)) : NULL;
-    if (!s && ((!frozen && !dw) || (bias->data && !frozen && !b.db) || (dx && !b.dxl)))
+    if (!s && ((!frozen && !dw) || (bias->data && !bias_frozen && !b.db) || (dx && !b.dxl)))
         s = tp_fail(TP_ERR_NOMEM, "out of memory");
     /* a bias added after the reduction sees the whole output gradient */
     if (!s && b.db && d->bias_after_reduce) s = tp_matmul_backward_ex(NULL, NULL, b.db, dy, x, T, W, m->pool, &m->matmul);

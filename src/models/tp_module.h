@@ -298,9 +298,10 @@ void tp_lora_free(struct tp_lora *l);
  * after pre_forward, dy after pre_backward), its input gradient added into
  * dx (NULL: not needed) before the base's post_backward (lora_train.c). */
 tp_status tp_lora_backward(tp_model *m, const tp_module *lin, const float *x, const float *dy, int64_t T, float *dx);
-/* 1 when mod is one of the adapter's modules_to_save: trained in full
- * while the rest of the base is frozen (lora_saved.c). */
-int tp_lora_module_trained(const tp_model *m, const tp_module *mod);
+/* 1 when parameter j of mod trains with the adapter (a modules_to_save
+ * weight, a bias under `bias`) while the rest of the base is frozen
+ * (lora_saved.c). */
+int tp_lora_param_trained(const tp_model *m, const tp_module *mod, int j);
 /* Allocates or zeroes the adapters' gradients. */
 tp_status tp_lora_zero_grad(tp_model *m);
 /* The embedding adapter's backward: dy [T, H] is the lookup's whole output

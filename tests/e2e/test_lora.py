@@ -379,6 +379,73 @@ class LoraModulesToSave(unittest.TestCase):
         self.assertIn("training it needs f32 weights", p.stderr)
 
 
+class LoraBias(unittest.TestCase):
+    """PEFT's bias "all" / "lora_only": the base biases (qwen2's q/k/v) train
+    with the adapter and are saved with it."""
+
+    def test_logits(self):
+        model = make("qwen2-base", "qwen2")
+        for bias, targets in (("all", ["q_proj", "o_proj"]), ("lora_only", ["k_proj", "up_proj"])):
+            adapter = os.path.join(WORK, f"bias-{bias}")
+            peft.write_adapter(adapter, model, targets=targets, bias=bias, seed=41, save_std=0.2)
+            keys = peft.ref.read_safetensors(os.path.join(adapter, "adapter_model.safetensors"))
+            self.assertEqual(sum(k.endswith("bias") for k in keys), 6 if bias == "all" else 2)
+            want = peft.reference_logits(model, adapter, TOKENS)
+            for tp in (1, 2, 4):   # TP 4: k/v heads (and their biases) replicated over 2 ranks
+                got = logits(model, tp, "--adapter", adapter)
+                self.assertLess(rel(got, want), TOL, f"{bias} TP={tp}")
+                self.assertLess(rel(logits(model, tp, "--adapter", adapter, "--merge-adapter"), got), TOL)
+            # the saved biases matter: without them the logits differ
+            no_bias = os.path.join(WORK, f"bias-{bias}-none")
+            peft.write_adapter(no_bias, model, targets=targets, seed=41)
+            self.assertGreater(rel(peft.reference_logits(model, no_bias, TOKENS), want), 100 * TOL)
+
+    def test_five_steps(self):
+        model = make("qwen2-base", "qwen2")
+        data = make_data(model)
+        for bias, targets, tps in (("all", ["q_proj"], (1, 2, 4)), ("lora_only", ["q_proj", "v_proj"], (1, 4))):
+            start = os.path.join(WORK, f"bias-start-{bias}")
+            peft.write_adapter(start, model, targets=targets, bias=bias, r=4, alpha=8, seed=42, b_std=0.02,
+                               save_std=0.02)
+            log, want = peft.lora_reference_train(model, start, data, **TRAIN)
+            first = peft.ref.read_safetensors(os.path.join(start, "adapter_model.safetensors"))
+            self.assertTrue(any(k.endswith("bias") for k in want))
+            self.assertGreater(min(rel(want[k], first[k]) for k in want), 1e-4, "every tensor moves")
+            for tp in tps:
+                got_log, got = train(model, data, os.path.join(WORK, f"bias-{bias}-tp{tp}"), tp, TRAIN, "--adapter",
+                                     start)
+                for g, w in zip(got_log, log):
+                    self.assertLess(abs(g["loss"] - w["loss"]) / w["loss"], 1e-5, f"{bias} TP={tp} step {w['step']}")
+                    self.assertLess(abs(g["grad_norm"] - w["grad_norm"]) / w["grad_norm"], 1e-4, f"{bias} TP={tp}")
+                self.assertEqual(set(got), set(want))
+                for k in want:
+                    # k's bias shifts all of a query's scores alike but for the rotation: softmax cancels
+                    # most of its gradient, and f32's rounding of what is left, normalised by Adam, is
+                    # 4e-5..1e-4 at TP = 1 already
+                    tol = 1e-3 if k.endswith("k_proj.bias") else 1e-4
+                    self.assertLess(rel(got[k], want[k]), tol, f"{bias} TP={tp} {k}")
+
+    def test_train_flag(self):
+        model = make("qwen2-base", "qwen2")
+        data = make_data(model)
+        saved = {}
+        for tp in (1, 2):
+            out = os.path.join(WORK, f"bias-flag-tp{tp}")
+            train(model, data, out, tp, dict(seq_len=SEQ_LEN, batch_size=2, steps=1, lr=0.0), "--lora-r", 2,
+                  "--lora-target", "q_proj,o_proj", "--lora-bias", "lora_only")
+            saved[tp] = adapter_bytes(out)
+        self.assertEqual(saved[1], saved[2])
+        t = peft.ref.read_safetensors(os.path.join(WORK, "bias-flag-tp1", "adapter_model.safetensors"))
+        base = peft.ref.load_model_tensors(model)
+        biases = sorted(k for k in t if k.endswith("bias"))
+        # o_proj has no bias: lora_only trains the two q_proj biases, under the base layer's key
+        self.assertEqual(biases, [f"base_model.model.model.layers.{i}.self_attn.q_proj.base_layer.bias" for i in (0, 1)])
+        for k in biases:
+            self.assertTrue(np.array_equal(t[k], base[k[len("base_model.model."):].replace(".base_layer.", ".")]))
+        with open(os.path.join(WORK, "bias-flag-tp1", "adapter_config.json")) as f:
+            self.assertEqual(json.load(f)["bias"], "lora_only")
+
+
 class LoraRefusals(unittest.TestCase):
     def refused(self, adapter_kw, tp, needle, *extra, model=None):
         model = model or make("qwen3-base", "qwen3")
@@ -431,7 +498,7 @@ class LoraRefusals(unittest.TestCase):
         self.train_refused("not supported with LoRA yet", "--lora-r", 4, "--dp-replicate", 2)
 
     def test_bias(self):
-        self.refused({"extra_config": {"bias": "all"}}, 1, "bias must be \"none\"")
+        self.refused({"extra_config": {"bias": "some"}}, 1, "bias 'some'; it must be \"none\", \"all\" or \"lora_only\"")
 
     def test_dora(self):
         self.refused({"extra_config": {"use_dora": True}}, 1, "'use_dora' is set")
