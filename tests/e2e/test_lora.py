@@ -210,7 +210,8 @@ class LoraTraining(unittest.TestCase):
 
     def test_kv_replicated(self):
         # tiny qwen3 has 2 KV heads: at TP = 4 each is held by 2 ranks
-        self.five_steps(make("qwen3-base", "qwen3"), ["k_proj", "v_proj", "q_proj"], (1, 4), 23)
+        self.five_steps(make("qwen3-base", "qwen3"), ["k_proj", "v_proj", "q_proj"], (1, 4), 23,
+                        (4, "--check-replicas"))
 
     def test_grads_tp2_equal_tp1(self):
         """One SGD step without clipping: the adapter moves by -lr times its gradient, gathered
