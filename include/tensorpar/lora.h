@@ -72,6 +72,15 @@ size_t tp_model_lora_count(const tp_model *m);
 tp_status tp_model_lora_tensor(tp_model *m, size_t k, const char **name, tp_tensor **value, tp_tensor **grad,
                                int *replicas);
 
+/* Dropout on the adapters' input (PEFT's lora_dropout, §9.3): on (and
+ * only when training with p > 0) for the forward and backward of the
+ * sequence that follows, with masks keyed by (seed, step, row): seed
+ * shared by all ranks, step the optimizer step (from 0), row the
+ * sequence's index in the dataset, so every TP and data-parallel layout
+ * draws the same masks, and a resumed run the ones of an unbroken one.
+ * on == 0: no dropout (evaluation, inference).  lora_dropout.c. */
+void tp_model_lora_dropout_key(tp_model *m, int on, uint64_t seed, int64_t step, int64_t row);
+
 /* ---- saving (lora_save.c) ---------------------------------------------- */
 
 /* Writes the adapters into out_dir as PEFT's save_pretrained does:

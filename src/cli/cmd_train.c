@@ -52,7 +52,7 @@ static const cli_option own[N_OWN] = {
     {"--lora-r", "R", "train a LoRA adapter of rank R on the frozen model; OUT gets the adapter in PEFT's format", 0, {0}},
     {"--lora-alpha", "A", "LoRA scale numerator: scale = A / R (default 8)", 0, {0}},
     {"--lora-target", "NAMES", "comma-separated modules to adapt (default q_proj,v_proj)", 0, {0}},
-    {"--lora-dropout", "P", "dropout on the adapters' input (default 0; only 0 is supported yet)", 0, {0}},
+    {"--lora-dropout", "P", "dropout on the adapters' input in training, masks from --seed (default 0)", 0, {0}},
     {"--adapter", "DIR", "continue training this PEFT LoRA adapter on the frozen model", 0, {0}},
     {"--dp-replicate", "N", "data parallelism: N replicas of the TP-split model, gradients averaged (default 1)", 0, {0}},
     {"--dp-shard", "N", "data parallelism with FSDP/ZeRO-3: parameters, gradients and AdamW state split over N ranks (default 1)", 0, {0}},
@@ -216,7 +216,6 @@ static int parse_lora(const cli_option *o, int n, lora_opts *l)
     if (l->adapter && any) return usage("--adapter resumes an adapter with its own adapter_config.json; "
                                         "it takes no --lora-* option");
     if (any && !l->r) return usage("--lora-alpha, --lora-target and --lora-dropout need --lora-r");
-    if (l->dropout != 0.0) return usage("--lora-dropout: only 0 is supported yet");
     if ((l->r || l->adapter) && (cli_value(o, n, "--save-every") || cli_value(o, n, "--resume")))
         return usage("checkpoints (--save-every, --resume) are not supported with LoRA yet; --adapter OUT "
                      "continues from a saved adapter");

@@ -261,11 +261,17 @@ tp_status tp_lora_apply(tp_model *m, const tp_module *lin, const float *x, int64
     const lora_entry *e = m->lora->by_module[lin - m->modules];
     if (!e) return TP_OK;
     int64_t r = e->A.shape[0];
-    float *a = malloc((size_t)(T * r) * sizeof(float));
+    float *a = malloc((size_t)(T * r) * sizeof(float)), *xd = NULL;
     tp_status s = a ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
-    if (!s) s = tp_matmul_ex(a, x, T, &e->A, NULL, m->pool, &m->matmul);
+    /* training with lora_dropout: A reads the masked input, the base x */
+    if (!s && tp_lora_dropping(m)) {
+        xd = malloc((size_t)(T * e->A.shape[1]) * sizeof(float));
+        s = xd ? tp_lora_dropout(m, lin, e, x, T, xd) : tp_fail(TP_ERR_NOMEM, "out of memory");
+    }
+    if (!s) s = tp_matmul_ex(a, xd ? xd : x, T, &e->A, NULL, m->pool, &m->matmul);
     if (!s) s = add_up_projection(m, e, a, T, y);
     free(a);
+    free(xd);
     return s;
 }
 

@@ -25,6 +25,10 @@ struct tp_lora {
     int64_t r;
     int training;                  /* the base is frozen: only adapters get gradients */
     tp_lora_config cfg;            /* what adapter_config.json says (saved back) */
+    /* Dropout (training only): on for one sequence's forward and backward,
+     * its masks keyed by drop_key (lora_dropout.c). */
+    int drop_on;
+    uint64_t drop_key;
 };
 
 /* A new, empty set for m with cfg's scale (cfg is moved into it). */
@@ -32,5 +36,15 @@ tp_status tp_lora_new(tp_model *m, tp_lora_config *cfg, struct tp_lora **out);
 /* The placements of §9.6 for lin's adapter: which of A (dim 1) and B
  * (dim 0) is split like the base's weight; refuses another style. */
 tp_status tp_lora_placement(const tp_model *m, const tp_module *lin, int *a_split, int *b_split);
+
+/* 1 when lin's adapter input is dropped out now (training, p > 0). */
+int tp_lora_dropping(const tp_model *m);
+/* out [T, in_local] = x with lin's dropout mask: x / (1 - p) where kept,
+ * 0 where dropped (x == out is fine).  Each element's mask comes from
+ * drop_key, the module's index and the element's global index
+ * t · in + j (j in the base's whole input dimension), so every TP layout
+ * draws the same mask for it, and a recomputation draws it again. */
+tp_status tp_lora_dropout(const tp_model *m, const tp_module *lin, const lora_entry *e, const float *x, int64_t T,
+                          float *out);
 
 #endif

@@ -10,7 +10,8 @@
  * all-reduce completes it.  Rowwise base (A split on its columns): a is a
  * partial sum, made whole by an all-reduce for dB (identical on every
  * rank, as B is replicated); g is whole and dA, dx are this rank's
- * columns. */
+ * columns.  With lora_dropout, x above is the masked input and dx goes
+ * through the same mask (lora_dropout.c). */
 #include "lora_internal.h"
 
 #include "tensorpar/dist.h"
@@ -173,29 +174,51 @@ static tp_status all_reduce(tp_model *m, float *buf, int64_t T, int64_t w)
     return TP_OK;
 }
 
-tp_status tp_lora_backward(tp_model *m, const tp_module *lin, const float *x, const float *dy, int64_t T, float *dx)
+/* The adapter's backward on its (dropped-out) input xa: the gradients of
+ * A and B, and its input gradient added into dx (may be NULL). */
+static tp_status adapter_backward(tp_model *m, lora_entry *e, const float *xa, const float *dy, int64_t T, float *dx)
 {
-    if (!m->lora || !m->lora->training) return TP_OK;
-    lora_entry *e = m->lora->by_module[lin - m->modules];
-    if (!e) return TP_OK;
     int64_t r = e->A.shape[0], out = e->B.shape[0];
     int a_split = e->a_slice.dim >= 0, b_split = e->b_slice.dim >= 0;
     float *a = malloc((size_t)(T * r) * sizeof(float)), *g = calloc((size_t)(T * r), sizeof(float));
     float *sdy = malloc((size_t)(T * out) * sizeof(float)), *gw = NULL;
     tp_status s = a && g && sdy ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int64_t i = 0; !s && i < T * out; i++) sdy[i] = m->lora->scale * dy[i];
-    if (!s) s = tp_matmul_ex(a, x, T, &e->A, NULL, m->pool, &m->matmul);
+    if (!s) s = tp_matmul_ex(a, xa, T, &e->A, NULL, m->pool, &m->matmul);
     if (!s && a_split) s = all_reduce(m, a, T, r);
     if (!s) s = tp_matmul_backward(g, e->gB.data, NULL, sdy, a, T, &e->B, m->pool);
     if (!s && b_split) {
         gw = malloc((size_t)(T * r) * sizeof(float));
         if (!gw) s = tp_fail(TP_ERR_NOMEM, "out of memory");
         if (!s) { memcpy(gw, g, (size_t)(T * r) * sizeof(float)); s = all_reduce(m, gw, T, r); }
-        if (!s) s = tp_matmul_backward(NULL, e->gA.data, NULL, gw, x, T, &e->A, m->pool);
-        if (!s && dx) s = tp_matmul_backward(dx, NULL, NULL, g, x, T, &e->A, m->pool);
+        if (!s) s = tp_matmul_backward(NULL, e->gA.data, NULL, gw, xa, T, &e->A, m->pool);
+        if (!s && dx) s = tp_matmul_backward(dx, NULL, NULL, g, xa, T, &e->A, m->pool);
     } else if (!s) {
-        s = tp_matmul_backward(dx, e->gA.data, NULL, g, x, T, &e->A, m->pool);
+        s = tp_matmul_backward(dx, e->gA.data, NULL, g, xa, T, &e->A, m->pool);
     }
     free(a); free(g); free(sdy); free(gw);
+    return s;
+}
+
+tp_status tp_lora_backward(tp_model *m, const tp_module *lin, const float *x, const float *dy, int64_t T, float *dx)
+{
+    if (!m->lora || !m->lora->training) return TP_OK;
+    lora_entry *e = m->lora->by_module[lin - m->modules];
+    if (!e) return TP_OK;
+    if (!tp_lora_dropping(m)) {
+        tp_status s = adapter_backward(m, e, x, dy, T, dx);
+        return s ? tp_fail_context(s, "the LoRA backward of %s", lin->name) : TP_OK;
+    }
+    /* With dropout the adapter saw mask(x): the same mask drawn again; its
+     * input gradient goes through the mask before joining dx. */
+    int64_t n = T * e->A.shape[1];
+    float *xd = malloc((size_t)n * sizeof(float)), *dxa = dx ? calloc((size_t)n, sizeof(float)) : NULL;
+    tp_status s = xd && (!dx || dxa) ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!s) s = tp_lora_dropout(m, lin, e, x, T, xd);
+    if (!s) s = adapter_backward(m, e, xd, dy, T, dxa);
+    if (!s && dx) s = tp_lora_dropout(m, lin, e, dxa, T, dxa);
+    for (int64_t i = 0; !s && dx && i < n; i++) dx[i] += dxa[i];
+    free(xd);
+    free(dxa);
     return s ? tp_fail_context(s, "the LoRA backward of %s", lin->name) : TP_OK;
 }
