@@ -12,6 +12,7 @@
 #define TENSORPAR_LORA_H
 
 #include "tensorpar/models.h"
+#include "tensorpar/module.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -41,6 +42,10 @@ tp_status tp_lora_config_make(tp_lora_config *c, int64_t r, double alpha, double
 /* 1 when the module named `name` is a target; -1 with tp_error() for a
  * regex that does not compile. */
 int tp_lora_config_matches(const tp_lora_config *c, const char *name);
+/* TP_OK when a checkpoint's adapter config `saved` is what this run's
+ * options made (`run`): r, alpha, dropout, targets; else an error naming
+ * the first difference, prefixed by `where`. */
+tp_status tp_lora_config_same(const tp_lora_config *run, const tp_lora_config *saved, const char *where);
 /* scale = alpha / r, or alpha / sqrt(r) with use_rslora. */
 double tp_lora_config_scale(const tp_lora_config *c);
 
@@ -88,6 +93,20 @@ void tp_model_lora_dropout_key(tp_model *m, int on, uint64_t seed, int64_t step,
  * the TP = 1 save) and adapter_config.json.  Collective over the model's
  * TP group; rank 0 creates the files; atomic (save_dir.c). */
 tp_status tp_model_save_adapter(tp_model *m, const char *out_dir);
+/* The same two files written into the existing directory dir (a training
+ * checkpoint's, which its caller commits).  Collective; rank 0 writes. */
+tp_status tp_model_save_adapter_files(tp_model *m, const char *dir);
+
+/* ---- checkpoints: state shaped like the adapter tensors ----------------- */
+
+/* A tensor laid out as adapter tensor k's local shard (`local`, f32),
+ * named `name`, described for the collective writer (whole shape, the
+ * shard's slice, one writer per copy), as its value is saved. */
+tp_status tp_model_lora_save_tensor(const tp_model *m, size_t k, const char *name, const float *local,
+                                    tp_save_tensor *out);
+/* Tensor `name` of ck, shaped like adapter tensor k, read shard-on-read
+ * into dst (this rank's shard of it, f32). */
+tp_status tp_model_lora_read_tensor(const tp_model *m, size_t k, tp_checkpoint *ck, const char *name, float *dst);
 
 #ifdef __cplusplus
 }

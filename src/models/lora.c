@@ -41,23 +41,16 @@ static const char *style_name(const tp_model *m, const tp_module *lin)
     return lin->tp->plan->style->name;
 }
 
-/* Reads `name` [rows, cols] (global) into t: whole, or the ranges of sl
- * along sl->dim (0 or 1) when split. */
-static tp_status read_shard(tp_checkpoint *ck, const char *name, int64_t rows, int64_t cols,
-                            const tp_param_slice *sl, int split, tp_tensor *t)
+/* Reads `name` [rows, cols] (global) into dst: whole, or the ranges of
+ * sl along sl->dim (0 or 1) when split.  local: dst's shape. */
+static tp_status read_into(tp_checkpoint *ck, const char *name, int64_t rows, int64_t cols, const tp_param_slice *sl,
+                           int split, const int64_t local[2], float *dst)
 {
     int64_t shape[2] = {rows, cols};
     tp_status s = tp_checkpoint_expect(ck, name, 2, shape);
     if (s) return s;
     int dim = split ? sl->dim : -1;
-    int64_t local[2] = {rows, cols};
-    if (dim >= 0) {
-        local[dim] = 0;
-        for (int i = 0; i < sl->n; i++) local[dim] += sl->len[i];
-    }
-    if ((s = tp_tensor_init(t, TP_F32, 2, local))) return s;
-    if (dim < 0) return tp_checkpoint_read(ck, name, TP_F32, t->data);
-    float *dst = t->data;
+    if (dim < 0) return tp_checkpoint_read(ck, name, TP_F32, dst);
     int64_t off = 0;
     for (int i = 0; i < sl->n && !s; i++) {
         float *tmp = malloc((size_t)(dim == 0 ? sl->len[i] * cols : rows * sl->len[i]) * sizeof(float) + 1);
@@ -70,6 +63,40 @@ static tp_status read_shard(tp_checkpoint *ck, const char *name, int64_t rows, i
         off += sl->len[i];
     }
     return s;
+}
+
+/* The shape of the part of [rows, cols] that sl keeps (split) or all. */
+static void local_shape(int64_t rows, int64_t cols, const tp_param_slice *sl, int split, int64_t local[2])
+{
+    local[0] = rows;
+    local[1] = cols;
+    if (!split || sl->dim < 0) return;
+    local[sl->dim] = 0;
+    for (int i = 0; i < sl->n; i++) local[sl->dim] += sl->len[i];
+}
+
+/* Reads `name` [rows, cols] (global) into a new t: whole, or this rank's
+ * ranges when split. */
+static tp_status read_shard(tp_checkpoint *ck, const char *name, int64_t rows, int64_t cols,
+                            const tp_param_slice *sl, int split, tp_tensor *t)
+{
+    int64_t local[2];
+    local_shape(rows, cols, sl, split, local);
+    tp_status s = tp_tensor_init(t, TP_F32, 2, local);
+    return s ? s : read_into(ck, name, rows, cols, sl, split, local, t->data);
+}
+
+tp_status tp_model_lora_read_tensor(const tp_model *m, size_t k, tp_checkpoint *ck, const char *name, float *dst)
+{
+    size_t i;
+    int is_a;
+    const lora_entry *e = tp_lora_entry_at(m->lora, k, &i, &is_a);
+    if (!e) return tp_fail(TP_ERR_INVALID, "no adapter tensor %zu", k);
+    int64_t shape[2], local[2];
+    tp_lora_global_shape(m, i, e, is_a, shape);
+    const tp_param_slice *sl = is_a ? &e->a_slice : &e->b_slice;
+    local_shape(shape[0], shape[1], sl, sl->dim >= 0, local);
+    return read_into(ck, name, shape[0], shape[1], sl, sl->dim >= 0, local, dst);
 }
 
 tp_status tp_lora_placement(const tp_model *m, const tp_module *lin, int *a_split, int *b_split)

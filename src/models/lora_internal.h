@@ -37,6 +37,12 @@ tp_status tp_lora_new(tp_model *m, tp_lora_config *cfg, struct tp_lora **out);
  * (dim 0) is split like the base's weight; refuses another style. */
 tp_status tp_lora_placement(const tp_model *m, const tp_module *lin, int *a_split, int *b_split);
 
+/* Adapter tensor k (A then B of each adapted module, in module order):
+ * its entry, module index and whether it is A; NULL past the last. */
+lora_entry *tp_lora_entry_at(const struct tp_lora *l, size_t k, size_t *module, int *is_a);
+/* The whole (unsplit) shape of e's A (is_a) or B. */
+void tp_lora_global_shape(const tp_model *m, size_t module, const lora_entry *e, int is_a, int64_t shape[2]);
+
 /* 1 when lin's adapter input is dropped out now (training, p > 0). */
 int tp_lora_dropping(const tp_model *m);
 /* out [T, in_local] = x with lin's dropout mask: x / (1 - p) where kept,

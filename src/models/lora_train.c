@@ -136,25 +136,35 @@ size_t tp_model_lora_count(const tp_model *m)
     return n;
 }
 
-tp_status tp_model_lora_tensor(tp_model *m, size_t k, const char **name, tp_tensor **value, tp_tensor **grad,
-                               int *replicas)
+lora_entry *tp_lora_entry_at(const struct tp_lora *l, size_t k, size_t *module, int *is_a)
 {
     size_t at = 0;
-    for (size_t i = 0; m->lora && i < m->lora->n; i++) {
-        lora_entry *e = m->lora->by_module[i];
+    for (size_t i = 0; l && i < l->n; i++) {
+        lora_entry *e = l->by_module[i];
         if (!e) continue;
         if (k == at || k == at + 1) {
-            int is_a = k == at;
-            const tp_param_slice *sl = is_a ? &e->a_slice : &e->b_slice;
-            *name = is_a ? e->a_name : e->b_name;
-            *value = is_a ? &e->A : &e->B;
-            *grad = is_a ? &e->gA : &e->gB;
-            *replicas = sl->dim >= 0 || !m->tp || !m->tp->mesh || m->tp->size <= 1 ? 1 : 0;
-            return TP_OK;
+            *module = i;
+            *is_a = k == at;
+            return e;
         }
         at += 2;
     }
-    return tp_fail(TP_ERR_INVALID, "no adapter tensor %zu", k);
+    return NULL;
+}
+
+tp_status tp_model_lora_tensor(tp_model *m, size_t k, const char **name, tp_tensor **value, tp_tensor **grad,
+                               int *replicas)
+{
+    size_t i;
+    int is_a;
+    lora_entry *e = tp_lora_entry_at(m->lora, k, &i, &is_a);
+    if (!e) return tp_fail(TP_ERR_INVALID, "no adapter tensor %zu", k);
+    const tp_param_slice *sl = is_a ? &e->a_slice : &e->b_slice;
+    *name = is_a ? e->a_name : e->b_name;
+    *value = is_a ? &e->A : &e->B;
+    *grad = is_a ? &e->gA : &e->gB;
+    *replicas = sl->dim >= 0 || !m->tp || !m->tp->mesh || m->tp->size <= 1 ? 1 : 0;
+    return TP_OK;
 }
 
 /* buf [T, w], a partial sum on each rank, made the whole sum on every rank. */

@@ -135,5 +135,95 @@ class LoraDropout(unittest.TestCase):
         self.assertEqual(adapter_bytes(os.path.join(WORK, "fresh-tp2-gc")), adapter_bytes(os.path.join(WORK, "fresh-tp2")))
 
 
+LORA = ("--lora-r", 4, "--lora-alpha", 8, "--lora-target", "q_proj,v_proj,down_proj", "--lora-dropout", 0.1)
+
+
+class LoraCheckpoints(unittest.TestCase):
+    """--save-every/--save-total-limit/--resume with an adapter: the checkpoint holds the adapter
+    (PEFT's files), the adapter tensors' optimizer state, schedule, seed and data position."""
+
+    def run4(self):
+        model = make()
+        data = make_data(model)
+        out = os.path.join(WORK, "ck-full")
+        if not os.path.exists(out):
+            train(model, data, out, 2, dict(TRAIN, steps=4), *LORA, "--save-every", 2)
+        return model, data, out
+
+    def test_checkpoint_contents(self):
+        model, data, _ = self.run4()
+        out = os.path.join(WORK, "ck-limit")
+        train(model, data, out, 2, dict(TRAIN, steps=4), *LORA, "--save-every", 1, "--save-total-limit", 2)
+        self.assertEqual(sorted(d for d in os.listdir(out) if d.startswith("checkpoint-")),
+                         ["checkpoint-3", "checkpoint-4"])
+        ck = os.path.join(out, "checkpoint-4")
+        files = set(os.listdir(ck))
+        for f in ("adapter_model.safetensors", "adapter_config.json", "optimizer.safetensors", "scheduler.json",
+                  "rng_state.json", "trainer_state.json"):
+            self.assertIn(f, files)
+        self.assertNotIn("model.safetensors", files)   # the frozen base is not copied
+        # the last checkpoint's adapter is the final one
+        self.assertEqual(adapter_bytes(ck), adapter_bytes(out))
+        opt = peft.ref.read_safetensors(os.path.join(ck, "optimizer.safetensors"))
+        adapter = peft.ref.read_safetensors(os.path.join(ck, "adapter_model.safetensors"))
+        self.assertEqual(set(opt), {k + s for k in adapter for s in (".exp_avg", ".exp_avg_sq")})
+        for k in adapter:
+            self.assertEqual(opt[k + ".exp_avg"].shape, adapter[k].shape)
+            self.assertGreater(np.abs(opt[k + ".exp_avg_sq"]).max(), 0, k)
+        with open(os.path.join(ck, "trainer_state.json")) as f:
+            st = json.load(f)
+        self.assertEqual((st["global_step"], st["optimizer"]["steps"]), (4, 4))
+
+    def test_resume_is_bitwise_at_the_same_layout(self):
+        model, data, full = self.run4()
+        out = os.path.join(WORK, "ck-resumed")
+        train(model, data, out, 2, dict(TRAIN, steps=4), *LORA, "--resume", os.path.join(full, "checkpoint-2"))
+        self.assertEqual(adapter_bytes(out), adapter_bytes(full))
+        self.assertEqual([e["loss"] for e in read_log(out)], [e["loss"] for e in read_log(full)])
+
+    def test_resume_reads_the_checkpoint(self):
+        """A resume continues the checkpoint's adapter and optimizer state, not fresh ones:
+        either changed in a copy of checkpoint-2 changes the result."""
+        model, data, full = self.run4()
+        for what in ("adapter_model", "optimizer"):
+            ck = os.path.join(WORK, f"ck-doctored-{what}")
+            shutil.copytree(os.path.join(full, "checkpoint-2"), ck)
+            path = os.path.join(ck, what + ".safetensors")
+            t = peft.ref.read_safetensors(path)
+            peft.ref.write_safetensors(path, {k: v * 2 for k, v in t.items()}, "F32", metadata={"format": "pt"})
+            out = os.path.join(WORK, f"ck-from-{what}")
+            train(model, data, out, 2, dict(TRAIN, steps=4), *LORA, "--resume", ck)
+            self.assertNotEqual(adapter_bytes(out), adapter_bytes(full), what)
+
+    def test_resume_latest_at_another_tp(self):
+        model, data, full = self.run4()
+        out = os.path.join(WORK, "ck-tp1")
+        shutil.copytree(os.path.join(full, "checkpoint-2"), os.path.join(out, "checkpoint-2"))
+        _, got = train(model, data, out, 1, dict(TRAIN, steps=4), *LORA, "--resume", "latest")
+        want = peft.ref.read_safetensors(os.path.join(full, "adapter_model.safetensors"))
+        for k in want:
+            self.assertLess(rel(got[k], want[k]), TOL, k)
+        for g, w in zip(read_log(out), read_log(full)):
+            self.assertLess(abs(g["loss"] - w["loss"]) / w["loss"], TOL)
+
+    def test_refusals(self):
+        model, data, full = self.run4()
+        ck = os.path.join(full, "checkpoint-2")
+
+        def refused(needle, *extra):
+            p = run(*train_args(model, data, os.path.join(WORK, "ck-refused"), 1, dict(TRAIN, steps=4), *extra),
+                    check=False)
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn(needle, p.stderr)
+        refused("a LoRA checkpoint; resume it with the run's --lora-* options", "--resume", ck)
+        refused("the adapter has r 4, this run's --lora-r is 8", "--lora-r", 8, "--lora-target",
+                "q_proj,v_proj,down_proj", "--lora-dropout", 0.1, "--resume", ck)
+        refused("the adapter has lora_dropout 0.1, this run's --lora-dropout is 0", "--lora-r", 4,
+                "--lora-target", "q_proj,v_proj,down_proj", "--resume", ck)
+        plain = os.path.join(WORK, "ck-plain")
+        run(*train_args(model, data, plain, 1, dict(TRAIN, steps=2), "--save-every", 2))
+        refused("not a LoRA checkpoint (no adapter_config.json)", *LORA, "--resume", os.path.join(plain, "checkpoint-2"))
+
+
 if __name__ == "__main__":
     unittest.main()
