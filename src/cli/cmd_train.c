@@ -347,15 +347,11 @@ int cmd_train(int argc, char **argv)
         return cli_usage_error("train");
     }
     const char *dt_name = cli_value(o, n, "--dtype");
-    const char *refused = NULL;
-    if ((dpr > 1 || dps > 1) && (lora.r > 0 || lora.adapter))
-        refused = "--dp-replicate and --dp-shard are not supported with LoRA yet";
     long long want = 1;
-    if (refused || (!tp_launch_in_job() && !cli_int(o, n, "--tp", &want) && want * dpr * dps > 1)) {
+    if (!tp_launch_in_job() && !cli_int(o, n, "--tp", &want) && want * dpr * dps > 1) {
         tp_dataset_release(&dt);
         tp_dataset_release(&de);
     }
-    if (refused) return usage(refused);
     cli_tp tp;
     if (cli_tp_begin_dp("train", argc, argv, o, n, dir, (int)dpr, (int)dps, &tp, &rc)) {
         tp_dataset_release(&dt);

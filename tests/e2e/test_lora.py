@@ -263,7 +263,6 @@ class LoraRefusals(unittest.TestCase):
         self.train_refused("Unsupported tensor parallel plan 'colwise_gather_output' for LoRA state dict sharding.",
                            "--lora-r", 4, "--lora-target", "lm_head", tp=2)
         self.train_refused("tp_size > num_key_value_heads", "--lora-r", 4, "--lora-target", "k_proj", tp=4)
-        self.train_refused("not supported with LoRA yet", "--lora-r", 4, "--dp-replicate", 2)
 
     def test_bias(self):
         self.refused({"extra_config": {"bias": "all"}}, 1, "bias must be \"none\"")
