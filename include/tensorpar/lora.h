@@ -14,6 +14,7 @@
 #define TENSORPAR_LORA_H
 
 #include "tensorpar/models.h"
+#include "tensorpar/module.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -57,6 +58,10 @@ int tp_lora_config_saves(const tp_lora_config *c, const char *name);
 /* 1 when the module named `name` is a target; -1 with tp_error() for a
  * regex that does not compile. */
 int tp_lora_config_matches(const tp_lora_config *c, const char *name);
+/* TP_OK when a checkpoint's adapter config `saved` is what this run's
+ * options made (`run`): r, alpha, dropout, targets; else an error naming
+ * the first difference, prefixed by `where`. */
+tp_status tp_lora_config_same(const tp_lora_config *run, const tp_lora_config *saved, const char *where);
 /* scale = alpha / r, or alpha / sqrt(r) with use_rslora. */
 double tp_lora_config_scale(const tp_lora_config *c);
 
@@ -91,6 +96,15 @@ size_t tp_model_lora_count(const tp_model *m);
 tp_status tp_model_lora_tensor(tp_model *m, size_t k, const char **name, tp_tensor **value, tp_tensor **grad,
                                int *replicas);
 
+/* Dropout on the adapters' input (PEFT's lora_dropout, §9.3): on (and
+ * only when training with p > 0) for the forward and backward of the
+ * sequence that follows, with masks keyed by (seed, step, row): seed
+ * shared by all ranks, step the optimizer step (from 0), row the
+ * sequence's index in the dataset, so every TP and data-parallel layout
+ * draws the same masks, and a resumed run the ones of an unbroken one.
+ * on == 0: no dropout (evaluation, inference).  lora_dropout.c. */
+void tp_model_lora_dropout_key(tp_model *m, int on, uint64_t seed, int64_t step, int64_t row);
+
 /* ---- saving (lora_save.c) ---------------------------------------------- */
 
 /* Writes the adapters into out_dir as PEFT's save_pretrained does:
@@ -98,6 +112,20 @@ tp_status tp_model_lora_tensor(tp_model *m, size_t k, const char **name, tp_tens
  * the TP = 1 save) and adapter_config.json.  Collective over the model's
  * TP group; rank 0 creates the files; atomic (save_dir.c). */
 tp_status tp_model_save_adapter(tp_model *m, const char *out_dir);
+/* The same two files written into the existing directory dir (a training
+ * checkpoint's, which its caller commits).  Collective; rank 0 writes. */
+tp_status tp_model_save_adapter_files(tp_model *m, const char *dir);
+
+/* ---- checkpoints: state shaped like the adapter tensors ----------------- */
+
+/* A tensor laid out as adapter tensor k's local shard (`local`, f32),
+ * named `name`, described for the collective writer (whole shape, the
+ * shard's slice, one writer per copy), as its value is saved. */
+tp_status tp_model_lora_save_tensor(const tp_model *m, size_t k, const char *name, const float *local,
+                                    tp_save_tensor *out);
+/* Tensor `name` of ck, shaped like adapter tensor k, read shard-on-read
+ * into dst (this rank's shard of it, f32). */
+tp_status tp_model_lora_read_tensor(const tp_model *m, size_t k, tp_checkpoint *ck, const char *name, float *dst);
 
 #ifdef __cplusplus
 }

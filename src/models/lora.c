@@ -43,21 +43,14 @@ static const char *style_name(const tp_model *m, const tp_module *lin)
     return lin->tp->plan->style->name;
 }
 
-tp_status tp_lora_read_shard(tp_checkpoint *ck, const char *name, int64_t rows, int64_t cols,
-                             const tp_param_slice *sl, int split, tp_tensor *t)
+tp_status tp_lora_read_into(tp_checkpoint *ck, const char *name, int64_t rows, int64_t cols, const tp_param_slice *sl,
+                            int split, const int64_t local[2], float *dst)
 {
     int64_t shape[2] = {rows, cols};
     tp_status s = tp_checkpoint_expect(ck, name, 2, shape);
     if (s) return s;
     int dim = split ? sl->dim : -1;
-    int64_t local[2] = {rows, cols};
-    if (dim >= 0) {
-        local[dim] = 0;
-        for (int i = 0; i < sl->n; i++) local[dim] += sl->len[i];
-    }
-    if ((s = tp_tensor_init(t, TP_F32, 2, local))) return s;
-    if (dim < 0) return tp_checkpoint_read(ck, name, TP_F32, t->data);
-    float *dst = t->data;
+    if (dim < 0) return tp_checkpoint_read(ck, name, TP_F32, dst);
     int64_t off = 0;
     for (int i = 0; i < sl->n && !s; i++) {
         float *tmp = malloc((size_t)(dim == 0 ? sl->len[i] * cols : rows * sl->len[i]) * sizeof(float) + 1);
@@ -70,6 +63,40 @@ tp_status tp_lora_read_shard(tp_checkpoint *ck, const char *name, int64_t rows, 
         off += sl->len[i];
     }
     return s;
+}
+
+/* The shape of the part of [rows, cols] that sl keeps (split) or all. */
+static void local_shape(int64_t rows, int64_t cols, const tp_param_slice *sl, int split, int64_t local[2])
+{
+    local[0] = rows;
+    local[1] = cols;
+    if (!split || sl->dim < 0) return;
+    local[sl->dim] = 0;
+    for (int i = 0; i < sl->n; i++) local[sl->dim] += sl->len[i];
+}
+
+tp_status tp_lora_read_shard(tp_checkpoint *ck, const char *name, int64_t rows, int64_t cols,
+                             const tp_param_slice *sl, int split, tp_tensor *t)
+{
+    int64_t local[2];
+    local_shape(rows, cols, sl, split, local);
+    tp_status s = tp_tensor_init(t, TP_F32, 2, local);
+    return s ? s : tp_lora_read_into(ck, name, rows, cols, sl, split, local, t->data);
+}
+
+tp_status tp_model_lora_read_tensor(const tp_model *m, size_t k, tp_checkpoint *ck, const char *name, float *dst)
+{
+    size_t i;
+    int is_a;
+    size_t adapters = tp_model_lora_count(m) - tp_lora_saved_count(m);
+    if (k >= adapters) return tp_lora_saved_read(m, k - adapters, ck, name, dst);   /* then the saved ones */
+    const lora_entry *e = tp_lora_entry_at(m->lora, k, &i, &is_a);
+    if (!e) return tp_fail(TP_ERR_INVALID, "no adapter tensor %zu", k);
+    int64_t shape[2], local[2];
+    tp_lora_global_shape(m, i, e, is_a, shape);
+    const tp_param_slice *sl = is_a ? &e->a_slice : &e->b_slice;
+    local_shape(shape[0], shape[1], sl, sl->dim >= 0, local);
+    return tp_lora_read_into(ck, name, shape[0], shape[1], sl, sl->dim >= 0, local, dst);
 }
 
 tp_status tp_lora_placement(const tp_model *m, const tp_module *lin, int *a_split, int *b_split)
@@ -275,11 +302,17 @@ tp_status tp_lora_apply(tp_model *m, const tp_module *lin, const float *x, int64
     const lora_entry *e = m->lora->by_module[lin - m->modules];
     if (!e) return TP_OK;
     int64_t r = e->A.shape[0];
-    float *a = malloc((size_t)(T * r) * sizeof(float));
+    float *a = malloc((size_t)(T * r) * sizeof(float)), *xd = NULL;
     tp_status s = a ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
-    if (!s) s = tp_matmul_ex(a, x, T, &e->A, NULL, m->pool, &m->matmul);
+    /* training with lora_dropout: A reads the masked input, the base x */
+    if (!s && tp_lora_dropping(m)) {
+        xd = malloc((size_t)(T * e->A.shape[1]) * sizeof(float));
+        s = xd ? tp_lora_dropout(m, lin, e, x, T, xd) : tp_fail(TP_ERR_NOMEM, "out of memory");
+    }
+    if (!s) s = tp_matmul_ex(a, xd ? xd : x, T, &e->A, NULL, m->pool, &m->matmul);
     if (!s) s = add_up_projection(m, e, a, T, y);
     free(a);
+    free(xd);
     return s;
 }
 

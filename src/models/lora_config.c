@@ -205,3 +205,33 @@ double tp_lora_config_scale(const tp_lora_config *c)
 {
     return c->use_rslora ? c->alpha / sqrt((double)c->r) : c->alpha / (double)c->r;
 }
+
+/* The targets as one comma-separated text (a regex as itself). */
+static void targets_text(const tp_lora_config *c, char *buf, size_t cap)
+{
+    if (c->target_regex[0]) { snprintf(buf, cap, "%s", c->target_regex); return; }
+    size_t at = 0;
+    buf[0] = 0;
+    for (int i = 0; i < c->n_targets && at < cap; i++)
+        at += (size_t)snprintf(buf + at, cap - at, "%s%s", i ? "," : "", c->targets[i]);
+}
+
+tp_status tp_lora_config_same(const tp_lora_config *run, const tp_lora_config *saved, const char *where)
+{
+    if (run->r != saved->r)
+        return tp_fail(TP_ERR_INVALID, "%s: the adapter has r %lld, this run's --lora-r is %lld", where,
+                       (long long)saved->r, (long long)run->r);
+    if (run->alpha != saved->alpha)
+        return tp_fail(TP_ERR_INVALID, "%s: the adapter has lora_alpha %g, this run's --lora-alpha is %g", where,
+                       saved->alpha, run->alpha);
+    if (run->dropout != saved->dropout)
+        return tp_fail(TP_ERR_INVALID, "%s: the adapter has lora_dropout %g, this run's --lora-dropout is %g",
+                       where, saved->dropout, run->dropout);
+    char a[1024], b[1024];
+    targets_text(run, a, sizeof a);
+    targets_text(saved, b, sizeof b);
+    if (strcmp(a, b) || run->use_rslora != saved->use_rslora)
+        return tp_fail(TP_ERR_INVALID, "%s: the adapter targets %s%s, this run's --lora-target %s", where, b,
+                       saved->use_rslora ? " (rslora)" : "", a);
+    return TP_OK;
+}

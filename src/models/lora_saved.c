@@ -189,17 +189,17 @@ tp_status tp_lora_saved_zero_grad(tp_model *m)
     return TP_OK;
 }
 
-void tp_lora_saved_describe(const tp_model *m, size_t k, tp_save_tensor *t)
+void tp_lora_saved_describe(const tp_model *m, size_t k, const char *name, const void *local, tp_save_tensor *t)
 {
     int j;
     const tp_module *mod = &m->modules[nth_saved(m, k, &j)];
     const tp_module_param *p = &mod->params[j];
     memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "%s", m->lora->saved_keys[k]);
+    snprintf(t->name, sizeof t->name, "%s", name);
     t->dtype = p->local.dtype;
     t->ndim = p->ndim;
     memcpy(t->shape, p->shape, sizeof t->shape);
-    t->local = p->local.data;
+    t->local = local;
     t->local_dtype = p->local.dtype;
     t->slice = p->slice;
     /* one rank per copy: rank 0 for a whole tensor, the first of each KV
@@ -207,4 +207,14 @@ void tp_lora_saved_describe(const tp_model *m, size_t k, tp_save_tensor *t)
     int reps = tp_model_param_replicas(m, mod, j), rank = m->tp ? m->tp->rank : 0;
     if (reps == 0 || !m->tp || !m->tp->mesh || m->tp->size <= 1) { t->slice.dim = -1; t->writes = rank == 0; }
     else t->writes = rank % reps == 0;
+}
+
+tp_status tp_lora_saved_read(const tp_model *m, size_t k, tp_checkpoint *ck, const char *name, float *dst)
+{
+    int j;
+    int64_t i = nth_saved(m, k, &j);
+    if (i < 0) return tp_fail(TP_ERR_INVALID, "no saved parameter %zu", k);
+    const tp_module_param *p = &m->modules[i].params[j];
+    if (p->ndim == 1) return read_vector(ck, name, p, dst);
+    return tp_lora_read_into(ck, name, p->shape[0], p->shape[1], &p->slice, p->slice.dim >= 0, p->local.shape, dst);
 }

@@ -10,7 +10,8 @@
  * all-reduce completes it.  Rowwise base (A split on its columns): a is a
  * partial sum, made whole by an all-reduce for dB (identical on every
  * rank, as B is replicated); g is whole and dA, dx are this rank's
- * columns. */
+ * columns.  With lora_dropout, x above is the masked input and dx goes
+ * through the same mask (lora_dropout.c). */
 #include "lora_internal.h"
 
 #include "tensorpar/dist.h"
@@ -145,31 +146,41 @@ size_t tp_model_lora_count(const tp_model *m)
     return n + tp_lora_saved_count(m);
 }
 
-tp_status tp_model_lora_tensor(tp_model *m, size_t k, const char **name, tp_tensor **value, tp_tensor **grad,
-                               int *replicas)
+lora_entry *tp_lora_entry_at(const struct tp_lora *l, size_t k, size_t *module, int *is_a)
 {
     size_t at = 0;
-    for (size_t i = 0; m->lora && i < m->lora->n; i++) {
-        lora_entry *e = m->lora->by_module[i];
+    for (size_t i = 0; l && i < l->n; i++) {
+        lora_entry *e = l->by_module[i];
         if (!e) continue;
         if (k == at || k == at + 1) {
-            int is_a = k == at;
-            const tp_param_slice *sl = is_a ? &e->a_slice : &e->b_slice;
-            *name = is_a ? e->a_name : e->b_name;
-            *value = is_a ? &e->A : &e->B;
-            *grad = is_a ? &e->gA : &e->gB;
-            /* a B split like a KV-replicated head lives on its kv_rep ranks */
-            int kv_rep = m->modules[i].tp ? m->modules[i].tp->kv_rep : 1;
-            if (!m->tp || !m->tp->mesh || m->tp->size <= 1) *replicas = 1;
-            else if (sl->dim < 0) *replicas = 0;
-            else *replicas = kv_rep > 1 ? kv_rep : 1;
-            return TP_OK;
+            *module = i;
+            *is_a = k == at;
+            return e;
         }
         at += 2;
     }
-    /* then the modules_to_save weights */
-    if (k >= at) return tp_lora_saved_tensor(m, k - at, name, value, grad, replicas);
-    return tp_fail(TP_ERR_INVALID, "no adapter tensor %zu", k);
+    return NULL;
+}
+
+tp_status tp_model_lora_tensor(tp_model *m, size_t k, const char **name, tp_tensor **value, tp_tensor **grad,
+                               int *replicas)
+{
+    size_t i;
+    int is_a;
+    size_t adapters = tp_model_lora_count(m) - tp_lora_saved_count(m);
+    if (k >= adapters) return tp_lora_saved_tensor(m, k - adapters, name, value, grad, replicas);   /* then the saved ones */
+    lora_entry *e = tp_lora_entry_at(m->lora, k, &i, &is_a);
+    if (!e) return tp_fail(TP_ERR_INVALID, "no adapter tensor %zu", k);
+    const tp_param_slice *sl = is_a ? &e->a_slice : &e->b_slice;
+    *name = is_a ? e->a_name : e->b_name;
+    *value = is_a ? &e->A : &e->B;
+    *grad = is_a ? &e->gA : &e->gB;
+    /* a B split like a KV-replicated head lives on its kv_rep ranks */
+    int kv_rep = m->modules[i].tp ? m->modules[i].tp->kv_rep : 1;
+    if (!m->tp || !m->tp->mesh || m->tp->size <= 1) *replicas = 1;
+    else if (sl->dim < 0) *replicas = 0;
+    else *replicas = kv_rep > 1 ? kv_rep : 1;
+    return TP_OK;
 }
 
 /* buf [T, w], a partial sum on each rank, made the whole sum on every rank. */
@@ -207,11 +218,11 @@ static tp_status kv_head_grad(tp_model *m, const tp_module *lin, lora_entry *e, 
     return s;
 }
 
-tp_status tp_lora_backward(tp_model *m, const tp_module *lin, const float *x, const float *dy, int64_t T, float *dx)
+/* The adapter's backward on its (dropped-out) input xa: the gradients of
+ * A and B, and its input gradient added into dx (may be NULL). */
+static tp_status adapter_backward(tp_model *m, const tp_module *lin, lora_entry *e, const float *xa, const float *dy,
+                                  int64_t T, float *dx)
 {
-    if (!m->lora || !m->lora->training) return TP_OK;
-    lora_entry *e = m->lora->by_module[lin - m->modules];
-    if (!e) return TP_OK;
     int64_t r = e->A.shape[0], out = e->B.shape[0];
     int a_split = e->a_slice.dim >= 0, b_split = e->b_slice.dim >= 0;
     /* + 1: an empty shard (out = 0) still takes part in the collectives */
@@ -219,7 +230,7 @@ tp_status tp_lora_backward(tp_model *m, const tp_module *lin, const float *x, co
     float *sdy = malloc((size_t)(T * out) * sizeof(float) + 1), *gw = NULL;
     tp_status s = a && g && sdy ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int64_t i = 0; !s && i < T * out; i++) sdy[i] = m->lora->scale * dy[i];
-    if (!s) s = tp_matmul_ex(a, x, T, &e->A, NULL, m->pool, &m->matmul);
+    if (!s) s = tp_matmul_ex(a, xa, T, &e->A, NULL, m->pool, &m->matmul);
     if (!s && a_split) s = all_reduce(m, a, T, r);
     if (!s) s = b_split && lin->tp && lin->tp->kv_rep > 1 ? kv_head_grad(m, lin, e, sdy, a, T, g)
                                                           : tp_matmul_backward(g, e->gB.data, NULL, sdy, a, T, &e->B, m->pool);
@@ -227,12 +238,35 @@ tp_status tp_lora_backward(tp_model *m, const tp_module *lin, const float *x, co
         gw = malloc((size_t)(T * r) * sizeof(float) + 1);
         if (!gw) s = tp_fail(TP_ERR_NOMEM, "out of memory");
         if (!s) { memcpy(gw, g, (size_t)(T * r) * sizeof(float)); s = all_reduce(m, gw, T, r); }
-        if (!s) s = tp_matmul_backward(NULL, e->gA.data, NULL, gw, x, T, &e->A, m->pool);
-        if (!s && dx) s = tp_matmul_backward(dx, NULL, NULL, g, x, T, &e->A, m->pool);
+        if (!s) s = tp_matmul_backward(NULL, e->gA.data, NULL, gw, xa, T, &e->A, m->pool);
+        if (!s && dx) s = tp_matmul_backward(dx, NULL, NULL, g, xa, T, &e->A, m->pool);
     } else if (!s) {
-        s = tp_matmul_backward(dx, e->gA.data, NULL, g, x, T, &e->A, m->pool);
+        s = tp_matmul_backward(dx, e->gA.data, NULL, g, xa, T, &e->A, m->pool);
     }
     free(a); free(g); free(sdy); free(gw);
+    return s;
+}
+
+tp_status tp_lora_backward(tp_model *m, const tp_module *lin, const float *x, const float *dy, int64_t T, float *dx)
+{
+    if (!m->lora || !m->lora->training) return TP_OK;
+    lora_entry *e = m->lora->by_module[lin - m->modules];
+    if (!e) return TP_OK;
+    if (!tp_lora_dropping(m)) {
+        tp_status s = adapter_backward(m, lin, e, x, dy, T, dx);
+        return s ? tp_fail_context(s, "the LoRA backward of %s", lin->name) : TP_OK;
+    }
+    /* With dropout the adapter saw mask(x): the same mask drawn again; its
+     * input gradient goes through the mask before joining dx. */
+    int64_t n = T * e->A.shape[1];
+    float *xd = malloc((size_t)n * sizeof(float)), *dxa = dx ? calloc((size_t)n, sizeof(float)) : NULL;
+    tp_status s = xd && (!dx || dxa) ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!s) s = tp_lora_dropout(m, lin, e, x, T, xd);
+    if (!s) s = adapter_backward(m, lin, e, xd, dy, T, dxa);
+    if (!s && dx) s = tp_lora_dropout(m, lin, e, dxa, T, dxa);
+    for (int64_t i = 0; !s && dx && i < n; i++) dx[i] += dxa[i];
+    free(xd);
+    free(dxa);
     return s ? tp_fail_context(s, "the LoRA backward of %s", lin->name) : TP_OK;
 }
 

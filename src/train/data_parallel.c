@@ -4,6 +4,7 @@
 #include "train/data_parallel.h"
 #include "tensorpar/comm.h"
 #include "tensorpar/module.h"
+#include "tensorpar/lora.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,11 @@ struct tp_dp {
     tp_model *m;
     const tp_mesh *grid, *rep, *shard;
     int R, S, index;
+    /* dp_shard > 1 chunks the parameters; not under LoRA training, where
+     * the base is frozen (kept whole per TP shard: no gradient or optimizer
+     * state to split) and the small adapters are copies on every dp rank,
+     * their gradients summed over the whole dp group. */
+    int chunked;
     tp_module_hooks hooks;
     dp_param *ps;
     int n;
@@ -30,7 +36,7 @@ struct tp_dp {
 
 int tp_dp_index(const tp_dp *dp) { return dp->index; }
 int tp_dp_count(const tp_dp *dp) { return dp->R * dp->S; }
-int tp_dp_sharded(const tp_dp *dp) { return dp->S > 1; }
+int tp_dp_sharded(const tp_dp *dp) { return dp->chunked; }
 
 const tp_train_param *tp_dp_params(const tp_dp *dp, int *n)
 {
@@ -242,8 +248,9 @@ tp_status tp_dp_new(tp_model *m, const tp_mesh *grid, tp_dp **out)
     dp->R = tp_mesh_size(dp->rep, 0);
     dp->S = tp_mesh_size(dp->shard, 0);
     dp->index = tp_mesh_coord(dp->rep, 0) * dp->S + tp_mesh_coord(dp->shard, 0);
+    dp->chunked = dp->S > 1 && !tp_model_base_frozen(m);
     *out = dp;
-    if (dp->S == 1) return TP_OK;
+    if (!dp->chunked) return TP_OK;
     dp->hooks = (tp_module_hooks){pre_forward, post_forward, pre_backward, post_backward, dp};
     tp_status s = make_chunks(dp);
     if (!s) m->hooks = &dp->hooks;
@@ -284,7 +291,7 @@ tp_status tp_dp_free(tp_dp *dp, int finish)
 {
     if (!dp) return TP_OK;
     tp_status s = TP_OK;
-    if (dp->S > 1) {
+    if (dp->chunked) {
         dp->m->hooks = NULL;
         if (finish) s = unshard_all(dp);
         for (int k = 0; k < dp->n; k++) {
@@ -301,17 +308,17 @@ tp_status tp_dp_free(tp_dp *dp, int finish)
 
 tp_status tp_dp_row_begin(tp_dp *dp)
 {
-    return dp->S > 1 ? unit_gather(dp, -1, 1) : TP_OK;
+    return dp->chunked ? unit_gather(dp, -1, 1) : TP_OK;
 }
 
 tp_status tp_dp_row_end(tp_dp *dp)
 {
-    return dp->S > 1 ? unit_release(dp, -1, 1, 0) : TP_OK;
+    return dp->chunked ? unit_release(dp, -1, 1, 0) : TP_OK;
 }
 
 tp_status tp_dp_row_idle(tp_dp *dp)
 {
-    if (dp->S == 1) return TP_OK;
+    if (!dp->chunked) return TP_OK;
     const tp_model *m = dp->m;
     int n = (int)m->cfg.num_hidden_layers;
     tp_status s = TP_OK;
@@ -330,12 +337,12 @@ tp_status tp_dp_row_idle(tp_dp *dp)
 
 tp_status tp_dp_root_gather(tp_dp *dp)
 {
-    return dp->S > 1 ? unit_gather(dp, -1, 0) : TP_OK;
+    return dp->chunked ? unit_gather(dp, -1, 0) : TP_OK;
 }
 
 void tp_dp_root_release(tp_dp *dp)
 {
-    if (dp->S > 1) unit_release(dp, -1, 0, 0);
+    if (dp->chunked) unit_release(dp, -1, 0, 0);
 }
 
 /* One placement per dimension of the grid: `dp_rep` on dp_replicate,
@@ -375,10 +382,12 @@ static tp_status all_reduce(const tp_mesh *mesh, const tp_train_param *p)
 
 tp_status tp_dp_reduce_grads(tp_dp *dp, const tp_train_param *params, int n)
 {
-    /* dp_shard's sums happened in the reduce-scatters (or it has size 1):
-     * what is left is the copies over dp_replicate. */
-    for (int i = 0; dp->R > 1 && i < n; i++) {
-        tp_status s = all_reduce(dp->rep, &params[i]);
+    /* dp_shard's sums happened in the reduce-scatters (or it has size 1, or
+     * holds copies): what is left is the copies over dp_replicate, and over
+     * dp_shard when it does not chunk. */
+    for (int i = 0; i < n; i++) {
+        tp_status s = dp->R > 1 ? all_reduce(dp->rep, &params[i]) : TP_OK;
+        if (!s && dp->S > 1 && !dp->chunked) s = all_reduce(dp->shard, &params[i]);
         if (s) return s;
     }
     return TP_OK;
@@ -390,7 +399,7 @@ tp_status tp_dp_clip(tp_dp *dp, const tp_train_param *params, int n, const tp_me
     /* Copies over dp_replicate (and over dp_shard when unsharded) count
      * once: only the chunks of one replica sum, and the TP ranks' parts. */
     tp_placement sum_pl[TP_MESH_MAX_DIMS];
-    grid_placements(dp, tp_replicate(), dp->S > 1 ? tp_partial() : tp_replicate(), tp_partial(), sum_pl);
+    grid_placements(dp, tp_replicate(), dp->chunked ? tp_partial() : tp_replicate(), tp_partial(), sum_pl);
     return tp_clip_grad_norm_grid(params, n, tp_sub, dp->grid, sum_pl, pool, max_norm, norm);
 }
 
@@ -398,7 +407,7 @@ tp_status tp_dp_check_replicas(tp_dp *dp, const tp_train_param *params, int n)
 {
     /* The copies: the replicas of dp_replicate, and of dp_shard when it
      * does not shard; each parameter is one whole copy per rank there. */
-    const tp_mesh *copies[2] = {dp->rep, dp->S == 1 ? dp->shard : NULL};
+    const tp_mesh *copies[2] = {dp->rep, dp->chunked ? NULL : dp->shard};
     tp_train_param *all = malloc((size_t)(n ? n : 1) * sizeof *all);
     if (!all) return tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) {
@@ -443,5 +452,5 @@ void tp_dp_release_all(tp_dp *dp)
 
 tp_status tp_dp_agree(tp_dp *dp, tp_status s)
 {
-    return dp->S > 1 ? tp_comm_agree(tp_mesh_group(dp->shard, 0), s) : s;
+    return dp->chunked ? tp_comm_agree(tp_mesh_group(dp->shard, 0), s) : s;
 }

@@ -202,7 +202,11 @@ static tp_status accumulate(trainer *t, int64_t s, const tp_data_step *st, doubl
             double sum = 0;
             /* count > 0 always: a step without labels gives 0 / 0 below. */
             double count = st->label_tokens > 0 ? (double)st->label_tokens : 1.0;
+            /* LoRA dropout masks keyed by the step and the dataset row:
+             * the same whatever the TP and dp layout (no-op without) */
+            tp_model_lora_dropout_key(t->m, 1, t->o->seed, s, t->rows[r]);
             e = one_row(t, t->ids + r * L, t->labels + r * L, L, count, &sum);
+            tp_model_lora_dropout_key(t->m, 0, 0, 0, 0);
             *loss_sum += sum;
             *tokens += t->loader.data->lengths ? t->loader.data->lengths[t->rows[r]] : L;
         }

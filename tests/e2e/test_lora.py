@@ -486,17 +486,14 @@ class LoraRefusals(unittest.TestCase):
         self.assertIn(needle, p.stderr)
 
     def test_train_refusals(self):
-        self.train_refused("--lora-dropout: only 0 is supported yet", "--lora-r", 4, "--lora-dropout", 0.1)
         self.train_refused("it takes no --lora-* option", "--lora-r", 4, "--adapter", WORK)
         self.train_refused("need --lora-r", "--lora-target", "q_proj")
-        self.train_refused("not supported with LoRA yet", "--lora-r", 4, "--save-every", 1)
         self.train_refused("--lora-target matches no Linear", "--lora-r", 4, "--lora-target", "nothing")
         plan = os.path.join(WORK, "head-replicate.json")
         with open(plan, "w") as f:
             json.dump({"lm_head": "replicate"}, f)
         self.train_refused("Unsupported tensor parallel plan 'replicate' for LoRA state dict sharding.",
                            "--lora-r", 4, "--lora-target", "lm_head", "--tp-plan", plan, tp=2)
-        self.train_refused("not supported with LoRA yet", "--lora-r", 4, "--dp-replicate", 2)
 
     def test_bias(self):
         self.refused({"extra_config": {"bias": "some"}}, 1, "bias 'some'; it must be \"none\", \"all\" or \"lora_only\"")

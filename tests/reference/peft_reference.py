@@ -7,7 +7,10 @@ The math is PEFT's LoraLayer (peft/tuners/lora/layer.py, Linear.forward):
 with lora_A.weight [r, in] and lora_B.weight [out, r]; keys are
 base_model.model.<module>.lora_A.weight / .lora_B.weight.  Without dropout
 (inference) that equals x @ (W + scale * B @ A).T + b, which is how the
-reference applies it: the merged weights go through hf_reference's model."""
+reference applies it: the merged weights go through hf_reference's model.
+With dropout (training) the reference computes tensorpar's masks itself, from
+the same counter-based hash of (seed, step, row, module, element) as
+src/models/lora_dropout.c, and adds the adapter's term to each projection."""
 
 import json
 import math
@@ -123,11 +126,50 @@ def reference_logits(model_dir, adapter_dir, tokens):
     return model.forward(tokens)
 
 
-def lora_reference_train(model_dir, adapter_dir, data_path, **opts):
+# ---- dropout masks: tensorpar's counter-based ones (src/models/lora_dropout.c) ----
+
+M64 = (1 << 64) - 1
+GOLD = 0x9E3779B97F4A7C15
+DROPOUT_STREAM = 0x6C6F72615F64726F
+
+
+def _finalise(z):
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def rng_hash(key, counter):
+    """tp_rng_hash: splitmix64's finaliser of key + (counter + 1) * golden, on uint64 arrays or ints."""
+    with np.errstate(over="ignore"):
+        z = np.uint64(key) + (np.asarray(counter, dtype=np.uint64) + np.uint64(1)) * np.uint64(GOLD)
+    return _finalise(z)
+
+
+def fnv1a(name):
+    h = 0xCBF29CE484222325
+    for c in name.encode():
+        h = ((h ^ c) * 0x100000001B3) & M64
+    return h
+
+
+def dropout_keep(seed, step, row, module, T, width, p):
+    """The keep mask [T, width] of module's adapter input for sequence `row` at optimizer
+    step `step` (from 0): what tensorpar's trainer draws with --seed seed at any TP size."""
+    key = int(rng_hash(int(rng_hash(int(rng_hash(seed, DROPOUT_STREAM)), step)), row))
+    key = int(rng_hash(key, fnv1a(module)))
+    h = rng_hash(key, np.arange(T * width, dtype=np.uint64)).reshape(T, width)
+    return (h >> np.uint64(11)).astype(np.float64) * 2.0 ** -53 >= p
+
+
+def lora_reference_train(model_dir, adapter_dir, data_path, seed=0, **opts):
     """hf_reference_train's Trainer steps with PEFT's LoRA: the base frozen
     (no gradient, no optimizer state), the adapter's A and B the only
-    parameters, y = base(x) + scale * B(A(x)) on each targeted Linear (no
-    dropout).  Returns (log, {PEFT key: float64 array}) after opts["steps"]."""
+    parameters, y = base(x) + scale * B(A(dropout(x))) on each targeted
+    Linear, dropout's masks tensorpar's (dropout_keep, with the trainer's
+    --seed `seed`).  Returns (log, {PEFT key: float64 array}) after
+    opts["steps"]."""
     import torch
     import hf_reference_grad as gref
     import hf_reference_train as tref
@@ -168,6 +210,22 @@ def lora_reference_train(model_dir, adapter_dir, data_path, **opts):
             w[mname + ".weight"] = w[mname + ".weight"] + s * (B @ A).T
         return w
 
+    p = acfg.get("lora_dropout") or 0.0
+
+    def forward(q, step, row):
+        if not p:
+            return gref.forward_logits(cfg, weights(), q)
+
+        def adapter(name, x):
+            if name not in mods:
+                return None
+            keep = torch.tensor(dropout_keep(seed, step, row, name, x.shape[0], x.shape[1], p))
+            xd = torch.where(keep, x / (1 - p), torch.zeros_like(x))
+            A = params[f"base_model.model.{name}.lora_A.weight"]
+            B = params[f"base_model.model.{name}.lora_B.weight"]
+            return s * ((xd @ A.T) @ B.T)
+        return gref.forward_logits(cfg, base, q, adapter)
+
     seqs = tref.read_sequences(data_path, o["seq_len"])
-    log = tref.train_steps(params, seqs, o, lambda q: gref.forward_logits(cfg, weights(), q), cfg["vocab_size"])
+    log = tref.train_steps(params, seqs, o, forward, cfg["vocab_size"])
     return log, {k: v.detach().numpy().copy() for k, v in params.items()}
