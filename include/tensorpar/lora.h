@@ -59,8 +59,8 @@ int tp_lora_config_saves(const tp_lora_config *c, const char *name);
  * regex that does not compile. */
 int tp_lora_config_matches(const tp_lora_config *c, const char *name);
 /* TP_OK when a checkpoint's adapter config `saved` is what this run's
- * options made (`run`): r, alpha, dropout, targets; else an error naming
- * the first difference, prefixed by `where`. */
+ * options made (`run`): r, alpha, dropout, targets, bias, modules_to_save;
+ * else an error naming the first difference, prefixed by `where`. */
 tp_status tp_lora_config_same(const tp_lora_config *run, const tp_lora_config *saved, const char *where);
 /* scale = alpha / r, or alpha / sqrt(r) with use_rslora. */
 double tp_lora_config_scale(const tp_lora_config *c);

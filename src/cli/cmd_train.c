@@ -241,7 +241,9 @@ static tp_status lora_resume(tp_model *m, const lora_opts *l, const char *ckpt)
     memset(&saved, 0, sizeof saved);
     tp_status s = TP_OK;
     if (l->r && !(s = tp_lora_config_make(&run, l->r, l->alpha, l->dropout, l->target ? l->target : "q_proj,v_proj"))) {
-        s = tp_lora_config_load(&saved, ckpt);
+        if (l->save) s = tp_lora_config_set_saved(&run, l->save);
+        if (!s && l->bias) s = tp_lora_config_set_bias(&run, l->bias, "--lora-bias");
+        if (!s) s = tp_lora_config_load(&saved, ckpt);
         if (!s) s = tp_lora_config_same(&run, &saved, path);
         tp_lora_config_free(&saved);
         tp_lora_config_free(&run);

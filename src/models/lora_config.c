@@ -233,5 +233,14 @@ tp_status tp_lora_config_same(const tp_lora_config *run, const tp_lora_config *s
     if (strcmp(a, b) || run->use_rslora != saved->use_rslora)
         return tp_fail(TP_ERR_INVALID, "%s: the adapter targets %s%s, this run's --lora-target %s", where, b,
                        saved->use_rslora ? " (rslora)" : "", a);
+    static const char *const bias[] = {"none", "all", "lora_only"};
+    if (run->bias != saved->bias)
+        return tp_fail(TP_ERR_INVALID, "%s: the adapter has bias %s, this run's --lora-bias is %s", where,
+                       bias[saved->bias], bias[run->bias]);
+    int same = run->n_save == saved->n_save;
+    for (int i = 0; same && i < run->n_save; i++) same = !strcmp(run->save[i], saved->save[i]);
+    if (!same)
+        return tp_fail(TP_ERR_INVALID, "%s: the adapter's modules_to_save differ from this run's "
+                       "--lora-modules-to-save", where);
     return TP_OK;
 }
