@@ -308,12 +308,14 @@ class LoraModulesToSave(unittest.TestCase):
             self.assertLess(rel(logits(model, tp, "--adapter", adapter, "--merge-adapter"), got), TOL)
 
     def test_five_steps(self):
-        # lm_head colwise_gather_output (a vocabulary shard each), o_proj rowwise, k_proj's head replicated at TP 4
+        # lm_head colwise_gather_output (a vocabulary shard each), o_proj rowwise, k_proj's head replicated
+        # at TP 4, embed_tokens replicated (untied qwen3's plan leaves it whole)
         model = make("qwen3-base", "qwen3")
         data = make_data(model)
         start = os.path.join(WORK, "mts-start")
-        peft.write_adapter(start, model, targets=["q_proj"], modules_to_save=["lm_head", "o_proj", "k_proj"],
-                           r=4, alpha=8, seed=32, b_std=0.02, save_std=0.02)
+        peft.write_adapter(start, model, targets=["q_proj"],
+                           modules_to_save=["lm_head", "o_proj", "k_proj", "embed_tokens"], r=4, alpha=8, seed=32,
+                           b_std=0.02, save_std=0.02)
         log, want = peft.lora_reference_train(model, start, data, **TRAIN)
         first = peft.ref.read_safetensors(os.path.join(start, "adapter_model.safetensors"))
         self.assertIn("base_model.model.lm_head.weight", want)
