@@ -226,9 +226,9 @@ class LoraCheckpoints(unittest.TestCase):
 
 
 class LoraDataParallel(unittest.TestCase):
-    """--dp-replicate/--dp-shard with an adapter: the frozen base stays whole per TP shard (no
-    chunks: it has no gradient or optimizer state), the adapters are copies on every dp rank with
-    their gradients summed over the dp group; the run equals one process on the global batch."""
+    """--dp-replicate/--dp-shard with an adapter: under dp-shard the frozen base is chunked
+    (gathered per layer, no gradient or optimizer state), the adapters are copies on every dp rank
+    with their gradients summed over the dp group; the run equals one process on the global batch."""
 
     def test_tp_x_dp_equals_one_process(self):
         model = make()
