@@ -231,22 +231,28 @@ class LoraDataParallel(unittest.TestCase):
     with their gradients summed over the dp group; the run equals one process on the global batch."""
 
     def test_tp_x_dp_equals_one_process(self):
+        """Rows 1 and 6 hold one token (no label): their dp rank runs no forward while its
+        dp-shard partners do (the gathers still match).  Evaluation gathers the chunks too."""
         model = make()
-        data = make_data(model, lines=32, seed=4)
+        rng = np.random.default_rng(4)
+        data = write_token_rows(os.path.join(WORK, "dp-data.jsonl"), rng, 32, vocab_size(model),
+                                lambda i: 1 if i in (1, 6) else int(rng.integers(3, SEQ_LEN + 5)))
+        ev = ("--eval-data", make_data(model, lines=3, seed=5), "--eval-every", 1)
         opts = dict(TRAIN, steps=3, batch_size=1)
         one = dict(opts, batch_size=4)   # the global batch: 4 dp ranks x 1, or 2 x 2
-        _, want = train(model, data, os.path.join(WORK, "dp-one"), 1, one, *LORA)
+        _, want = train(model, data, os.path.join(WORK, "dp-one"), 1, one, *LORA, *ev)
         want_log = read_log(os.path.join(WORK, "dp-one"))
         layouts = {"rep2-tp2": (2, dict(opts, batch_size=2), ("--dp-replicate", 2)),
                    "shard2-tp2": (2, dict(opts, batch_size=2), ("--dp-shard", 2, "--check-replicas")),
                    "rep2-shard2": (1, opts, ("--dp-replicate", 2, "--dp-shard", 2))}
         for name, (tp, o, extra) in layouts.items():
             out = os.path.join(WORK, "dp-" + name)
-            _, got = train(model, data, out, tp, o, *LORA, *extra)
+            _, got = train(model, data, out, tp, o, *LORA, *ev, *extra)
             for k in want:
                 self.assertLess(rel(got[k], want[k]), TOL, f"{name} {k}")
             for g, w in zip(read_log(out), want_log):
                 self.assertLess(abs(g["loss"] - w["loss"]) / w["loss"], TOL, name)
+                self.assertLess(abs(g["eval_loss"] - w["eval_loss"]) / w["eval_loss"], TOL, name)
                 self.assertLess(abs(g["grad_norm"] - w["grad_norm"]) / w["grad_norm"], 1e-4, name)
 
     def test_checkpoint_resume_under_dp(self):
