@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define N_OWN 36
+#define N_OWN 38
 
 static const cli_option own[N_OWN] = {
     {"--model", "DIR", "model directory (required)", 0, {0}},
@@ -52,6 +52,10 @@ static const cli_option own[N_OWN] = {
     {"--lora-r", "R", "train a LoRA adapter of rank R on the frozen model; OUT gets the adapter in PEFT's format", 0, {0}},
     {"--lora-alpha", "A", "LoRA scale numerator: scale = A / R (default 8)", 0, {0}},
     {"--lora-target", "NAMES", "comma-separated modules to adapt (default q_proj,v_proj)", 0, {0}},
+    {"--lora-modules-to-save", "NAMES", "comma-separated modules trained in full and saved with the adapter "
+     "(PEFT's modules_to_save; f32 weights)", 0, {0}},
+    {"--lora-bias", "none|all|lora_only", "biases trained with the adapter: none (default), every one, or the "
+     "adapted modules' (PEFT's bias; f32 weights)", 0, {0}},
     {"--lora-dropout", "P", "dropout on the adapters' input in training, masks from --seed (default 0)", 0, {0}},
     {"--adapter", "DIR", "continue training this PEFT LoRA adapter on the frozen model", 0, {0}},
     {"--dp-replicate", "N", "data parallelism: N replicas of the TP-split model, gradients averaged (default 1)", 0, {0}},
@@ -198,7 +202,7 @@ static tp_status load_data(const char *dir, long long seq_len, const char *train
 typedef struct {
     long long r;
     double alpha, dropout;
-    const char *target, *adapter;
+    const char *target, *adapter, *save, *bias;
 } lora_opts;
 
 static int parse_lora(const cli_option *o, int n, lora_opts *l)
@@ -208,14 +212,18 @@ static int parse_lora(const cli_option *o, int n, lora_opts *l)
     l->dropout = 0.0;
     l->target = cli_value(o, n, "--lora-target");
     l->adapter = cli_value(o, n, "--adapter");
+    l->save = cli_value(o, n, "--lora-modules-to-save");
+    l->bias = cli_value(o, n, "--lora-bias");
     if (cli_int(o, n, "--lora-r", &l->r) || cli_double(o, n, "--lora-alpha", &l->alpha) ||
         cli_double(o, n, "--lora-dropout", &l->dropout))
         return cli_usage_error("train");
-    int any = l->r || l->target || cli_value(o, n, "--lora-alpha") || cli_value(o, n, "--lora-dropout");
+    int any = l->r || l->target || l->save || l->bias || cli_value(o, n, "--lora-alpha") || cli_value(o, n, "--lora-dropout");
     if (cli_value(o, n, "--lora-r") && l->r < 1) return usage("--lora-r must be >= 1");
     if (l->adapter && any) return usage("--adapter resumes an adapter with its own adapter_config.json; "
                                         "it takes no --lora-* option");
-    if (any && !l->r) return usage("--lora-alpha, --lora-target and --lora-dropout need --lora-r");
+    if (any && !l->r)
+        return usage("--lora-alpha, --lora-target, --lora-dropout, --lora-bias and --lora-modules-to-save need "
+                     "--lora-r");
     return 0;
 }
 
@@ -233,7 +241,9 @@ static tp_status lora_resume(tp_model *m, const lora_opts *l, const char *ckpt)
     memset(&saved, 0, sizeof saved);
     tp_status s = TP_OK;
     if (l->r && !(s = tp_lora_config_make(&run, l->r, l->alpha, l->dropout, l->target ? l->target : "q_proj,v_proj"))) {
-        s = tp_lora_config_load(&saved, ckpt);
+        if (l->save) s = tp_lora_config_set_saved(&run, l->save);
+        if (!s && l->bias) s = tp_lora_config_set_bias(&run, l->bias, "--lora-bias");
+        if (!s) s = tp_lora_config_load(&saved, ckpt);
         if (!s) s = tp_lora_config_same(&run, &saved, path);
         tp_lora_config_free(&saved);
         tp_lora_config_free(&run);
@@ -252,6 +262,8 @@ static tp_status lora_attach(tp_model *m, const lora_opts *l, uint64_t seed, con
     } else {
         tp_lora_config c;
         s = tp_lora_config_make(&c, l->r, l->alpha, l->dropout, l->target ? l->target : "q_proj,v_proj");
+        if (!s && l->save) s = tp_lora_config_set_saved(&c, l->save);
+        if (!s && l->bias) s = tp_lora_config_set_bias(&c, l->bias, "--lora-bias");
         if (!s) s = tp_model_lora_init(m, &c, seed);
         tp_lora_config_free(&c);
     }

@@ -44,8 +44,12 @@ void tp_lora_global_shape(const tp_model *m, size_t module, const lora_entry *e,
 tp_status tp_model_lora_save_tensor(const tp_model *m, size_t k, const char *name, const float *local,
                                     tp_save_tensor *out)
 {
-    size_t i;
+    size_t i, adapters = tp_model_lora_count(m) - tp_lora_saved_count(m);
     int is_a;
+    if (k >= adapters && k < tp_model_lora_count(m)) {
+        tp_lora_saved_describe(m, k - adapters, name, local, out);
+        return TP_OK;
+    }
     const lora_entry *e = tp_lora_entry_at(m->lora, k, &i, &is_a);
     if (!e) return tp_fail(TP_ERR_INVALID, "no adapter tensor %zu", k);
     int64_t shape[2];
@@ -62,11 +66,12 @@ static tp_status tensors(const tp_model *m, tp_save_tensor **out, size_t *n)
     tp_save_tensor *t = calloc(count + 1, sizeof *t);
     if (!t) return tp_fail(TP_ERR_NOMEM, "out of memory");
     for (size_t k = 0; k < count; k++) {
-        size_t i;
-        int is_a;
-        const lora_entry *e = tp_lora_entry_at(m->lora, k, &i, &is_a);
-        tp_status s = tp_model_lora_save_tensor(m, k, is_a ? e->a_name : e->b_name, is_a ? e->A.data : e->B.data,
-                                                &t[k]);
+        const char *name;
+        tp_tensor *value, *grad;
+        int reps;
+        /* the adapters' A and B, then the base parameters saved with them */
+        tp_status s = tp_model_lora_tensor((tp_model *)m, k, &name, &value, &grad, &reps);
+        if (!s) s = tp_model_lora_save_tensor(m, k, name, value->data, &t[k]);
         if (s) { free(t); return s; }
     }
     *out = t;
@@ -79,7 +84,8 @@ static char *config_json(const tp_lora_config *c)
     cJSON *o = cJSON_CreateObject();
     cJSON_AddItemToObject(o, "alpha_pattern", cJSON_CreateObject());
     cJSON_AddNullToObject(o, "base_model_name_or_path");
-    cJSON_AddStringToObject(o, "bias", "none");
+    static const char *const bias[] = {"none", "all", "lora_only"};
+    cJSON_AddStringToObject(o, "bias", bias[c->bias]);
     cJSON_AddFalseToObject(o, "fan_in_fan_out");
     cJSON_AddTrueToObject(o, "inference_mode");
     cJSON_AddTrueToObject(o, "init_lora_weights");
@@ -87,7 +93,12 @@ static char *config_json(const tp_lora_config *c)
     cJSON_AddNullToObject(o, "layers_to_transform");
     cJSON_AddNumberToObject(o, "lora_alpha", c->alpha);
     cJSON_AddNumberToObject(o, "lora_dropout", c->dropout);
-    cJSON_AddNullToObject(o, "modules_to_save");
+    if (c->n_save) {
+        cJSON *a = cJSON_AddArrayToObject(o, "modules_to_save");
+        for (int i = 0; i < c->n_save; i++) cJSON_AddItemToArray(a, cJSON_CreateString(c->save[i]));
+    } else {
+        cJSON_AddNullToObject(o, "modules_to_save");
+    }
     cJSON_AddStringToObject(o, "peft_type", "LORA");
     cJSON_AddNumberToObject(o, "r", (double)c->r);
     cJSON_AddItemToObject(o, "rank_pattern", cJSON_CreateObject());

@@ -214,7 +214,8 @@ static tp_status chunk_one(tp_dp *dp, int i, int j, int shard_rank)
 }
 
 /* Every owned parameter of the model (a tied one borrows its owner's) as
- * a chunk. */
+ * a chunk; under LoRA training the frozen ones only (a base parameter that
+ * trains with the adapter stays whole, a dp copy like the adapters). */
 static tp_status make_chunks(tp_dp *dp)
 {
     tp_model *m = dp->m;
@@ -227,6 +228,7 @@ static tp_status make_chunks(tp_dp *dp)
         for (int j = 0; j < m->modules[i].n_params; j++) {
             const tp_module_param *mp = &m->modules[i].params[j];
             if (mp->tied_to >= 0 || !mp->local.data) continue;
+            if (dp->frozen && !tp_model_param_frozen(m, &m->modules[i], j)) continue;
             tp_status s = chunk_one(dp, (int)i, j, shard_rank);
             if (s) return s;
         }

@@ -25,9 +25,10 @@
  * LoRA training (a frozen base, tensorpar/lora.h) chunks the base's
  * values alone: gathered around each unit's forward and backward like any
  * chunk, but with no gradient to reduce-scatter and no optimizer state.
- * The optimizer steps the adapters, copies on every dp rank whose
- * gradients are summed over dp_replicate × dp_shard, as dp_replicate
- * does. */
+ * The optimizer steps the adapters (and the base parameters that train
+ * with them, modules_to_save and biases, which stay whole), copies on
+ * every dp rank whose gradients are summed over dp_replicate × dp_shard,
+ * as dp_replicate does. */
 #ifndef TP_TRAIN_DATA_PARALLEL_H
 #define TP_TRAIN_DATA_PARALLEL_H
 

@@ -267,5 +267,52 @@ class LoraDataParallel(unittest.TestCase):
         self.assertEqual(adapter_bytes(out), adapter_bytes(full))
 
 
+
+
+class LoraEverything(unittest.TestCase):
+    """Embedding and lm_head adapters, k/v heads replicated over ranks (TP 4), modules_to_save,
+    bias "lora_only" and dropout in one run: checkpoints resume bitwise at the same layout and
+    within 1e-5 at another TP size; tp x dp equals one process on the global batch."""
+    FLAGS = ("--lora-r", 4, "--lora-target", "embed_tokens,lm_head,k_proj", "--lora-modules-to-save", "o_proj",
+             "--lora-bias", "lora_only", "--lora-dropout", 0.1)
+
+    def test_resume(self):
+        model = make("qwen2-base", "qwen2")
+        data = make_data(model)
+        full = os.path.join(WORK, "all-full")
+        _, got = train(model, data, full, 4, dict(TRAIN, steps=4), *self.FLAGS, "--save-every", 2)
+        self.assertEqual(sum(k.endswith("base_layer.bias") for k in got), 2)   # the k_proj biases
+        self.assertIn("base_model.model.model.layers.0.self_attn.o_proj.weight", got)
+        opt = peft.ref.read_safetensors(os.path.join(full, "checkpoint-2", "optimizer.safetensors"))
+        self.assertEqual(set(opt), {k + s for k in got for s in (".exp_avg", ".exp_avg_sq")})
+        out = os.path.join(WORK, "all-resumed")
+        train(model, data, out, 4, dict(TRAIN, steps=4), *self.FLAGS, "--resume", os.path.join(full, "checkpoint-2"))
+        self.assertEqual(adapter_bytes(out), adapter_bytes(full))
+        other = os.path.join(WORK, "all-tp2")
+        shutil.copytree(os.path.join(full, "checkpoint-2"), os.path.join(other, "checkpoint-2"))
+        _, got2 = train(model, data, other, 2, dict(TRAIN, steps=4), *self.FLAGS, "--resume", "latest")
+        for k in got:   # 1e-4: see LoraEverything.test_tp_x_dp_equals_one_process
+            self.assertLess(rel(got2[k], got[k]), 1e-4, k)
+        p = run(*train_args(model, data, os.path.join(WORK, "all-refused"), 1, dict(TRAIN, steps=4), "--lora-r", 4,
+                            "--lora-target", "embed_tokens,lm_head,k_proj", "--lora-modules-to-save", "o_proj",
+                            "--lora-dropout", 0.1, "--resume", os.path.join(full, "checkpoint-2")), check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("the adapter has bias lora_only, this run's --lora-bias is none", p.stderr)
+
+    def test_tp_x_dp_equals_one_process(self):
+        model = make("qwen2-base", "qwen2")
+        data = make_data(model, lines=32, seed=4)
+        opts = dict(TRAIN, steps=3, batch_size=1)
+        _, want = train(model, data, os.path.join(WORK, "all-dp-one"), 1, dict(opts, batch_size=4), *self.FLAGS)
+        for name, tp, extra in (("rep2-tp4", 4, ("--dp-replicate", 2)), ("shard2-tp2", 2, ("--dp-shard", 2))):
+            _, got = train(model, data, os.path.join(WORK, "all-dp-" + name), tp, dict(opts, batch_size=2),
+                           *self.FLAGS, *extra, "--check-replicas")
+            # 1e-4, not 1e-5: Adam's first steps from lora_B = 0 and k_proj's bias (a gradient softmax
+            # mostly cancels) turn f32 rounding of near-zero gradients into lr-sized steps; TP = 4
+            # without dp already differs from one process by up to 5e-5 in those two
+            for k in want:
+                self.assertLess(rel(got[k], want[k]), 1e-4, f"{name} {k}")
+
+
 if __name__ == "__main__":
     unittest.main()

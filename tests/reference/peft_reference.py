@@ -44,10 +44,21 @@ def linear_modules(tensors):
 
 
 def write_adapter(out_dir, model_dir, r=4, alpha=8, targets=("q_proj", "v_proj"), use_rslora=False, seed=0,
-                  b_std=0.05, extra_config=None):
+                  b_std=0.05, extra_config=None, modules_to_save=None, save_std=0.05, bias="none"):
     """A PEFT LoRA adapter for the model in model_dir with random A and
-    non-zero B (PEFT initialises B to zeros; a test adapter must matter)."""
-    t = ref.load_model_tensors(model_dir)
+    non-zero B (PEFT initialises B to zeros; a test adapter must matter).
+    modules_to_save: their trained copies, the base weight plus noise, under
+    the keys PEFT's get_peft_model_state_dict gives them on disk
+    (`<module>.modules_to_save.default.weight` without "modules_to_save."
+    and ".default": base_model.model.<module>.weight).  bias "all" / "lora_only":
+    the trained biases of every module / of the targeted ones, base plus
+    noise, under base_model.model.<module>.base_layer.bias for an adapted
+    module (PEFT wraps it: its bias is the base layer's, the key fixed for
+    "lora_only" in PEFT issue #3306) and base_model.model.<module>.bias for
+    any other."""
+    t = dict(ref.load_model_tensors(model_dir))
+    if "lm_head.weight" not in t:   # tied: PEFT still wraps lm_head as a Linear of its own
+        t["lm_head.weight"] = t["model.embed_tokens.weight"]
     rng = np.random.default_rng(seed)
     tlist = list(targets) if not isinstance(targets, str) else targets
     names = targeted(linear_modules(t) + ["model.embed_tokens"], tlist)
@@ -60,11 +71,19 @@ def write_adapter(out_dir, model_dir, r=4, alpha=8, targets=("q_proj", "v_proj")
             continue
         arrays[f"base_model.model.{n}.lora_A.weight"] = rng.normal(0, 1 / math.sqrt(inp), (r, inp))
         arrays[f"base_model.model.{n}.lora_B.weight"] = rng.normal(0, b_std, (out, r))
+    for n in targeted(linear_modules(t) + ["model.embed_tokens"], list(modules_to_save or [])):
+        w = t[n + ".weight"]
+        arrays[f"base_model.model.{n}.weight"] = w + rng.normal(0, save_std, w.shape)
+    biased = sorted(k[:-len(".bias")] for k in t if k.endswith(".bias"))
+    for n in biased if bias == "all" else [n for n in biased if n in names] if bias == "lora_only" else []:
+        b = t[n + ".bias"]
+        arrays[f"base_model.model.{n}.{'base_layer.' if n in names else ''}bias"] = b + rng.normal(0, save_std, b.shape)
     os.makedirs(out_dir, exist_ok=True)
     ref.write_safetensors(os.path.join(out_dir, "adapter_model.safetensors"), arrays, "F32",
                           metadata={"format": "pt"})
     cfg = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": alpha, "lora_dropout": 0.0,
-           "bias": "none", "use_rslora": use_rslora, "fan_in_fan_out": False, "modules_to_save": None,
+           "bias": bias, "use_rslora": use_rslora, "fan_in_fan_out": False,
+           "modules_to_save": list(modules_to_save) if modules_to_save else None,
            "target_modules": list(targets) if not isinstance(targets, str) else targets,
            "base_model_name_or_path": model_dir, "inference_mode": True}
     cfg.update(extra_config or {})
@@ -74,12 +93,19 @@ def write_adapter(out_dir, model_dir, r=4, alpha=8, targets=("q_proj", "v_proj")
 
 
 def merged_tensors(model_dir, adapter_dir):
-    """The base tensors with scale * B @ A added to each targeted weight (float64)."""
+    """The base tensors with scale * B @ A added to each targeted weight
+    (float64), lm_head.weight always its own (a tied head starts as the base
+    table: PEFT's embedding adapter changes the lookup only, and an lm_head
+    adapter is a Linear adapter on the head alone)."""
     t = dict(ref.load_model_tensors(model_dir))
+    t.setdefault("lm_head.weight", t["model.embed_tokens.weight"])
     with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
         cfg = json.load(f)
     a = ref.read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"))
     s = scale_of(cfg)
+    for key in a:   # modules_to_save and trained biases: the saved copy replaces the base's
+        if ".lora_" not in key:
+            t[key[len("base_model.model."):].replace(".base_layer.", ".")] = a[key]
     for key in a:
         if key.endswith(".lora_embedding_A"):
             mod = key[len("base_model.model."):-len(".lora_embedding_A")]
@@ -96,9 +122,7 @@ def merged_tensors(model_dir, adapter_dir):
 def reference_logits(model_dir, adapter_dir, tokens):
     merged = merged_tensors(model_dir, adapter_dir)
     model = ref.HFReference(model_dir, tensors=merged)
-    if model.tied:   # the adapter is on the lookup only: a tied head keeps the base table
-        merged["lm_head.weight"] = ref.load_model_tensors(model_dir)["model.embed_tokens.weight"]
-        model.tied = False
+    model.tied = False   # merged_tensors gave lm_head its own weight
     return model.forward(tokens)
 
 
@@ -159,18 +183,31 @@ def lora_reference_train(model_dir, adapter_dir, data_path, seed=0, **opts):
     s = scale_of(acfg)
     base = {k: torch.tensor(v, dtype=torch.float64) for k, v in gref.load_weights(model_dir).items()}
     if cfg.get("tie_word_embeddings"):
+        # the head reads lm_head.weight below: PEFT's embedding adapter changes the lookup only
         base["lm_head.weight"] = base["model.embed_tokens.weight"]
+        cfg = dict(cfg, tie_word_embeddings=False)
     start = ref.read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"))
     params = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in start.items()}
-    mods = sorted({k[len("base_model.model."):-len(".lora_A.weight")] for k in params if k.endswith(".lora_A.weight")})
+    pre = "base_model.model."
+    mods = sorted({k[len(pre):-len(".lora_A.weight")] for k in params if k.endswith(".lora_A.weight")})
+    embs = sorted({k[len(pre):-len(".lora_embedding_A")] for k in params if k.endswith(".lora_embedding_A")})
+    # modules_to_save: PEFT saves the trained copy under the module's own key
+    saved = sorted(k for k in params if ".lora_" not in k)
 
     def weights():
-        # x·(W + s·B·A)ᵀ = x·Wᵀ + s·(x·Aᵀ)·Bᵀ: the same function, so the same gradients of A and B
+        # x·(W + s·B·A)ᵀ = x·Wᵀ + s·(x·Aᵀ)·Bᵀ: the same function, so the same gradients of A and B;
+        # PEFT's Embedding: W[ids] + s·embedding(ids, Aᵀ)·Bᵀ = (W + s·(B·A)ᵀ)[ids]
         w = dict(base)
+        for key in saved:   # an adapted module's bias is its base layer's
+            w[key[len(pre):].replace(".base_layer.", ".")] = params[key]
         for mname in mods:
-            A = params[f"base_model.model.{mname}.lora_A.weight"]
-            B = params[f"base_model.model.{mname}.lora_B.weight"]
-            w[mname + ".weight"] = base[mname + ".weight"] + s * (B @ A)
+            A = params[f"{pre}{mname}.lora_A.weight"]
+            B = params[f"{pre}{mname}.lora_B.weight"]
+            w[mname + ".weight"] = w[mname + ".weight"] + s * (B @ A)
+        for mname in embs:
+            A = params[f"{pre}{mname}.lora_embedding_A"]
+            B = params[f"{pre}{mname}.lora_embedding_B"]
+            w[mname + ".weight"] = w[mname + ".weight"] + s * (B @ A).T
         return w
 
     p = acfg.get("lora_dropout") or 0.0
