@@ -248,12 +248,40 @@ class LoraDataParallel(unittest.TestCase):
         for name, (tp, o, extra) in layouts.items():
             out = os.path.join(WORK, "dp-" + name)
             _, got = train(model, data, out, tp, o, *LORA, *ev, *extra)
+            # the parameters within 1e-4: Adam's first steps from lora_B = 0 turn the f32 rounding of
+            # near-zero gradients into lr-sized steps (test_grads_equal_one_process checks 1e-5)
             for k in want:
-                self.assertLess(rel(got[k], want[k]), TOL, f"{name} {k}")
+                self.assertLess(rel(got[k], want[k]), 1e-4, f"{name} {k}")
             for g, w in zip(read_log(out), want_log):
                 self.assertLess(abs(g["loss"] - w["loss"]) / w["loss"], TOL, name)
                 self.assertLess(abs(g["eval_loss"] - w["eval_loss"]) / w["eval_loss"], TOL, name)
                 self.assertLess(abs(g["grad_norm"] - w["grad_norm"]) / w["grad_norm"], 1e-4, name)
+
+    def test_grads_equal_one_process(self):
+        """One SGD step, no clipping, lr 1e3 (test_lora's way to read gradients): every adapter
+        gradient of each TP x DP layout equals one process's on the global batch within 1e-5,
+        dropout (keyed by the dataset row) included."""
+        model = make()
+        data = make_data(model, lines=32, seed=4)
+        start = os.path.join(WORK, "dpgrad-start")
+        peft.write_adapter(start, model, targets=["q_proj", "o_proj", "down_proj"], r=4, alpha=8, seed=14,
+                           extra_config={"lora_dropout": 0.1})
+        a0 = peft.ref.read_safetensors(os.path.join(start, "adapter_model.safetensors"))
+        sgd = dict(seq_len=SEQ_LEN, batch_size=1, grad_accum=2, steps=1, optim="sgd", lr=1e3,
+                   lr_scheduler="constant", max_grad_norm=0)
+
+        def grads(name, tp, batch, *extra):
+            _, got = train(model, data, os.path.join(WORK, "dpgrad-" + name), tp, dict(sgd, batch_size=batch),
+                           "--adapter", start, *extra)
+            return {k: (a0[k] - got[k]) / 1e3 for k in a0}
+        want = grads("one", 1, 4)
+        for name, tp, batch, extra in (("rep2-tp2", 2, 2, ("--dp-replicate", 2)),
+                                       ("shard2-tp2", 2, 2, ("--dp-shard", 2)),
+                                       ("rep2-shard2", 1, 1, ("--dp-replicate", 2, "--dp-shard", 2))):
+            got = grads(name, tp, batch, *extra)
+            for k in a0:
+                self.assertGreater(np.abs(want[k]).max(), 0, k)
+                self.assertLess(rel(got[k], want[k]), TOL, f"{name} {k}")
 
     def test_checkpoint_resume_under_dp(self):
         """A dp-shard LoRA checkpoint resumed at the same layout is bitwise the unbroken run."""
