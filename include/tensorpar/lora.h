@@ -88,6 +88,9 @@ tp_status tp_model_lora_init(tp_model *m, tp_lora_config *cfg, uint64_t seed);
 tp_status tp_model_lora_train(tp_model *m);
 /* 1 when the base is frozen (LoRA training). */
 int tp_model_base_frozen(const tp_model *m);
+/* 1 when parameter j of mod is frozen: the base is, and it is not one that
+ * trains with the adapter (modules_to_save, a trained bias). */
+int tp_model_param_frozen(const tp_model *m, const tp_module *mod, int j);
 /* The adapters' tensors as trainable parameters, 2 per adapted module
  * (A then B), in module order: k in [0, count).  *replicas: 0 when every
  * rank holds it whole, 1 when split, kv_rep when split like a KV head that

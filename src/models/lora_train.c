@@ -122,6 +122,11 @@ int tp_model_base_frozen(const tp_model *m)
     return m->lora && m->lora->training;
 }
 
+int tp_model_param_frozen(const tp_model *m, const tp_module *mod, int j)
+{
+    return tp_model_base_frozen(m) && !tp_lora_param_trained(m, mod, j);
+}
+
 tp_status tp_lora_zero_grad(tp_model *m)
 {
     for (size_t i = 0; i < m->lora->n; i++) {

@@ -23,11 +23,12 @@ struct tp_dp {
     tp_model *m;
     const tp_mesh *grid, *rep, *shard;
     int R, S, index;
-    /* dp_shard > 1 chunks the parameters; not under LoRA training, where
-     * the base is frozen (kept whole per TP shard: no gradient or optimizer
-     * state to split) and the small adapters are copies on every dp rank,
-     * their gradients summed over the whole dp group. */
-    int chunked;
+    /* dp_shard > 1 chunks the parameters (chunked).  Under LoRA training
+     * (frozen) the chunks are the frozen base's, gathered for compute but
+     * with no gradient and no optimizer state; the optimizer steps the
+     * small adapters, copies on every dp rank whose gradients are summed
+     * over the whole dp group.  opt_chunks: the optimizer steps chunks. */
+    int chunked, frozen, opt_chunks;
     tp_module_hooks hooks;
     dp_param *ps;
     int n;
@@ -36,7 +37,7 @@ struct tp_dp {
 
 int tp_dp_index(const tp_dp *dp) { return dp->index; }
 int tp_dp_count(const tp_dp *dp) { return dp->R * dp->S; }
-int tp_dp_sharded(const tp_dp *dp) { return dp->chunked; }
+int tp_dp_sharded(const tp_dp *dp) { return dp->opt_chunks; }
 
 const tp_train_param *tp_dp_params(const tp_dp *dp, int *n)
 {
@@ -134,6 +135,7 @@ static tp_status grad_end(tp_dp *dp, dp_param *p, int idle)
 /* Gather (and with grads, zeroed whole gradients) every parameter of unit u. */
 static tp_status unit_gather(tp_dp *dp, int u, int grads)
 {
+    grads = grads && !dp->frozen;
     for (int k = 0; k < dp->n; k++) {
         if (dp->ps[k].unit != u) continue;
         tp_status s = gather(dp, &dp->ps[k]);
@@ -146,6 +148,7 @@ static tp_status unit_gather(tp_dp *dp, int u, int grads)
 /* Reduce-scatter (with grads) and free every parameter of unit u. */
 static tp_status unit_release(tp_dp *dp, int u, int grads, int idle)
 {
+    grads = grads && !dp->frozen;
     for (int k = 0; k < dp->n; k++) {
         if (dp->ps[k].unit != u) continue;
         tp_status s = grads ? grad_end(dp, &dp->ps[k], idle) : TP_OK;
@@ -192,7 +195,7 @@ static tp_status chunk_one(tp_dp *dp, int i, int j, int shard_rank)
     p->numel = tp_tensor_numel(&mp->local);
     tp_chunk_range(p->numel, dp->S, shard_rank, &p->start, &p->len);
     tp_status s = tp_tensor_init(&p->value, TP_F32, 1, &p->len);
-    if (!s) s = tp_tensor_init(&p->grad, TP_F32, 1, &p->len);
+    if (!s && !dp->frozen) s = tp_tensor_init(&p->grad, TP_F32, 1, &p->len);
     if (s) return tp_fail(s, "out of memory for the chunk of %s.%s", m->modules[i].name, mp->suffix);
     dp->n++;
     s = tp_convert(p->value.data, TP_F32, (const char *)mp->local.data + (size_t)p->start * tp_dtype_size(p->dtype),
@@ -211,7 +214,8 @@ static tp_status chunk_one(tp_dp *dp, int i, int j, int shard_rank)
 }
 
 /* Every owned parameter of the model (a tied one borrows its owner's) as
- * a chunk. */
+ * a chunk; under LoRA training the frozen ones only (a base parameter that
+ * trains with the adapter stays whole, a dp copy like the adapters). */
 static tp_status make_chunks(tp_dp *dp)
 {
     tp_model *m = dp->m;
@@ -224,6 +228,7 @@ static tp_status make_chunks(tp_dp *dp)
         for (int j = 0; j < m->modules[i].n_params; j++) {
             const tp_module_param *mp = &m->modules[i].params[j];
             if (mp->tied_to >= 0 || !mp->local.data) continue;
+            if (dp->frozen && !tp_model_param_frozen(m, &m->modules[i], j)) continue;
             tp_status s = chunk_one(dp, (int)i, j, shard_rank);
             if (s) return s;
         }
@@ -248,7 +253,9 @@ tp_status tp_dp_new(tp_model *m, const tp_mesh *grid, tp_dp **out)
     dp->R = tp_mesh_size(dp->rep, 0);
     dp->S = tp_mesh_size(dp->shard, 0);
     dp->index = tp_mesh_coord(dp->rep, 0) * dp->S + tp_mesh_coord(dp->shard, 0);
-    dp->chunked = dp->S > 1 && !tp_model_base_frozen(m);
+    dp->chunked = dp->S > 1;
+    dp->frozen = tp_model_base_frozen(m);
+    dp->opt_chunks = dp->chunked && !dp->frozen;
     *out = dp;
     if (!dp->chunked) return TP_OK;
     dp->hooks = (tp_module_hooks){pre_forward, post_forward, pre_backward, post_backward, dp};
@@ -387,7 +394,7 @@ tp_status tp_dp_reduce_grads(tp_dp *dp, const tp_train_param *params, int n)
      * dp_shard when it does not chunk. */
     for (int i = 0; i < n; i++) {
         tp_status s = dp->R > 1 ? all_reduce(dp->rep, &params[i]) : TP_OK;
-        if (!s && dp->S > 1 && !dp->chunked) s = all_reduce(dp->shard, &params[i]);
+        if (!s && dp->S > 1 && !dp->opt_chunks) s = all_reduce(dp->shard, &params[i]);
         if (s) return s;
     }
     return TP_OK;
@@ -399,7 +406,7 @@ tp_status tp_dp_clip(tp_dp *dp, const tp_train_param *params, int n, const tp_me
     /* Copies over dp_replicate (and over dp_shard when unsharded) count
      * once: only the chunks of one replica sum, and the TP ranks' parts. */
     tp_placement sum_pl[TP_MESH_MAX_DIMS];
-    grid_placements(dp, tp_replicate(), dp->chunked ? tp_partial() : tp_replicate(), tp_partial(), sum_pl);
+    grid_placements(dp, tp_replicate(), dp->opt_chunks ? tp_partial() : tp_replicate(), tp_partial(), sum_pl);
     return tp_clip_grad_norm_grid(params, n, tp_sub, dp->grid, sum_pl, pool, max_norm, norm);
 }
 
@@ -407,7 +414,7 @@ tp_status tp_dp_check_replicas(tp_dp *dp, const tp_train_param *params, int n)
 {
     /* The copies: the replicas of dp_replicate, and of dp_shard when it
      * does not shard; each parameter is one whole copy per rank there. */
-    const tp_mesh *copies[2] = {dp->rep, dp->chunked ? NULL : dp->shard};
+    const tp_mesh *copies[2] = {dp->rep, dp->opt_chunks ? NULL : dp->shard};
     tp_train_param *all = malloc((size_t)(n ? n : 1) * sizeof *all);
     if (!all) return tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) {

@@ -226,31 +226,62 @@ class LoraCheckpoints(unittest.TestCase):
 
 
 class LoraDataParallel(unittest.TestCase):
-    """--dp-replicate/--dp-shard with an adapter: the frozen base stays whole per TP shard (no
-    chunks: it has no gradient or optimizer state), the adapters are copies on every dp rank with
-    their gradients summed over the dp group; the run equals one process on the global batch."""
+    """--dp-replicate/--dp-shard with an adapter: under dp-shard the frozen base is chunked
+    (gathered per layer, no gradient or optimizer state), the adapters are copies on every dp rank
+    with their gradients summed over the dp group; the run equals one process on the global batch."""
 
     def test_tp_x_dp_equals_one_process(self):
+        """Rows 1 and 6 hold one token (no label): their dp rank runs no forward while its
+        dp-shard partners do (the gathers still match).  Evaluation gathers the chunks too."""
         model = make()
-        data = make_data(model, lines=32, seed=4)
+        rng = np.random.default_rng(4)
+        data = write_token_rows(os.path.join(WORK, "dp-data.jsonl"), rng, 32, vocab_size(model),
+                                lambda i: 1 if i in (1, 6) else int(rng.integers(3, SEQ_LEN + 5)))
+        ev = ("--eval-data", make_data(model, lines=3, seed=5), "--eval-every", 1)
         opts = dict(TRAIN, steps=3, batch_size=1)
         one = dict(opts, batch_size=4)   # the global batch: 4 dp ranks x 1, or 2 x 2
-        _, want = train(model, data, os.path.join(WORK, "dp-one"), 1, one, *LORA)
+        _, want = train(model, data, os.path.join(WORK, "dp-one"), 1, one, *LORA, *ev)
         want_log = read_log(os.path.join(WORK, "dp-one"))
         layouts = {"rep2-tp2": (2, dict(opts, batch_size=2), ("--dp-replicate", 2)),
                    "shard2-tp2": (2, dict(opts, batch_size=2), ("--dp-shard", 2, "--check-replicas")),
                    "rep2-shard2": (1, opts, ("--dp-replicate", 2, "--dp-shard", 2))}
         for name, (tp, o, extra) in layouts.items():
             out = os.path.join(WORK, "dp-" + name)
-            _, got = train(model, data, out, tp, o, *LORA, *extra)
-            # 1e-4, not 1e-5: Adam's first steps from lora_B = 0 and k_proj's bias (a gradient softmax
-            # mostly cancels) turn f32 rounding of near-zero gradients into lr-sized steps; TP = 4
-            # without dp already differs from one process by up to 5e-5 in those two
+            _, got = train(model, data, out, tp, o, *LORA, *ev, *extra)
+            # the parameters within 1e-4: Adam's first steps from lora_B = 0 turn the f32 rounding of
+            # near-zero gradients into lr-sized steps (test_grads_equal_one_process checks 1e-5)
             for k in want:
                 self.assertLess(rel(got[k], want[k]), 1e-4, f"{name} {k}")
             for g, w in zip(read_log(out), want_log):
                 self.assertLess(abs(g["loss"] - w["loss"]) / w["loss"], TOL, name)
+                self.assertLess(abs(g["eval_loss"] - w["eval_loss"]) / w["eval_loss"], TOL, name)
                 self.assertLess(abs(g["grad_norm"] - w["grad_norm"]) / w["grad_norm"], 1e-4, name)
+
+    def test_grads_equal_one_process(self):
+        """One SGD step, no clipping, lr 1e3 (test_lora's way to read gradients): every adapter
+        gradient of each TP x DP layout equals one process's on the global batch within 1e-5,
+        dropout (keyed by the dataset row) included."""
+        model = make()
+        data = make_data(model, lines=32, seed=4)
+        start = os.path.join(WORK, "dpgrad-start")
+        peft.write_adapter(start, model, targets=["q_proj", "o_proj", "down_proj"], r=4, alpha=8, seed=14,
+                           extra_config={"lora_dropout": 0.1})
+        a0 = peft.ref.read_safetensors(os.path.join(start, "adapter_model.safetensors"))
+        sgd = dict(seq_len=SEQ_LEN, batch_size=1, grad_accum=2, steps=1, optim="sgd", lr=1e3,
+                   lr_scheduler="constant", max_grad_norm=0)
+
+        def grads(name, tp, batch, *extra):
+            _, got = train(model, data, os.path.join(WORK, "dpgrad-" + name), tp, dict(sgd, batch_size=batch),
+                           "--adapter", start, *extra)
+            return {k: (a0[k] - got[k]) / 1e3 for k in a0}
+        want = grads("one", 1, 4)
+        for name, tp, batch, extra in (("rep2-tp2", 2, 2, ("--dp-replicate", 2)),
+                                       ("shard2-tp2", 2, 2, ("--dp-shard", 2)),
+                                       ("rep2-shard2", 1, 1, ("--dp-replicate", 2, "--dp-shard", 2))):
+            got = grads(name, tp, batch, *extra)
+            for k in a0:
+                self.assertGreater(np.abs(want[k]).max(), 0, k)
+                self.assertLess(rel(got[k], want[k]), TOL, f"{name} {k}")
 
     def test_checkpoint_resume_under_dp(self):
         """A dp-shard LoRA checkpoint resumed at the same layout is bitwise the unbroken run."""
@@ -288,7 +319,7 @@ class LoraEverything(unittest.TestCase):
         other = os.path.join(WORK, "all-tp2")
         shutil.copytree(os.path.join(full, "checkpoint-2"), os.path.join(other, "checkpoint-2"))
         _, got2 = train(model, data, other, 2, dict(TRAIN, steps=4), *self.FLAGS, "--resume", "latest")
-        for k in got:   # 1e-4: see test_tp_x_dp_equals_one_process
+        for k in got:   # 1e-4: see LoraEverything.test_tp_x_dp_equals_one_process
             self.assertLess(rel(got2[k], got[k]), 1e-4, k)
         p = run(*train_args(model, data, os.path.join(WORK, "all-refused"), 1, dict(TRAIN, steps=4), "--lora-r", 4,
                             "--lora-target", "embed_tokens,lm_head,k_proj", "--lora-modules-to-save", "o_proj",
