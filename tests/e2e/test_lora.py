@@ -365,7 +365,11 @@ class LoraModulesToSave(unittest.TestCase):
                  (make("qwen3-base", "qwen3"), {"targets": ["q_proj"], "modules_to_save": ["q_proj"]},
                   "is a LoRA target as well"),
                  (make("qwen3-base", "qwen3"), {"targets": ["q_proj"], "modules_to_save": ["nothing"]},
-                  "modules_to_save matches no module"))
+                  "modules_to_save matches no module"),
+                 (make("qwen3-base", "qwen3"), {"targets": ["q_proj"], "modules_to_save": ["input_layernorm"]},
+                  "input_layernorm is not a Linear or an Embedding"),
+                 (make("qwen3-base", "qwen3"), {"targets": ["q_proj"], "extra_config": {"modules_to_save": "lm_head"}},
+                  "modules_to_save must be a list of names"))
         for i, (model, kw, needle) in enumerate(cases):
             with self.subTest(needle=needle):
                 adapter = os.path.join(WORK, f"mts-refused-{i}")
