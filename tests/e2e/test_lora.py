@@ -446,7 +446,8 @@ class LoraBias(unittest.TestCase):
         base = peft.ref.load_model_tensors(model)
         biases = sorted(k for k in t if k.endswith("bias"))
         # o_proj has no bias: lora_only trains the two q_proj biases, under the base layer's key
-        self.assertEqual(biases, [f"base_model.model.model.layers.{i}.self_attn.q_proj.base_layer.bias" for i in (0, 1)])
+        self.assertEqual(biases,
+                         [f"base_model.model.model.layers.{i}.self_attn.q_proj.base_layer.bias" for i in (0, 1)])
         for k in biases:
             self.assertTrue(np.array_equal(t[k], base[k[len("base_model.model."):].replace(".base_layer.", ".")]))
         with open(os.path.join(WORK, "bias-flag-tp1", "adapter_config.json")) as f:
@@ -502,7 +503,8 @@ class LoraRefusals(unittest.TestCase):
                            "--lora-r", 4, "--lora-target", "lm_head", "--tp-plan", plan, tp=2)
 
     def test_bias(self):
-        self.refused({"extra_config": {"bias": "some"}}, 1, "bias 'some'; it must be \"none\", \"all\" or \"lora_only\"")
+        self.refused({"extra_config": {"bias": "some"}}, 1,
+                     "bias 'some'; it must be \"none\", \"all\" or \"lora_only\"")
 
     def test_dora(self):
         self.refused({"extra_config": {"use_dora": True}}, 1, "'use_dora' is set")
