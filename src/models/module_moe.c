@@ -4,6 +4,7 @@
  * (moe_router.c), under expert parallelism ep_router's remap to this
  * rank's experts (§2.18), then the experts (module_experts.c), whose output
  * is left pending for the next norm. */
+#include "lora_internal.h"
 #include "tp_module.h"
 
 #include "tensorpar/kernels.h"
@@ -28,6 +29,11 @@ static tp_status route(tp_model *m, const tp_module *mod, tp_forward_pass *f, in
 {
     const tp_layer_modules *L = &m->layers[mod->layer];
     int64_t T = f->T, E = m->cfg.num_experts, k = m->cfg.num_experts_per_tok;
+    /* The router runs its GEMM here, not through the Linear path that
+     * applies adapters: one on it would be ignored. */
+    if (m->lora && m->lora->by_module[L->router])
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: a LoRA adapter on a mixture-of-experts router is not supported",
+                       m->modules[L->router].name);
     float *logits = tp_act_alloc(m, T * E);
     if (!logits) return tp_fail(TP_ERR_NOMEM, "out of memory for the router of %lld tokens", (long long)T);
     /* f32 logits over all experts from the replicated router weight */
