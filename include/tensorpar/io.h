@@ -149,7 +149,8 @@ typedef struct {
     int64_t bos_token_id;    /* -1 when absent */
     int64_t eos_token_ids[TP_MAX_EOS];
     int n_eos;
-    /* Mixture of experts (qwen3_moe, mixtral); num_experts = 0: dense.
+    /* Mixture of experts (qwen3_moe, mixtral; deepseek_v2/v3's routed
+     * experts, n_routed_experts, below); num_experts = 0: dense.
      * num_experts reads qwen3_moe's `num_experts` or mixtral's
      * `num_local_experts` (aliases, §7.1); moe_intermediate_size is each
      * expert's width (mixtral: its intermediate_size).  Mixtral always

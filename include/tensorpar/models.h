@@ -140,7 +140,7 @@ typedef struct {
 tp_status tp_model_params(const tp_model_config *cfg, tp_model *m, tp_param_desc **out, size_t *n);
 /* The tensors a Hugging Face checkpoint of cfg stores, names and shapes as
  * stored (slot and module NULL): tp_model_params for dense models; for
- * qwen3_moe and mixtral one tensor per expert and projection instead of
+ * qwen3_moe, mixtral and deepseek one tensor per expert and projection instead of
  * the stacked expert tensors (and Mixtral's block_sparse_moe names), as
  * published checkpoints hold them (§6.1).  Free *out with free(). */
 tp_status tp_model_checkpoint_params(const tp_model_config *cfg, tp_param_desc **out, size_t *n);
