@@ -214,15 +214,26 @@ static int measure(const job *j, bench_mode mode, const config *c, figures *out)
  * and token for the layers' Linears, the causal attention (q·k and p·v, 2
  * FLOPs per multiply-add, each query against its visible keys), and the
  * lm_head on the last row only, which is all a prefill computes. */
+/* The weights of multi-head latent attention's Linears (deepseek_v2/v3). */
+static double mla_weights(const tp_model_config *c)
+{
+    double H = (double)c->hidden_size, nq = (double)c->num_attention_heads, R = (double)c->kv_lora_rank;
+    double rope = (double)c->qk_rope_head_dim, nope = (double)c->qk_nope_head_dim, v = (double)c->v_head_dim;
+    double ql = (double)c->q_lora_rank, q = ql > 0 ? H * ql + ql * nq * (nope + rope) : H * nq * (nope + rope);
+    return q + H * (R + rope) + R * nq * (nope + v) + nq * v * H;
+}
+
 static double prefill_flops(const tp_model_config *c, int64_t T)
 {
     double H = (double)c->hidden_size, D = (double)c->head_dim, I = (double)c->intermediate_size;
     double nq = (double)c->num_attention_heads, nkv = (double)c->num_key_value_heads;
-    double per_layer = H * nq * D * 2 + H * nkv * D * 2 + 3 * H * I;
+    double per_layer = (c->mla ? mla_weights(c) : H * nq * D * 2 + H * nkv * D * 2) + 3 * H * I;
     double keys = 0;
     for (int64_t t = 0; t < T; t++)
         keys += (double)(c->sliding_window > 0 && t + 1 > c->sliding_window ? c->sliding_window : t + 1);
-    double attn = 4 * D * nq * keys;
+    /* q·k over the query/key head, p·v over the value head */
+    double attn = c->mla ? 2 * (double)(c->qk_nope_head_dim + c->qk_rope_head_dim + c->v_head_dim) * nq * keys
+                         : 4 * D * nq * keys;
     return (double)c->num_hidden_layers * (2 * (double)T * per_layer + attn) + 2 * (double)c->vocab_size * H;
 }
 
