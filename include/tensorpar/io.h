@@ -127,6 +127,13 @@ typedef struct {
      * rotation bounds, and the attention factor that scales cos and sin —
      * attention_factor 0: derived from mscale / mscale_all_dim. */
     double beta_fast, beta_slow, mscale, mscale_all_dim, attention_factor;
+    /* yarn, derived: the factor and original length the frequencies and
+     * the attention factor use — max_position_embeddings over
+     * original_max_position_embeddings when the config gives the latter
+     * (0 there: absent), else factor and max_position_embeddings.  factor
+     * itself stays the config's (V3's softmax mscale reads it). */
+    double yarn_factor;
+    int64_t yarn_original;
 } tp_rope_scaling;
 
 #define TP_MAX_EOS 8

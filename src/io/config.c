@@ -249,7 +249,8 @@ static tp_status parse_moe(tp_model_config *c, const json_doc *d)
 
 /* YaRN's keys with _compute_yarn_parameters' defaults.  When the config
  * names original_max_position_embeddings, Transformers takes the factor
- * as max_position_embeddings over it (DeepSeek-V3's configs), so do we. */
+ * of the frequencies and of the attention factor as
+ * max_position_embeddings over it (DeepSeek-V3's configs), so do we. */
 static tp_status parse_yarn(const json_doc *sub, tp_rope_scaling *rs, int64_t max_pos)
 {
     rs->kind = TP_ROPE_YARN;
@@ -262,8 +263,9 @@ static tp_status parse_yarn(const json_doc *sub, tp_rope_scaling *rs, int64_t ma
         (s = get_double(sub, "attention_factor", &rs->attention_factor)) ||
         (s = get_size(sub, "original_max_position_embeddings", &rs->original_max_position_embeddings)))
         return tp_fail_context(s, "in rope_scaling");
-    if (rs->original_max_position_embeddings > 0) rs->factor = (double)max_pos / (double)rs->original_max_position_embeddings;
-    else rs->original_max_position_embeddings = max_pos;
+    int64_t orig = rs->original_max_position_embeddings;
+    rs->yarn_factor = orig > 0 ? (double)max_pos / (double)orig : rs->factor;
+    rs->yarn_original = orig > 0 ? orig : max_pos;
     if (!(rs->beta_fast > rs->beta_slow) || !(rs->beta_slow > 0) || rs->attention_factor < 0)
         return tp_fail(TP_ERR_FORMAT, "%s: rope_scaling 'yarn' needs beta_fast > beta_slow > 0 and a non-negative "
                        "attention_factor", sub->path);
@@ -511,7 +513,8 @@ static cJSON *rope_scaling_json(const tp_rope_scaling *rs)
         if (rs->attention_factor > 0) cJSON_AddNumberToObject(o, "attention_factor", rs->attention_factor);
         if (rs->mscale != 0) cJSON_AddNumberToObject(o, "mscale", rs->mscale);
         if (rs->mscale_all_dim != 0) cJSON_AddNumberToObject(o, "mscale_all_dim", rs->mscale_all_dim);
-        cJSON_AddNumberToObject(o, "original_max_position_embeddings", (double)rs->original_max_position_embeddings);
+        if (rs->original_max_position_embeddings > 0)
+            cJSON_AddNumberToObject(o, "original_max_position_embeddings", (double)rs->original_max_position_embeddings);
         cJSON_AddStringToObject(o, "rope_type", "yarn");
     } else if (rs->kind == TP_ROPE_LLAMA3) {
         cJSON_AddNumberToObject(o, "high_freq_factor", rs->high_freq_factor);

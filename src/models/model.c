@@ -139,8 +139,8 @@ tp_status tp_model_load(tp_model **out, const char *model_dir, const tp_model_op
     tp_matmul_opts_init(&m->matmul, opt ? &opt->kernels : NULL);
     const tp_rope_scaling *rs = &c->rope_scaling;
     if (rs->kind == TP_ROPE_YARN)
-        tp_rope_inv_freq_yarn(m->inv_freq, c->head_dim, c->rope_theta, rs->factor, rs->beta_fast, rs->beta_slow,
-                              rs->original_max_position_embeddings);
+        tp_rope_inv_freq_yarn(m->inv_freq, c->head_dim, c->rope_theta, rs->yarn_factor, rs->beta_fast, rs->beta_slow,
+                              rs->yarn_original);
     else
         tp_rope_inv_freq(m->inv_freq, c->head_dim, c->rope_theta, (int)rs->kind, rs->factor,
                          rs->low_freq_factor, rs->high_freq_factor, rs->original_max_position_embeddings);

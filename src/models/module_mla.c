@@ -49,15 +49,16 @@ int64_t tp_mla_block_bound(const tp_model_config *c)
     return c->kv_lora_rank + c->q_lora_rank + 2 * nh * tp_mla_head_dim(c) + nh * c->v_head_dim;
 }
 
-/* YaRN's attention factor on cos and sin (1 without YaRN). */
+/* YaRN's attention factor on cos and sin (1 without YaRN); the softmax
+ * mscale below reads the config's factor itself, as DeepseekV3Attention. */
 static float rope_scale(const tp_model_config *c)
 {
     const tp_rope_scaling *rs = &c->rope_scaling;
     if (rs->kind != TP_ROPE_YARN) return 1.0f;
     if (rs->attention_factor > 0) return (float)rs->attention_factor;
     if (rs->mscale != 0 && rs->mscale_all_dim != 0)
-        return (float)(tp_yarn_mscale(rs->factor, rs->mscale) / tp_yarn_mscale(rs->factor, rs->mscale_all_dim));
-    return (float)tp_yarn_mscale(rs->factor, 1.0);
+        return (float)(tp_yarn_mscale(rs->yarn_factor, rs->mscale) / tp_yarn_mscale(rs->yarn_factor, rs->mscale_all_dim));
+    return (float)tp_yarn_mscale(rs->yarn_factor, 1.0);
 }
 
 static double softmax_scale(const tp_model_config *c)

@@ -64,7 +64,8 @@ static void set_mla(tp_model_config *c, const preset *p)
         rs->kind = TP_ROPE_YARN;
         rs->factor = 40.0, rs->beta_fast = 32.0, rs->beta_slow = 1.0;
         rs->mscale = rs->mscale_all_dim = v3 ? 1.0 : 0.707;
-        rs->original_max_position_embeddings = 4096;
+        rs->original_max_position_embeddings = rs->yarn_original = 4096;
+        rs->yarn_factor = 40.0;
     } else {
         c->q_lora_rank = v3 ? c->hidden_size * 3 / 8 : 0;
         c->kv_lora_rank = c->hidden_size / 2;

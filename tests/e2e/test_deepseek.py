@@ -115,6 +115,9 @@ class Reference(unittest.TestCase):
     def test_deepseek_v3(self):
         self.check(make("v3", "deepseek_v3", *DENSE))
         self.check(make("v3-yarn", "deepseek_v3", "--set", YARN_V3, *DENSE))
+        # the config's factor (3) differs from max_position_embeddings / original (4): Transformers' frequencies
+        # and attention factor take the ratio, V3's softmax mscale the factor
+        self.check(make("v3-ratio", "deepseek_v3", "--set", YARN_V3.replace('"factor": 4', '"factor": 3'), *DENSE))
         self.check(make("v3-halves", "deepseek_v3", "--set", YARN_V3, "--set", "rope_interleave=false",
                         "--set", "q_lora_rank=null", *DENSE))
 

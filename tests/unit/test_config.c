@@ -51,11 +51,13 @@ static void test_deepseek(void)
                     " \"mscale\": 0.707, \"mscale_all_dim\": 0.707}}", &c) == TP_OK);
     CHECK(c.mla && c.head_dim == 8 && c.q_lora_rank == 0 && c.kv_lora_rank == 32 && c.v_head_dim == 12);
     CHECK(c.rope_interleave);   /* V2 always turns pairs */
-    CHECK(c.rope_scaling.kind == TP_ROPE_YARN && c.rope_scaling.factor == 4.0 && c.rope_scaling.beta_fast == 32.0 &&
+    CHECK(c.rope_scaling.kind == TP_ROPE_YARN && c.rope_scaling.factor == 3.0 && c.rope_scaling.yarn_factor == 4.0 &&
+          c.rope_scaling.yarn_original == 512 && c.rope_scaling.beta_fast == 32.0 &&
           c.rope_scaling.mscale_all_dim == 0.707 && c.num_experts == 0 && c.num_key_value_heads == 4);
     /* a round trip through the writer keeps every key */
     CHECK(tp_config_set(&c, "q_lora_rank=24") == TP_OK);
-    CHECK(c.q_lora_rank == 24 && c.head_dim == 8 && c.rope_scaling.factor == 4.0 && c.rope_scaling.mscale == 0.707);
+    CHECK(c.q_lora_rank == 24 && c.head_dim == 8 && c.rope_scaling.factor == 3.0 && c.rope_scaling.yarn_factor == 4.0 &&
+          c.rope_scaling.mscale == 0.707);
     CHECK(tp_config_set(&c, "first_k_dense_replace=1") != TP_OK);   /* V2 has no default num_experts_per_tok */
     CHECK(tp_config_set_all(&c, (const char *[]){"first_k_dense_replace=1", "num_experts_per_tok=2",
                                                  "n_routed_experts=8", "topk_method=group_limited_greedy",
