@@ -290,6 +290,8 @@ static tp_status check_heads(tp_plan_resolution *r)
         tp_status s = check_kv(r, l);
         if (s) return s;
     }
+    /* MLA's keys and values are per query head after kv_b_proj, split with them */
+    if (r->cfg.mla) r->kv_heads_per_rank = r->q_heads_per_rank;
     return TP_OK;
 }
 
