@@ -273,7 +273,9 @@ static tp_status parse_yarn(const json_doc *sub, tp_rope_scaling *rs, int64_t ma
 }
 
 /* DeepSeek's MoE keys with DeepseekV2Config's / DeepseekV3Config's
- * defaults; num_experts stays 0 for a model whose layers are all dense. */
+ * defaults; num_experts stays 0 for a model whose layers are all dense.
+ * moe_layer_freq (DeepSeek's own modeling code) is not read: Transformers'
+ * decoder layer makes every layer from first_k_dense_replace on sparse. */
 static tp_status parse_deepseek_moe(tp_model_config *c, const json_doc *d)
 {
     int v3 = c->arch == TP_ARCH_DEEPSEEK_V3;
