@@ -249,7 +249,9 @@ def reference_grads(model_dir, tokens):
     p = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in weights.items()}
     loss = forward_loss(cfg, p, [int(t) for t in tokens])
     loss.backward()
-    return float(loss.item()), {k: v.grad.numpy() for k, v in p.items()}
+    # an expert no token chose has no gradient in torch (None): zeros here
+    return float(loss.item()), {k: v.grad.numpy() if v.grad is not None else np.zeros(tuple(v.shape))
+                                for k, v in p.items()}
 
 
 def main(argv=None):
