@@ -440,18 +440,23 @@ static int placed(const tp_param_plan *p, tp_placement_kind kind, int dim)
 
 /* The experts' tensors: both whole, slices of I (gate_up StridedShard(1,
  * 2) with down Shard(2)), or whole experts (both Shard(0)); 1 for EP. */
-static tp_status expert_split(const char *ex, const char *sty, const tp_param_plan *gu, const tp_param_plan *dn,
-                              int *split, int *ep)
+static tp_status expert_split(const tp_param_plan *gu, const tp_param_plan *dn, int *split, int *ep)
 {
-    char a[48], b[48];
-    int whole = placed(gu, TP_REPLICATE, 0) && placed(dn, TP_REPLICATE, 0);
-    int tp = placed(gu, TP_STRIDED_SHARD, 1) && gu->placement.split == 2 && placed(dn, TP_SHARD, 2);
+    char a[48], b[48], sa[64], sb[64];
+    int gu_rep = placed(gu, TP_REPLICATE, 0), gu_i = placed(gu, TP_STRIDED_SHARD, 1) && gu->placement.split == 2;
+    int whole = gu_rep && placed(dn, TP_REPLICATE, 0);
+    int tp = gu_i && placed(dn, TP_SHARD, 2);
     *ep = placed(gu, TP_SHARD, 0) && placed(dn, TP_SHARD, 0);
     *split = !whole;
     if (whole || tp || *ep) return TP_OK;
-    return refuse(ex, sty, "gate_up_proj is %s and down_proj %s; the experts take both whole, slices of I "
-                  "(packed_colwise on gate_up_proj, rowwise on down_proj) or whole experts (grouped_gemm on both)",
-                  tp_placement_str(gu->placement, a, sizeof a), tp_placement_str(dn->placement, b, sizeof b));
+    /* name the tensor whose own placement fits none of the three */
+    const tp_param_plan *odd = gu_rep || gu_i || placed(gu, TP_SHARD, 0) ? dn : gu;
+    snprintf(sa, sizeof sa, gu->style ? "style '%s'" : "no rule", gu->style ? gu->style->name : "");
+    snprintf(sb, sizeof sb, dn->style ? "style '%s'" : "no rule", dn->style ? dn->style->name : "");
+    return refuse(odd->name, odd->style ? odd->style->name : NULL, "gate_up_proj is %s (%s) and down_proj %s (%s); "
+                  "the experts take both whole, slices of I (packed_colwise on gate_up_proj, rowwise on down_proj) "
+                  "or whole experts (grouped_gemm on both)", tp_placement_str(gu->placement, a, sizeof a), sa,
+                  tp_placement_str(dn->placement, b, sizeof b), sb);
 }
 
 /* A sparse block (§2.14, §2.17, §2.18): the router replicated (every rank
@@ -473,9 +478,12 @@ static tp_status moe_block(flow *f, int64_t l)
                           "mlp.gate, mlp.experts and the expert tensors");
     if (!placed(rw, TP_REPLICATE, 0))
         return refuse(gate, style_of(rp, rw), "the router must stay replicated: every rank routes every token");
-    tp_status s = expert_split(ex, xsty, gu, dn, &split, &ep);
+    tp_status s = expert_split(gu, dn, &split, &ep);
     if (s) return s;
     int remaps = rp && !strcmp(rp->style->impl, "EpRouterParallel");
+    if (rp && !remaps)
+        return refuse(gate, rp->style->name, "the router runs its own GEMM on its replicated weight; the only rule "
+                      "it takes is ep_router");
     if (ep && !remaps)
         return refuse(gate, style_of(rp, rw), "the experts are split on the expert dimension (grouped_gemm), so "
                       "the router must map its choices to each rank's own experts (ep_router)");
