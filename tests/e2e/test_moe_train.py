@@ -13,7 +13,7 @@
   ep_router) equal TP = 1 within 1e-5.
 * 5 AdamW steps of `tensorpar train` equal hf_reference_train.py: every
   step's loss within 1e-5, every parameter within 1e-4; TP = 2 and EP = 2
-  equal TP = 1 alike.
+  equal TP = 1 alike, and so do --dp-replicate 2 and --dp-shard 2 (with EP 2).
 * Saving reverses the expert stacking (§6.1, §6.4): the saved file holds the
   checkpoint's per-expert names, byte-identical at TP = 1, 2 and EP = 2, and
   (nothing trained: lr 0) the source checkpoint's values; a trained, saved
@@ -178,6 +178,24 @@ class Train(unittest.TestCase):
             for tp, ep in ((1, ()), (2, ("--ep",))):
                 self.assertLessEqual(rel(tp_logits(WORK, saved, tp, *ep, tokens=toks), want_logits), TOL,
                                      f"{name}: reloaded at tp={tp} {ep}")
+
+    def test_data_parallel(self):
+        """--dp-replicate 2 and --dp-shard 2 (with EP 2 inside) at half the per-replica batch take
+        the TP = 1 steps."""
+        name, arch, extra = MODELS[1]
+        model = make(name, arch, extra)
+        opts = dict(ADAMW, steps=3)
+        base_log = train(model, os.path.join(WORK, "dp-base"), opts)
+        base = read(os.path.join(WORK, "dp-base", "model.safetensors"))
+        half = dict(opts, batch_size=1)
+        for case, args in (("dp-replicate", ("--dp-replicate", 2)),
+                           ("dp-shard+ep", ("--dp-shard", 2, "--tp", 2, "--ep"))):
+            out = os.path.join(WORK, f"dp-{case}")
+            log = train(model, out, half, *args)
+            for g, w in zip(log, base_log):
+                self.assertLessEqual(abs(g["loss"] - w["loss"]) / w["loss"], TOL, f"{case}: step {w['step']}")
+            e, k = worst(read(os.path.join(out, "model.safetensors")), base)
+            self.assertLessEqual(e, PARAM_TOL, f"{case}: {k} vs TP = 1: {e:.3e}")
 
     def test_save_is_the_checkpoint(self):
         """lr 0: nothing moves, so the saved file holds the source checkpoint's tensors under

@@ -57,8 +57,8 @@ static void check_router(int64_t E, int64_t k, int renorm)
         }
     /* k = 1 renormalised: the weight is 1 whatever the logits, so no gradient */
     int constant = k == 1 && renorm;
-    CHECK_MSG((constant ? mx < 1e-9 : mx > 1e-3) && err <= 1e-5 * mx + 1e-7, "router E=%lld k=%lld renorm=%d: err %g of %g", (long long)E,
-              (long long)k, renorm, err, mx);
+    CHECK_MSG((constant ? mx < 1e-9 : mx > 1e-3) && err <= 1e-5 * mx + 1e-7,
+              "router E=%lld k=%lld renorm=%d: err %g of %g", (long long)E, (long long)k, renorm, err, mx);
 }
 
 static void test_router_backward(void)
