@@ -158,6 +158,7 @@ static tp_status data_ctx_init(data_ctx *c, const char *dir, int64_t seq_len)
     char path[4096];
     memset(c, 0, sizeof *c);
     tp_status s = tp_config_load(&cfg, dir);
+    if (!s) s = tp_config_check_training(&cfg);   /* before anything is written */
     if (s) return s;
     c->d.seq_len = seq_len > 0 ? seq_len : (cfg.max_position_embeddings < 1024 ? cfg.max_position_embeddings : 1024);
     c->d.vocab = cfg.vocab_size;

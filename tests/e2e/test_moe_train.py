@@ -19,6 +19,8 @@
   (nothing trained: lr 0) the source checkpoint's values; a trained, saved
   model reloads to logits equal to the reference's on the saved files, at
   TP = 1 and EP = 2.
+* A config with output_router_logits (the router's auxiliary loss added to
+  Transformers' loss) is refused by grads and train.
 
 Routers are drawn with std 0.3 so that the top-k choices are decisive and do
 not flip on rounding."""
@@ -196,6 +198,24 @@ class Train(unittest.TestCase):
                 self.assertLessEqual(abs(g["loss"] - w["loss"]) / w["loss"], TOL, f"{case}: step {w['step']}")
             e, k = worst(read(os.path.join(out, "model.safetensors")), base)
             self.assertLessEqual(e, PARAM_TOL, f"{case}: {k} vs TP = 1: {e:.3e}")
+
+    def test_router_aux_loss_refused(self):
+        """output_router_logits = true: Transformers' loss adds the router's load-balancing loss,
+        which tensorpar does not compute, so grads and train refuse (train before writing)."""
+        model = make("aux", "mixtral")
+        path = os.path.join(model, "config.json")
+        with open(path) as f:
+            cfg = json.load(f)
+        cfg["output_router_logits"] = True
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        out = os.path.join(WORK, "aux-out")
+        for args in (("grads", "--model", model, "--tokens", "1,2,3,4", "--out", out),
+                     ("train", "--model", model, "--data", data_for(model), "--out", out, "--seq-len", 8)):
+            p = run(*args, check=False)
+            self.assertNotEqual(p.returncode, 0, args[0])
+            self.assertIn("config.json sets output_router_logits", p.stderr)
+            self.assertFalse(os.path.exists(out), args[0])
 
     def test_save_is_the_checkpoint(self):
         """lr 0: nothing moves, so the saved file holds the source checkpoint's tensors under
