@@ -217,7 +217,8 @@ static int parse_lora(const cli_option *o, int n, lora_opts *l)
     if (cli_int(o, n, "--lora-r", &l->r) || cli_double(o, n, "--lora-alpha", &l->alpha) ||
         cli_double(o, n, "--lora-dropout", &l->dropout))
         return cli_usage_error("train");
-    int any = l->r || l->target || l->save || l->bias || cli_value(o, n, "--lora-alpha") || cli_value(o, n, "--lora-dropout");
+    int any = l->r || l->target || l->save || l->bias || cli_value(o, n, "--lora-alpha") ||
+              cli_value(o, n, "--lora-dropout");
     if (cli_value(o, n, "--lora-r") && l->r < 1) return usage("--lora-r must be >= 1");
     if (l->adapter && any) return usage("--adapter resumes an adapter with its own adapter_config.json; "
                                         "it takes no --lora-* option");

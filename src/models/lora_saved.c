@@ -76,8 +76,9 @@ static tp_status read_saved(tp_checkpoint *ck, tp_module *mod, int j, int adapte
     key_of(mod, j, adapted, key, sizeof key);
     if (adapted && !tp_checkpoint_find(ck, key)) key_of(mod, j, 0, key, sizeof key);
     tp_tensor t = {0};
+    int split = p->slice.dim >= 0;
     tp_status s = p->ndim == 1 ? tp_tensor_init(&t, TP_F32, 1, p->local.shape)
-                               : tp_lora_read_shard(ck, key, p->shape[0], p->shape[1], &p->slice, p->slice.dim >= 0, &t);
+                               : tp_lora_read_shard(ck, key, p->shape[0], p->shape[1], &p->slice, split, &t);
     if (!s && p->ndim == 1) s = read_vector(ck, key, p, t.data);
     if (!s && tp_tensor_numel(&t) != tp_tensor_numel(&p->local))
         s = tp_fail(TP_ERR_INTERNAL, "%s: the shard read is not the parameter's", key);

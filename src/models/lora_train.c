@@ -173,7 +173,8 @@ tp_status tp_model_lora_tensor(tp_model *m, size_t k, const char **name, tp_tens
     size_t i;
     int is_a;
     size_t adapters = tp_model_lora_count(m) - tp_lora_saved_count(m);
-    if (k >= adapters) return tp_lora_saved_tensor(m, k - adapters, name, value, grad, replicas);   /* then the saved ones */
+    /* after the adapters' tensors, the base parameters saved with them */
+    if (k >= adapters) return tp_lora_saved_tensor(m, k - adapters, name, value, grad, replicas);
     lora_entry *e = tp_lora_entry_at(m->lora, k, &i, &is_a);
     if (!e) return tp_fail(TP_ERR_INVALID, "no adapter tensor %zu", k);
     const tp_param_slice *sl = is_a ? &e->a_slice : &e->b_slice;
@@ -237,8 +238,9 @@ static tp_status adapter_backward(tp_model *m, const tp_module *lin, lora_entry 
     for (int64_t i = 0; !s && i < T * out; i++) sdy[i] = m->lora->scale * dy[i];
     if (!s) s = tp_matmul_ex(a, xa, T, &e->A, NULL, m->pool, &m->matmul);
     if (!s && a_split) s = all_reduce(m, a, T, r);
-    if (!s) s = b_split && lin->tp && lin->tp->kv_rep > 1 ? kv_head_grad(m, lin, e, sdy, a, T, g)
-                                                          : tp_matmul_backward(g, e->gB.data, NULL, sdy, a, T, &e->B, m->pool);
+    int kv_head = b_split && lin->tp && lin->tp->kv_rep > 1;
+    if (!s && kv_head) s = kv_head_grad(m, lin, e, sdy, a, T, g);
+    else if (!s) s = tp_matmul_backward(g, e->gB.data, NULL, sdy, a, T, &e->B, m->pool);
     if (!s && b_split) {
         gw = malloc((size_t)(T * r) * sizeof(float) + 1);
         if (!gw) s = tp_fail(TP_ERR_NOMEM, "out of memory");

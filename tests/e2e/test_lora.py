@@ -308,12 +308,14 @@ class LoraModulesToSave(unittest.TestCase):
             self.assertLess(rel(logits(model, tp, "--adapter", adapter, "--merge-adapter"), got), TOL)
 
     def test_five_steps(self):
-        # lm_head colwise_gather_output (a vocabulary shard each), o_proj rowwise, k_proj's head replicated at TP 4
+        # lm_head colwise_gather_output (a vocabulary shard each), o_proj rowwise, k_proj's head replicated
+        # at TP 4, embed_tokens replicated (untied qwen3's plan leaves it whole)
         model = make("qwen3-base", "qwen3")
         data = make_data(model)
         start = os.path.join(WORK, "mts-start")
-        peft.write_adapter(start, model, targets=["q_proj"], modules_to_save=["lm_head", "o_proj", "k_proj"],
-                           r=4, alpha=8, seed=32, b_std=0.02, save_std=0.02)
+        peft.write_adapter(start, model, targets=["q_proj"],
+                           modules_to_save=["lm_head", "o_proj", "k_proj", "embed_tokens"], r=4, alpha=8, seed=32,
+                           b_std=0.02, save_std=0.02)
         log, want = peft.lora_reference_train(model, start, data, **TRAIN)
         first = peft.ref.read_safetensors(os.path.join(start, "adapter_model.safetensors"))
         self.assertIn("base_model.model.lm_head.weight", want)
@@ -363,7 +365,11 @@ class LoraModulesToSave(unittest.TestCase):
                  (make("qwen3-base", "qwen3"), {"targets": ["q_proj"], "modules_to_save": ["q_proj"]},
                   "is a LoRA target as well"),
                  (make("qwen3-base", "qwen3"), {"targets": ["q_proj"], "modules_to_save": ["nothing"]},
-                  "modules_to_save matches no module"))
+                  "modules_to_save matches no module"),
+                 (make("qwen3-base", "qwen3"), {"targets": ["q_proj"], "modules_to_save": ["input_layernorm"]},
+                  "input_layernorm is not a Linear or an Embedding"),
+                 (make("qwen3-base", "qwen3"), {"targets": ["q_proj"], "extra_config": {"modules_to_save": "lm_head"}},
+                  "modules_to_save must be a list of names"))
         for i, (model, kw, needle) in enumerate(cases):
             with self.subTest(needle=needle):
                 adapter = os.path.join(WORK, f"mts-refused-{i}")
@@ -440,7 +446,8 @@ class LoraBias(unittest.TestCase):
         base = peft.ref.load_model_tensors(model)
         biases = sorted(k for k in t if k.endswith("bias"))
         # o_proj has no bias: lora_only trains the two q_proj biases, under the base layer's key
-        self.assertEqual(biases, [f"base_model.model.model.layers.{i}.self_attn.q_proj.base_layer.bias" for i in (0, 1)])
+        self.assertEqual(biases,
+                         [f"base_model.model.model.layers.{i}.self_attn.q_proj.base_layer.bias" for i in (0, 1)])
         for k in biases:
             self.assertTrue(np.array_equal(t[k], base[k[len("base_model.model."):].replace(".base_layer.", ".")]))
         with open(os.path.join(WORK, "bias-flag-tp1", "adapter_config.json")) as f:
@@ -496,7 +503,8 @@ class LoraRefusals(unittest.TestCase):
                            "--lora-r", 4, "--lora-target", "lm_head", "--tp-plan", plan, tp=2)
 
     def test_bias(self):
-        self.refused({"extra_config": {"bias": "some"}}, 1, "bias 'some'; it must be \"none\", \"all\" or \"lora_only\"")
+        self.refused({"extra_config": {"bias": "some"}}, 1,
+                     "bias 'some'; it must be \"none\", \"all\" or \"lora_only\"")
 
     def test_dora(self):
         self.refused({"extra_config": {"use_dora": True}}, 1, "'use_dora' is set")
