@@ -13,7 +13,8 @@
   ep_router) equal TP = 1 within 1e-5.
 * 5 AdamW steps of `tensorpar train` equal hf_reference_train.py: every
   step's loss within 1e-5, every parameter within 1e-4; TP = 2 and EP = 2
-  equal TP = 1 alike, and so do --dp-replicate 2 and --dp-shard 2 (with EP 2).
+  equal TP = 1 alike, and so do --dp-replicate 2 and --dp-shard 2 (with EP 2);
+  --gradient-checkpointing gives the same bits.
 * Saving reverses the expert stacking (§6.1, §6.4): the saved file holds the
   checkpoint's per-expert names, byte-identical at TP = 1, 2 and EP = 2, and
   (nothing trained: lr 0) the source checkpoint's values; a trained, saved
@@ -189,6 +190,11 @@ class Train(unittest.TestCase):
         opts = dict(ADAMW, steps=3)
         base_log = train(model, os.path.join(WORK, "dp-base"), opts)
         base = read(os.path.join(WORK, "dp-base", "model.safetensors"))
+        # gradient checkpointing recomputes each layer, the sparse blocks included: the same bits
+        train(model, os.path.join(WORK, "dp-gc"), opts, "--gradient-checkpointing")
+        with open(os.path.join(WORK, "dp-gc", "model.safetensors"), "rb") as f, \
+                open(os.path.join(WORK, "dp-base", "model.safetensors"), "rb") as g:
+            self.assertEqual(f.read(), g.read(), "--gradient-checkpointing changed the trained weights")
         half = dict(opts, batch_size=1)
         for case, args in (("dp-replicate", ("--dp-replicate", 2)),
                            ("dp-shard+ep", ("--dp-shard", 2, "--tp", 2, "--ep"))):
