@@ -149,6 +149,11 @@ static tp_status reroute(tp_model *m, const tp_module *mod, const float *x, int6
  * gradient, with no further sum (§9.2). */
 static tp_status moe_backward(tp_model *m, const tp_module *mod, tp_backward_pass *b)
 {
+    /* DeepSeek's router and shared experts have no backward yet (its
+     * attention refuses training first; this says so should it not). */
+    if (m->cfg.mla)
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: training %s's MoE blocks is not supported yet", mod->name,
+                       m->cfg.model_type);
     const tp_layer_modules *L = &m->layers[mod->layer];
     const float *x = b->saved->layers[mod->layer].h_mlp;
     int64_t T = b->T, E = m->cfg.num_experts, k = m->cfg.num_experts_per_tok;
