@@ -310,6 +310,7 @@ tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick);
 typedef struct {
     double fma_gflops_1, fma_gflops_n;   /* GFLOP/s */
     double read_gbs_1, read_gbs_n;       /* GB/s */
+    double read_huge_share;              /* of the read buffer in 2 MiB pages, 0..1 */
     /* threads × t(1 thread) ÷ t(all threads) for chunks of FMA work run
      * in lockstep (a barrier after each): `threads` when the host leaves
      * every core alone, less when it slows one. */

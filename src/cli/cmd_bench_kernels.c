@@ -25,6 +25,9 @@ int cmd_bench_kernels(int argc, char **argv)
     }
     tp_threadpool *pool = NULL;
     if (tp_threadpool_create(&pool, (int)threads)) return cli_report("bench kernels");
+    /* Threads pinned one to a core, as a rank's are: a thread that the
+     * scheduler moves mid-run measures neither the core nor the kernel. */
+    if (tp_threadpool_pin(pool, 0)) fprintf(stderr, "tensorpar bench kernels: threads not pinned: %s\n", tp_error());
     tp_status st = tp_kernel_bench(stdout, pool, cli_flag(o, n, "--smoke") ? 2 : cli_flag(o, n, "--quick"));
     tp_threadpool_destroy(pool);
     return st ? cli_report("bench kernels") : 0;

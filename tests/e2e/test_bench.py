@@ -44,6 +44,15 @@ def chosen_isa():
     return [ln.split()[0] for ln in lines if ln.endswith(" (chosen)")][0]
 
 
+def thp_enabled():
+    """Whether the kernel grants 2 MiB pages to memory advised MADV_HUGEPAGE."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return "[never]" not in f.read()
+    except OSError:
+        return False
+
+
 def positive(test, obj, key):
     test.assertIn(key, obj)
     test.assertIsInstance(obj[key], (int, float), key)
@@ -101,6 +110,9 @@ class BenchTest(unittest.TestCase):
             self.assertGreaterEqual(hi, j[k] - 1e-3, k)
         for k in ("fma_gflops_2", "read_gbs_2"):
             positive(self, j, k)
+        self.assertLessEqual(j["read_huge_share"], 1.0)
+        if thp_enabled():
+            positive(self, j, "read_huge_share")
         self.assertIn("1", j["speedup_by_tp"])
         self.assertIn("2", j["speedup_by_tp"])
         with open(png, "rb") as f:
@@ -110,6 +122,13 @@ class BenchTest(unittest.TestCase):
         isa = chosen_isa()
         p = run("bench", "kernels", "--smoke", "--threads", "2", timeout=300)
         self.assertIn(f"kernel path: {isa} ", p.stdout)
+        # The read probe's buffer is advised 2 MiB pages; where the kernel
+        # grants them (THP "always" or "madvise"), some of it has them.
+        share = re.search(r"read bandwidth \(1 GiB, (\d+) % of it in 2 MiB pages\)", p.stdout)
+        self.assertIsNotNone(share, p.stdout)
+        self.assertLessEqual(int(share.group(1)), 100)
+        if thp_enabled():
+            self.assertGreater(int(share.group(1)), 0, p.stdout)
         path = "avx512" if isa == "amx" else isa
         lines = p.stdout.split("\n")
         # The training GEMMs' rows name the weight's shape ("q_proj 2048x1024").
