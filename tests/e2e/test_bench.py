@@ -155,6 +155,23 @@ class BenchTest(unittest.TestCase):
         for line in p.stdout.split("\n"):
             self.assertNotIn("nan", line.lower())
 
+    def test_kernels_shapes(self):
+        # --shapes takes a make-model preset's Linear widths: llama-3.2-1b's
+        # q_proj is 2048 x 2048, k/v 512 x 2048, down 2048 x 8192.
+        p = run("bench", "kernels", "--smoke", "--shapes", "llama-3.2-1b", timeout=300)
+        self.assertIn("shapes: llama-3.2-1b (hidden 2048, q 2048, k/v 512, intermediate 8192, vocabulary 128256)",
+                      p.stdout)
+        train = [ln.split()[1] for ln in p.stdout.split("\n") if re.match(r"\S+ \d+x\d+ ", ln)]
+        if chosen_isa() != "scalar":
+            self.assertEqual(sorted(set(train)), ["2048x2048", "2048x8192", "8192x2048"])
+        # The GEMM table ends with the path's f32 and bf16 shares of the FMA peak.
+        gemm = [ln.split() for ln in p.stdout.split("\n") if ln.startswith("k/v_proj ")]
+        self.assertEqual(len(gemm), 2, p.stdout)   # the GEMM table, then the cold GEMV's
+        self.assertTrue(gemm[0][-1].endswith("%") and gemm[0][-2].endswith("%"), gemm[0])
+        bad = run("bench", "kernels", "--smoke", "--shapes", "nope", check=False)
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn("unknown preset 'nope'", bad.stderr)
+
     def test_bad_options(self):
         p = run("bench", "forward", "--model", MODEL, "--seq", "0", check=False)
         self.assertNotEqual(p.returncode, 0)
