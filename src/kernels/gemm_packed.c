@@ -247,9 +247,13 @@ tp_status tp_gemm_packed(const tp_gemm_ukernel *uk, float *c, int64_t ldc, int a
     j.nc = min64(uk->nc, round_up(my_n, uk->nr));
     j.a_bytes = (size_t)round_up(j.mc * j.kc * (int64_t)sizeof(float), 64);
     j.stride = j.a_bytes + (size_t)round_up(j.nc * j.kc * (int64_t)sizeof(float), 64);
-    j.buf = tp_alloc(j.stride * (size_t)nt);
+    /* The pool's kept scratch: a fresh buffer per call (2 MiB and more per
+     * thread) faulted its pages in again at every GEMM of a prefill. */
+    char *own = NULL;
+    j.buf = tp_threadpool_scratch(pool, j.stride * (size_t)nt);
+    if (!j.buf) j.buf = own = tp_alloc(j.stride * (size_t)nt);
     if (!j.buf) return tp_fail(TP_ERR_NOMEM, "tp_gemm_packed: out of memory for the packing buffers");
     tp_parallel_run(pool, gemm_worker, &j);
-    tp_free(j.buf);
+    tp_free(own);
     return TP_OK;
 }
