@@ -153,9 +153,18 @@ typedef struct {
      * a multiple of decoder_sparse_step (tp_config_layer_is_sparse). */
     int64_t num_experts, num_experts_per_tok, moe_intermediate_size, decoder_sparse_step;
     int norm_topk_prob;
+    /* Transformers adds router_aux_loss_coef × the load-balancing loss to a
+     * training loss only when this is set; tensorpar trains without it and
+     * refuses a config that sets it (models/backward.c). */
+    int output_router_logits;
     int n_mlp_only;
     int64_t mlp_only_layers[TP_MAX_MLP_ONLY];
 } tp_model_config;
+
+/* Refuses a config tensorpar cannot train as Transformers would: an MoE
+ * model with output_router_logits (its loss adds the router's auxiliary
+ * load-balancing loss, which tensorpar does not compute). */
+tp_status tp_config_check_training(const tp_model_config *c);
 
 /* 1 when decoder layer l of cfg has a sparse MoE block instead of an MLP. */
 int tp_config_layer_is_sparse(const tp_model_config *cfg, int64_t l);

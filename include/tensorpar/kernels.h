@@ -176,6 +176,17 @@ typedef struct {
 tp_status tp_grouped_experts(const tp_grouped_experts_args *a, float *scratch);
 int64_t tp_grouped_experts_scratch(int64_t T, int64_t H, int64_t I);
 
+/* The experts' backward on the forward's arguments (out unused): dy [T, H]
+ * the output gradient; dx [T, H] += the input gradient; dweights [T, k]
+ * the gradient of each slot's weight (0 for a skipped slot); d_gate_up
+ * [E, 2I, H] and d_down [E, H, I] (f32, NULL: not wanted) += the weight
+ * gradients.  The forward is recomputed expert by expert. */
+typedef struct {
+    const float *dy;
+    float *dx, *dweights, *d_gate_up, *d_down;
+} tp_grouped_experts_grads;
+tp_status tp_grouped_experts_backward(const tp_grouped_experts_args *a, const tp_grouped_experts_grads *g);
+
 /* In-place softmax over n values. */
 void tp_softmax(float *x, int64_t n);
 

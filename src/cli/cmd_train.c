@@ -158,11 +158,8 @@ static tp_status data_ctx_init(data_ctx *c, const char *dir, int64_t seq_len)
     char path[4096];
     memset(c, 0, sizeof *c);
     tp_status s = tp_config_load(&cfg, dir);
+    if (!s) s = tp_config_check_training(&cfg);   /* before anything is written */
     if (s) return s;
-    /* The experts have no backward yet: refused before anything is written. */
-    if (cfg.num_experts > 0)
-        return tp_fail(TP_ERR_UNSUPPORTED, "%s: training is not supported for model type '%s' (mixture of experts) "
-                       "yet; its inference is (logits, generate, chat, bench)", dir, cfg.model_type);
     c->d.seq_len = seq_len > 0 ? seq_len : (cfg.max_position_embeddings < 1024 ? cfg.max_position_embeddings : 1024);
     c->d.vocab = cfg.vocab_size;
     c->d.pad_id = -1;

@@ -217,6 +217,7 @@ static tp_status parse_moe(tp_model_config *c, const json_doc *d)
         (s = get_size(d, "moe_intermediate_size", &c->moe_intermediate_size)) ||
         (s = get_size(d, "decoder_sparse_step", &c->decoder_sparse_step)) ||
         (s = get_bool(d, "norm_topk_prob", &c->norm_topk_prob)) ||
+        (s = get_bool(d, "output_router_logits", &c->output_router_logits)) ||
         (s = get_layer_list(d, "mlp_only_layers", c->mlp_only_layers, &c->n_mlp_only)))
         return s;
     /* Mixtral's experts are intermediate_size wide and always renormalised. */
@@ -226,6 +227,19 @@ static tp_status parse_moe(tp_model_config *c, const json_doc *d)
         return tp_fail(TP_ERR_FORMAT, "%s: %s needs num_experts >= 1, 1 <= num_experts_per_tok <= num_experts "
                        "(got %lld of %lld), moe_intermediate_size >= 1 and decoder_sparse_step >= 1", d->path,
                        c->model_type, (long long)c->num_experts_per_tok, (long long)c->num_experts);
+    return TP_OK;
+}
+
+tp_status tp_config_check_training(const tp_model_config *c)
+{
+    /* Transformers' loss would then include the router's auxiliary loss;
+     * tensorpar's does not, so it refuses rather than train toward another
+     * objective. */
+    if (c->num_experts > 0 && c->output_router_logits)
+        return tp_fail(TP_ERR_UNSUPPORTED, "model type %s: config.json sets output_router_logits, with which "
+                       "Transformers adds router_aux_loss_coef times the router's load-balancing loss to the "
+                       "training loss; tensorpar does not compute that loss: set output_router_logits to false",
+                       c->model_type);
     return TP_OK;
 }
 
@@ -425,7 +439,7 @@ static void moe_json(cJSON *o, const tp_model_config *c)
     int mixtral = c->arch == TP_ARCH_MIXTRAL;
     cJSON_AddNumberToObject(o, mixtral ? "num_local_experts" : "num_experts", (double)c->num_experts);
     cJSON_AddNumberToObject(o, "num_experts_per_tok", (double)c->num_experts_per_tok);
-    cJSON_AddBoolToObject(o, "output_router_logits", 0);
+    cJSON_AddBoolToObject(o, "output_router_logits", c->output_router_logits);
     cJSON_AddNumberToObject(o, "router_aux_loss_coef", 0.001);
     if (mixtral) { cJSON_AddNumberToObject(o, "router_jitter_noise", 0.0); return; }
     cJSON_AddNumberToObject(o, "moe_intermediate_size", (double)c->moe_intermediate_size);

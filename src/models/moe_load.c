@@ -14,9 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { PART_GATE, PART_UP, PART_DOWN };
+enum { PART_GATE = TP_MOE_GATE, PART_UP = TP_MOE_UP, PART_DOWN = TP_MOE_DOWN };
 
-static void expert_name(const tp_model_config *c, int64_t layer, int64_t e, int part, char *out, size_t cap)
+void tp_moe_expert_name(const tp_model_config *c, int64_t layer, int64_t e, int part, char *out, size_t cap)
 {
     static const char *const hf[3] = {"gate_proj", "up_proj", "down_proj"}, *const mx[3] = {"w1", "w3", "w2"};
     if (c->arch == TP_ARCH_MIXTRAL)
@@ -54,7 +54,7 @@ static size_t expand(const tp_model_config *c, const tp_param_desc *p, tp_param_
             t->shape[0] = part == PART_DOWN ? H : I;
             t->shape[1] = part == PART_DOWN ? I : H;
             t->param_index = part == PART_DOWN ? 1 : 0;
-            expert_name(c, p->module->layer, e, part, t->name, sizeof t->name);
+            tp_moe_expert_name(c, p->module->layer, e, part, t->name, sizeof t->name);
         }
     return k;
 }
@@ -98,7 +98,7 @@ static tp_status read_gate_up_rows(tp_checkpoint *ck, const tp_model_config *c, 
         int64_t lo = part * I, hi = lo + I;
         if (a >= hi || a + len <= lo) continue;
         int64_t from = a > lo ? a : lo, to = a + len < hi ? a + len : hi;
-        expert_name(c, layer, e, part, name, sizeof name);
+        tp_moe_expert_name(c, layer, e, part, name, sizeof name);
         s = tp_checkpoint_expect(ck, name, 2, (int64_t[2]){I, H});
         if (!s) s = tp_checkpoint_read_slice(ck, name, 0, from - lo, to - from, dt, dst);
         dst += (size_t)(to - from) * row;
@@ -110,7 +110,7 @@ static tp_status read_down(tp_checkpoint *ck, const tp_model_config *c, int64_t 
                            int64_t H, const tp_param_slice *sl, tp_dtype dt, char *dst)
 {
     char name[160];
-    expert_name(c, layer, e, PART_DOWN, name, sizeof name);
+    tp_moe_expert_name(c, layer, e, PART_DOWN, name, sizeof name);
     tp_status s = tp_checkpoint_expect(ck, name, 2, (int64_t[2]){H, I});
     if (s) return s;
     if (sl->dim != 2) return tp_checkpoint_read(ck, name, dt, dst);

@@ -43,3 +43,36 @@ void tp_moe_route(float *logits, int64_t T, int64_t E, int64_t k, int renorm, in
         for (int64_t j = 0; j < k; j++) w[t * k + j] = (float)(w[t * k + j] / sum);
     }
 }
+
+/* With p = softmax(logits), s_j = p[ids_j] and w_j = s_j / Σ s (or s_j):
+ * ds_j = (dw_j − Σ_i dw_i·w_i) / Σ s under renormalisation (else dw_j),
+ * which lands on the chosen experts only (no gradient through the choice
+ * itself, as torch.topk), then the softmax's backward
+ * dlogit_e = p_e·(dp_e − Σ_j ds_j·s_j). */
+static void route_backward_token(const float *logit, int64_t E, int64_t k, int renorm, const int32_t *ids,
+                                 const float *dw, float *dl)
+{
+    float mx = logit[0];
+    for (int64_t e = 1; e < E; e++) mx = logit[e] > mx ? logit[e] : mx;
+    double sum = 0, S = 0, dot = 0, sds = 0;
+    for (int64_t e = 0; e < E; e++) sum += (dl[e] = expf(logit[e] - mx));
+    for (int64_t e = 0; e < E; e++) dl[e] = (float)(dl[e] / sum);   /* p, overwritten in place below */
+    for (int64_t j = 0; j < k; j++) S += dl[ids[j]];
+    for (int64_t j = 0; j < k; j++) dot += (double)dw[j] * (dl[ids[j]] / S);
+#define DS(j) (renorm ? (dw[j] - dot) / S : (double)dw[j])
+    for (int64_t j = 0; j < k; j++) sds += DS(j) * dl[ids[j]];
+    for (int64_t e = 0; e < E; e++) {
+        double dp = 0;   /* zero off the chosen experts (the ids are distinct) */
+        for (int64_t j = 0; j < k; j++)
+            if (ids[j] == e) dp = DS(j);
+        dl[e] = (float)(dl[e] * (dp - sds));
+    }
+#undef DS
+}
+
+void tp_moe_route_backward(const float *logits, int64_t T, int64_t E, int64_t k, int renorm, const int32_t *ids,
+                           const float *dw, float *dlogits)
+{
+    for (int64_t t = 0; t < T; t++)
+        route_backward_token(logits + t * E, E, k, renorm, ids + t * k, dw + t * k, dlogits + t * E);
+}

@@ -10,8 +10,8 @@
   §2.17, §2.18) at 2 and 4 ranks give the TP = 1 logits, bitwise the same on
   every rank, and the same greedy tokens.
 * Under EP each rank reads exactly its own experts and the replicated rest.
-* The §4.7 messages for expert counts that do not divide, a dense model
-  asked for EP, and `train` on an MoE model.
+* The §4.7 messages for expert counts that do not divide and a dense model
+  asked for EP.  (Training and saving: test_moe_train.py.)
 
 Routers are drawn with std 0.3 (--router-std) so that the top-k choices are
 decisive and do not flip on rounding."""
@@ -177,16 +177,6 @@ class Messages(unittest.TestCase):
         err = fails("logits", "--model", d, "--tokens", "1", "--out", os.path.join(WORK, "e.npy"), "--tp", 2, "--ep")
         self.assertIn("Expert parallelism was requested (`enable_expert_parallel=True`), but `LlamaForCausalLM` "
                       "does not define an expert-parallel plan.", err)
-
-    def test_train_refuses(self):
-        model = make("q", "qwen3_moe")
-        data = os.path.join(WORK, "rows.jsonl")
-        with open(data, "w") as f:
-            f.write(json.dumps({"input_ids": [1, 2, 3, 4, 5, 6, 7, 8]}) + "\n")
-        out = os.path.join(WORK, "trained")
-        err = fails("train", "--model", model, "--data", data, "--out", out, "--seq-len", 8)
-        self.assertIn("training is not supported for model type 'qwen3_moe'", err)
-        self.assertFalse(os.path.exists(out))
 
 
 if __name__ == "__main__":
