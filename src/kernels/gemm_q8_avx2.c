@@ -1,0 +1,112 @@
+/* AVX2 kernels for Q8_0 weights: y = x·Wᵀ, x quantized per row (gemm_q8.c).
+ *
+ * A block pair's dot product is exact in integers: |w| (vpsignb w, w) times
+ * x with w's sign (vpsignb x, w) by vpmaddubsw (pairs of at most
+ * 2·127·127 < 2^15, no saturation), then vpmaddwd with ones: 8 int32 lanes
+ * of 4 products each.  The lanes are converted (exactly: below 2^24) and
+ * accumulated with one FMA by the block's d_w·d_x; the 8 lanes are added
+ * once at the end.  The scalar path (gemm_q8.c) does the same lane by lane.
+ *
+ * One tile is R rows of W by TT tokens, R·TT accumulators: the GEMV
+ * (T <= 4) runs tiles of all its tokens; the GEMM (prefill) runs 4 × 3
+ * tiles over chunks of tokens whose quantized rows stay in L2 while a
+ * tile's 4 rows of W stay in L1.  The threads split the rows of W. */
+#include "kernels/kern_internal.h"
+
+#include <immintrin.h>
+
+#define TAVX2 __attribute__((target("avx2,fma")))
+
+/* Tokens per chunk of the GEMM: 48 rows of x (a multiple of the tile's
+ * 3); 48 × 8192/32 × 36 bytes = 432 KiB at the widest K of a 1B model. */
+#define GEMM_TOKENS 48
+#define GEMM_ROWS 4
+#define GEMM_TT 3
+
+TAVX2 static float hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* y[t0.., r0..] for R rows and TT tokens over all nb blocks. */
+static inline __attribute__((always_inline)) TAVX2 void
+tile(const tp_q8_job *j, int64_t r0, const int R, int64_t t0, const int TT)
+{
+    const int64_t nb = j->nb;
+    const tp_q8_block *w = j->w + r0 * nb;
+    const tp_q8_act *x = j->xq + t0 * nb;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[GEMM_ROWS][TP_GEMV_MAX_T];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < TT; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        for (int r = 0; r < R; r++) {
+            const tp_q8_block *wb = w + r * nb + b;
+            __m256i wv = _mm256_loadu_si256((const __m256i *)wb->q);
+            __m256i aw = _mm256_sign_epi8(wv, wv);
+            float dw = tp_q8_scale(wb->d);
+            for (int t = 0; t < TT; t++) {
+                const tp_q8_act *xb = x + t * nb + b;
+                __m256i sx = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xb->q), wv);
+                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
+                float s = dw * xb->d;
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(s), acc[r][t]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < TT; t++) j->y[(t0 + t) * j->n + r0 + r] = hsum(acc[r][t]);
+}
+
+/* One function per tile shape, so that each gets its own unrolled code. */
+#define TILE_FN(R, TT) \
+    TAVX2 static void tile_##R##_##TT(const tp_q8_job *j, int64_t r0, int64_t t0) { tile(j, r0, R, t0, TT); }
+TILE_FN(1, 1) TILE_FN(1, 2) TILE_FN(1, 3) TILE_FN(1, 4)
+TILE_FN(2, 1) TILE_FN(2, 2) TILE_FN(2, 3) TILE_FN(2, 4)
+TILE_FN(4, 1) TILE_FN(4, 2) TILE_FN(4, 3)
+#undef TILE_FN
+
+typedef void (*tile_fn)(const tp_q8_job *j, int64_t r0, int64_t t0);
+/* [rows: 1, 2, 4][tokens - 1] */
+static const tile_fn tiles[3][4] = {
+    {tile_1_1, tile_1_2, tile_1_3, tile_1_4},
+    {tile_2_1, tile_2_2, tile_2_3, tile_2_4},
+    {tile_4_1, tile_4_2, tile_4_3, NULL},
+};
+
+/* Rows [r0, r1) for tokens [t0, t0 + tt): blocks of R rows, then single
+ * rows (R: 4 or 2; tt <= 4, and tt <= 3 with R = 4). */
+static void run_rows(const tp_q8_job *j, int64_t r0, int64_t r1, int R, int64_t t0, int tt)
+{
+    tile_fn f = tiles[R == 4 ? 2 : 1][tt - 1], f1 = tiles[0][tt - 1];
+    for (; r0 + R <= r1; r0 += R) f(j, r0, t0);
+    for (; r0 < r1; r0++) f1(j, r0, t0);
+}
+
+static void worker(void *p, int ti, int nt)
+{
+    const tp_q8_job *j = p;
+    int64_t r0, r1;
+    int gemv = j->T <= TP_GEMV_MAX_T;
+    int R = gemv && j->T > 1 ? 2 : GEMM_ROWS;
+    tp_gemv_thread_rows(j->n, j->nb * (int64_t)sizeof(tp_q8_block), R, ti, nt, &r0, &r1);
+    if (r0 >= r1) return;
+    if (gemv) { run_rows(j, r0, r1, R, 0, (int)j->T); return; }
+    for (int64_t c0 = 0; c0 < j->T; c0 += GEMM_TOKENS) {
+        int64_t c1 = c0 + GEMM_TOKENS < j->T ? c0 + GEMM_TOKENS : j->T;
+        for (int64_t rb = r0; rb < r1; rb += GEMM_ROWS) {
+            int64_t re = rb + GEMM_ROWS < r1 ? rb + GEMM_ROWS : r1;
+            int64_t t = c0;
+            for (; t + GEMM_TT <= c1; t += GEMM_TT) run_rows(j, rb, re, GEMM_ROWS, t, GEMM_TT);
+            if (t < c1) run_rows(j, rb, re, GEMM_ROWS, t, (int)(c1 - t));
+        }
+    }
+}
+
+void tp_q8_matmul_avx2(const tp_q8_job *j, tp_threadpool *pool)
+{
+    tp_parallel_run(pool, worker, (void *)j);
+}
