@@ -13,14 +13,15 @@
 #include <string.h>
 
 /* One (row, token) pair: the block dot products in 8 lanes of 4. */
-static float dot_row(const tp_q8_block *w, const tp_q8_act *x, int64_t nb)
+static float dot_row(const tp_q8_block *w, const int8_t *xq, const float *xd, int64_t nb)
 {
     float acc[8] = {0};
     for (int64_t b = 0; b < nb; b++) {
-        float s = tp_q8_scale(w[b].d) * x[b].d;
+        float s = tp_q8_scale(w[b].d) * xd[b];
+        const int8_t *x = xq + b * TP_Q8_BLOCK;
         for (int l = 0; l < 8; l++) {
             int32_t lane = 0;
-            for (int i = 4 * l; i < 4 * l + 4; i++) lane += (int32_t)w[b].q[i] * (int32_t)x[b].q[i];
+            for (int i = 4 * l; i < 4 * l + 4; i++) lane += (int32_t)w[b].q[i] * (int32_t)x[i];
             acc[l] = fmaf((float)lane, s, acc[l]);
         }
     }
@@ -34,7 +35,7 @@ static void scalar_worker(void *p, int ti, int nt)
     tp_split_range(j->n, ti, nt, &r0, &r1);
     for (int64_t r = r0; r < r1; r++)
         for (int64_t t = 0; t < j->T; t++)
-            j->y[t * j->n + r] = dot_row(j->w + r * j->nb, j->xq + t * j->nb, j->nb);
+            j->y[t * j->n + r] = dot_row(j->w + r * j->nb, j->xq + t * j->nb * TP_Q8_BLOCK, j->xd + t * j->nb, j->nb);
 }
 
 void tp_q8_matmul_scalar(const tp_q8_job *j, tp_threadpool *pool)
@@ -47,12 +48,14 @@ tp_status tp_q8_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, 
 {
     int64_t n = W->shape[0], k = W->shape[1], nb = k / TP_Q8_BLOCK;
     if (k % TP_Q8_BLOCK) return tp_fail(TP_ERR_INTERNAL, "tp_matmul: a q8_0 row of %lld values", (long long)k);
-    size_t bytes = (size_t)(T * nb) * sizeof(tp_q8_act);
-    tp_q8_act *xq = tp_threadpool_scratch(pool, bytes), *own = NULL;
-    if (!xq) xq = own = tp_alloc(bytes);
-    if (!xq) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for the quantized input (%zu bytes)", bytes);
-    tp_q8_quantize_act(xq, x, T, k);
-    tp_q8_job j = {y, xq, W->data, T, n, nb};
+    size_t qbytes = (size_t)(T * k + 63) / 64 * 64, bytes = qbytes + (size_t)(T * nb) * sizeof(float);
+    char *mem = tp_threadpool_scratch(pool, bytes), *own = NULL;
+    if (!mem) mem = own = tp_alloc(bytes);
+    if (!mem) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for the quantized input (%zu bytes)", bytes);
+    int8_t *xq = (int8_t *)mem;
+    float *xd = (float *)(mem + qbytes);
+    tp_q8_quantize_act(xq, xd, x, T, k);
+    tp_q8_job j = {y, xq, xd, W->data, T, n, nb};
 #if TP_KERNELS_X86
     if (path != TP_KERNEL_SCALAR) tp_q8_matmul_avx2(&j, pool);
     else tp_q8_matmul_scalar(&j, pool);

@@ -31,29 +31,60 @@ TAVX2 static float hsum(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* y[t0.., r0..] for R rows and TT tokens over all nb blocks. */
+/* Software prefetch this far ahead of each row stream of W in the GEMV,
+ * as gemm_avx2.c's bf16 GEMV does (there: 16 KiB). */
+#define GEMV_PF_BYTES 16384
+
+/* The f32 scales of 8 consecutive blocks of W: tp_q8_scale in 8 lanes
+ * (the same bits). */
+TAVX2 static inline __m256 w_scales8(const tp_q8_block *w)
+{
+    __m256i h = _mm256_setr_epi32(w[0].d, w[1].d, w[2].d, w[3].d, w[4].d, w[5].d, w[6].d, w[7].d);
+    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0x8000)), 16);
+    __m256i mag = _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0x7fff)), 13);
+    return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(sign, mag)), _mm256_set1_ps(0x1p112f));
+}
+
+/* y[t0.., r0..] for R rows and TT tokens over all nb blocks, 8 blocks at a
+ * time: first the 8 scales d_w·d_x of every (row, token) in vectors, then
+ * the blocks.  pf: prefetch W ahead (the GEMV streams it from memory). */
 static inline __attribute__((always_inline)) TAVX2 void
-tile(const tp_q8_job *j, int64_t r0, const int R, int64_t t0, const int TT)
+tile(const tp_q8_job *j, int64_t r0, const int R, int64_t t0, const int TT, const int pf)
 {
     const int64_t nb = j->nb;
     const tp_q8_block *w = j->w + r0 * nb;
-    const tp_q8_act *x = j->xq + t0 * nb;
+    const int8_t *xq = j->xq + t0 * nb * TP_Q8_BLOCK;
+    const float *xd = j->xd + t0 * nb;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[GEMM_ROWS][TP_GEMV_MAX_T];
+    float s[GEMM_ROWS][TP_GEMV_MAX_T][8] __attribute__((aligned(32)));
     for (int r = 0; r < R; r++)
         for (int t = 0; t < TT; t++) acc[r][t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
+    for (int64_t b = 0; b < nb; b += 8) {
+        int nbk = nb - b < 8 ? (int)(nb - b) : 8;
         for (int r = 0; r < R; r++) {
-            const tp_q8_block *wb = w + r * nb + b;
-            __m256i wv = _mm256_loadu_si256((const __m256i *)wb->q);
-            __m256i aw = _mm256_sign_epi8(wv, wv);
-            float dw = tp_q8_scale(wb->d);
-            for (int t = 0; t < TT; t++) {
-                const tp_q8_act *xb = x + t * nb + b;
-                __m256i sx = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xb->q), wv);
-                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
-                float s = dw * xb->d;
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(s), acc[r][t]);
+            if (nbk == 8) {
+                __m256 dw = w_scales8(w + r * nb + b);
+                for (int t = 0; t < TT; t++)
+                    _mm256_store_ps(s[r][t], _mm256_mul_ps(dw, _mm256_loadu_ps(xd + t * nb + b)));
+            } else {
+                for (int t = 0; t < TT; t++)
+                    for (int i = 0; i < nbk; i++) s[r][t][i] = tp_q8_scale(w[r * nb + b + i].d) * xd[t * nb + b + i];
+            }
+        }
+        for (int i = 0; i < nbk; i++) {
+            __m256i xv[TP_GEMV_MAX_T];
+            for (int t = 0; t < TT; t++)
+                xv[t] = _mm256_loadu_si256((const __m256i *)(xq + (t * nb + b + i) * TP_Q8_BLOCK));
+            for (int r = 0; r < R; r++) {
+                const tp_q8_block *wb = w + r * nb + b + i;
+                if (pf && !(i & 1)) _mm_prefetch((const char *)wb + GEMV_PF_BYTES, _MM_HINT_T0);
+                __m256i wv = _mm256_loadu_si256((const __m256i *)wb->q);
+                __m256i aw = _mm256_sign_epi8(wv, wv);
+                for (int t = 0; t < TT; t++) {
+                    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[t], wv)), ones);
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(s[r][t][i]), acc[r][t]);
+                }
             }
         }
     }
@@ -61,9 +92,11 @@ tile(const tp_q8_job *j, int64_t r0, const int R, int64_t t0, const int TT)
         for (int t = 0; t < TT; t++) j->y[(t0 + t) * j->n + r0 + r] = hsum(acc[r][t]);
 }
 
-/* One function per tile shape, so that each gets its own unrolled code. */
+/* One function per tile shape, so that each gets its own unrolled code;
+ * the GEMV's shapes prefetch, the GEMM's 4 × 2 and 4 × 3 do not (their
+ * rows are reused from L1 by the next tokens). */
 #define TILE_FN(R, TT) \
-    TAVX2 static void tile_##R##_##TT(const tp_q8_job *j, int64_t r0, int64_t t0) { tile(j, r0, R, t0, TT); }
+    TAVX2 static void tile_##R##_##TT(const tp_q8_job *j, int64_t r0, int64_t t0) { tile(j, r0, R, t0, TT, (R) < 4 || (TT) == 1); }
 TILE_FN(1, 1) TILE_FN(1, 2) TILE_FN(1, 3) TILE_FN(1, 4)
 TILE_FN(2, 1) TILE_FN(2, 2) TILE_FN(2, 3) TILE_FN(2, 4)
 TILE_FN(4, 1) TILE_FN(4, 2) TILE_FN(4, 3)

@@ -25,7 +25,10 @@ static void quantize_block(int8_t *q, const float *x, float d)
 static float block_amax(const float *x)
 {
     float m = 0.0f;
-    for (int i = 0; i < TP_Q8_BLOCK; i++) m = fmaxf(m, fabsf(x[i]));
+    for (int i = 0; i < TP_Q8_BLOCK; i++) {
+        float a = fabsf(x[i]);
+        m = a > m ? a : m;
+    }
     return m;
 }
 
@@ -74,14 +77,11 @@ void tp_q8_dequantize_row(float *dst, const tp_q8_block *src, int64_t k)
     }
 }
 
-void tp_q8_quantize_act(tp_q8_act *dst, const float *x, int64_t T, int64_t k)
+void tp_q8_quantize_act(int8_t *q, float *d, const float *x, int64_t T, int64_t k)
 {
-    int64_t nb = k / TP_Q8_BLOCK;
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t b = 0; b < nb; b++) {
-            const float *s = x + t * k + b * TP_Q8_BLOCK;
-            tp_q8_act *o = &dst[t * nb + b];
-            o->d = block_amax(s) / 127.0f;
-            quantize_block(o->q, s, o->d);
-        }
+    for (int64_t b = 0; b < T * (k / TP_Q8_BLOCK); b++) {
+        const float *s = x + b * TP_Q8_BLOCK;
+        d[b] = block_amax(s) / 127.0f;
+        quantize_block(q + b * TP_Q8_BLOCK, s, d[b]);
+    }
 }
