@@ -56,8 +56,8 @@ tile(const tp_q8_job *j, int64_t r0, const int R, int64_t t0, const int TT, cons
     const int8_t *xq = j->xq + t0 * nb * TP_Q8_BLOCK;
     const float *xd = j->xd + t0 * nb;
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[GEMM_ROWS][TP_GEMV_MAX_T];
-    float s[GEMM_ROWS][TP_GEMV_MAX_T][8] __attribute__((aligned(32)));
+    __m256 acc[4][TP_GEMV_MAX_T];
+    float s[4][TP_GEMV_MAX_T][8] __attribute__((aligned(32)));
     for (int r = 0; r < R; r++)
         for (int t = 0; t < TT; t++) acc[r][t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b += 8) {
@@ -74,13 +74,16 @@ tile(const tp_q8_job *j, int64_t r0, const int R, int64_t t0, const int TT, cons
         }
         for (int i = 0; i < nbk; i++) {
             __m256i xv[TP_GEMV_MAX_T];
+#pragma GCC unroll 4
             for (int t = 0; t < TT; t++)
                 xv[t] = _mm256_loadu_si256((const __m256i *)(xq + (t * nb + b + i) * TP_Q8_BLOCK));
+#pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 const tp_q8_block *wb = w + r * nb + b + i;
                 if (pf && !(i & 1)) _mm_prefetch((const char *)wb + GEMV_PF_BYTES, _MM_HINT_T0);
                 __m256i wv = _mm256_loadu_si256((const __m256i *)wb->q);
                 __m256i aw = _mm256_sign_epi8(wv, wv);
+#pragma GCC unroll 4
                 for (int t = 0; t < TT; t++) {
                     __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[t], wv)), ones);
                     acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(s[r][t][i]), acc[r][t]);
@@ -96,25 +99,27 @@ tile(const tp_q8_job *j, int64_t r0, const int R, int64_t t0, const int TT, cons
  * the GEMV's shapes prefetch, the GEMM's 4 × 2 and 4 × 3 do not (their
  * rows are reused from L1 by the next tokens). */
 #define TILE_FN(R, TT) \
-    TAVX2 static void tile_##R##_##TT(const tp_q8_job *j, int64_t r0, int64_t t0) { tile(j, r0, R, t0, TT, (R) < 4 || (TT) == 1); }
+    TAVX2 static void tile_##R##_##TT(const tp_q8_job *j, int64_t r0, int64_t t0) { tile(j, r0, R, t0, TT, (TT) == 1 || (R) < 3); }
 TILE_FN(1, 1) TILE_FN(1, 2) TILE_FN(1, 3) TILE_FN(1, 4)
 TILE_FN(2, 1) TILE_FN(2, 2) TILE_FN(2, 3) TILE_FN(2, 4)
+TILE_FN(3, 1) TILE_FN(3, 2) TILE_FN(3, 3) TILE_FN(3, 4)
 TILE_FN(4, 1) TILE_FN(4, 2) TILE_FN(4, 3)
 #undef TILE_FN
 
 typedef void (*tile_fn)(const tp_q8_job *j, int64_t r0, int64_t t0);
-/* [rows: 1, 2, 4][tokens - 1] */
-static const tile_fn tiles[3][4] = {
+/* [rows - 1][tokens - 1] */
+static const tile_fn tiles[4][4] = {
     {tile_1_1, tile_1_2, tile_1_3, tile_1_4},
     {tile_2_1, tile_2_2, tile_2_3, tile_2_4},
+    {tile_3_1, tile_3_2, tile_3_3, tile_3_4},
     {tile_4_1, tile_4_2, tile_4_3, NULL},
 };
 
 /* Rows [r0, r1) for tokens [t0, t0 + tt): blocks of R rows, then single
- * rows (R: 4 or 2; tt <= 4, and tt <= 3 with R = 4). */
+ * rows (R·tt <= 12). */
 static void run_rows(const tp_q8_job *j, int64_t r0, int64_t r1, int R, int64_t t0, int tt)
 {
-    tile_fn f = tiles[R == 4 ? 2 : 1][tt - 1], f1 = tiles[0][tt - 1];
+    tile_fn f = tiles[R - 1][tt - 1], f1 = tiles[0][tt - 1];
     for (; r0 + R <= r1; r0 += R) f(j, r0, t0);
     for (; r0 < r1; r0++) f1(j, r0, t0);
 }
@@ -124,7 +129,7 @@ static void worker(void *p, int ti, int nt)
     const tp_q8_job *j = p;
     int64_t r0, r1;
     int gemv = j->T <= TP_GEMV_MAX_T;
-    int R = gemv && j->T > 1 ? 2 : GEMM_ROWS;
+    int R = !gemv ? GEMM_ROWS : j->T > 1 ? 2 : 4;
     tp_gemv_thread_rows(j->n, j->nb * (int64_t)sizeof(tp_q8_block), R, ti, nt, &r0, &r1);
     if (r0 >= r1) return;
     if (gemv) { run_rows(j, r0, r1, R, 0, (int)j->T); return; }
