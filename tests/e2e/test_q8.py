@@ -10,6 +10,7 @@ each rank its own shard) under TP = 1, 2 and 4:
     activation across a rounding boundary of its 8-bit quantization, which
     moves a logit by ~1e-3, so the bound is 5e-3) and the same greedy tokens;
   - greedy generation over 64 tokens is compared with the f32 model's;
+  - `bench decode --dtype q8_0` streams 34/128 of the f32 weight bytes;
   - a shard whose rows are not whole blocks, and training, are refused.
 The measured figures are printed (run with -v)."""
 
@@ -86,6 +87,22 @@ class Q8Logits(unittest.TestCase):
             # agree (measured: 64 and 64); later ones may drift as
             # near-ties break the other way.
             self.assertGreaterEqual(agree(q1, ref), 16, arch)
+
+
+class Q8Bench(unittest.TestCase):
+    def test_bench_decode_streams_a_quarter_of_f32(self):
+        # 34 bytes a block of 32 against 128: the weight bytes a decode step
+        # streams (the norms are f32 in both)
+        model = MODELS["llama"]
+        got = {}
+        for dt in ("f32", "q8_0"):
+            got[dt] = json.loads(run("bench", "decode", "--model", model, "--new-tokens", "4", "--reps", "1",
+                                     "--dtype", dt, "--tp", "2", "--json").stdout)
+            self.assertEqual(got[dt]["dtype"], dt)
+        for side in ("tp1", "tpN"):
+            ratio = got["q8_0"][side]["weight_bytes_per_token"] / got["f32"][side]["weight_bytes_per_token"]
+            self.assertGreater(ratio, 34 / 128)
+            self.assertLess(ratio, 0.28, side)
 
 
 class Q8Refusals(unittest.TestCase):
