@@ -298,7 +298,20 @@ void tp_lora_free(struct tp_lora *l);
  * after pre_forward, dy after pre_backward), its input gradient added into
  * dx (NULL: not needed) before the base's post_backward (lora_train.c). */
 tp_status tp_lora_backward(tp_model *m, const tp_module *lin, const float *x, const float *dy, int64_t T, float *dx);
+/* 1 when parameter j of mod trains with the adapter (a modules_to_save
+ * weight, a bias under `bias`) while the rest of the base is frozen
+ * (lora_saved.c). */
+int tp_lora_param_trained(const tp_model *m, const tp_module *mod, int j);
 /* Allocates or zeroes the adapters' gradients. */
 tp_status tp_lora_zero_grad(tp_model *m);
+/* The embedding adapter's backward: dy [T, H] is the lookup's whole output
+ * gradient (lora_train.c). */
+tp_status tp_lora_backward_embedding(tp_model *m, const tp_module *emb, const int64_t *ids, const float *dy,
+                                     int64_t T);
+/* Under KV-head replication: g, this rank's rows sl (one range, dim 0) of a
+ * [shape[0], shape[1]] gradient, becomes the sum of the same rows over the
+ * ranks that hold them — the ranks of a KV subgroup (module_linear.c). */
+tp_status tp_sum_kv_rows(tp_model *m, const tp_param_slice *sl, int ndim, const int64_t *shape, float *g,
+                         const char *what);
 
 #endif
