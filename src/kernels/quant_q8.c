@@ -5,6 +5,7 @@
 #include "kernels/kern_internal.h"
 
 #include <math.h>
+#include <string.h>
 
 /* Scale and quants of 32 values with the scale `d` (0: all zero). */
 static void quantize_block(int8_t *q, const float *x, float d)
@@ -32,14 +33,17 @@ static float block_amax(const float *x)
     return m;
 }
 
+/* 32 values of src from element off on, as f32 (one dtype test a block). */
 static void load_block(float *dst, const void *src, tp_dtype st, int64_t off)
 {
-    for (int i = 0; i < TP_Q8_BLOCK; i++) {
-        switch (st) {
-        case TP_BF16: dst[i] = tp_f32_from_bf16(((const uint16_t *)src)[off + i]); break;
-        case TP_F16: dst[i] = tp_f32_from_f16(((const uint16_t *)src)[off + i]); break;
-        default: dst[i] = ((const float *)src)[off + i]; break;
-        }
+    if (st == TP_F32) {
+        memcpy(dst, (const float *)src + off, TP_Q8_BLOCK * sizeof(float));
+    } else if (st == TP_BF16) {
+        const uint16_t *h = (const uint16_t *)src + off;
+        for (int i = 0; i < TP_Q8_BLOCK; i++) dst[i] = tp_f32_from_bf16(h[i]);
+    } else {
+        const uint16_t *h = (const uint16_t *)src + off;
+        for (int i = 0; i < TP_Q8_BLOCK; i++) dst[i] = tp_f32_from_f16(h[i]);
     }
 }
 
