@@ -158,6 +158,7 @@ static tp_status data_ctx_init(data_ctx *c, const char *dir, int64_t seq_len)
     char path[4096];
     memset(c, 0, sizeof *c);
     tp_status s = tp_config_load(&cfg, dir);
+    if (!s) s = tp_config_check_training(&cfg);   /* before anything is written */
     if (s) return s;
     c->d.seq_len = seq_len > 0 ? seq_len : (cfg.max_position_embeddings < 1024 ? cfg.max_position_embeddings : 1024);
     c->d.vocab = cfg.vocab_size;
@@ -278,6 +279,7 @@ static tp_status train_and_save(const char *dir, const char *out, cli_tp *tp, tp
     tp_model *m;
     mo->mesh = cli_tp_mesh(tp);
     mo->tp_plan = tp->plan;
+    mo->expert_parallel = tp->ep && tp->tp_size > 1;
     t->ckpt.src_dir = dir;
     /* Resuming: the weights are the checkpoint's (LoRA: the adapter; the
      * frozen base is --model's). */

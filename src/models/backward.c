@@ -143,9 +143,12 @@ static tp_status check_ids(const tp_model *m, const int64_t *tokens, const int64
  * local_packed_rowwise, gather, local) define no backward communication,
  * so a training run whose plan uses one is refused with §2.19's message.
  * Every other rule, on a Linear or on a whole block, trains through its
- * style's backward hooks. */
+ * style's backward hooks.  An MoE config asking for the router's auxiliary
+ * loss is refused too (tp_config_check_training). */
 static tp_status check_split(const tp_model *m)
 {
+    tp_status s = tp_config_check_training(&m->cfg);
+    if (s) return s;
     if (!m->tp || !m->tp->res) return TP_OK;
     return tp_plan_check_training(m->tp->res);
 }

@@ -121,6 +121,8 @@ static tp_status parse(tp_lora_config *c, const cJSON *root, const char *path)
     c->r = (int64_t)r->valuedouble;
     c->alpha = cJSON_IsNumber(a) ? a->valuedouble : 8.0;   /* PEFT's default lora_alpha */
     c->dropout = cJSON_IsNumber(d) ? d->valuedouble : 0.0;
+    if (!(c->dropout >= 0 && c->dropout < 1))   /* p = 1 would scale the kept (none) by 1 / 0 */
+        return tp_fail(TP_ERR_FORMAT, "%s: lora_dropout must be in [0, 1), got %g", path, c->dropout);
     c->use_rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_rslora"));
     if (b && !cJSON_IsNull(b) && !cJSON_IsString(b))
         return tp_fail(TP_ERR_FORMAT, "%s: bias must be \"none\", \"all\" or \"lora_only\"", path);

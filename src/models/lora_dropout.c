@@ -61,23 +61,42 @@ static tp_status global_columns(const lora_entry *e, int64_t in_local, int64_t *
     return TP_OK;
 }
 
+typedef struct {
+    const float *x;
+    float *out;
+    const int64_t *col;
+    int64_t T, in_local, in;
+    uint64_t key;
+    double p;
+    float keep;
+} drop_job;
+
+/* Thread ti's token rows: each element's draw depends on its index only. */
+static void drop_rows(void *ctx, int ti, int nt)
+{
+    const drop_job *d = ctx;
+    int64_t t0, t1;
+    tp_split_range(d->T, ti, nt, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++)
+        for (int64_t j = 0; j < d->in_local; j++) {
+            uint64_t h = tp_rng_hash(d->key, (uint64_t)(t * d->in + d->col[j]));
+            int dropped = (double)(h >> 11) * 0x1.0p-53 < d->p;
+            d->out[t * d->in_local + j] = dropped ? 0.0f : d->x[t * d->in_local + j] * d->keep;
+        }
+}
+
 tp_status tp_lora_dropout(const tp_model *m, const tp_module *lin, const lora_entry *e, const float *x, int64_t T,
                           float *out)
 {
     const struct tp_lora *l = m->lora;
-    int64_t in_local = e->A.shape[1], in = lin->params[TP_MODULE_WEIGHT].shape[1];
+    int64_t in_local = e->A.shape[1];
     int64_t *col = NULL;
     tp_status s = global_columns(e, in_local, &col);
     if (s) return s;
-    double p = l->cfg.dropout;
-    float keep = (float)(1.0 / (1.0 - p));
-    uint64_t key = tp_rng_hash(l->drop_key, name_key(lin->name));
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t j = 0; j < in_local; j++) {
-            uint64_t h = tp_rng_hash(key, (uint64_t)(t * in + col[j]));
-            int dropped = (double)(h >> 11) * 0x1.0p-53 < p;
-            out[t * in_local + j] = dropped ? 0.0f : x[t * in_local + j] * keep;
-        }
+    drop_job d = {x, out, col, T, in_local, lin->params[TP_MODULE_WEIGHT].shape[1],
+                  tp_rng_hash(l->drop_key, name_key(lin->name)), l->cfg.dropout,
+                  (float)(1.0 / (1.0 - l->cfg.dropout))};
+    tp_parallel_run(m->pool, drop_rows, &d);
     free(col);
     return TP_OK;
 }

@@ -22,14 +22,26 @@ static tp_dtype unquantized_dtype(const tp_model *m)
     return m->cfg.dtype == TP_BF16 ? TP_BF16 : TP_F32;
 }
 
+/* The Linear weights that q8_0 quantizes: attention, dense MLP, an untied
+ * lm_head (as llama.cpp's Q8_0 does); not an MoE router (a small matrix
+ * whose error would move tokens between experts) nor the experts' stacked
+ * tensors (their grouped GEMM takes f32/bf16 only, for now). */
+static int quantized(const tp_model *m, const tp_param_desc *p)
+{
+    const tp_module *mod = p->module;
+    if (m->weight_dtype != TP_Q8_0 || p->kind != TP_PARAM_WEIGHT || p->ndim != 2 || mod->type != TP_MT_LINEAR)
+        return 0;
+    return !(mod->parent >= 0 && m->modules[mod->parent].type == TP_MT_MOE);
+}
+
 /* Matrices keep the chosen weight dtype; norms and biases are tiny and are
- * kept in f32 (the conversion from bf16 is exact).  q8_0 quantizes the
- * Linear weights (attention, MLP, an untied lm_head, as llama.cpp's Q8_0
- * does) and keeps the embedding as stored. */
+ * kept in f32 (the conversion from bf16 is exact).  Under q8_0 what is not
+ * quantized (the embedding, read a row at a time) is kept as stored. */
 static tp_dtype param_dtype(const tp_model *m, const tp_param_desc *p)
 {
-    if (p->kind == TP_PARAM_EMBEDDING && m->weight_dtype == TP_Q8_0) return unquantized_dtype(m);
-    return p->kind == TP_PARAM_WEIGHT || p->kind == TP_PARAM_EMBEDDING ? m->weight_dtype : TP_F32;
+    if (p->kind != TP_PARAM_WEIGHT && p->kind != TP_PARAM_EMBEDDING) return TP_F32;
+    if (m->weight_dtype != TP_Q8_0) return m->weight_dtype;
+    return quantized(m, p) ? TP_Q8_0 : unquantized_dtype(m);
 }
 
 /* Reads the ranges of a slice along dimension 1: each range arrives as a
@@ -75,13 +87,17 @@ static tp_status quantize_param(tp_tensor *slot, const char *name, int64_t full_
 
 /* Shard-on-read (tp-semantics.md §6.2): only this rank's ranges of the
  * tensor are read; along dimension 0 they are consecutive in the buffer. */
-static tp_status load_param(tp_checkpoint *ck, const tp_param_desc *p, const tp_param_slice *sl, tp_dtype dt,
-                            tp_dtype read_dt)
+static tp_status load_param(tp_checkpoint *ck, const tp_model_config *c, const tp_param_desc *param,
+                            const tp_param_slice *sl, tp_dtype dt, tp_dtype read_dt)
 {
-    if (dt == TP_Q8_0 && p->ndim == 2) {
-        tp_status s = load_param(ck, p, sl, read_dt, read_dt);
-        return s ? s : quantize_param(p->slot, p->name, p->shape[1], read_dt);
+    if (dt == TP_Q8_0) {
+        tp_status s = load_param(ck, c, param, sl, read_dt, read_dt);
+        return s ? s : quantize_param(param->slot, param->name, param->shape[1], read_dt);
     }
+    if (param->module->type == TP_MT_EXPERTS) return tp_moe_load_experts(ck, c, param, sl, dt);
+    tp_param_desc stored = *param;
+    const tp_param_desc *p = &stored;
+    tp_checkpoint_name_of(c, param->name, stored.name, sizeof stored.name);
     tp_status s = tp_checkpoint_expect(ck, p->name, p->ndim, p->shape);
     if (s) return s;
     if ((s = tp_tensor_init(p->slot, dt, sl->ndim, sl->local_shape))) return s;
@@ -104,9 +120,11 @@ static void record_slice(tp_model *m, size_t i, const tp_param_desc *p, const tp
     rec->placement = m->tp && m->tp->res->applied ? m->tp->res->params[i].placement : tp_replicate();
 }
 
-static void warn_unused(const tp_checkpoint *ck, const tp_param_desc *params, size_t n)
+static void warn_unused(const tp_checkpoint *ck, const tp_model_config *c)
 {
-    size_t unused = 0;
+    tp_param_desc *params;
+    size_t n, unused = 0;
+    if (tp_model_checkpoint_params(c, &params, &n)) { tp_clear_error(); return; }
     const char *first = NULL;
     for (size_t i = 0; i < tp_checkpoint_count(ck); i++) {
         const char *name = tp_checkpoint_at(ck, i)->name;
@@ -117,6 +135,7 @@ static void warn_unused(const tp_checkpoint *ck, const tp_param_desc *params, si
     }
     if (unused)
         tp_log(TP_LOG_WARN, "%zu tensors of the checkpoint are not used by the model (e.g. '%s')", unused, first);
+    free(params);
 }
 
 static tp_status load_weights(tp_model *m, const char *dir, int show_progress)
@@ -132,13 +151,13 @@ static tp_status load_weights(tp_model *m, const char *dir, int show_progress)
     for (size_t i = 0; i < n && !s; i++) {
         tp_param_slice sl;
         s = tp_model_param_slice(m, i, &params[i], &sl);
-        if (!s) s = load_param(ck, &params[i], &sl, param_dtype(m, &params[i]), unquantized_dtype(m));
+        if (!s) s = load_param(ck, &m->cfg, &params[i], &sl, param_dtype(m, &params[i]), unquantized_dtype(m));
         if (!s) record_slice(m, i, &params[i], &sl);
         if (show_progress) tp_progress_advance(&bar, 1);
     }
     if (show_progress) tp_progress_end(&bar);
     m->bytes_read = tp_checkpoint_bytes_read(ck);
-    if (!s) warn_unused(ck, params, n);
+    if (!s) warn_unused(ck, &m->cfg);
     tp_checkpoint_close(ck);
     free(params);
     return s;

@@ -281,6 +281,10 @@ static tp_status unshard_all(tp_dp *dp)
         mp->local = whole;
         set_data(dp, p, whole.data);
         mp->local.owns_data = 1;
+        /* the chunk goes as its whole comes: the peak holds one chunk
+         * beside the whole model, not every chunk */
+        tp_tensor_release(&p->value);
+        tp_tensor_release(&p->grad);
     }
     /* A tied parameter borrows its owner's tensor, dtype included. */
     tp_model *m = dp->m;

@@ -19,7 +19,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 sys.path.insert(0, HERE)
-from tpe2e import read_log, rel, run, vocab_size, write_token_rows  # noqa: E402
+from tpe2e import read_log, rel, run, tp_logits, vocab_size, write_token_rows  # noqa: E402
 import peft_reference as peft  # noqa: E402
 
 TOL = 1e-5
@@ -119,6 +119,39 @@ class LoraDropout(unittest.TestCase):
             self.assertGreater(np.abs(grads[1][k]).max(), 0, k)
             self.assertLess(rel(grads[2][k], grads[1][k]), TOL, k)
             self.assertGreater(rel((a0[k] - got[k]) / 1e3, grads[1][k]), 1e-3, k)
+
+    def test_evaluation_and_inference_do_not_drop(self):
+        """With lr 0 the weights never move: the training losses of p = 0.3 and p = 0 differ (the
+        masks), their eval losses do not; logits with the adapter ignore lora_dropout."""
+        model = make()
+        data = make_data(model)
+        logs = {}
+        for p in (0.3, 0.0):
+            start = os.path.join(WORK, f"noeval-{p}")
+            peft.write_adapter(start, model, targets=list(peft.PROJ), r=4, alpha=8, seed=15, b_std=0.05,
+                               extra_config={"lora_dropout": p})
+            out = os.path.join(WORK, f"noeval-out-{p}")
+            train(model, data, out, 2, dict(TRAIN, steps=2, lr=0.0), "--adapter", start,
+                  "--eval-data", make_data(model, lines=3, seed=6), "--eval-every", 1)
+            logs[p] = read_log(out)
+            logs[p, "logits"] = tp_logits(WORK, model, 2, "--adapter", start, tokens="1,5,9,42,7,3")
+        for a, b in zip(logs[0.3], logs[0.0]):
+            self.assertNotEqual(a["loss"], b["loss"])
+            self.assertEqual(a["eval_loss"], b["eval_loss"])
+        self.assertTrue(np.array_equal(logs[0.3, "logits"], logs[0.0, "logits"]))
+
+    def test_refusals(self):
+        model = make()
+        data = make_data(model)
+        bad = os.path.join(WORK, "drop-bad")
+        peft.write_adapter(bad, model, extra_config={"lora_dropout": 1.0})
+        for extra, needle in ((("--adapter", bad), "lora_dropout must be in [0, 1), got 1"),
+                              (("--lora-r", 4, "--lora-dropout", 1), "--lora-dropout must be in [0, 1)"),
+                              (("--lora-r", 4, "--lora-dropout", -0.5), "--lora-dropout must be in [0, 1)")):
+            p = run(*train_args(model, data, os.path.join(WORK, "drop-refused"), 1, dict(TRAIN, steps=1), *extra),
+                    check=False)
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn(needle, p.stderr)
 
     def test_fresh_adapter_and_checkpointing(self):
         """--lora-dropout on a fresh adapter: TP = 2 equals TP = 1, and --gradient-checkpointing

@@ -167,6 +167,42 @@ def mlp(x, p, pre, adapter=None):
     return linear(torch.nn.functional.silu(g) * u, p, pre + "down_proj", adapter)
 
 
+def sparse_layer(cfg, i):
+    """Qwen3MoeDecoderLayer's rule (mlp_only_layers, decoder_sparse_step); Mixtral: every layer."""
+    if cfg.get("model_type") == "mixtral":
+        return True
+    if cfg.get("model_type") != "qwen3_moe" or int(cfg.get("num_experts", 0)) <= 0:
+        return False
+    step = int(cfg.get("decoder_sparse_step", 1))
+    return i not in (cfg.get("mlp_only_layers") or []) and (i + 1) % step == 0
+
+
+def sparse_moe(x, p, cfg, i):
+    """Qwen3MoeSparseMoeBlock / MixtralSparseMoeBlock: softmax (float) over every expert,
+    torch.topk, renormalised (norm_topk_prob; Mixtral always), each expert's SwiGLU
+    weighted; autograd flows through the chosen weights, not through the choice.  The
+    router aux loss is not added: output_router_logits is False in both configs."""
+    mixtral = cfg.get("model_type") == "mixtral"
+    pre = f"model.layers.{i}." + ("block_sparse_moe." if mixtral else "mlp.")
+    E = int(cfg["num_local_experts"] if mixtral else cfg["num_experts"])
+    k = int(cfg.get("num_experts_per_tok", 2))
+    probs = torch.softmax(x @ p[pre + "gate.weight"].T, dim=-1)
+    weights, chosen = torch.topk(probs, k, dim=-1)
+    if mixtral or cfg.get("norm_topk_prob", False):
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(x)
+    names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    for e in range(E):
+        tok, slot = torch.nonzero(chosen == e, as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        g, u, d = (p[f"{pre}experts.{e}.{n}.weight"] for n in names)
+        h = x[tok]
+        y = (torch.nn.functional.silu(h @ g.T) * (h @ u.T)) @ d.T
+        out = out.index_add(0, tok, y * weights[tok, slot][:, None])
+    return out
+
+
 def causal_lm_loss(logits, tokens):
     # ForCausalLMLoss: labels = input ids, padded with -100 and shifted
     labels = torch.tensor(list(tokens[1:]) + [IGNORE])
@@ -196,7 +232,8 @@ def forward_logits(cfg, p, tokens, adapter=None):
         pre = f"model.layers.{i}."
         h = h + attention(rms_norm(h, p[pre + "input_layernorm.weight"], eps), p, pre + "self_attn.", cfg,
                           cos, sin, mask, adapter)
-        h = h + mlp(rms_norm(h, p[pre + "post_attention_layernorm.weight"], eps), p, pre + "mlp.", adapter)
+        hn = rms_norm(h, p[pre + "post_attention_layernorm.weight"], eps)
+        h = h + (sparse_moe(hn, p, cfg, i) if sparse_layer(cfg, i) else mlp(hn, p, pre + "mlp.", adapter))
     h = rms_norm(h, p["model.norm.weight"], eps)
     head = p["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else p["lm_head.weight"]
     return h @ head.T
@@ -212,7 +249,9 @@ def reference_grads(model_dir, tokens):
     p = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in weights.items()}
     loss = forward_loss(cfg, p, [int(t) for t in tokens])
     loss.backward()
-    return float(loss.item()), {k: v.grad.numpy() for k, v in p.items()}
+    # an expert no token chose has no gradient in torch (None): zeros here
+    return float(loss.item()), {k: v.grad.numpy() if v.grad is not None else np.zeros(tuple(v.shape))
+                                for k, v in p.items()}
 
 
 def main(argv=None):
