@@ -89,6 +89,20 @@ class Q8Logits(unittest.TestCase):
             self.assertGreaterEqual(agree(q1, ref), 16, arch)
 
 
+class Q8Moe(unittest.TestCase):
+    def test_moe_keeps_router_and_experts(self):
+        # attention and lm_head in q8_0, router and experts as stored: near f32
+        d = os.path.join(WORK, "moe")
+        run("make-model", "--arch", "qwen3_moe", "--preset", "tiny", *SHAPE, "--set", "moe_intermediate_size=64",
+            "--seed", "3", "--out", d)
+        ref = tp_logits(WORK, d, 1, "--dtype", "f32", tokens=TOKENS)
+        p = run("logits", "--model", d, "--tokens", TOKENS, "--out", os.path.join(WORK, "moe.npy"), "--dtype", "q8_0")
+        self.assertIn("q8_0: 9 Linear weights quantized", p.stderr)
+        err = rel(np.load(os.path.join(WORK, "moe.npy")), ref)
+        print(f"\nqwen3_moe q8_0: max|q8 - f32| / max|f32| = {err:.3g}", end="")
+        self.assertLess(err, 2e-2)
+
+
 class Q8Bench(unittest.TestCase):
     def test_bench_decode_streams_a_quarter_of_f32(self):
         # 34 bytes a block of 32 against 128: the weight bytes a decode step
