@@ -47,7 +47,7 @@ tp_status tp_lora_read_into(tp_checkpoint *ck, const char *name, int64_t rows, i
                             int split, const int64_t local[2], float *dst)
 {
     int64_t shape[2] = {rows, cols};
-    tp_status s = tp_checkpoint_expect(ck, name, 2, shape);
+    tp_status s = tp_checkpoint_expect_weight(ck, name, 2, shape);
     if (s) return s;
     int dim = split ? sl->dim : -1;
     if (dim < 0) return tp_checkpoint_read(ck, name, TP_F32, dst);

@@ -34,14 +34,16 @@ CRASH = re.compile(r"Sanitizer|Segmentation|runtime error:|core dumped|Aborted|s
                    r"double free|free\(\): |malloc\(\): ", re.I)
 EXPERT = "model.layers.1.mlp.experts.3.down_proj.weight"
 WORK = None
-MOE = DENSE = ADAPTER = None
+MOE = MIXTRAL = DENSE = ADAPTER = None
 
 
 def setUpModule():
-    global WORK, MOE, DENSE, ADAPTER
+    global WORK, MOE, MIXTRAL, DENSE, ADAPTER
     WORK = tempfile.mkdtemp(prefix="tp-e2e-bad-moe-lora-")
     MOE = os.path.join(WORK, "moe")
     run("make-model", "--arch", "qwen3_moe", "--preset", "tiny", "--dtype", "f32", "--seed", "3", "--out", MOE)
+    MIXTRAL = os.path.join(WORK, "mixtral")
+    run("make-model", "--arch", "mixtral", "--preset", "tiny", "--dtype", "f32", "--seed", "3", "--out", MIXTRAL)
     DENSE = os.path.join(WORK, "dense")
     run("make-model", "--arch", "qwen3", "--preset", "tiny", "--dtype", "f32", "--seed", "3", "--out", DENSE)
     ADAPTER = os.path.join(WORK, "adapter")
@@ -95,23 +97,32 @@ class MoeConfig(Case):
 
     def test_num_experts(self):
         for v in (0, -2):
-            self.bad_config(f"ne{v}", lambda c, v=v: c.update(num_experts=v), "num_experts")
-        self.bad_config("ne-missing", lambda c: c.pop("num_experts"), "num_experts")
+            self.bad_config(f"ne{v}", lambda c, v=v: c.update(num_experts=v), "key 'num_experts' is out of range",
+                            f"got 2 of {v}")
+        d = copy(MIXTRAL, "cfg-mixtral-nle0")
+        edit_json(os.path.join(d, "config.json"), lambda c: c.update(num_local_experts=0))
+        self.refused(self.logits(d), "key 'num_local_experts' is out of range")
+        # absent: Transformers' default (128 for qwen3_moe), which the router's tensor then contradicts
+        self.bad_config("ne-missing", lambda c: c.pop("num_experts"), "model.layers.0.mlp.gate.weight",
+                        "model.safetensors", "expects [128, ")
 
     def test_num_experts_per_tok(self):
-        self.bad_config("k0", lambda c: c.update(num_experts_per_tok=0), "num_experts_per_tok")
-        self.bad_config("kbig", lambda c: c.update(num_experts_per_tok=c["num_experts"] + 1), "num_experts_per_tok")
+        self.bad_config("k0", lambda c: c.update(num_experts_per_tok=0), "key 'num_experts_per_tok'", "got 0 of 8")
+        self.bad_config("kbig", lambda c: c.update(num_experts_per_tok=c["num_experts"] + 1),
+                        "key 'num_experts_per_tok'", "got 9 of 8")
 
     def test_moe_intermediate_size_zero(self):
-        self.bad_config("mis0", lambda c: c.update(moe_intermediate_size=0), "moe_intermediate_size")
+        self.bad_config("mis0", lambda c: c.update(moe_intermediate_size=0), "key 'moe_intermediate_size'")
 
     def test_mlp_only_layers(self):
-        self.bad_config("mol-range", lambda c: c.update(mlp_only_layers=[c["num_hidden_layers"]]), "mlp_only_layers")
-        self.bad_config("mol-neg", lambda c: c.update(mlp_only_layers=[-1]), "mlp_only_layers")
-        self.bad_config("mol-str", lambda c: c.update(mlp_only_layers="1"), "mlp_only_layers")
+        self.bad_config("mol-range", lambda c: c.update(mlp_only_layers=[c["num_hidden_layers"]]), "mlp_only_layers",
+                        "num_hidden_layers is")
+        self.bad_config("mol-neg", lambda c: c.update(mlp_only_layers=[-1]), "key 'mlp_only_layers'")
+        self.bad_config("mol-str", lambda c: c.update(mlp_only_layers="1"), "key 'mlp_only_layers'")
 
     def test_decoder_sparse_step_zero(self):
-        self.bad_config("dss0", lambda c: c.update(decoder_sparse_step=0), "decoder_sparse_step")
+        self.bad_config("dss0", lambda c: c.update(decoder_sparse_step=0), "key 'decoder_sparse_step'",
+                        "config.json")
 
 
 class MoeCheckpoint(Case):
@@ -138,7 +149,7 @@ class MoeCheckpoint(Case):
         def fn(t):
             _, shape, raw = t[EXPERT]
             t[EXPERT] = ("I32", shape, raw)
-        self.bad_tensors("dtype", fn, EXPERT)
+        self.bad_tensors("dtype", fn, EXPERT, "dtype i32")
 
 
 class AdapterConfig(Case):
@@ -151,16 +162,17 @@ class AdapterConfig(Case):
         run(*self.logits(DENSE, "--adapter", ADAPTER))
 
     def test_lora_dropout_string(self):
-        self.bad_adapter("drop", lambda c: c.update(lora_dropout="0.1"), "lora_dropout")
+        self.bad_adapter("drop", lambda c: c.update(lora_dropout="0.1"), "lora_dropout", "adapter_config.json")
+        self.bad_adapter("alpha", lambda c: c.update(lora_alpha="16"), "lora_alpha", "adapter_config.json")
 
     def test_modules_to_save_missing_module(self):
-        self.bad_adapter("mts", lambda c: c.update(modules_to_save=["no_such_module"]), "no_such_module")
+        self.bad_adapter("mts", lambda c: c.update(modules_to_save=["no_such_module"]), "modules_to_save", "no_such_module")
 
     def test_bias_foo(self):
         self.bad_adapter("bias", lambda c: c.update(bias="foo"), "bias", "foo")
 
     def test_r_zero(self):
-        self.bad_adapter("r0", lambda c: c.update(r=0), "r")
+        self.bad_adapter("r0", lambda c: c.update(r=0), "'r'", "adapter_config.json")
 
     def test_target_modules_empty(self):
         self.bad_adapter("tm", lambda c: c.update(target_modules=[]), "target_modules")
