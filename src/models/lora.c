@@ -274,7 +274,8 @@ tp_status tp_model_load_adapter(tp_model *m, const char *dir, int merge)
     struct tp_lora *l = NULL;
     s = tp_lora_new(m, &c, &l);
     if (!s) s = tp_checkpoint_open(&ck, path);
-    if (!s) s = attach(m, ck, &l->cfg, merge, l);
+    /* the adapter's directory, for the refusals that name only a key */
+    if (!s && (s = attach(m, ck, &l->cfg, merge, l))) s = tp_fail_context(s, "adapter %s", dir);
     if (ck) tp_checkpoint_close(ck);
     tp_lora_config_free(&c);
     if (s || merge) { tp_lora_free(l); return s; }

@@ -82,18 +82,25 @@ class Case(unittest.TestCase):
             self.assertIn(s, p.stderr, f"stderr does not name {s!r}" + info)
         return p.stderr
 
-    def logits(self, model, *extra):
-        return ["logits", "--model", model, "--tokens", "1,2,3", "--out", os.path.join(model, "out.npy"), *extra]
+    def logits(self, model, *extra, out_dir=None):
+        return ["logits", "--model", model, "--tokens", "1,2,3", "--out",
+                os.path.join(out_dir or model, "out.npy"), *extra]
+
+    def refused_logits(self, model, *extra, needles, out_dir=None):
+        """A refused `tensorpar logits` that leaves no logits file behind."""
+        args = self.logits(model, *extra, out_dir=out_dir)
+        self.refused(args, *needles)
+        self.assertFalse(os.path.exists(args[6]), "a refused run wrote " + args[6])
 
 
 class MoeConfig(Case):
     def bad_config(self, name, fn, *needles):
         d = copy(MOE, "cfg-" + name)
         edit_json(os.path.join(d, "config.json"), fn)
-        return self.refused(self.logits(d), *needles)
+        self.refused_logits(d, needles=needles)
 
     def test_00_good_model_runs(self):
-        run(*self.logits(MOE))
+        run(*self.logits(MOE, out_dir=WORK))   # not in MOE: the copies must start without logits
 
     def test_num_experts(self):
         for v in (0, -2):
@@ -101,7 +108,7 @@ class MoeConfig(Case):
                             f"got 2 of {v}")
         d = copy(MIXTRAL, "cfg-mixtral-nle0")
         edit_json(os.path.join(d, "config.json"), lambda c: c.update(num_local_experts=0))
-        self.refused(self.logits(d), "key 'num_local_experts' is out of range")
+        self.refused_logits(d, needles=["key 'num_local_experts' is out of range"])
         # absent: Transformers' default (128 for qwen3_moe), which the router's tensor then contradicts
         self.bad_config("ne-missing", lambda c: c.pop("num_experts"), "model.layers.0.mlp.gate.weight",
                         "model.safetensors", "expects [128, ")
@@ -134,7 +141,7 @@ class MoeCheckpoint(Case):
         fn(tensors)
         ref.write_safetensors_raw(path, tensors, metadata={"format": "pt"})
         for extra in ((), ("--tp", 2, "--ep")):
-            self.refused(self.logits(d, *extra), *needles)
+            self.refused_logits(d, *extra, needles=needles)
 
     def test_missing_expert(self):
         self.bad_tensors("missing", lambda t: t.pop(EXPERT), EXPERT)
@@ -156,7 +163,7 @@ class AdapterConfig(Case):
     def bad_adapter(self, name, fn, *needles):
         d = copy(ADAPTER, "ad-" + name)
         edit_json(os.path.join(d, "adapter_config.json"), fn)
-        return self.refused(self.logits(DENSE, "--adapter", d), *needles)
+        self.refused_logits(DENSE, "--adapter", d, needles=needles, out_dir=d)
 
     def test_00_good_adapter_runs(self):
         run(*self.logits(DENSE, "--adapter", ADAPTER))
@@ -166,7 +173,8 @@ class AdapterConfig(Case):
         self.bad_adapter("alpha", lambda c: c.update(lora_alpha="16"), "lora_alpha", "adapter_config.json")
 
     def test_modules_to_save_missing_module(self):
-        self.bad_adapter("mts", lambda c: c.update(modules_to_save=["no_such_module"]), "modules_to_save", "no_such_module")
+        self.bad_adapter("mts", lambda c: c.update(modules_to_save=["no_such_module"]), "modules_to_save",
+                         "no_such_module", "ad-mts")
 
     def test_bias_foo(self):
         self.bad_adapter("bias", lambda c: c.update(bias="foo"), "bias", "foo")
@@ -183,7 +191,7 @@ class AdapterConfig(Case):
         size = os.path.getsize(path)
         with open(path, "r+b") as f:
             f.truncate(size - 64)
-        self.refused(self.logits(DENSE, "--adapter", d), "adapter_model.safetensors")
+        self.refused_logits(DENSE, "--adapter", d, needles=["adapter_model.safetensors"], out_dir=d)
 
 
 class DpShardCheckpoint(Case):
@@ -201,8 +209,11 @@ class DpShardCheckpoint(Case):
         size = os.path.getsize(opt)
         with open(opt, "r+b") as f:
             f.truncate(size // 2)
-        self.refused(train("--out", os.path.join(WORK, "dps-res"), "--steps", 2, "--resume", ck),
-                     "optimizer.safetensors")
+        res = os.path.join(WORK, "dps-res")
+        self.refused(train("--out", res, "--steps", 2, "--resume", ck), "optimizer.safetensors")
+        # nothing half-written: no weights and no checkpoint in the refused run's output
+        left = os.listdir(res) if os.path.isdir(res) else []
+        self.assertEqual([f for f in left if f.endswith(".safetensors") or f.startswith("checkpoint-")], [], left)
 
 
 if __name__ == "__main__":
