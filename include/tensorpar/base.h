@@ -109,6 +109,9 @@ tp_status tp_convert(void *dst, tp_dtype dt, const void *src, tp_dtype st, size_
  * memory bandwidth and 4 KiB pages cost a third of it.  Free with tp_free. */
 void *tp_alloc(size_t bytes);
 void tp_free(void *p);
+/* Bytes of [p, p + n) backed by transparent huge pages now (AnonHugePages
+ * of /proc/self/smaps); 0 where the kernel does not say. */
+size_t tp_huge_page_bytes(const void *p, size_t n);
 
 /* ---- arena -------------------------------------------------------------
  * A bump allocator over one block from tp_alloc (so 2 MiB pages from 2 MiB

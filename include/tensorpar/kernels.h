@@ -331,6 +331,15 @@ tp_status tp_attention_backward(float *dq, float *dk, float *dv, const float *do
  * table to `out`.  pool supplies the threads (NULL: one).  quick != 0 uses
  * fewer repetitions.  Takes ~1 minute on 2 cores. */
 tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick);
+/* The widths of one model's Linears: tp_kernel_bench_dims times its
+ * shapes (q_proj [q_width x hidden], k/v_proj [kv_width x hidden], o_proj,
+ * gate/up [intermediate x hidden], down, lm_head [vocab x hidden]). */
+typedef struct {
+    const char *name;
+    int64_t hidden, q_width, kv_width, intermediate, vocab;
+} tp_bench_dims;
+extern const tp_bench_dims tp_bench_dims_qwen3_06b;   /* tp_kernel_bench's */
+tp_status tp_kernel_bench_dims(FILE *out, tp_threadpool *pool, int quick, const tp_bench_dims *d);
 
 /* The machine's own limits, the first part of tp_kernel_bench, measured
  * with the instructions of the process's kernel path: the compute peak
@@ -342,6 +351,7 @@ tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick);
 typedef struct {
     double fma_gflops_1, fma_gflops_n;   /* GFLOP/s */
     double read_gbs_1, read_gbs_n;       /* GB/s */
+    double read_huge_share;              /* of the read buffer in 2 MiB pages, 0..1 */
     /* threads × t(1 thread) ÷ t(all threads) for chunks of FMA work run
      * in lockstep (a barrier after each): `threads` when the host leaves
      * every core alone, less when it slows one. */

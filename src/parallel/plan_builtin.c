@@ -91,12 +91,14 @@ int tp_plan_supports_tp(const tp_model_config *cfg)
     return b && b[0].key;
 }
 
-/* The head plan, then base plan b under "model." (§4.2). */
-static tp_status merge(const tp_model_config *cfg, const rule *b, tp_plan *out)
+/* The head plan, then base plan b under "model." (§4.2).  An EP plan (ep)
+ * has no head rules: lm_head stays replicated, and so the tied-embedding
+ * rule is not added either. */
+static tp_status merge(const tp_model_config *cfg, const rule *b, int ep, tp_plan *out)
 {
     memset(out, 0, sizeof *out);
     /* 1. the head class plan */
-    tp_status s = tp_plan_set(out, "lm_head", "colwise_gather_output");
+    tp_status s = ep ? TP_OK : tp_plan_set(out, "lm_head", "colwise_gather_output");
     /* 2. + 3. the base plan under the base model's name, "model." */
     for (size_t i = 0; !s && b && b[i].key; i++) {
         char key[160];
@@ -105,7 +107,7 @@ static tp_status merge(const tp_model_config *cfg, const rule *b, tp_plan *out)
     }
     /* Tied embeddings share one buffer with lm_head, whose gathered colwise
      * split is Shard(0) over the vocabulary: the embedding must match (§6.3). */
-    if (!s && cfg->tie_word_embeddings && tp_plan_supports_tp(cfg))
+    if (!s && !ep && cfg->tie_word_embeddings && tp_plan_supports_tp(cfg))
         s = tp_plan_set(out, "model.embed_tokens", "embedding_rowwise");
     if (s) tp_plan_free(out);
     return s;
@@ -113,14 +115,14 @@ static tp_status merge(const tp_model_config *cfg, const rule *b, tp_plan *out)
 
 tp_status tp_plan_builtin(const tp_model_config *cfg, tp_plan *out)
 {
-    return merge(cfg, base_plan(cfg->arch), out);
+    return merge(cfg, base_plan(cfg->arch), 0, out);
 }
 
 tp_status tp_plan_builtin_ep(const tp_model_config *cfg, tp_plan *out)
 {
     memset(out, 0, sizeof *out);
     const rule *b = ep_plan(cfg->arch);
-    if (b) return merge(cfg, b, out);
+    if (b) return merge(cfg, b, 1, out);
     return tp_fail(TP_ERR_UNSUPPORTED,
                    "Expert parallelism was requested (`enable_expert_parallel=True`), but `%s` does not define "
                    "an expert-parallel plan. Add a `base_model_ep_plan` to its config, or disable expert parallelism.",
