@@ -1,0 +1,107 @@
+"""llama.cpp on our GGUF files agrees with tensorpar on the checkpoint they
+came from: for tiny llama and qwen3 models (the real Llama 3 and Qwen3
+tokenizers), llama.cpp's llama-simple, greedy, prints exactly the text of
+the prompt tokens and the tokens `tensorpar generate --greedy` picks — so
+the weights, the q/k row order, the rope, the norms and the vocabulary all
+came across.  The text is built here from tensorpar's token ids and
+tokenizer.json (byte-level BPE), so a vocabulary that llama.cpp reads
+differently fails too.
+
+Needs the llama.cpp build of bench/llamacpp/build.sh (in build-llamacpp/,
+or the folder of its binaries in TP_LLAMACPP_BIN); without it the test says
+it is skipped (CTest reports it so)."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from tpe2e import ROOT, TOKENIZERS, Checks, run
+
+CONVERT = os.path.join(ROOT, "bench", "llamacpp", "convert.py")
+LLAMA_BIN = os.environ.get("TP_LLAMACPP_BIN") or os.path.join(ROOT, "build-llamacpp", "build", "bin")
+SIMPLE = os.path.join(LLAMA_BIN, "llama-simple")
+PROMPT = "The quick brown fox jumps over the lazy dog because"
+NEW = 24
+ck = Checks()
+
+
+def byte_decoder():
+    """GPT-2's byte-level map, inverted: printable stand-in -> byte."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def pieces(model):
+    """id -> the bytes llama.cpp prints for it (special tokens as their text)."""
+    with open(os.path.join(model, "tokenizer.json"), encoding="utf-8") as f:
+        tj = json.load(f)
+    dec = byte_decoder()
+    out = {i: bytes(dec[c] for c in t) for t, i in tj["model"]["vocab"].items()}
+    for a in tj["added_tokens"]:
+        out[a["id"]] = a["content"].encode()
+    special = {a["id"] for a in tj["added_tokens"] if a["special"]}
+    return out, special
+
+
+def agree(arch, dtype, work):
+    tag = f"{arch} {dtype}"
+    model = os.path.join(work, f"{arch}-{dtype}")
+    tok = os.path.join(TOKENIZERS, "llama3" if arch == "llama" else "qwen3")
+    run("make-model", "--arch", arch, "--preset", "tiny", "--dtype", dtype, "--tokenizer", tok, "--seed", "7",
+        "--out", model)
+    gguf = model + ".gguf"
+    p = subprocess.run([sys.executable, CONVERT, model, gguf, "--dtype", dtype], capture_output=True, text=True)
+    if p.returncode:
+        ck(False, f"{tag}: convert exited {p.returncode}: {p.stderr.strip()}")
+        return
+    ids = json.loads(run("tokenize", "--tokenizer", model, "--text", PROMPT, "--special").stdout)
+    gen = json.loads(run("generate", "--model", model, "--tokens", ",".join(map(str, ids)), "--greedy",
+                         "--max-new-tokens", NEW, "--dtype", dtype, "--threads", "1").stdout)
+    p = subprocess.run([SIMPLE, "-m", gguf, "-n", str(NEW), PROMPT], capture_output=True, timeout=300)
+    if p.returncode:
+        ck(False, f"{tag}: llama-simple exited {p.returncode}:\n{p.stderr.decode(errors='replace')[-2000:]}")
+        return
+    piece, special = pieces(model)
+    prompt = b"".join(piece[i] for i in ids)
+    got = p.stdout[:-1] if p.stdout.endswith(b"\n") else p.stdout
+    ck(got.startswith(prompt), f"{tag}: llama.cpp's prompt tokens print {got[:len(prompt) + 20]!r}, "
+                               f"tensorpar's {prompt!r} ({ids})")
+    want = prompt + b"".join(piece[i] for i in gen)
+    # llama.cpp stops at an end-of-generation token without printing it; a
+    # special token where its output ends is taken for one
+    stops = [k for k, i in enumerate(gen) if i in special]
+    ok = got == want or (stops and got == prompt + b"".join(piece[i] for i in gen[:stops[0]]))
+    if not ok:
+        n = 0
+        while n < len(gen) and got.startswith(prompt + b"".join(piece[i] for i in gen[:n + 1])):
+            n += 1
+        ck(False, f"{tag}: llama.cpp and tensorpar part after {n} of {len(gen)} tokens:\n"
+                  f"  llama.cpp {got[len(prompt):]!r}\n  tensorpar {want[len(prompt):]!r} ({gen})")
+    else:
+        print(f"{tag}: {len(gen)} tokens agree")
+
+
+def main():
+    if not os.path.exists(SIMPLE):
+        print(f"skipped: no llama.cpp build ({SIMPLE}; bash bench/llamacpp/build.sh makes it)")
+        return
+    with tempfile.TemporaryDirectory(prefix="tp-llamacpp-") as work:
+        for arch in ("llama", "qwen3"):
+            for dtype in ("f32", "bf16"):
+                agree(arch, dtype, work)
+    if ck.failures:
+        sys.exit(f"{len(ck.failures)} failure(s)")
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
