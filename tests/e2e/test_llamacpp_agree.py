@@ -57,8 +57,8 @@ def agree(arch, dtype, work):
     tag = f"{arch} {dtype}"
     model = os.path.join(work, f"{arch}-{dtype}")
     tok = os.path.join(TOKENIZERS, "llama3" if arch == "llama" else "qwen3")
-    run("make-model", "--arch", arch, "--preset", "tiny", "--dtype", dtype, "--tokenizer", tok, "--seed", "7", "--qk-std", "0.3",
-        "--out", model)
+    run("make-model", "--arch", arch, "--preset", "tiny", "--dtype", "f32" if dtype == "q8_0" else dtype,
+        "--tokenizer", tok, "--seed", "7", "--qk-std", "0.3", "--out", model)
     gguf = model + ".gguf"
     p = subprocess.run([sys.executable, CONVERT, model, gguf, "--dtype", dtype], capture_output=True, text=True)
     if p.returncode:
@@ -118,13 +118,20 @@ def near_tie(model, dtype, seq, rest, piece, work):
     return gap if gap <= TIE else None
 
 
+def has_q8_0():
+    return "q8_0" in run("generate", "--help").stdout
+
+
 def main():
     if not os.path.exists(SIMPLE):
         print(f"skipped: no llama.cpp build ({SIMPLE}; bash bench/llamacpp/build.sh makes it)")
         return
     with tempfile.TemporaryDirectory(prefix="tp-llamacpp-") as work:
         for arch in ("llama", "qwen3"):
-            for dtype in ("f32", "bf16"):
+            for dtype in ("f32", "bf16", "q8_0"):
+                if dtype == "q8_0" and not has_q8_0():
+                    print(f"{arch} q8_0: not compared (this tensorpar has no --dtype q8_0)")
+                    continue
                 agree(arch, dtype, work)
     if ck.failures:
         sys.exit(f"{len(ck.failures)} failure(s)")
