@@ -194,7 +194,8 @@ def table(summary, info, a):
             continue
         tv = ""
         if tgt:
-            tv = f"≥ {tgt} — {'met' if s['ratio'] >= tgt else f'missed by {(tgt - s['ratio']) / tgt * 100:.0f} %'}"
+            short = (tgt - s["ratio"]) / tgt * 100
+            tv = f"≥ {tgt} — " + ("met" if s["ratio"] >= tgt else f"missed by {short:.0f} %")
         lines.append(f"| {s['dtype']} | {name} | {s['threads']} | TP={s['tp']}x{s['tp_threads']} | "
                      f"{s['llama_tokens_per_s']:.2f} | {s['tensorpar_tokens_per_s']:.2f} | **{s['ratio']:.2f}** | "
                      f"{s['ratio_min']:.2f}–{s['ratio_max']:.2f} | {tv} |")
@@ -213,7 +214,7 @@ def report(summary, info, a):
             f"* tensorpar: kernel path `{info['tensorpar_isa']}` ({info['tensorpar_rev']}).",
             f"* llama.cpp {ll.get('build_commit', '?')} (node-llama-cpp@3.22.1's bundle), backend "
             f"{ll.get('backends', '?')}, KV cache {ll.get('type_k', '?')}/{ll.get('type_v', '?')}, flash attention "
-            f"{ll.get('flash_attn', '?')}, batch {ll.get('n_batch', '?')}/{ll.get('n_ubatch', '?')}; "
+            f"{ {-1: 'auto', 0: 'off', 1: 'on'}.get(ll.get('flash_attn'), ll.get('flash_attn'))}, batch {ll.get('n_batch', '?')}/{ll.get('n_ubatch', '?')}; "
             f"built with: `{info['llama_system_info']}`.",
             f"* Ratios are tensorpar's tokens/s over llama.cpp's, each taken within one round; tok/s columns "
             f"are each side's median over the rounds.",

@@ -66,7 +66,7 @@ llama_bin=$(bash "$here/build.sh" "$cache")
 model=$cache/models/$arch-$preset
 if [ ! -f "$model/config.json" ]; then
     echo "== make-model $arch $preset -> $model" >&2
-    rm -rf "$model.tmp"
+    rm -rf "$model.tmp" && mkdir -p "$(dirname "$model")"
     "$bin" make-model --arch "$arch" --preset "$preset" --dtype bf16 --tokenizer "$root/tests/data/tokenizers/$tok" \
         --out "$model.tmp" >&2
     mv "$model.tmp" "$model"
@@ -93,7 +93,7 @@ fi
 echo "== rounds: $out" >&2
 /usr/bin/python3 "$here/compare.py" --tensorpar "$bin" --llama-bin "$llama_bin" --model "$model" "${ggufs[@]}" \
     --rounds "$rounds" --threads "$threads" --dtypes "$dtypes" --pp "$pp" --tg "$tg" --out "$out" \
-    --args "$args" "${opts[@]}"
+    --args="$args" "${opts[@]}"
 }
 
 main "$@"
