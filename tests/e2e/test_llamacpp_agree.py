@@ -53,12 +53,19 @@ def pieces(model):
     return out, special
 
 
-def agree(arch, dtype, work):
-    tag = f"{arch} {dtype}"
-    model = os.path.join(work, f"{arch}-{dtype}")
+# llama3 rope scaling with 16 original positions: all but the shortest
+# wavelength of the tiny preset's head (d = 16) are stretched, so a GGUF
+# whose rope_freqs llama.cpp read wrongly would part at once
+LLAMA3_ROPE = ["--set", 'rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, '
+               '"high_freq_factor": 4.0, "original_max_position_embeddings": 16}']
+
+
+def agree(arch, dtype, work, extra=(), label=""):
+    tag = f"{arch}{label} {dtype}"
+    model = os.path.join(work, f"{arch}{label.replace(' ', '-')}-{dtype}")
     tok = os.path.join(TOKENIZERS, "llama3" if arch == "llama" else "qwen3")
     run("make-model", "--arch", arch, "--preset", "tiny", "--dtype", "f32" if dtype == "q8_0" else dtype,
-        "--tokenizer", tok, "--seed", "7", "--qk-std", "0.3", "--out", model)
+        "--tokenizer", tok, "--seed", "7", "--qk-std", "0.3", *extra, "--out", model)
     gguf = model + ".gguf"
     p = subprocess.run([sys.executable, CONVERT, model, gguf, "--dtype", dtype], capture_output=True, text=True)
     if p.returncode:
@@ -133,6 +140,7 @@ def main():
                     print(f"{arch} q8_0: not compared (this tensorpar has no --dtype q8_0)")
                     continue
                 agree(arch, dtype, work)
+        agree("llama", "f32", work, LLAMA3_ROPE, " llama3-rope")
     if ck.failures:
         sys.exit(f"{len(ck.failures)} failure(s)")
     print("ok")
