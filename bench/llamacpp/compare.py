@@ -78,11 +78,14 @@ class Refused(Exception):
 
 
 def run_json(cmd, env, what):
+    """Runs cmd and returns its JSON; a refusal of the q8_0 dtype raises
+    Refused (with the line that says why), any other failure ends the run."""
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode:
         err = (p.stderr or p.stdout).strip()
-        if "q8_0" in err and ("expects" in err or "unknown" in err or "not" in err):
-            raise Refused(err.splitlines()[-1])
+        why = [ln for ln in err.splitlines() if "q8_0" in ln and "error" in ln]
+        if why:
+            raise Refused(why[0].split("error: ", 1)[-1])
         sys.exit(f"{what} failed ({p.returncode}): {' '.join(cmd)}\n{err[-3000:]}")
     return json.loads(p.stdout)
 
@@ -134,14 +137,17 @@ def measure_rounds(a, log):
                 load = loadavg()
                 if side == "llama":
                     m = llama_bench(a, a.gguf[dtype], test, t)
-                elif dtype in refused:
+                elif dtype in refused or (dtype, c) in refused:
                     continue
                 else:
                     try:
                         m = tensorpar_bench(a, dtype, test, *c)
                     except Refused as e:
-                        refused[dtype] = str(e)
-                        log(f"tensorpar refuses {dtype}: {e} (llama.cpp alone from here)")
+                        # the dtype as a whole (an option value it does not know)
+                        # or this TP size only (shards that are not whole blocks)
+                        key = dtype if "expects" in str(e) else (dtype, c)
+                        refused[key] = str(e)
+                        log(f"tensorpar refuses {dtype} at TP={c[0]}x{c[1]}: {e} (llama.cpp alone there)")
                         continue
                 m.update(round=rnd, dtype=dtype, test=test, threads=t, side=side, config=c, load=load,
                          time=time.strftime("%H:%M:%S"))
@@ -166,7 +172,7 @@ def summarise(a, rows, refused):
                         "tensorpar_tokens_per_s": statistics.median(r["tokens_per_s"] for r in tp.values()) if tp else None,
                         "ratio": statistics.median(ratios) if ratios else None,
                         "ratio_min": min(ratios) if ratios else None, "ratio_max": max(ratios) if ratios else None,
-                        "rounds": len(ratios), "refused": refused.get(dtype)})
+                        "rounds": len(ratios), "refused": refused.get(dtype) or refused.get((dtype, c))})
     return out
 
 
@@ -188,7 +194,7 @@ def table(summary, info, a):
         name = f"{'pp' if s['test'] == 'pp' else 'tg'}{a.pp if s['test'] == 'pp' else a.tg}"
         tgt = target(s, info)
         if s["ratio"] is None:
-            verdict = f"tensorpar refuses {s['dtype']}" if s["refused"] else "no figure"
+            verdict = "tensorpar refuses it (below)" if s["refused"] else "no figure"
             lines.append(f"| {s['dtype']} | {name} | {s['threads']} | TP={s['tp']}x{s['tp_threads']} | "
                          f"{s['llama_tokens_per_s']:.2f} | — | — | — | {verdict} |")
             continue
@@ -220,7 +226,8 @@ def report(summary, info, a):
             f"are each side's median over the rounds.",
             "", table(summary, info, a)]
     for d, why in info["refused"].items():
-        text.append(f"\n{d}: tensorpar refused it (`{why}`), so only llama.cpp's figure is shown.")
+        where = d if isinstance(d, str) else f"{d[0]} at TP={d[1][0]}x{d[1][1]}"
+        text.append(f"\n{where}: tensorpar refused it (`{why}`), so only llama.cpp's figure is shown.")
     return "\n".join(text)
 
 
@@ -297,6 +304,7 @@ def main():
     rows, refused = measure_rounds(a, log)
     info["ended"] = time.strftime("%H:%M", time.gmtime())
     info["refused"] = refused
+    info_json_refused = {k if isinstance(k, str) else f"{k[0]} TP={k[1][0]}x{k[1][1]}": v for k, v in refused.items()}
     info["load_min"] = min(r["load"] for r in rows)
     info["load_max"] = max(r["load"] for r in rows)
     info["llama_bench"] = next(r["info"] for r in rows if r["side"] == "llama")
@@ -305,7 +313,8 @@ def main():
     if a.png and chart(summary, info, a, a.png):
         body += f"\n\n![tensorpar / llama.cpp]({os.path.relpath(a.png, os.path.dirname(a.readme)) if a.readme else a.png})"
     with open(os.path.join(a.out, "results.json"), "w") as f:
-        json.dump({"info": info, "summary": summary, "measurements": rows}, f, indent=1)
+        json.dump({"info": dict(info, refused=info_json_refused), "summary": summary, "measurements": rows}, f,
+                  indent=1)
     with open(os.path.join(a.out, "report.md"), "w") as f:
         f.write(body + "\n")
     if a.readme:
