@@ -253,9 +253,15 @@ def chart(summary, info, a, png):
                 lab = f"{s['dtype']} {s['test']} TP={s['tp']}x{s['tp_threads']}"
                 f.write(f"\"{lab}\" {s['ratio']:.4f} {s['ratio_min']:.4f} {s['ratio_max']:.4f}\n")
     title = f"tensorpar / llama.cpp tokens/s, {info['model_name']}, pp{a.pp} and tg{a.tg}, {info['machine']['cpu']}"
-    script = (f"out = '{png}'\ndata = '{data}'\ntitle_text = '{title.replace(chr(39), '')}'\n" +
-              open(os.path.join(HERE, "chart.gp")).read())
-    p = subprocess.run(["gnuplot"], input=script, text=True, capture_output=True)
+    with open(os.path.join(HERE, "chart.gp")) as f:
+        body = f.read()
+    # pngcairo draws better; the plain png terminal is the fallback
+    for term in ("pngcairo", "png"):
+        script = (f"term = '{term}'\nout = '{png}'\ndata = '{data}'\n"
+                  f"title_text = '{title.replace(chr(39), '')}'\n" + body)
+        p = subprocess.run(["gnuplot"], input=script, text=True, capture_output=True)
+        if p.returncode == 0:
+            break
     os.remove(data)
     if p.returncode:
         print(f"gnuplot failed: {p.stderr.strip()}", file=sys.stderr)
