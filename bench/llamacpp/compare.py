@@ -223,7 +223,7 @@ def report(summary, info, a):
             f"{ {-1: 'auto', 0: 'off', 1: 'on'}.get(ll.get('flash_attn'), ll.get('flash_attn'))}, batch {ll.get('n_batch', '?')}/{ll.get('n_ubatch', '?')}; "
             f"built with: `{info['llama_system_info']}`.",
             f"* Ratios are tensorpar's tokens/s over llama.cpp's, each taken within one round; tok/s columns "
-            f"are each side's median over the rounds.",
+            "are each side's median over the rounds.",
             "", table(summary, info, a)]
     for d, why in info["refused"].items():
         where = d if isinstance(d, str) else f"{d[0]} at TP={d[1][0]}x{d[1][1]}"

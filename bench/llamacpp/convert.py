@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gguf  # noqa: E402
 
 DTYPES = {"f32": gguf.F32, "bf16": gguf.BF16, "q8_0": gguf.Q8_0}
-# llama.cpp's architecture name and the pre-tokenizer name of each model type
+# llama.cpp's architecture name of each Hugging Face model type
 ARCH = {"llama": "llama", "qwen3": "qwen3"}
 ROWS_PER_CHUNK = 8192   # Q8_0 and BF16 are encoded this many rows at a time
 
@@ -95,11 +95,6 @@ class Safetensors:
             return self._raw(name, np.uint16), np.ascontiguousarray
         src, to_f32 = self.f32_source(name)
         return src, lambda a: gguf.bf16_bits(to_f32(a))
-
-    def f32(self, name):
-        src, to_f32 = self.f32_source(name)
-        return to_f32(np.asarray(src))
-
 
 # ---- tensors ---------------------------------------------------------------
 
