@@ -222,7 +222,7 @@ def report(summary, info, a):
             f"{ll.get('backends', '?')}, KV cache {ll.get('type_k', '?')}/{ll.get('type_v', '?')}, flash attention "
             f"{ {-1: 'auto', 0: 'off', 1: 'on'}.get(ll.get('flash_attn'), ll.get('flash_attn'))}, batch {ll.get('n_batch', '?')}/{ll.get('n_ubatch', '?')}; "
             f"built with: `{info['llama_system_info']}`.",
-            f"* Ratios are tensorpar's tokens/s over llama.cpp's, each taken within one round; tok/s columns "
+            "* Ratios are tensorpar's tokens/s over llama.cpp's, each taken within one round; tok/s columns "
             "are each side's median over the rounds.",
             "", table(summary, info, a)]
     for d, why in info["refused"].items():
