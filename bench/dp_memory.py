@@ -9,6 +9,7 @@ agree.
     bench/dp_memory.py --bin build/tensorpar --preset qwen3-0.6b --steps 2
     bench/dp_memory.py --preset qwen3-0.6b --set num_hidden_layers=8 --set vocab_size=32768
     bench/dp_memory.py --preset qwen3-0.6b --configs shard --gradient-checkpointing
+    bench/dp_memory.py --preset small --extra "--lora-r 16 --lora-target q_proj,v_proj"   # LoRA
 """
 import os
 import sys
@@ -24,12 +25,13 @@ def main():
     ap.add_argument("--configs", default="replicate,shard")
     ap.add_argument("--gradient-checkpointing", action="store_true",
                     help="every run with --gradient-checkpointing (each decoder layer recomputed in its backward)")
+    ap.add_argument("--extra", default="", help="more options for every run, e.g. a LoRA adapter's --lora-r 16")
     a = ap.parse_args()
     setup = memory_setup(a, "tp-dp-mem-")
     peaks = {}
     for cfg in a.configs.split(","):
         extra = [*([] if cfg == "single" else ["--dp-" + cfg, "2"]),
-                 *(["--gradient-checkpointing"] if a.gradient_checkpointing else [])]
+                 *(["--gradient-checkpointing"] if a.gradient_checkpointing else []), *a.extra.split()]
         ranks, _, log = memory_train(a, setup, cfg, 1 if cfg == "single" else 2, extra)
         losses = [e["loss"] for e in log]
         peaks[cfg] = ranks[0]

@@ -123,7 +123,8 @@ static int measure_as_rank(const char *dir, const char *report, const work *w, c
     cli_tp tp;
     int rc = 0;
     if (cli_tp_begin(cmd, argc, argv, o, n, NULL, &tp, &rc)) { cli_tp_end(&tp); return rc; }
-    tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .mesh = tp.mesh, .tp_plan = tp.plan};
+    tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .mesh = tp.mesh, .tp_plan = tp.plan,
+                           .expert_parallel = tp.ep && tp.size > 1};
     const char *dt = cli_value(o, n, "--dtype");
     tp_model *m = NULL;
     double secs = 0, comm = 0;
@@ -162,6 +163,7 @@ typedef struct {
     const char *dir, *plan, *report;
     int64_t seq, new_tokens;
     int reps;
+    int ep;                /* --ep: the TP = N side splits the experts (EP plan) */
 } job;
 
 static int measure(const job *j, bench_mode mode, const config *c, figures *out)
@@ -186,6 +188,7 @@ static int measure(const job *j, bench_mode mode, const config *c, figures *out)
     else { argv[k++] = "--prompt"; argv[k++] = sbuf; argv[k++] = "--new-tokens"; argv[k++] = kbuf; }
     if (c->dtype) { argv[k++] = "--dtype"; argv[k++] = (char *)c->dtype; }
     if (j->plan) { argv[k++] = "--tp-plan"; argv[k++] = (char *)j->plan; }
+    if (j->ep) argv[k++] = "--ep";
     argv[k] = NULL;
     int rc = 0;
     if (tp_launch_self(c->tp, TP_BACKEND_AUTO, argv, &rc)) return -1;
@@ -264,6 +267,7 @@ static int read_common(const cli_option *o, int n, const char *cmd, job *j, long
     long long seq = mode == MODE_FORWARD ? 512 : 16, newt = 128, reps = 5;
     j->dir = cli_value(o, n, "--model");
     j->plan = cli_value(o, n, "--tp-plan");
+    j->ep = cli_flag(o, n, "--ep");
     j->report = cli_value(o, n, "--report");
     if (!j->dir) { fprintf(stderr, "tensorpar %s: error: --model is required\n", cmd); return 2; }
     if (cli_int(o, n, mode == MODE_FORWARD ? "--seq" : "--prompt", &seq) || cli_int(o, n, "--new-tokens", &newt) ||
@@ -607,6 +611,7 @@ static void median_figures(const round_figures *g, int rounds, int nconf, round_
     MEDIAN_OF(pk.fma_gflops_n);
     MEDIAN_OF(pk.read_gbs_1);
     MEDIAN_OF(pk.read_gbs_n);
+    MEDIAN_OF(pk.read_huge_share);
     MEDIAN_OF(pk.lockstep_scaling);
     m->pk.threads = g[0].pk.threads;
     for (int i = 0; i < nconf; i++) {
@@ -714,8 +719,9 @@ static void print_json(const all_figures *a, const job *jf, const job *jd, doubl
     printf("\"ratio_ranges\": {");
     for (int i = 0; i < N_RATIOS; i++)
         printf("%s\"%s\": [%.4f, %.4f]", i ? ", " : "", ratio_info[i].key, a->ratio[i].lo, a->ratio[i].hi);
-    printf("}, \"fma_gflops_1\": %.2f, \"fma_gflops_2\": %.2f, \"read_gbs_1\": %.2f, \"read_gbs_2\": %.2f, ",
-           pk->fma_gflops_1, pk->fma_gflops_n, pk->read_gbs_1, pk->read_gbs_n);
+    printf("}, \"fma_gflops_1\": %.2f, \"fma_gflops_2\": %.2f, \"read_gbs_1\": %.2f, \"read_gbs_2\": %.2f, "
+           "\"read_huge_share\": %.4f, ", pk->fma_gflops_1, pk->fma_gflops_n, pk->read_gbs_1, pk->read_gbs_n,
+           pk->read_huge_share);
     printf("\"prefill_flops\": %.0f, \"prefill_seconds\": {\"f32_tp1x1\": %.6f, \"f32_tp1x2\": %.6f, "
            "\"f32_tp2x1\": %.6f, \"bf16_tp1x2\": %.6f}, ",
            a->flops, f[F11].seconds, f[F12].seconds, f[F21].seconds, f[B12].seconds);
@@ -734,9 +740,9 @@ static void print_tables(const all_figures *a, const job *jf, const job *jd, con
     printf("kernel path %s (TENSORPAR_ISA=scalar|avx2|avx512|amx chooses; `tensorpar --isa-list`)\n",
            tp_isa_name(tp_isa_selected()));
     printf("machine (2 threads, pinned, %s instructions): compute peak %.1f GFLOP/s (%.1f on 1 thread), read bandwidth "
-           "%.1f GB/s (%.1f on 1 thread), lockstep scaling %.3f\n", tp_kernel_path_name(tp_kernel_path_default()),
-           pk->fma_gflops_n, pk->fma_gflops_1, pk->read_gbs_n,
-           pk->read_gbs_1, pk->lockstep_scaling);
+           "%.1f GB/s (%.1f on 1 thread; %.0f %% of its buffer in 2 MiB pages), lockstep scaling %.3f\n",
+           tp_kernel_path_name(tp_kernel_path_default()), pk->fma_gflops_n, pk->fma_gflops_1, pk->read_gbs_n,
+           pk->read_gbs_1, 100 * pk->read_huge_share, pk->lockstep_scaling);
     printf("model %s: prefill of %lld tokens = %.1f GFLOP; medians of %d rounds (each: the machine, then every "
            "configuration once); load average %.2f\n\n", model, (long long)jf->seq, a->flops / 1e9, a->rounds, load);
     printf("%-28s %10s %10s %11s\n", "prefill", "seconds", "GFLOP/s", "comm share");

@@ -92,10 +92,15 @@ typedef struct {
  * full (zero-padded). */
 typedef void (*tp_gemm_ukernel_fn)(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int mr,
                                    int nr, int accumulate);
+/* Packs one full micro-panel of B = Wᵀ (b->rs = 1): dst[p·nr + j] =
+ * B[p0+p, j0+j] for p < kc, j < nr — the same values as the generic
+ * packing, with the path's own instructions. */
+typedef void (*tp_gemm_pack_bt_fn)(float *dst, const tp_gemm_operand *b, int64_t p0, int64_t kc, int64_t j0);
 typedef struct {
     int mr, nr;            /* register tile */
     int64_t mc, kc, nc;    /* cache blocks: A in L2, B micro-panel in L1, B panel in L2/L3 */
     tp_gemm_ukernel_fn fn;
+    tp_gemm_pack_bt_fn pack_bt;   /* NULL: the generic packing */
 } tp_gemm_ukernel;
 
 /* C[m, n] (ldc apart) = A·B, or += with accumulate.  Bitwise the same
