@@ -2,31 +2,12 @@
  * parameter chunks, the gathers and reduce-scatters of ZeRO-3 driven by
  * the model's module hooks, and the dp reductions of a step. */
 #include "train/data_parallel.h"
+#include "train/dp_internal.h"
 #include "tensorpar/comm.h"
 #include "tensorpar/module.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-/* One owned parameter of the model under dp_shard. */
-typedef struct {
-    int module, j;                 /* m->modules[module].params[j] */
-    int unit;                      /* its decoder layer's module index, or -1: the root unit */
-    int64_t numel, start, len;     /* flat TP-local size; this rank's chunk */
-    tp_tensor value, grad;         /* the chunk [len] and its gradient (f32: a bf16 weight's master) */
-    tp_dtype dtype;                /* the model's weights: f32, or bf16 rounded from the masters */
-    void *full;                    /* the gathered whole (of dtype), or NULL */
-} dp_param;
-
-struct tp_dp {
-    tp_model *m;
-    const tp_mesh *grid, *rep, *shard;
-    int R, S, index;
-    tp_module_hooks hooks;
-    dp_param *ps;
-    int n;
-    tp_train_param *train;         /* the chunks, for the optimizer */
-};
 
 int tp_dp_index(const tp_dp *dp) { return dp->index; }
 int tp_dp_count(const tp_dp *dp) { return dp->R * dp->S; }
@@ -125,11 +106,12 @@ static tp_status grad_end(tp_dp *dp, dp_param *p, int idle)
                                mp->suffix) : TP_OK;
 }
 
-/* Gather (and with grads, zeroed whole gradients) every parameter of unit u. */
-static tp_status unit_gather(tp_dp *dp, int u, int grads)
+/* Gather (and with grads, zeroed whole gradients) every parameter of unit
+ * u; those kept in row blocks only when whole (eval, not training rows). */
+static tp_status unit_gather(tp_dp *dp, int u, int grads, int whole)
 {
     for (int k = 0; k < dp->n; k++) {
-        if (dp->ps[k].unit != u) continue;
+        if (dp->ps[k].unit != u || (dp->ps[k].block && !whole)) continue;
         tp_status s = gather(dp, &dp->ps[k]);
         if (!s && grads) s = grad_begin(dp, &dp->ps[k]);
         if (s) return s;
@@ -141,7 +123,7 @@ static tp_status unit_gather(tp_dp *dp, int u, int grads)
 static tp_status unit_release(tp_dp *dp, int u, int grads, int idle)
 {
     for (int k = 0; k < dp->n; k++) {
-        if (dp->ps[k].unit != u) continue;
+        if (dp->ps[k].unit != u || (dp->ps[k].block && !dp->ps[k].full)) continue;
         tp_status s = grads ? grad_end(dp, &dp->ps[k], idle) : TP_OK;
         release(dp, &dp->ps[k]);
         if (s) return s;
@@ -153,7 +135,7 @@ static int is_layer(const tp_model *m, int c) { return m->modules[c].type == TP_
 
 static tp_status pre_forward(void *ctx, tp_model *m, int c)
 {
-    return is_layer(m, c) ? unit_gather(ctx, c, 0) : TP_OK;
+    return is_layer(m, c) ? unit_gather(ctx, c, 0, 0) : TP_OK;
 }
 
 static tp_status post_forward(void *ctx, tp_model *m, int c)
@@ -163,7 +145,7 @@ static tp_status post_forward(void *ctx, tp_model *m, int c)
 
 static tp_status pre_backward(void *ctx, tp_model *m, int c)
 {
-    return is_layer(m, c) ? unit_gather(ctx, c, 1) : TP_OK;
+    return is_layer(m, c) ? unit_gather(ctx, c, 1, 0) : TP_OK;
 }
 
 static tp_status post_backward(void *ctx, tp_model *m, int c)
@@ -184,6 +166,7 @@ static tp_status chunk_one(tp_dp *dp, int i, int j, int shard_rank)
     dp_param *p = &dp->ps[dp->n];
     p->module = i, p->j = j, p->unit = unit_of(m, i), p->dtype = mp->local.dtype;
     p->numel = tp_tensor_numel(&mp->local);
+    p->block = tp_dp_block_rows(dp, i, j);
     tp_chunk_range(p->numel, dp->S, shard_rank, &p->start, &p->len);
     tp_status s = tp_tensor_init(&p->value, TP_F32, 1, &p->len);
     if (!s) s = tp_tensor_init(&p->grad, TP_F32, 1, &p->len);
@@ -244,7 +227,9 @@ tp_status tp_dp_new(tp_model *m, const tp_mesh *grid, tp_dp **out)
     dp->index = tp_mesh_coord(dp->rep, 0) * dp->S + tp_mesh_coord(dp->shard, 0);
     *out = dp;
     if (dp->S == 1) return TP_OK;
-    dp->hooks = (tp_module_hooks){pre_forward, post_forward, pre_backward, post_backward, dp};
+    dp->hooks = (tp_module_hooks){.pre_forward = pre_forward, .post_forward = post_forward,
+                                  .pre_backward = pre_backward, .post_backward = post_backward, .ctx = dp};
+    tp_dp_row_hooks(dp);
     tp_status s = make_chunks(dp);
     if (!s) m->hooks = &dp->hooks;
     return s;
@@ -264,6 +249,10 @@ static tp_status unshard_all(tp_dp *dp)
         s = tp_dp_gather_chunk(dp, k, p->value.data, whole.data);
         if (s) { tp_tensor_release(&whole); return s; }
         if (p->full) release(dp, p);
+        /* The chunk goes as its whole comes: the model whole and every
+         * chunk at once would be the run's peak. */
+        tp_tensor_release(&p->value);
+        tp_tensor_release(&p->grad);
         mp->local = whole;
         set_data(dp, p, whole.data);
         mp->local.owns_data = 1;
@@ -286,6 +275,7 @@ tp_status tp_dp_free(tp_dp *dp, int finish)
     tp_status s = TP_OK;
     if (dp->S > 1) {
         dp->m->hooks = NULL;
+        tp_dp_kept_free(dp);
         if (finish) s = unshard_all(dp);
         for (int k = 0; k < dp->n; k++) {
             if (dp->ps[k].full) release(dp, &dp->ps[k]);
@@ -301,7 +291,7 @@ tp_status tp_dp_free(tp_dp *dp, int finish)
 
 tp_status tp_dp_row_begin(tp_dp *dp)
 {
-    return dp->S > 1 ? unit_gather(dp, -1, 1) : TP_OK;
+    return dp->S > 1 ? unit_gather(dp, -1, 1, 0) : TP_OK;
 }
 
 tp_status tp_dp_row_end(tp_dp *dp)
@@ -314,23 +304,25 @@ tp_status tp_dp_row_idle(tp_dp *dp)
     if (dp->S == 1) return TP_OK;
     const tp_model *m = dp->m;
     int n = (int)m->cfg.num_hidden_layers;
-    tp_status s = TP_OK;
+    tp_status s = tp_dp_rows_idle_lookup(dp);
     for (int l = 0; !s && l < n; l++) {
         int u = unit_of(m, m->layers[l].input_layernorm);
-        s = unit_gather(dp, u, 0);
+        s = unit_gather(dp, u, 0, 0);
         if (!s) s = unit_release(dp, u, 0, 0);
     }
+    if (!s) s = tp_dp_rows_idle_head(dp);
     for (int l = n - 1; !s && l >= 0; l--) {
         int u = unit_of(m, m->layers[l].input_layernorm);
-        s = unit_gather(dp, u, 0);
+        s = unit_gather(dp, u, 0, 0);
         if (!s) s = unit_release(dp, u, 1, 1);
     }
+    if (!s) s = tp_dp_rows_idle_scatter(dp);
     return s;
 }
 
 tp_status tp_dp_root_gather(tp_dp *dp)
 {
-    return dp->S > 1 ? unit_gather(dp, -1, 0) : TP_OK;
+    return dp->S > 1 ? unit_gather(dp, -1, 0, 1) : TP_OK;
 }
 
 void tp_dp_root_release(tp_dp *dp)
