@@ -203,6 +203,11 @@ static tp_status make_chunks(tp_dp *dp)
             if (mp->tied_to >= 0 || !mp->local.data) continue;
             tp_status s = chunk_one(dp, (int)i, j, shard_rank);
             if (s) return s;
+            const dp_param *p = &dp->ps[dp->n - 1];
+            if (p->block)
+                tp_log(TP_LOG_DEBUG, "dp_shard: %s.%s kept in row blocks of %lld rows (%lld blocks)",
+                       m->modules[i].name, mp->suffix, (long long)p->block,
+                       (long long)((mp->local.shape[0] + p->block - 1) / p->block));
         }
     return TP_OK;
 }
