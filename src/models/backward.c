@@ -3,7 +3,10 @@
  * activations), Hugging Face's causal-LM loss, then the modules' backward
  * ops in reverse: lm_head, the final norm, each layer's MLP,
  * post_attention_layernorm, attention and input_layernorm, the embedding.
- * Gradients are added into tp_module_param.grad. */
+ * Gradients are added into tp_module_param.grad; a weight kept in row
+ * blocks (ZeRO-3's tables, tp_module_row_hooks) hands its gradient to the
+ * hooks instead, lm_head's and the loss then running a vocabulary block at
+ * a time (head_blocks.c). */
 #include "tensorpar/kernels.h"
 #include "tensorpar/models.h"
 #include "tensorpar/train.h"
