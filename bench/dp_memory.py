@@ -11,6 +11,7 @@ agree.
     bench/dp_memory.py --preset qwen3-0.6b --configs shard --gradient-checkpointing
 """
 import os
+import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -34,6 +35,7 @@ def main():
         losses = [e["loss"] for e in log]
         peaks[cfg] = ranks[0]
         print(f"{cfg}: peak RSS per rank {[round(r / 2**20, 3) for r in ranks]} GiB, losses {losses}")
+    shutil.rmtree(setup[0])   # the made model (2.4 GB at 0.6b) and the runs' outputs
     base = peaks.get("replicate", peaks.get("single"))
     if base and "shard" in peaks:
         print(f"dp-shard / {'dp-replicate' if 'replicate' in peaks else 'single'}: {100 * peaks['shard'] / base:.1f} %")
