@@ -174,6 +174,11 @@ const tp_mesh *tp_mesh_sub(const tp_mesh *m, const char *name);
  * it as a 1-D mesh owned by m.  At most TP_MESH_MAX_FLAT per mesh.
  * Collective over the world the mesh was made on. */
 tp_status tp_mesh_flatten(tp_mesh *m, const char *const *dims, int n, const char *name);
+/* A new group over the dimensions dims[0 .. n) as tp_mesh_flatten makes
+ * it, not kept by the mesh: the caller frees it (tp_group_free).  E.g.
+ * ("dp_shard", "tp"): the ranks that save one replica's checkpoint.
+ * Collective over the world the mesh was made on. */
+tp_status tp_mesh_group_new(const tp_mesh *m, const char *const *dims, int n, tp_group **out);
 int tp_mesh_world_rank(const tp_mesh *m);
 int tp_mesh_world_size(const tp_mesh *m);
 

@@ -70,6 +70,13 @@ tp_status tp_checkpoint_read(tp_checkpoint *ck, const char *name, tp_dtype want,
 tp_status tp_checkpoint_read_slice(tp_checkpoint *ck, const char *name, int dim,
                                    int64_t start, int64_t len, tp_dtype want, void *dst);
 
+/* Reads the elements [first, first + n) of the flattened (row-major)
+ * tensor, converted to `want`: one run of a shard, or of a dp_shard chunk
+ * of it (tp_slice_runs says where they are).  Only those bytes are
+ * touched. */
+tp_status tp_checkpoint_read_range(tp_checkpoint *ck, const char *name, int64_t first, int64_t n,
+                                   tp_dtype want, void *dst);
+
 /* Checks that `name` exists with exactly this shape; the error names the file,
  * the tensor, the expected and the found shape. */
 tp_status tp_checkpoint_expect(const tp_checkpoint *ck, const char *name,

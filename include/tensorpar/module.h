@@ -188,6 +188,11 @@ typedef struct {
     tp_dtype local_dtype;
     tp_param_slice slice;          /* dim = -1: the whole tensor            */
     int writes;                    /* this rank writes these bytes (one rank per copy) */
+    /* part != 0: local holds only the elements [part_start, part_start +
+     * part_len) of the flat, row-major shard (a dp_shard chunk), and this
+     * rank writes those (tp_slice_runs places them). */
+    int part;
+    int64_t part_start, part_len;
 } tp_save_tensor;
 
 /* Writes the tensors t[0..n) (the same list on every rank but for the
@@ -206,6 +211,16 @@ void tp_save_file_name(char *buf, size_t cap, const char *prefix, int k, int n_f
  * shard: the value, or optimizer state beside it). */
 void tp_model_save_tensor(const tp_model *m, const tp_module *mod, int j, const char *name, tp_dtype dtype,
                           const void *local, tp_dtype local_dtype, tp_save_tensor *out);
+
+/* The dtype the model's file stores: cfg.dtype when bf16 or f16, else f32. */
+tp_dtype tp_model_save_dtype(const tp_model *m);
+/* tp_model_save_files with the caller's tensors (state-dict order, as
+ * tp_model_save_tensor makes them) over the caller's group g, whose rank 0
+ * creates the files and copies src_dir's config and tokenizer files: the
+ * training checkpoint under dp_shard, where each rank holds chunks of its
+ * TP shards and g spans dp_shard x tp. */
+tp_status tp_model_save_list(tp_group *g, const tp_save_tensor *t, size_t n, const char *src_dir, const char *dir,
+                             uint64_t max_shard_bytes);
 
 /* *active = 1 when some rank of g has writer != 0: the one group (of
  * several data-parallel copies of the model) that saves.  Collective over

@@ -398,6 +398,16 @@ tp_status tp_plan_check_flow(tp_plan_resolution *r);
 
 /* Rank r's slice of parameter i (i == n_params: the tied lm_head record). */
 tp_status tp_plan_param_slice(const tp_plan_resolution *r, size_t i, int rank, tp_param_slice *out);
+
+/* The elements [first, first + n) of the row-major local shard that sl
+ * describes (of a tensor of global shape[ndim]) as runs contiguous in the
+ * shard and in the global tensor: fn(ctx, local, global, count) per run,
+ * element indices, in shard order, touching runs merged (slice_runs.c).
+ * What a rank writes of a saved tensor, or reads back, when it holds a
+ * range of its shard (a dp_shard chunk).  Stops at fn's first error. */
+typedef tp_status (*tp_slice_run_fn)(void *ctx, int64_t local, int64_t global, int64_t count);
+tp_status tp_slice_runs(int ndim, const int64_t *shape, const tp_param_slice *sl, int64_t first, int64_t n,
+                        tp_slice_run_fn fn, void *ctx);
 tp_status tp_plan_slice_of(const tp_plan_resolution *r, const tp_param_plan *p, int rank,
                            tp_param_slice *out);
 /* The resolution entry of a parameter by name (the tied head included), or NULL. */

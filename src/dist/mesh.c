@@ -164,6 +164,8 @@ const tp_mesh *tp_mesh_sub(const tp_mesh *m, const char *name)
 
 /* Which dimensions a flattened group covers, as a mask; they must be named
  * in mesh order, each once, and the name must be new. */
+static tp_status dims_mask(const tp_mesh *m, const char *const *dims, int n, const char *name, unsigned *mask);
+
 static tp_status flatten_dims(const tp_mesh *m, const char *const *dims, int n, const char *name, unsigned *mask)
 {
     if (!name || !name[0] || strlen(name) >= TP_MESH_NAME_MAX)
@@ -174,6 +176,12 @@ static tp_status flatten_dims(const tp_mesh *m, const char *const *dims, int n, 
             return tp_fail(TP_ERR_INVALID, "the mesh already has a flattened group '%s'", name);
     if (m->nflat == TP_MESH_MAX_FLAT)
         return tp_fail(TP_ERR_INVALID, "a mesh has at most %d flattened groups", TP_MESH_MAX_FLAT);
+    return dims_mask(m, dims, n, name, mask);
+}
+
+/* The dimensions dims[0 .. n) as a mask: named in mesh order, each once. */
+static tp_status dims_mask(const tp_mesh *m, const char *const *dims, int n, const char *name, unsigned *mask)
+{
     if (n < 1 || n > m->ndim) return tp_fail(TP_ERR_INVALID, "flattening '%s': 1 to %d dimensions, not %d", name, m->ndim, n);
     *mask = 0;
     int last = -1;
@@ -188,22 +196,41 @@ static tp_status flatten_dims(const tp_mesh *m, const char *const *dims, int n, 
     return TP_OK;
 }
 
+/* The group a flattening over mask gives this rank: its size, this
+ * rank's place in it (row-major over the chosen dimensions) and the color
+ * that tells the groups apart (the other coordinates, row-major). */
+static void flat_place(const tp_mesh *m, unsigned mask, int *size, int *coord, int *color)
+{
+    *size = 1, *coord = 0, *color = 0;
+    for (int d = 0; d < m->ndim; d++) {
+        if (mask & (1u << d)) {
+            *size *= m->sizes[d];
+            *coord = *coord * m->sizes[d] + m->coords[d];
+        } else {
+            *color = *color * m->sizes[d] + m->coords[d];
+        }
+    }
+}
+
+tp_status tp_mesh_group_new(const tp_mesh *m, const char *const *dims, int n, tp_group **out)
+{
+    *out = NULL;
+    unsigned mask = 0;
+    tp_status st = dims_mask(m, dims, n, "a group", &mask);
+    if (st) return st;
+    int size, coord, color;
+    flat_place(m, mask, &size, &coord, &color);
+    st = tp_group_split(m->world, color, coord, out);
+    return st ? tp_fail_context(st, "creating a group over %d mesh dimensions", n) : TP_OK;
+}
+
 tp_status tp_mesh_flatten(tp_mesh *m, const char *const *dims, int n, const char *name)
 {
     unsigned mask = 0;
     tp_status st = flatten_dims(m, dims, n, name, &mask);
     if (st) return st;
-    /* Row-major over the chosen dimensions gives the rank in the group;
-     * the other coordinates, row-major, tell the groups apart. */
-    int size = 1, coord = 0, color = 0;
-    for (int d = 0; d < m->ndim; d++) {
-        if (mask & (1u << d)) {
-            size *= m->sizes[d];
-            coord = coord * m->sizes[d] + m->coords[d];
-        } else {
-            color = color * m->sizes[d] + m->coords[d];
-        }
-    }
+    int size, coord, color;
+    flat_place(m, mask, &size, &coord, &color);
     tp_mesh *f = calloc(1, sizeof *f);
     if (!f) return tp_fail(TP_ERR_NOMEM, "out of memory");
     f->ndim = 1;

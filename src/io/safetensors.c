@@ -718,3 +718,18 @@ tp_status tp_checkpoint_read_slice(tp_checkpoint *ck, const char *name, int dim,
         return read_runs(ck, t, want, dst, 1, outer * run, 0, 0);
     return read_runs(ck, t, want, dst, outer, run, stride, (size_t)start * inner);
 }
+
+tp_status tp_checkpoint_read_range(tp_checkpoint *ck, const char *name, int64_t first, int64_t n,
+                                   tp_dtype want, void *dst)
+{
+    const tp_st_info *t;
+    tp_status s = find_or_fail(ck, name, &t);
+    if (s == TP_OK) s = check_want(ck, t, want);
+    if (s != TP_OK) return s;
+    int64_t numel = (int64_t)((t->data_end - t->data_begin) / tp_dtype_size(t->dtype));
+    if (first < 0 || n < 0 || first > numel || n > numel - first)
+        return tp_fail(TP_ERR_INVALID, "%s: tensor '%s': elements [%lld, %lld + %lld) are outside its %lld",
+                       ck->files[t->file].path, name, (long long)first, (long long)first, (long long)n,
+                       (long long)numel);
+    return read_runs(ck, t, want, dst, 1, (size_t)n, 0, (size_t)first);
+}

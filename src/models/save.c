@@ -67,11 +67,16 @@ void tp_model_save_tensor(const tp_model *m, const tp_module *mod, int j, const 
     out->writes = reps == 0 ? rank == 0 : rank % reps == 0;
 }
 
+tp_dtype tp_model_save_dtype(const tp_model *m)
+{
+    return m->cfg.dtype == TP_BF16 || m->cfg.dtype == TP_F16 ? m->cfg.dtype : TP_F32;
+}
+
 /* The saved parameters in state-dict order (a tied lm_head is not saved,
  * as save_pretrained drops tied weights). */
 static tp_status model_tensors(const tp_model *m, tp_save_tensor **out, size_t *n)
 {
-    tp_dtype dt = m->cfg.dtype == TP_BF16 || m->cfg.dtype == TP_F16 ? m->cfg.dtype : TP_F32;
+    tp_dtype dt = tp_model_save_dtype(m);
     tp_save_tensor *t = calloc(m->n_modules * TP_MODULE_MAX_PARAMS + 1, sizeof *t);
     if (!t) return tp_fail(TP_ERR_NOMEM, "out of memory");
     size_t k = 0;
@@ -90,16 +95,22 @@ static tp_status model_tensors(const tp_model *m, tp_save_tensor **out, size_t *
     return TP_OK;
 }
 
+tp_status tp_model_save_list(tp_group *g, const tp_save_tensor *t, size_t n, const char *src_dir, const char *dir,
+                             uint64_t max_shard_bytes)
+{
+    int me = g ? tp_group_rank(g) : 0;
+    tp_status s = tp_save_tensors(g, 0, dir, "model", t, n, max_shard_bytes);
+    if (!s && me == 0) s = copy_files(src_dir, dir);
+    return s;
+}
+
 tp_status tp_model_save_files(tp_model *m, const char *src_dir, const char *dir, uint64_t max_shard_bytes)
 {
     tp_group *g = tp_model_group(m);
-    int me = g ? tp_group_rank(g) : 0;
     tp_save_tensor *t = NULL;
     size_t n = 0;
-    tp_status s = model_tensors(m, &t, &n);
-    s = tp_comm_agree(g, s);
-    if (!s) s = tp_save_tensors(g, 0, dir, "model", t, n, max_shard_bytes);
-    if (!s && me == 0) s = copy_files(src_dir, dir);
+    tp_status s = tp_comm_agree(g, model_tensors(m, &t, &n));
+    if (!s) s = tp_model_save_list(g, t, n, src_dir, dir, max_shard_bytes);
     free(t);
     return s;
 }

@@ -23,7 +23,9 @@
  * headers; all ranks agree; each rank pwrite()s the pieces of the shards
  * it writes (a Shard(0) shard is one contiguous range; a shard along a
  * later dimension is one piece per row of the dimensions before it) and
- * fsyncs them; all ranks agree again. */
+ * fsyncs them; all ranks agree again.  A rank that holds only part of
+ * its shard (a dp_shard chunk: tp_save_tensor.part) writes that part's
+ * runs (tp_slice_runs), so under --dp-shard no rank gathers a shard. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -208,41 +210,44 @@ static tp_status create_files(const char *dir, const char *prefix, const layout 
     return TP_OK;
 }
 
-/* This rank's pieces of tensor t (converted to the stored dtype) at base. */
+/* Where one run of this rank's elements goes in the file. */
+typedef struct {
+    int fd;
+    const char *path;
+    const char *src;     /* the rank's elements, from element `first` */
+    int64_t first;
+    uint64_t base;       /* the tensor's data in the file */
+    size_t esz;
+} run_target;
+
+static tp_status write_run(void *ctx, int64_t local, int64_t global, int64_t count)
+{
+    const run_target *w = ctx;
+    return pwrite_all(w->fd, w->src + (size_t)(local - w->first) * w->esz, (size_t)count * w->esz,
+                      w->base + (uint64_t)global * w->esz, w->path);
+}
+
+/* This rank's elements of tensor t (its shard, or the part of it that it
+ * holds), converted to the stored dtype, at base: one pwrite per run. */
 static tp_status write_pieces(int fd, const char *path, const tp_save_tensor *t, uint64_t base)
 {
     size_t esz = tp_dtype_size(t->dtype);
     const tp_param_slice *sl = &t->slice;
-    int whole = sl->dim < 0;
     int64_t numel = 1, ldim = 0;
-    for (int r = 0; !whole && r < sl->n; r++) ldim += sl->len[r];
-    for (int i = 0; i < t->ndim; i++) numel *= !whole && i == sl->dim ? ldim : t->shape[i];
+    for (int r = 0; sl->dim >= 0 && r < sl->n; r++) ldim += sl->len[r];
+    for (int i = 0; i < t->ndim; i++) numel *= i == sl->dim ? ldim : t->shape[i];
+    int64_t first = t->part ? t->part_start : 0, n = t->part ? t->part_len : numel;
     const void *src = t->local;
     void *conv = NULL;
-    if (t->local_dtype != t->dtype && numel) {
-        conv = malloc((size_t)numel * esz);
+    if (t->local_dtype != t->dtype && n > 0) {
+        conv = malloc((size_t)n * esz);
         if (!conv) return tp_fail(TP_ERR_NOMEM, "out of memory saving %s", t->name);
-        tp_status s = tp_convert(conv, t->dtype, t->local, t->local_dtype, (size_t)numel);
+        tp_status s = tp_convert(conv, t->dtype, t->local, t->local_dtype, (size_t)n);
         if (s) { free(conv); return s; }
         src = conv;
     }
-    tp_status s = TP_OK;
-    if (whole) {
-        s = pwrite_all(fd, src, (size_t)numel * esz, base, path);
-    } else {
-        int64_t outer = 1, inner = 1, gdim = t->shape[sl->dim];
-        for (int i = 0; i < sl->dim; i++) outer *= t->shape[i];
-        for (int i = sl->dim + 1; i < t->ndim; i++) inner *= t->shape[i];
-        for (int64_t o = 0; !s && o < outer; o++) {
-            int64_t at = 0;
-            for (int r = 0; !s && r < sl->n; r++) {
-                const char *from = (const char *)src + (size_t)((o * ldim + at) * inner) * esz;
-                uint64_t off = base + (uint64_t)((o * gdim + sl->start[r]) * inner) * esz;
-                s = pwrite_all(fd, from, (size_t)(sl->len[r] * inner) * esz, off, path);
-                at += sl->len[r];
-            }
-        }
-    }
+    run_target w = {fd, path, src, first, base, esz};
+    tp_status s = tp_slice_runs(t->ndim, t->shape, &t->slice, first, n, write_run, &w);
     free(conv);
     return s ? tp_fail_context(s, "saving %s", t->name) : TP_OK;
 }
@@ -257,7 +262,7 @@ static tp_status write_mine(const char *dir, const char *prefix, const tp_save_t
         snprintf(path, sizeof path, "%s/%s", dir, name);
         for (size_t j = l->first[k]; !s && j < l->first[k + 1]; j++) {
             const tp_save_tensor *x = &t[l->order[j]];
-            if (!x->writes || !tensor_bytes(x)) continue;
+            if (!x->writes || !tensor_bytes(x) || (x->part && x->part_len <= 0)) continue;
             if (fd < 0 && (fd = open(path, O_WRONLY | O_CLOEXEC)) < 0) {
                 s = tp_fail(TP_ERR_IO, "%s: %s", path, strerror(errno));
                 break;

@@ -28,10 +28,24 @@
  *
  * The directory is written and renamed atomically (models/save_dir.c), so
  * every checkpoint-<step>/ that exists is complete; old ones beyond the
- * limit are first renamed to a temporary name, then removed. */
+ * limit are first renamed to a temporary name, then removed.
+ *
+ * Who writes which bytes: one replica saves, the one holding the log's
+ * writer.  Its rank 0 creates the temporary directory, every safetensors
+ * file at its size with its header (and the index), the JSON files, and
+ * renames.  Without dp_shard its TP group saves: each rank pwrite()s its
+ * shards (one rank per replicated copy).  Under dp_shard its dp_shard x tp
+ * ranks save: each writes the chunks it holds (parameters, moments,
+ * masters) as the runs tp_slice_runs gives, a bf16 model file rounding
+ * the f32 chunk, so no rank gathers a shard.  Each rank fsyncs what it
+ * wrote; the group agrees before the rename.  A resume reads, per rank,
+ * only the runs of the part the optimizer holds (the shard or the chunk),
+ * whatever layout saved the files. */
 #include "checkpoint.h"
 
 #include "tensorpar/comm.h"
+#include "tensorpar/dist.h"
+#include "tensorpar/io.h"
 #include "tensorpar/models.h"
 #include "tensorpar/module.h"
 
@@ -92,27 +106,17 @@ static tp_status check_layout(const tp_module *mod, int j, const tp_tensor *st, 
                    mod->name, p->suffix, (long long)tp_tensor_numel(st), (long long)len);
 }
 
-/* What the writer reads for one state tensor: the TP shard itself, or
- * under dp_shard the chunks gathered into a buffer of its own (freed by
- * free_gathered).  Collective over dp_shard then. */
-static tp_status local_of(const tp_train_view *v, int i, const tp_module *mod, int j, const float *data,
-                          const float **out)
+/* Parameter k's tensor `name` as this rank saves it: its TP shard, or
+ * under dp_shard the chunk it holds ([start, start + len) of the flat
+ * shard), written where it lies in the file without any gather. */
+static void save_entry(const tp_train_view *v, const tp_module *mod, int j, const char *name, tp_dtype dtype,
+                       const float *data, int64_t start, int64_t len, tp_save_tensor *out)
 {
-    *out = data;
-    if (!v->dp) return TP_OK;
-    int64_t numel = tp_tensor_numel(&mod->params[j].local);
-    float *whole = malloc((size_t)(numel ? numel : 1) * sizeof(float));
-    tp_status s = tp_dp_agree(v->dp, whole ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory"));
-    if (!s) s = tp_dp_gather_chunk(v->dp, i, data, whole);
-    if (s) { free(whole); return s; }
-    *out = whole;
-    return TP_OK;
-}
-
-static void free_gathered(const tp_train_view *v, tp_save_tensor *t, size_t n)
-{
-    for (size_t k = 0; v->dp && t && k < n; k++) free((void *)t[k].local);
-    free(t);
+    tp_model_save_tensor(v->m, mod, j, name, dtype, data, TP_F32, out);
+    if (!v->dp) return;
+    out->part = 1;
+    out->part_start = start;
+    out->part_len = len;
 }
 
 /* Every state tensor (and master) of every parameter, named. */
@@ -128,26 +132,46 @@ static tp_status optim_tensors(const tp_train_view *v, tp_save_tensor **out, siz
         int j;
         int64_t start, len;
         if (!param_at(v, i, &mod, &j, &start, &len)) { s = tp_fail(TP_ERR_INTERNAL, "optimizer parameter %d has no module", i); break; }
-        const float *local;
         for (size_t q = 0; !s && q < sizeof state_names / sizeof *state_names; q++) {
             const tp_tensor *st;
             if (tp_optim_state(v->opt, i, state_names[q], &st)) { tp_clear_error(); continue; }
             s = check_layout(mod, j, st, len);
-            if (!s) s = local_of(v, i, mod, j, st->data, &local);
             if (s) break;
             snprintf(name, sizeof name, "%s.%s.%s", mod->name, mod->params[j].suffix, state_names[q]);
-            tp_model_save_tensor(v->m, mod, j, name, TP_F32, local, TP_F32, &t[k++]);
+            save_entry(v, mod, j, name, TP_F32, st->data, start, len, &t[k++]);
         }
         if (!s && needs_master(v, i, mod, j)) {
-            s = local_of(v, i, mod, j, v->params[i].value->data, &local);
-            if (s) break;
             snprintf(name, sizeof name, "%s.%s.master", mod->name, mod->params[j].suffix);
-            tp_model_save_tensor(v->m, mod, j, name, TP_F32, local, TP_F32, &t[k++]);
+            save_entry(v, mod, j, name, TP_F32, v->params[i].value->data, start, len, &t[k++]);
         }
     }
-    if (s) { free_gathered(v, t, k); return s; }
+    if (s) { free(t); return s; }
     *out = t;
     *n = k;
+    return TP_OK;
+}
+
+/* Under dp_shard: the model's parameters as the chunks this rank holds
+ * (the optimizer's values, f32; a bf16 file rounds them as the gather
+ * would), in state-dict order (the chunks follow the module order). */
+static tp_status model_chunks(const tp_train_view *v, tp_save_tensor **out, size_t *n)
+{
+    tp_save_tensor *t = calloc((size_t)v->n_params + 1, sizeof *t);
+    if (!t) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    char name[160];
+    for (int i = 0; i < v->n_params; i++) {
+        const tp_module *mod;
+        int j;
+        int64_t start, len;
+        if (!param_at(v, i, &mod, &j, &start, &len)) {
+            free(t);
+            return tp_fail(TP_ERR_INTERNAL, "optimizer parameter %d has no module", i);
+        }
+        snprintf(name, sizeof name, "%s.%s", mod->name, mod->params[j].suffix);
+        save_entry(v, mod, j, name, tp_model_save_dtype(v->m), v->params[i].value->data, start, len, &t[i]);
+    }
+    *out = t;
+    *n = (size_t)v->n_params;
     return TP_OK;
 }
 
@@ -299,27 +323,23 @@ static tp_status check_finite(const tp_train_view *v, int64_t step)
     return TP_OK;
 }
 
-/* checkpoint-<step> written by the active TP group: the model's shards
- * as it holds them now, the optimizer's tensors t (NULL: made here from
- * the TP shards).  finite: check_finite's verdict. */
-static tp_status write_checkpoint(const tp_train_view *v, int64_t step, tp_status finite, const tp_save_tensor *t,
-                                  size_t n)
+/* checkpoint-<step> written by the ranks of g (the active replica's):
+ * the model's tensors mt (NULL: its TP shards, g its TP group) and the
+ * optimizer's ot (NULL: made here from the TP shards). */
+static tp_status write_checkpoint(const tp_train_view *v, int64_t step, tp_group *g, const tp_save_tensor *mt,
+                                  size_t nm, const tp_save_tensor *ot, size_t no)
 {
     const tp_train_checkpointing *c = &v->o->ckpt;
-    tp_group *g = tp_model_group(v->m);
-    int me = g ? tp_group_rank(g) : 0, active = 0;
-    /* One copy of the model saves: the TP group of the log's writer. */
-    tp_status s0 = tp_save_group_active(g, v->o->writer, &active);
-    if (s0 || !active) return s0 ? s0 : v->dp ? finite : TP_OK;
+    int me = g ? tp_group_rank(g) : 0;
     char target[4096], tmp[4096];
     snprintf(target, sizeof target, "%s/checkpoint-%lld", v->o->out_dir, (long long)step);
-    tp_status s = tp_comm_agree(g, finite);
-    if (!s) s = tp_save_dir_begin(g, 0, target, tmp, sizeof tmp);
+    tp_status s = tp_save_dir_begin(g, 0, target, tmp, sizeof tmp);
     if (s) return s;
     tp_save_tensor *mine = NULL;
-    s = tp_model_save_files(v->m, c->src_dir, tmp, c->max_shard_bytes);
-    if (!s && !t) s = tp_comm_agree(g, optim_tensors(v, &mine, &n));
-    if (!s) s = tp_save_tensors(g, 0, tmp, "optimizer", t ? t : mine, n, c->max_shard_bytes);
+    s = mt ? tp_model_save_list(g, mt, nm, c->src_dir, tmp, c->max_shard_bytes)
+           : tp_model_save_files(v->m, c->src_dir, tmp, c->max_shard_bytes);
+    if (!s && !ot && !(s = tp_comm_agree(g, optim_tensors(v, &mine, &no)))) ot = mine;
+    if (!s) s = tp_save_tensors(g, 0, tmp, "optimizer", ot, no, c->max_shard_bytes);
     if (!s && me == 0) s = write_state_files(v, tmp, step);
     free(mine);
     s = tp_save_dir_end(g, 0, tmp, target, 0, s);
@@ -327,25 +347,54 @@ static tp_status write_checkpoint(const tp_train_view *v, int64_t step, tp_statu
     return tp_comm_agree(g, s);
 }
 
+/* Under dp_shard: the ranks of the writer's replica (dp_shard x tp) write
+ * the bytes of the chunks they hold straight into the files; the other
+ * replicas hold the same chunks and only agree that the weights are
+ * finite. */
+static tp_status save_chunks(const tp_train_view *v, int64_t step)
+{
+    tp_group *g = v->save_group;
+    tp_status finite = tp_comm_agree(g, check_finite(v, step));
+    int active = 0;
+    tp_status s = tp_save_group_active(g, v->o->writer, &active);
+    if (s || !active || finite) return s ? s : finite;
+    tp_save_tensor *mt = NULL, *ot = NULL;
+    size_t nm = 0, no = 0;
+    s = model_chunks(v, &mt, &nm);
+    if (!s) s = optim_tensors(v, &ot, &no);
+    s = tp_comm_agree(g, s);
+    if (!s) s = write_checkpoint(v, step, g, mt, nm, ot, no);
+    free(mt);
+    free(ot);
+    return s;
+}
+
 tp_status tp_train_checkpoint_maybe_save(const tp_train_view *v, int64_t step)
 {
     const tp_train_checkpointing *c = &v->o->ckpt;
     if (c->save_every <= 0 || step % c->save_every != 0) return TP_OK;
-    if (!v->dp) return write_checkpoint(v, step, check_finite(v, step), NULL, 0);
-    /* Under dp_shard every rank takes part in the gathers (of the weights
-     * into the model, of the optimizer state into buffers); the verdicts
-     * agreed over dp_shard, then TP, reach every rank of the replica. */
+    if (v->dp) return save_chunks(v, step);
+    /* One copy of the model saves: the TP group of the log's writer. */
     tp_group *g = tp_model_group(v->m);
-    tp_status finite = tp_comm_agree(g, tp_dp_agree(v->dp, check_finite(v, step)));
-    tp_save_tensor *t = NULL;
-    size_t n = 0;
-    tp_status s = finite;
-    if (!s) s = tp_comm_agree(g, tp_dp_agree(v->dp, tp_dp_gather_all(v->dp)));
-    if (!s) s = tp_comm_agree(g, tp_dp_agree(v->dp, optim_tensors(v, &t, &n)));
-    if (!s) s = write_checkpoint(v, step, finite, t, n);
-    free_gathered(v, t, n);
-    tp_dp_release_all(v->dp);
-    return s;
+    int active = 0;
+    tp_status s = tp_save_group_active(g, v->o->writer, &active);
+    if (s || !active) return s;
+    s = tp_comm_agree(g, check_finite(v, step));
+    return s ? s : write_checkpoint(v, step, g, NULL, 0, NULL, 0);
+}
+
+tp_status tp_train_checkpoint_open(tp_train_view *v)
+{
+    v->save_group = NULL;
+    if (!v->dp || v->o->ckpt.save_every <= 0) return TP_OK;
+    static const char *const dims[] = {"dp_shard", "tp"};
+    return tp_mesh_group_new(v->o->dp_mesh, dims, 2, &v->save_group);
+}
+
+void tp_train_checkpoint_close(tp_train_view *v)
+{
+    if (v->save_group) tp_group_free(v->save_group);
+    v->save_group = NULL;
 }
 
 tp_status tp_train_checkpoint_latest(const char *out_dir, char *path, size_t cap)
@@ -362,32 +411,6 @@ tp_status tp_train_checkpoint_latest(const char *out_dir, char *path, size_t cap
 
 /* ---- resuming ---------------------------------------------------------- */
 
-/* This rank's shard of tensor `name` (laid out as parameter p's local
- * shard) into dst (f32). */
-static tp_status read_local(tp_checkpoint *ck, const char *name, const tp_module_param *p, float *dst)
-{
-    tp_status s = tp_checkpoint_expect(ck, name, p->ndim, p->shape);
-    if (s) return s;
-    const tp_param_slice *sl = &p->slice;
-    if (sl->dim < 0) return tp_checkpoint_read(ck, name, TP_F32, dst);
-    if (sl->n == 1) return tp_checkpoint_read_slice(ck, name, sl->dim, sl->start[0], sl->len[0], TP_F32, dst);
-    int64_t outer = 1, inner = 1, ldim = 0, maxlen = 0;
-    for (int i = 0; i < sl->dim; i++) outer *= p->shape[i];
-    for (int i = sl->dim + 1; i < p->ndim; i++) inner *= p->shape[i];
-    for (int r = 0; r < sl->n; r++) { ldim += sl->len[r]; if (sl->len[r] > maxlen) maxlen = sl->len[r]; }
-    float *tmp = malloc((size_t)(outer * maxlen * inner + 1) * sizeof(float));
-    if (!tmp) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    int64_t at = 0;
-    for (int r = 0; !s && r < sl->n; r++) {
-        s = tp_checkpoint_read_slice(ck, name, sl->dim, sl->start[r], sl->len[r], TP_F32, tmp);
-        for (int64_t o = 0; !s && o < outer; o++)
-            memcpy(dst + (o * ldim + at) * inner, tmp + o * sl->len[r] * inner, (size_t)(sl->len[r] * inner) * sizeof(float));
-        at += sl->len[r];
-    }
-    free(tmp);
-    return s;
-}
-
 static tp_status open_optimizer(const char *dir, tp_checkpoint **ck)
 {
     char path[4096];
@@ -396,20 +419,28 @@ static tp_status open_optimizer(const char *dir, tp_checkpoint **ck)
     return tp_checkpoint_open(ck, path);
 }
 
+typedef struct {
+    tp_checkpoint *ck;
+    const char *name;
+    float *dst;          /* element `first` of the shard */
+    int64_t first;
+} run_reader;
+
+static tp_status read_run(void *ctx, int64_t local, int64_t global, int64_t count)
+{
+    const run_reader *r = ctx;
+    return tp_checkpoint_read_range(r->ck, r->name, global, count, TP_F32, r->dst + (local - r->first));
+}
+
 /* Tensor `name` into the optimizer's part [start, start + len) of
- * parameter p's TP shard: read whole, or into a scratch shard whose chunk
- * is kept (under dp_shard). */
+ * parameter p's TP shard (all of it, or its dp_shard chunk): only the
+ * runs of that part are read, whatever layout saved the file. */
 static tp_status read_part(tp_checkpoint *ck, const char *name, const tp_module_param *p, int64_t start, int64_t len,
                            float *dst)
 {
-    int64_t numel = tp_tensor_numel(&p->local);
-    if (start == 0 && len == numel) return read_local(ck, name, p, dst);
-    float *whole = malloc((size_t)(numel ? numel : 1) * sizeof(float));
-    if (!whole) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    tp_status s = read_local(ck, name, p, whole);
-    if (!s) memcpy(dst, whole + start, (size_t)len * sizeof(float));
-    free(whole);
-    return s;
+    tp_status s = tp_checkpoint_expect(ck, name, p->ndim, p->shape);
+    run_reader r = {ck, name, dst, start};
+    return s ? s : tp_slice_runs(p->ndim, p->shape, &p->slice, start, len, read_run, &r);
 }
 
 static tp_status read_optimizer(const tp_train_view *v, const char *dir)

@@ -17,7 +17,15 @@ typedef struct {
     const tp_data_loader *loader;
     const tp_trainer_options *o;
     tp_dp *dp;                     /* under dp_shard (params are its chunks), else NULL */
+    tp_group *save_group;          /* under dp_shard: dp_shard x tp, the ranks that
+                                      write one replica's checkpoint (open/close) */
 } tp_train_view;
+
+/* Before the first step: under dp_shard with save_every > 0, makes
+ * v->save_group (collective over the world of o->dp_mesh); else nothing.
+ * close frees it. */
+tp_status tp_train_checkpoint_open(tp_train_view *v);
+void tp_train_checkpoint_close(tp_train_view *v);
 
 /* After optimizer step `step` (from 1): OUT/checkpoint-<step>/ when
  * save_every divides it (as Trainer's save_steps; the final model is saved

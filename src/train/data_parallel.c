@@ -425,19 +425,6 @@ tp_status tp_dp_gather_chunk(tp_dp *dp, int k, const float *chunk, float *whole)
                                param_of(dp, p)->suffix) : TP_OK;
 }
 
-tp_status tp_dp_gather_all(tp_dp *dp)
-{
-    tp_status s = TP_OK;
-    for (int k = 0; !s && k < dp->n; k++) s = gather(dp, &dp->ps[k]);
-    return s;
-}
-
-void tp_dp_release_all(tp_dp *dp)
-{
-    for (int k = 0; k < dp->n; k++)
-        if (dp->ps[k].full) release(dp, &dp->ps[k]);
-}
-
 tp_status tp_dp_agree(tp_dp *dp, tp_status s)
 {
     return dp->S > 1 ? tp_comm_agree(tp_mesh_group(dp->shard, 0), s) : s;

@@ -76,11 +76,10 @@ tp_status tp_dp_clip(tp_dp *dp, const tp_train_param *params, int n, const tp_me
 tp_status tp_dp_check_replicas(tp_dp *dp, const tp_train_param *params, int n);
 
 /* ---- checkpoints under dp_shard (checkpoint.c) ----------------------
- * The flat chunks cross the rows of a TP shard, so a chunk is not a
- * slice the collective writer can place: a save gathers each tensor over
- * dp_shard first (its TP shard whole on every dp_shard rank, the chunks
- * freed again after), and a resume reads the TP shard and keeps its
- * chunk. */
+ * The flat chunks cross the rows of a TP shard; tp_slice_runs maps a
+ * chunk to the runs of the whole tensor it holds, so a save writes each
+ * rank's chunks where they lie in the files and a resume reads its
+ * chunk's runs back, with no gather over dp_shard. */
 
 /* Optimizer parameter k: its module parameter and this rank's chunk
  * [start, start + len) of the flat TP shard. */
@@ -88,10 +87,6 @@ void tp_dp_param_at(const tp_dp *dp, int k, int *module, int *j, int64_t *start,
 /* Chunk (len values) of parameter k -> its whole TP shard (numel values)
  * on every dp_shard rank.  Collective over dp_shard. */
 tp_status tp_dp_gather_chunk(tp_dp *dp, int k, const float *chunk, float *whole);
-/* Every parameter gathered into the model (what tp_model_save_files
- * reads), and freed again. */
-tp_status tp_dp_gather_all(tp_dp *dp);
-void tp_dp_release_all(tp_dp *dp);
 /* s agreed over dp_shard: an error on any rank there is one on each. */
 tp_status tp_dp_agree(tp_dp *dp, tp_status s);
 

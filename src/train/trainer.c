@@ -321,8 +321,9 @@ tp_status tp_trainer_run(struct tp_model *m, const tp_mesh *mesh, const tp_datas
         return tp_fail(TP_ERR_INVALID, "the eval data's seq_len differs from the training data's");
     tp_status s = setup(&t, train, &total);
     tp_train_view view = {m, mesh, t.params, t.masters, t.n_params, t.opt, &t.sched, &t.loader, o,
-                          t.dp && tp_dp_sharded(t.dp) ? t.dp : NULL};
+                          t.dp && tp_dp_sharded(t.dp) ? t.dp : NULL, NULL};
     int64_t first = 0;
+    if (!s) s = tp_train_checkpoint_open(&view);
     if (!s && o->ckpt.resume_dir) s = tp_train_checkpoint_resume(&view, &first);
     if (!s && first > total)
         s = tp_fail(TP_ERR_INVALID, "the checkpoint is at step %lld, past this run's %lld steps", (long long)first,
@@ -343,6 +344,7 @@ tp_status tp_trainer_run(struct tp_model *m, const tp_mesh *mesh, const tp_datas
     if (!s) s = tp_train_log_chart(log, NULL, NULL);
     if (!s && !(t.dp && tp_dp_sharded(t.dp))) adopt_masters(m, t.masters, t.n_params);
     tp_train_log_close(log);
+    tp_train_checkpoint_close(&view);
     tp_status e = teardown(&t, !s);
     return s ? s : e;
 }

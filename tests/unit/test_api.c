@@ -352,6 +352,17 @@ static void rank_meshes(tp_group *world, const char *dir)
     CHECK(dp && tp_comm_all_reduce(tp_mesh_group(dp, 0), &one, &sum, 1, TP_I64, TP_REDUCE_SUM) == TP_OK && sum == 10);
     const char *bad[] = {"tp", "dp_shard"};
     CHECK(tp_mesh_flatten(m, bad, 2, "x") == TP_ERR_INVALID && strstr(tp_error(), "mesh order"));
+    /* A caller's own group over dp_shard x tp (a checkpoint's savers): this
+     * rank's dp_shard pair, ranked as the flattening ranks them. */
+    static const char *const saver_dims[] = {"dp_shard", "tp"};
+    tp_group *g = NULL;
+    CHECK(tp_mesh_group_new(m, saver_dims, 2, &g) == TP_OK && g);
+    if (g) {
+        CHECK(tp_group_size(g) == 2 && tp_group_rank(g) == me % 2);
+        CHECK(tp_group_global_rank(g, 0) == me / 2 * 2 && tp_group_global_rank(g, 1) == me / 2 * 2 + 1);
+        tp_group_free(g);
+    }
+    CHECK(tp_mesh_group_new(m, bad, 2, &g) == TP_ERR_INVALID && !g);
     tp_mesh_free(m);
 
     p = (tp_parallelism_config){.dp_shard_size = 2, .tp_size = 2};

@@ -2,7 +2,8 @@
  * atomic directories (atomic_dir.c): huggingface_hub's split (a tensor
  * over the limit alone in a file placed before the file being filled),
  * names sorted inside a file, shards written as row-strided pieces landing
- * where the whole tensor would, the index text, and a commit over an
+ * where the whole tensor would, dp_shard chunks of a column shard written
+ * as their runs and read back by range, the index text, and a commit over an
  * existing directory, an abort, and the recovery of an aside copy. */
 #include "check.h"
 #include "tmpdir.h"
@@ -135,6 +136,77 @@ static void test_pieces(const char *dir)
     free(z);
 }
 
+/* A [4, 6] tensor as two TP shards along dimension 1 ([0, 3), [3, 6)),
+ * each chunked over 3 dp_shard ranks (4 of its 12 elements each, so the
+ * chunks cross its rows): the six parts, each written alone, OR-ed, are
+ * the whole tensor's file, in f32 and rounded to bf16; and
+ * tp_checkpoint_read_range reads each part's runs back from it. */
+static void test_parts(const char *dir)
+{
+    float full[24];
+    for (int i = 0; i < 24; i++) full[i] = 1.0f + (float)i / 7.0f;
+    const tp_dtype stored[2] = {TP_F32, TP_BF16};
+    for (int d = 0; d < 2; d++) {
+        char a[4096], pa[4096], sub[64];
+        snprintf(sub, sizeof sub, "whole-%d", d);
+        join(a, dir, sub);
+        mkdir(a, 0777);
+        tp_save_tensor w = whole("w", 4, 6, full);
+        w.dtype = stored[d];
+        CHECK(tp_save_tensors(NULL, 0, a, "model", &w, 1, 0) == TP_OK);
+        join(pa, a, "model.safetensors");
+        char *x = NULL, *acc = NULL;
+        size_t nx = 0, nacc = 0;
+        CHECK(!tp_read_file(pa, &x, &nx));
+        for (int t = 0; t < 2; t++) {
+            float shard[12];
+            for (int r = 0; r < 4; r++)
+                for (int c = 0; c < 3; c++) shard[r * 3 + c] = full[r * 6 + 3 * t + c];
+            for (int k = 0; k < 3; k++) {
+                char b[4096], pb[4096];
+                snprintf(sub, sizeof sub, "part-%d-%d-%d", d, t, k);
+                join(b, dir, sub);
+                mkdir(b, 0777);
+                tp_save_tensor p = whole("w", 4, 6, shard + 4 * k);
+                p.dtype = stored[d];
+                p.slice = (tp_param_slice){.dim = 1, .n = 1, .start = {3 * t}, .len = {3}};
+                p.part = 1, p.part_start = 4 * k, p.part_len = 4;
+                CHECK(tp_save_tensors(NULL, 0, b, "model", &p, 1, 0) == TP_OK);
+                join(pb, b, "model.safetensors");
+                char *y = NULL;
+                size_t ny = 0;
+                CHECK(!tp_read_file(pb, &y, &ny));
+                if (!acc && y) { acc = y, nacc = ny; continue; }
+                CHECK(y && ny == nacc);
+                for (size_t i = 0; y && i < ny && i < nacc; i++) acc[i] = (char)(acc[i] | y[i]);
+                free(y);
+            }
+        }
+        CHECK_MSG(x && acc && nx == nacc && !memcmp(x, acc, nx), "dtype %s: the parts are not the whole",
+                  tp_dtype_name(stored[d]));
+        free(x);
+        free(acc);
+    }
+    /* Reading back: chunk 1 of shard 1 is elements [4, 8) of it, i.e.
+     * row 1 columns 4, 5 and row 2 columns 3, 4 of the tensor. */
+    char pa[4096], a[4096];
+    join(a, dir, "whole-0");
+    join(pa, a, "model.safetensors");
+    tp_checkpoint *ck = NULL;
+    CHECK(tp_checkpoint_open(&ck, pa) == TP_OK);
+    if (!ck) return;
+    float got[3] = {0};
+    CHECK(tp_checkpoint_read_range(ck, "w", 10, 2, TP_F32, got) == TP_OK && got[0] == full[10] && got[1] == full[11]);
+    CHECK(tp_checkpoint_read_range(ck, "w", 15, 2, TP_F32, got) == TP_OK && got[0] == full[15] && got[1] == full[16]);
+    uint64_t before = tp_checkpoint_bytes_read(ck);
+    CHECK(tp_checkpoint_read_range(ck, "w", 23, 1, TP_F32, got) == TP_OK && got[0] == full[23]);
+    CHECK(tp_checkpoint_bytes_read(ck) - before == sizeof(float));
+    CHECK(tp_checkpoint_read_range(ck, "w", 23, 2, TP_F32, got) == TP_ERR_INVALID);
+    CHECK(tp_checkpoint_read_range(ck, "w", -1, 1, TP_F32, got) == TP_ERR_INVALID);
+    CHECK(tp_checkpoint_read_range(ck, "x", 0, 1, TP_F32, got) == TP_ERR_INVALID);
+    tp_checkpoint_close(ck);
+}
+
 static int is_dir(const char *p)
 {
     struct stat st;
@@ -189,6 +261,9 @@ int main(void)
     mkdir(b, 0777);
     test_split(a);
     test_pieces(b);
+    join(a, dir, "parts");
+    mkdir(a, 0777);
+    test_parts(a);
     test_atomic(dir);
     remove_tree(dir);
     return check_summary();
