@@ -10,6 +10,7 @@ agree.
     bench/dp_memory.py --preset qwen3-0.6b --set num_hidden_layers=8 --set vocab_size=32768
     bench/dp_memory.py --preset qwen3-0.6b --configs shard --gradient-checkpointing
     bench/dp_memory.py --preset qwen3-0.6b --configs shard+gc,shard,single+gc,single
+    bench/dp_memory.py --preset small --extra "--lora-r 16 --lora-target q_proj,v_proj"   # LoRA
 """
 import os
 import shutil
@@ -27,12 +28,14 @@ def main():
     ap.add_argument("--configs", default="replicate,shard")
     ap.add_argument("--gradient-checkpointing", action="store_true",
                     help="every run with --gradient-checkpointing (each decoder layer recomputed in its backward)")
+    ap.add_argument("--extra", default="", help="more options for every run, e.g. a LoRA adapter's --lora-r 16")
     a = ap.parse_args()
     setup = memory_setup(a, "tp-dp-mem-")
     peaks = {}
     for cfg in a.configs.split(","):
         kind, gc = cfg.removesuffix("+gc"), cfg.endswith("+gc") or a.gradient_checkpointing
-        extra = [*([] if kind == "single" else ["--dp-" + kind, "2"]), *(["--gradient-checkpointing"] if gc else [])]
+        extra = [*([] if kind == "single" else ["--dp-" + kind, "2"]), *(["--gradient-checkpointing"] if gc else []),
+                 *a.extra.split()]
         ranks, _, log = memory_train(a, setup, cfg.replace("+", "-"), 1 if kind == "single" else 2, extra)
         losses = [e["loss"] for e in log]
         peaks[cfg] = ranks[0]

@@ -229,6 +229,12 @@ void tp_rng_seed(tp_rng *r, uint64_t seed);
 uint64_t tp_rng_next(tp_rng *r);
 double tp_rng_uniform(tp_rng *r);           /* [0, 1) */
 double tp_rng_normal(tp_rng *r);            /* N(0, 1) */
+/* Counter-based: a 64-bit value that depends only on (key, counter), for
+ * numbers that must not depend on the order in which ranks draw them
+ * (dropout masks by an element's global index).  splitmix64's finaliser
+ * of key + (counter + 1) * 0x9e3779b97f4a7c15; chain it to key several
+ * counters: tp_rng_hash(tp_rng_hash(seed, a), b). */
+uint64_t tp_rng_hash(uint64_t key, uint64_t counter);
 
 /* ---- progress bar ----------------------------------------------------- */
 

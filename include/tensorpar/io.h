@@ -113,7 +113,7 @@ tp_status tp_safetensors_header(const char *path, const tp_st_entry *entries, si
 
 /* ---- Hugging Face config.json ----------------------------------------- */
 
-typedef enum { TP_ARCH_LLAMA, TP_ARCH_MISTRAL, TP_ARCH_QWEN2, TP_ARCH_QWEN3 } tp_arch;
+typedef enum { TP_ARCH_LLAMA, TP_ARCH_MISTRAL, TP_ARCH_QWEN2, TP_ARCH_QWEN3, TP_ARCH_QWEN3_MOE, TP_ARCH_MIXTRAL } tp_arch;
 
 typedef enum { TP_ROPE_DEFAULT, TP_ROPE_LLAMA3, TP_ROPE_LINEAR } tp_rope_kind;
 
@@ -125,6 +125,7 @@ typedef struct {
 } tp_rope_scaling;
 
 #define TP_MAX_EOS 8
+#define TP_MAX_MLP_ONLY 64
 
 typedef struct {
     tp_arch arch;
@@ -143,7 +144,30 @@ typedef struct {
     int64_t bos_token_id;    /* -1 when absent */
     int64_t eos_token_ids[TP_MAX_EOS];
     int n_eos;
+    /* Mixture of experts (qwen3_moe, mixtral); num_experts = 0: dense.
+     * num_experts reads qwen3_moe's `num_experts` or mixtral's
+     * `num_local_experts` (aliases, §7.1); moe_intermediate_size is each
+     * expert's width (mixtral: its intermediate_size).  Mixtral always
+     * renormalises the top-k weights (norm_topk_prob = 1).  A qwen3_moe
+     * layer l is sparse unless listed in mlp_only_layers or (l + 1) is not
+     * a multiple of decoder_sparse_step (tp_config_layer_is_sparse). */
+    int64_t num_experts, num_experts_per_tok, moe_intermediate_size, decoder_sparse_step;
+    int norm_topk_prob;
+    /* Transformers adds router_aux_loss_coef × the load-balancing loss to a
+     * training loss only when this is set; tensorpar trains without it and
+     * refuses a config that sets it (models/backward.c). */
+    int output_router_logits;
+    int n_mlp_only;
+    int64_t mlp_only_layers[TP_MAX_MLP_ONLY];
 } tp_model_config;
+
+/* Refuses a config tensorpar cannot train as Transformers would: an MoE
+ * model with output_router_logits (its loss adds the router's auxiliary
+ * load-balancing loss, which tensorpar does not compute). */
+tp_status tp_config_check_training(const tp_model_config *c);
+
+/* 1 when decoder layer l of cfg has a sparse MoE block instead of an MLP. */
+int tp_config_layer_is_sparse(const tp_model_config *cfg, int64_t l);
 
 tp_status tp_arch_parse(const char *s, tp_arch *out);
 const char *tp_arch_name(tp_arch a);

@@ -155,6 +155,38 @@ void tp_rope_apply(float *x, int64_t T, int64_t n_heads, int64_t head_dim,
 /* a[i] = silu(a[i]) * b[i] */
 void tp_silu_mul(float *a, const float *b, int64_t n);
 
+/* ---- mixture-of-experts experts as grouped GEMMs (grouped_gemm.c) ------ */
+
+typedef struct {
+    float *out;                    /* [T, H], overwritten: Σ over slots of weight · expert(x) */
+    const float *x;                /* [T, H] */
+    int64_t T, H, k;
+    const int32_t *ids;            /* [T, k] expert of each slot; outside [0, E): skipped */
+    const float *weights;          /* [T, k] */
+    const tp_tensor *gate_up;      /* [E, 2I, H]: [gate; up] of each expert */
+    const tp_tensor *down;         /* [E, H, I] */
+    tp_threadpool *pool;
+    const tp_matmul_opts *opts;
+} tp_grouped_experts_args;
+
+/* SwiGLU experts (h = SiLU(x·gateᵀ) ⊙ x·upᵀ, y = h·downᵀ): the slots
+ * sorted by expert, one GEMM pair per expert with at least one row (never a
+ * per-token loop for a prompt).  scratch holds tp_grouped_experts_scratch
+ * floats. */
+tp_status tp_grouped_experts(const tp_grouped_experts_args *a, float *scratch);
+int64_t tp_grouped_experts_scratch(int64_t T, int64_t H, int64_t I);
+
+/* The experts' backward on the forward's arguments (out unused): dy [T, H]
+ * the output gradient; dx [T, H] += the input gradient; dweights [T, k]
+ * the gradient of each slot's weight (0 for a skipped slot); d_gate_up
+ * [E, 2I, H] and d_down [E, H, I] (f32, NULL: not wanted) += the weight
+ * gradients.  The forward is recomputed expert by expert. */
+typedef struct {
+    const float *dy;
+    float *dx, *dweights, *d_gate_up, *d_down;
+} tp_grouped_experts_grads;
+tp_status tp_grouped_experts_backward(const tp_grouped_experts_args *a, const tp_grouped_experts_grads *g);
+
 /* In-place softmax over n values. */
 void tp_softmax(float *x, int64_t n);
 

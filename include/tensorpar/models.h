@@ -1,6 +1,8 @@
 /* tensorpar/models.h — decoder-only transformer models in Hugging Face's
  * layout: Llama (GQA, RoPE with llama3/linear scaling), Mistral (sliding
- * window), Qwen2 (q/k/v biases), Qwen3 (per-head q/k RMSNorm).
+ * window), Qwen2 (q/k/v biases), Qwen3 (per-head q/k RMSNorm), and the
+ * mixture-of-experts Qwen3-MoE and Mixtral (a router and stacked experts in
+ * place of the MLP; inference only).
  *
  * A model is loaded from a model directory (config.json + safetensors).  The
  * forward pass takes token ids and a KV cache and returns f32 logits;
@@ -99,6 +101,10 @@ typedef struct {
     /* Where the plan's style names are looked up: NULL for the default
      * registry.  It must outlive the model (the model keeps its styles). */
     const struct tp_style_registry *styles;
+    /* Expert parallelism (§2.17, §2.18): the experts split over the TP
+     * mesh's ranks, E/P whole experts each; "auto" (or no plan) is then the
+     * model type's EP plan (tp_plan_builtin_ep). */
+    int expert_parallel;
     /* Settings (tp_model_options_from_env fills them from TENSORPAR_*;
      * zero is each one's default). */
     tp_switch fuse_norm;           /* the fused add+norm above; default on  */
@@ -132,6 +138,12 @@ typedef struct {
  * (its module table built) each entry points at its tensor slot.
  * lm_head.weight is absent when embeddings are tied.  Free *out with free(). */
 tp_status tp_model_params(const tp_model_config *cfg, tp_model *m, tp_param_desc **out, size_t *n);
+/* The tensors a Hugging Face checkpoint of cfg stores, names and shapes as
+ * stored (slot and module NULL): tp_model_params for dense models; for
+ * qwen3_moe and mixtral one tensor per expert and projection instead of
+ * the stacked expert tensors (and Mixtral's block_sparse_moe names), as
+ * published checkpoints hold them (§6.1).  Free *out with free(). */
+tp_status tp_model_checkpoint_params(const tp_model_config *cfg, tp_param_desc **out, size_t *n);
 
 /* Loads a model.  Under TP the plan is resolved and validated before any
  * weight is read, then each rank reads only its own slices (shard-on-read). */
@@ -231,6 +243,7 @@ typedef struct {
     uint64_t seed;
     double std;              /* weights ~ N(0, std); default 0.02 */
     double qk_std;           /* q_proj/k_proj weights ~ N(0, qk_std) */
+    double router_std;       /* MoE routers (mlp.gate) ~ N(0, router_std); <= 0: std */
     int shards;              /* 1 = model.safetensors; K > 1 = K shards + index */
     const char *tokenizer;   /* tokenizer.json or a folder with tokenizer files; may be NULL */
     int vocab_size_given;    /* cfg's vocab_size was chosen (--set vocab_size=N): keep it

@@ -30,8 +30,9 @@ typedef enum {
     TP_MT_NORM,            /* RMSNorm, weight [width]                      */
     TP_MT_ATTENTION,       /* self_attn: q/k/v/o projections, q/k norms    */
     TP_MT_MLP,             /* gate/up/down projections                     */
-    TP_MT_EXPERTS,         /* declared for mixture-of-experts models: 3-D parameters; not built yet */
+    TP_MT_EXPERTS,         /* mlp.experts: gate_up_proj [E, 2I, H], down_proj [E, H, I] */
     TP_MT_ADAPTER,         /* declared for LoRA adapters; not built yet    */
+    TP_MT_MOE,             /* a sparse MoE block (mlp): router `gate` and `experts` */
     TP_MT_COUNT
 } tp_module_type;
 
@@ -97,6 +98,7 @@ struct tp_module {
 struct tp_layer_modules {
     int layer, input_layernorm, self_attn, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;
     int post_attention_layernorm, mlp, gate_proj, up_proj, down_proj;
+    int router, experts;           /* a sparse layer's mlp.gate and mlp.experts */
 };
 
 /* Hooks around each module that a container runs (tp_model.hooks): before

@@ -295,6 +295,14 @@ tp_status tp_plan_builtin_ep(const tp_model_config *cfg, tp_plan *out);
 tp_status tp_plan_parse(const char *json_text, const char *origin, tp_plan *out);
 /* spec NULL or "auto": the built-in plan; otherwise a JSON file path. */
 tp_status tp_plan_load(const char *spec, const tp_model_config *cfg, tp_plan *out);
+/* The same, with expert_parallel: "auto" is the EP plan (tp_plan_builtin_ep). */
+tp_status tp_plan_load_mode(const char *spec, const tp_model_config *cfg, int expert_parallel, tp_plan *out);
+
+/* ep_router's post-transformation of the router output (§2.18), in place:
+ * the top-k ids [T, k] of a global expert count E become this EP rank's
+ * local ids, and every slot of an expert held elsewhere gets score 0 and
+ * the sentinel id E / ep_size, which the experts skip. */
+void tp_ep_router_remap(int32_t *ids, float *scores, int64_t T, int64_t k, int64_t E, int ep_rank, int ep_size);
 /* The plan as a JSON object text, keys in order (malloc'd). */
 char *tp_plan_to_json(const tp_plan *p);
 /* "{'k': 'v', ...}" of the entries whose flag is set (all when used == NULL). */
@@ -330,7 +338,7 @@ typedef struct {
     char name[96];
     tp_param_kind kind;
     int ndim;
-    int64_t shape[2];
+    int64_t shape[TP_MAX_DIMS];
     int rule;                   /* plan entry index, -1 = none             */
     int via_module;             /* matched through its module's key        */
     const tp_style *style;      /* NULL = none                             */

@@ -31,20 +31,6 @@ static const pretrained_ctx *ctx_of(const tp_model *m)
     return m && m->on_free == ctx_free ? m->on_free_ctx : NULL;
 }
 
-/* Expert parallelism passes §5.2's checks but is not built: the model type
- * says why first (A9: a dense model has no EP plan). */
-static tp_status refuse_ep(const char *dir, int ep_size)
-{
-    tp_model_config mc;
-    tp_plan ep = {0};
-    tp_status st = tp_config_load(&mc, dir);
-    if (!st) st = tp_plan_builtin_ep(&mc, &ep);
-    tp_plan_free(&ep);
-    if (st) return st;
-    return tp_fail(TP_ERR_UNSUPPORTED, "Expert parallelism (ep_size=%d) is not supported by tensorpar's loader yet",
-                   ep_size);
-}
-
 /* The sizes of §5.2 for this job.  With a caller's mesh (a ParallelismConfig
  * layout), tp_size comes from its "tp" dimension when the config leaves it
  * null, since the derivation from WORLD_SIZE would count the dp ranks. */
@@ -122,6 +108,8 @@ static tp_status model_options(const tp_dist_config *cfg, const pretrained_ctx *
     int tp_wanted = x->sizes.tp_size > 1 || cfg->tp_plan || cfg->plan;
     mo->mesh = tp_wanted ? x->tp : NULL;
     mo->tp_plan = x->sizes.tp_plan;
+    /* ep_size = tp_size (§5.2): the experts split over the same ranks */
+    mo->expert_parallel = x->sizes.enable_expert_parallel;
     mo->plan = cfg->plan;
     mo->styles = cfg->styles;
     if (x->layout && tp_mesh_world_rank(x->layout) != 0) mo->show_progress = 0;   /* one bar per job */
@@ -141,7 +129,6 @@ tp_status tp_model_from_pretrained(tp_model **out, const char *dir, tp_dtype dty
     int world_size, rank;
     tp_model_options mo;
     tp_status st = job_sizes(cfg, &x->sizes, &world_size, &rank);
-    if (!st && x->sizes.enable_expert_parallel) st = refuse_ep(dir, x->sizes.ep_size);
     if (!st) st = make_layout(cfg, world_size, x);
     if (!st) st = model_options(cfg, x, dtype, &mo);
     if (!st) st = tp_model_load(out, dir, &mo);

@@ -1,14 +1,24 @@
-/* Deterministic random numbers (xoshiro256**, splitmix64 seeding). */
+/* Deterministic random numbers (xoshiro256**, splitmix64 seeding) and a
+ * counter-based hash for draws keyed by an index. */
 #include "tensorpar/base.h"
 
 #include <math.h>
 
-static uint64_t splitmix64(uint64_t *x)
+static uint64_t finalise(uint64_t z)
 {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
+}
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    return finalise(*x += 0x9e3779b97f4a7c15ull);
+}
+
+uint64_t tp_rng_hash(uint64_t key, uint64_t counter)
+{
+    return finalise(key + (counter + 1) * 0x9e3779b97f4a7c15ull);
 }
 
 void tp_rng_seed(tp_rng *r, uint64_t seed)

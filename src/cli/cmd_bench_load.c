@@ -22,7 +22,8 @@ static int measure_as_rank(const char *dir, const char *report, const cli_option
     cli_tp tp;
     int rc = 0;
     if (cli_tp_begin("bench load", argc, argv, o, n, NULL, &tp, &rc)) { cli_tp_end(&tp); return rc; }
-    tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .threads = 1, .mesh = tp.mesh, .tp_plan = tp.plan};
+    tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .threads = 1, .mesh = tp.mesh, .tp_plan = tp.plan,
+                           .expert_parallel = tp.ep && tp.size > 1};
     tp_model *m;
     if (tp_model_options_from_env(&mo)) { cli_tp_end(&tp); return cli_report("bench load"); }
     mo.pin_threads = 0;   /* one thread, left to the OS, as before */

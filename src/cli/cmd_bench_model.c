@@ -123,7 +123,8 @@ static int measure_as_rank(const char *dir, const char *report, const work *w, c
     cli_tp tp;
     int rc = 0;
     if (cli_tp_begin(cmd, argc, argv, o, n, NULL, &tp, &rc)) { cli_tp_end(&tp); return rc; }
-    tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .mesh = tp.mesh, .tp_plan = tp.plan};
+    tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .mesh = tp.mesh, .tp_plan = tp.plan,
+                           .expert_parallel = tp.ep && tp.size > 1};
     const char *dt = cli_value(o, n, "--dtype");
     tp_model *m = NULL;
     double secs = 0, comm = 0;
@@ -162,6 +163,7 @@ typedef struct {
     const char *dir, *plan, *report;
     int64_t seq, new_tokens;
     int reps;
+    int ep;                /* --ep: the TP = N side splits the experts (EP plan) */
 } job;
 
 static int measure(const job *j, bench_mode mode, const config *c, figures *out)
@@ -186,6 +188,7 @@ static int measure(const job *j, bench_mode mode, const config *c, figures *out)
     else { argv[k++] = "--prompt"; argv[k++] = sbuf; argv[k++] = "--new-tokens"; argv[k++] = kbuf; }
     if (c->dtype) { argv[k++] = "--dtype"; argv[k++] = (char *)c->dtype; }
     if (j->plan) { argv[k++] = "--tp-plan"; argv[k++] = (char *)j->plan; }
+    if (j->ep) argv[k++] = "--ep";
     argv[k] = NULL;
     int rc = 0;
     if (tp_launch_self(c->tp, TP_BACKEND_AUTO, argv, &rc)) return -1;
@@ -264,6 +267,7 @@ static int read_common(const cli_option *o, int n, const char *cmd, job *j, long
     long long seq = mode == MODE_FORWARD ? 512 : 16, newt = 128, reps = 5;
     j->dir = cli_value(o, n, "--model");
     j->plan = cli_value(o, n, "--tp-plan");
+    j->ep = cli_flag(o, n, "--ep");
     j->report = cli_value(o, n, "--report");
     if (!j->dir) { fprintf(stderr, "tensorpar %s: error: --model is required\n", cmd); return 2; }
     if (cli_int(o, n, mode == MODE_FORWARD ? "--seq" : "--prompt", &seq) || cli_int(o, n, "--new-tokens", &newt) ||

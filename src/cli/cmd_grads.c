@@ -106,6 +106,7 @@ int cmd_grads(int argc, char **argv)
     if (cli_tp_threads(o, n, &tp, &mo)) { free(ids); cli_tp_end(&tp); return cli_report("grads"); }
     mo.mesh = tp.mesh;
     mo.tp_plan = tp.plan;
+    mo.expert_parallel = tp.ep && tp.size > 1;
     tp_model *m;
     tp_status s = tp_model_load(&m, dir, &mo);
     if (!s) {

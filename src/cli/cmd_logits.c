@@ -80,7 +80,8 @@ int cmd_logits(int argc, char **argv)
     if (cli_tp_begin("logits", argc, argv, o, n, dir, &tp, &rc)) { free(ids); cli_tp_end(&tp); return rc; }
     if (cli_tp_threads(o, n, &tp, &mo)) { free(ids); cli_tp_end(&tp); return cli_report("logits"); }
     mo.show_progress = mo.show_progress && tp.rank == 0;   /* one bar, not one per rank */
-    tp_dist_config dc = {.tp_size = tp.size, .tp_plan = tp.plan, .world = tp.world, .model = &mo};
+    tp_dist_config dc = {.tp_size = tp.size, .tp_plan = tp.plan, .world = tp.world, .model = &mo,
+                         .ep_size = tp.ep ? tp.size : 0};
     tp_model *m;
     tp_status s = tp_model_from_pretrained(&m, dir, mo.weight_dtype, &dc);
     if (!s && cli_adapter_load(o, n, m)) {

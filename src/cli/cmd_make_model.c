@@ -8,14 +8,16 @@
 int cmd_make_model(int argc, char **argv)
 {
     cli_option o[] = {
-        {"--arch", "ARCH", "llama, mistral, qwen2 or qwen3", 0, {0}},
-        {"--preset", "NAME", "tiny, small, qwen3-0.6b, llama-3.2-1b, llama-3-8b (default tiny)", 0, {0}},
+        {"--arch", "ARCH", "llama, mistral, qwen2, qwen3, qwen3_moe or mixtral", 0, {0}},
+        {"--preset", "NAME", "tiny, small, qwen3-0.6b, llama-3.2-1b, llama-3-8b, qwen3-30b-a3b, mixtral-8x7b "
+                             "(default tiny)", 0, {0}},
         {"--set", "KEY=VALUE", "override a config.json key (JSON value); repeatable; the final config is "
                                "checked once, so the order does not matter", 0, {0}},
         {"--dtype", "f32|bf16", "stored weight dtype (default: the preset's)", 0, {0}},
         {"--seed", "N", "random seed (default 0)", 0, {0}},
         {"--std", "F", "weights ~ N(0, F) (default 0.02)", 0, {0}},
         {"--qk-std", "F", "q_proj/k_proj weights ~ N(0, F) (default: --std)", 0, {0}},
+        {"--router-std", "F", "MoE router (mlp.gate) weights ~ N(0, F) (default: --std)", 0, {0}},
         {"--shards", "K", "write K shard files and model.safetensors.index.json", 0, {0}},
         {"--tokenizer", "FILE|DIR", "copy tokenizer files beside the weights; a larger vocabulary than the "
                                      "preset's becomes vocab_size, rounded up to a multiple of 128 (unless "
@@ -41,13 +43,14 @@ int cmd_make_model(int argc, char **argv)
         return cli_usage_error("make-model");
     const cli_option *set = &o[2];
     if (tp_config_set_all(&cfg, set->values, set->count)) return cli_usage_error("make-model");
-    tp_make_options mo = {cfg.dtype, 0, 0.02, -1, 0, cli_value(o, n, "--tokenizer"), 0};
+    tp_make_options mo = {.dtype = cfg.dtype, .std = 0.02, .qk_std = -1, .router_std = 0,
+                          .tokenizer = cli_value(o, n, "--tokenizer")};
     for (int i = 0; i < set->count; i++) mo.vocab_size_given |= !strncmp(set->values[i], "vocab_size=", 11);
     long long seed = 0, shards = 0;
     const char *dt = cli_value(o, n, "--dtype");
     if ((dt && tp_dtype_parse(dt, &mo.dtype)) || cli_int(o, n, "--seed", &seed) ||
         cli_int(o, n, "--shards", &shards) || cli_double(o, n, "--std", &mo.std) ||
-        cli_double(o, n, "--qk-std", &mo.qk_std))
+        cli_double(o, n, "--qk-std", &mo.qk_std) || cli_double(o, n, "--router-std", &mo.router_std))
         return cli_usage_error("make-model");
     if (mo.qk_std < 0) mo.qk_std = mo.std;
     mo.seed = (uint64_t)seed;

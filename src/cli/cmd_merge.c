@@ -38,7 +38,8 @@ int cmd_merge(int argc, char **argv)
     if (cli_tp_begin("merge", argc, argv, o, n, dir, &tp, &rc)) { cli_tp_end(&tp); return rc; }
     if (cli_tp_threads(o, n, &tp, &mo)) { cli_tp_end(&tp); return cli_report("merge"); }
     mo.show_progress = mo.show_progress && tp.rank == 0;
-    tp_dist_config dc = {.tp_size = tp.size, .tp_plan = tp.plan, .world = tp.world, .model = &mo};
+    tp_dist_config dc = {.tp_size = tp.size, .tp_plan = tp.plan, .world = tp.world, .model = &mo,
+                         .ep_size = tp.ep ? tp.size : 0};
     tp_model *m;
     tp_status s = tp_model_from_pretrained(&m, dir, TP_F32, &dc);
     if (!s) {

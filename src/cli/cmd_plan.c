@@ -11,10 +11,11 @@ int cmd_plan(int argc, char **argv)
         {"--model", "DIR", "model directory (only config.json is read; required)", 0, {0}},
         {"--tp", "N", "tensor parallel size (default 1)", 0, {0}},
         {"--tp-plan", "auto|FILE.json", "the built-in plan (default) or a JSON object of rules", 0, {0}},
+        {"--ep", NULL, "expert parallelism: auto is the model type's expert-parallel plan", 0, {0}},
         {"--json", NULL, "print one JSON document instead of text", 0, {0}},
     };
     int n = (int)(sizeof o / sizeof o[0]);
-    int rc = cli_parse(argc, argv, o, n, "tensorpar plan --model DIR --tp N [--tp-plan auto|FILE.json] [--json]",
+    int rc = cli_parse(argc, argv, o, n, "tensorpar plan --model DIR --tp N [--tp-plan auto|FILE.json] [--ep] [--json]",
                        "Resolves the tensor parallel plan for the model's config and prints each parameter's\n"
                        "rule, style, placement and local shape, the bytes per rank, the collectives per\n"
                        "token and the plan warnings.  Invalid plans exit 1 with the error.", NULL, NULL);
@@ -34,7 +35,7 @@ int cmd_plan(int argc, char **argv)
     tp_model_config cfg;
     tp_plan plan;
     tp_plan_resolution *res;
-    if (tp_config_load(&cfg, dir) || tp_plan_load(cli_value(o, n, "--tp-plan"), &cfg, &plan))
+    if (tp_config_load(&cfg, dir) || tp_plan_load_mode(cli_value(o, n, "--tp-plan"), &cfg, cli_flag(o, n, "--ep") && tp > 1, &plan))
         return cli_report("plan");
     tp_status s = tp_plan_resolve(&cfg, &plan, (int)tp, NULL, &res);
     if (!s && (s = tp_plan_check_flow(res))) tp_plan_resolution_free(res);

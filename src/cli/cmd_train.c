@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define N_OWN 36
+#define N_OWN 38
 
 static const cli_option own[N_OWN] = {
     {"--model", "DIR", "model directory (required)", 0, {0}},
@@ -52,7 +52,11 @@ static const cli_option own[N_OWN] = {
     {"--lora-r", "R", "train a LoRA adapter of rank R on the frozen model; OUT gets the adapter in PEFT's format", 0, {0}},
     {"--lora-alpha", "A", "LoRA scale numerator: scale = A / R (default 8)", 0, {0}},
     {"--lora-target", "NAMES", "comma-separated modules to adapt (default q_proj,v_proj)", 0, {0}},
-    {"--lora-dropout", "P", "dropout on the adapters' input (default 0; only 0 is supported yet)", 0, {0}},
+    {"--lora-modules-to-save", "NAMES", "comma-separated modules trained in full and saved with the adapter "
+     "(PEFT's modules_to_save; f32 weights)", 0, {0}},
+    {"--lora-bias", "none|all|lora_only", "biases trained with the adapter: none (default), every one, or the "
+     "adapted modules' (PEFT's bias; f32 weights)", 0, {0}},
+    {"--lora-dropout", "P", "dropout on the adapters' input in training, masks from --seed (default 0)", 0, {0}},
     {"--adapter", "DIR", "continue training this PEFT LoRA adapter on the frozen model", 0, {0}},
     {"--dp-replicate", "N", "data parallelism: N replicas of the TP-split model, gradients averaged (default 1)", 0, {0}},
     {"--dp-shard", "N", "data parallelism with FSDP/ZeRO-3: parameters, gradients and AdamW state split over N ranks (default 1)", 0, {0}},
@@ -154,6 +158,7 @@ static tp_status data_ctx_init(data_ctx *c, const char *dir, int64_t seq_len)
     char path[4096];
     memset(c, 0, sizeof *c);
     tp_status s = tp_config_load(&cfg, dir);
+    if (!s) s = tp_config_check_training(&cfg);   /* before anything is written */
     if (s) return s;
     c->d.seq_len = seq_len > 0 ? seq_len : (cfg.max_position_embeddings < 1024 ? cfg.max_position_embeddings : 1024);
     c->d.vocab = cfg.vocab_size;
@@ -198,7 +203,7 @@ static tp_status load_data(const char *dir, long long seq_len, const char *train
 typedef struct {
     long long r;
     double alpha, dropout;
-    const char *target, *adapter;
+    const char *target, *adapter, *save, *bias;
 } lora_opts;
 
 static int parse_lora(const cli_option *o, int n, lora_opts *l)
@@ -208,30 +213,59 @@ static int parse_lora(const cli_option *o, int n, lora_opts *l)
     l->dropout = 0.0;
     l->target = cli_value(o, n, "--lora-target");
     l->adapter = cli_value(o, n, "--adapter");
+    l->save = cli_value(o, n, "--lora-modules-to-save");
+    l->bias = cli_value(o, n, "--lora-bias");
     if (cli_int(o, n, "--lora-r", &l->r) || cli_double(o, n, "--lora-alpha", &l->alpha) ||
         cli_double(o, n, "--lora-dropout", &l->dropout))
         return cli_usage_error("train");
-    int any = l->r || l->target || cli_value(o, n, "--lora-alpha") || cli_value(o, n, "--lora-dropout");
+    int any = l->r || l->target || l->save || l->bias || cli_value(o, n, "--lora-alpha") ||
+              cli_value(o, n, "--lora-dropout");
     if (cli_value(o, n, "--lora-r") && l->r < 1) return usage("--lora-r must be >= 1");
     if (l->adapter && any) return usage("--adapter resumes an adapter with its own adapter_config.json; "
                                         "it takes no --lora-* option");
-    if (any && !l->r) return usage("--lora-alpha, --lora-target and --lora-dropout need --lora-r");
-    if (l->dropout != 0.0) return usage("--lora-dropout: only 0 is supported yet");
-    if ((l->r || l->adapter) && (cli_value(o, n, "--save-every") || cli_value(o, n, "--resume")))
-        return usage("checkpoints (--save-every, --resume) are not supported with LoRA yet; --adapter OUT "
-                     "continues from a saved adapter");
+    if (any && !l->r)
+        return usage("--lora-alpha, --lora-target, --lora-dropout, --lora-bias and --lora-modules-to-save need "
+                     "--lora-r");
     return 0;
 }
 
+/* A resumed LoRA run continues the checkpoint's adapter, which must be
+ * the one this run's --lora-* options describe (--adapter: the start the
+ * checkpoint came from, replaced by it). */
+static tp_status lora_resume(tp_model *m, const lora_opts *l, const char *ckpt)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/adapter_config.json", ckpt);
+    if (!exists(path))
+        return tp_fail(TP_ERR_INVALID, "--resume %s: not a LoRA checkpoint (no adapter_config.json); resume it "
+                       "without the --lora-* and --adapter options", ckpt);
+    tp_lora_config run, saved;
+    memset(&saved, 0, sizeof saved);
+    tp_status s = TP_OK;
+    if (l->r && !(s = tp_lora_config_make(&run, l->r, l->alpha, l->dropout, l->target ? l->target : "q_proj,v_proj"))) {
+        if (l->save) s = tp_lora_config_set_saved(&run, l->save);
+        if (!s && l->bias) s = tp_lora_config_set_bias(&run, l->bias, "--lora-bias");
+        if (!s) s = tp_lora_config_load(&saved, ckpt);
+        if (!s) s = tp_lora_config_same(&run, &saved, path);
+        tp_lora_config_free(&saved);
+        tp_lora_config_free(&run);
+    }
+    if (!s) s = tp_model_load_adapter(m, ckpt, 0);
+    return s ? s : tp_model_lora_train(m);
+}
+
 /* Attaches the adapter to train and freezes the base. */
-static tp_status lora_attach(tp_model *m, const lora_opts *l, uint64_t seed)
+static tp_status lora_attach(tp_model *m, const lora_opts *l, uint64_t seed, const char *resume)
 {
     tp_status s;
+    if (resume) return lora_resume(m, l, resume);
     if (l->adapter) {
         s = tp_model_load_adapter(m, l->adapter, 0);
     } else {
         tp_lora_config c;
         s = tp_lora_config_make(&c, l->r, l->alpha, l->dropout, l->target ? l->target : "q_proj,v_proj");
+        if (!s && l->save) s = tp_lora_config_set_saved(&c, l->save);
+        if (!s && l->bias) s = tp_lora_config_set_bias(&c, l->bias, "--lora-bias");
         if (!s) s = tp_model_lora_init(m, &c, seed);
         tp_lora_config_free(&c);
     }
@@ -245,14 +279,22 @@ static tp_status train_and_save(const char *dir, const char *out, cli_tp *tp, tp
     tp_model *m;
     mo->mesh = cli_tp_mesh(tp);
     mo->tp_plan = tp->plan;
+    mo->expert_parallel = tp->ep && tp->tp_size > 1;
     t->ckpt.src_dir = dir;
-    /* Resuming: the weights are the checkpoint's. */
-    tp_status s = tp_model_load(&m, t->ckpt.resume_dir ? t->ckpt.resume_dir : dir, mo);
+    /* Resuming: the weights are the checkpoint's (LoRA: the adapter; the
+     * frozen base is --model's). */
+    int adapting = lora->r > 0 || lora->adapter;
+    const char *resume = t->ckpt.resume_dir;
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%s/adapter_config.json", resume ? resume : "");
+    if (resume && !adapting && exists(probe))
+        return tp_fail(TP_ERR_INVALID, "--resume %s: a LoRA checkpoint; resume it with the run's --lora-* options "
+                       "(or --adapter)", resume);
+    tp_status s = tp_model_load(&m, resume && !adapting ? resume : dir, mo);
     if (s) return s;
     m->vocab_parallel_loss = vocab_parallel;
     m->gradient_checkpointing = grad_ckpt;
-    int adapting = lora->r > 0 || lora->adapter;
-    if (adapting && (s = lora_attach(m, lora, t->seed))) { tp_model_free(m); return s; }
+    if (adapting && (s = lora_attach(m, lora, t->seed, resume))) { tp_model_free(m); return s; }
     tp_trainer_result r;
     t->out_dir = out;
     t->writer = tp->rank == 0;
@@ -320,15 +362,11 @@ int cmd_train(int argc, char **argv)
         return cli_usage_error("train");
     }
     const char *dt_name = cli_value(o, n, "--dtype");
-    const char *refused = NULL;
-    if ((dpr > 1 || dps > 1) && (lora.r > 0 || lora.adapter))
-        refused = "--dp-replicate and --dp-shard are not supported with LoRA yet";
     long long want = 1;
-    if (refused || (!tp_launch_in_job() && !cli_int(o, n, "--tp", &want) && want * dpr * dps > 1)) {
+    if (!tp_launch_in_job() && !cli_int(o, n, "--tp", &want) && want * dpr * dps > 1) {
         tp_dataset_release(&dt);
         tp_dataset_release(&de);
     }
-    if (refused) return usage(refused);
     cli_tp tp;
     if (cli_tp_begin_dp("train", argc, argv, o, n, dir, (int)dpr, (int)dps, &tp, &rc)) {
         tp_dataset_release(&dt);

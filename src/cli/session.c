@@ -114,7 +114,8 @@ int session_open(session *s, const char *cmd, const char *dir, const cli_option 
     if (cli_tp_agree(cmd, &s->tp, load_text(s, dir, need) != 0)) return -2;
     /* The job is already joined (cli_tp_begin checked the model on every
      * rank first); the API builds the mesh on it and loads. */
-    tp_dist_config dc = {.tp_size = s->tp.size, .tp_plan = s->tp.plan, .world = s->tp.world, .model = &mo};
+    tp_dist_config dc = {.tp_size = s->tp.size, .tp_plan = s->tp.plan, .world = s->tp.world, .model = &mo,
+                         .ep_size = s->tp.ep ? s->tp.size : 0};
     if (tp_model_from_pretrained(&s->model, dir, mo.weight_dtype, &dc)) return -1;
     int bad = tp_generation_config_load(&s->gen, dir, &s->model->cfg) || session_read_options(s, o, n) ||
               cli_adapter_load(o, n, s->model);

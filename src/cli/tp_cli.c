@@ -16,6 +16,8 @@ const cli_option cli_tp_options[CLI_TP_N_OPTIONS] = {
     {"--tp", "N", "split the model over N ranks (tensor parallelism)", 0, {0}},
     {"--tp-plan", "auto|FILE", "TP plan: the model type's built-in plan (auto) or a JSON file", 0, {0}},
     {"--backend", "shm|mpi", "how ranks communicate (default shm on one host)", 0, {0}},
+    {"--ep", NULL, "expert parallelism: split the experts of a MoE model over the --tp ranks (E/P whole experts "
+                   "each; --tp-plan auto is then the model type's expert-parallel plan)", 0, {0}},
 };
 
 static int relaunch(int argc, char **argv, long long n, tp_backend backend, int *rc)
@@ -54,14 +56,14 @@ static int check_options(const char *cmd, const cli_option *o, int n, const char
 
 /* What every rank would find identically before reading a weight: the
  * config and the plan for this TP size.  -1 with tp_error(). */
-static int check_model(const char *dir, long long size, const char *plan_spec)
+static int check_model(const char *dir, long long size, const char *plan_spec, int ep)
 {
     tp_model_config cfg;
     if (tp_config_load(&cfg, dir)) return -1;
     if (size <= 1 && !plan_spec) return 0;
     tp_plan plan = {0};
     tp_plan_resolution *res = NULL;
-    tp_status s = tp_plan_load(plan_spec, &cfg, &plan);
+    tp_status s = tp_plan_load_mode(plan_spec, &cfg, ep && size > 1, &plan);
     if (!s) s = tp_plan_resolve(&cfg, &plan, (int)size, NULL, &res);
     tp_plan_free(&plan);
     tp_plan_resolution_free(res);
@@ -131,7 +133,7 @@ static int join(const char *cmd, long long want, const char *dir, cli_tp *tp, in
     long long t = tp_size_of(want, tp);
     int failed = t < 0;
     tp->tp_size = t > 0 ? (int)t : 1;
-    if (!failed && dir) failed = check_model(dir, tp->tp_size, tp->plan) != 0;
+    if (!failed && dir) failed = check_model(dir, tp->tp_size, tp->plan, tp->ep) != 0;
     if (cli_tp_agree(cmd, tp, failed)) return 1;
     if (make_meshes(tp)) { cli_report(cmd); return 1; }
     return 0;
@@ -148,12 +150,13 @@ static int begin(const char *cmd, int argc, char **argv, const cli_option *o, in
     tp->dp_shard = dp_shard;
     tp->dp_ok = dp_ok;
     tp->plan = cli_value(o, n, "--tp-plan");
+    tp->ep = cli_flag(o, n, "--ep");
     long long want = 0;
     if ((*rc = check_options(cmd, o, n, dir, &want))) return 1;
     if (tp_launch_in_job()) return join(cmd, want, dir, tp, rc);
     /* One process so far: what it finds wrong, it says once, and no rank
      * is started for nothing. */
-    if (dir && check_model(dir, want > 1 ? want : 1, tp->plan)) { *rc = cli_report(cmd); return 1; }
+    if (dir && check_model(dir, want > 1 ? want : 1, tp->plan, tp->ep)) { *rc = cli_report(cmd); return 1; }
     long long ranks = (want > 1 ? want : 1) * dp_replicate * dp_shard;
     if (ranks <= 1) return 0;
     tp_backend backend = TP_BACKEND_AUTO;

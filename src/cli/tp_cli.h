@@ -7,7 +7,7 @@
 #include "tensorpar/dist.h"
 #include "tensorpar/models.h"
 
-#define CLI_TP_N_OPTIONS 3
+#define CLI_TP_N_OPTIONS 4
 extern const cli_option cli_tp_options[CLI_TP_N_OPTIONS];
 
 typedef struct {
@@ -15,6 +15,7 @@ typedef struct {
     tp_mesh *mesh;        /* the 1-D TP mesh, or NULL (NULL too under data parallelism: see grid) */
     int rank, size;
     const char *plan;     /* --tp-plan, or NULL */
+    int ep;               /* --ep: expert parallelism over the TP ranks (the model type's EP plan) */
     /* Data parallelism (cli_tp_begin_dp): the replica counts and the mesh
      * ["dp_replicate", "dp_shard", "cp", "tp"] (tp fastest, cp 1, the
      * flattened "dp" group; tp_parallelism_config_mesh), NULL without. */

@@ -13,6 +13,7 @@
 static const struct { const char *name; tp_arch arch; } arch_names[] = {
     {"llama", TP_ARCH_LLAMA}, {"mistral", TP_ARCH_MISTRAL},
     {"qwen2", TP_ARCH_QWEN2}, {"qwen3", TP_ARCH_QWEN3},
+    {"qwen3_moe", TP_ARCH_QWEN3_MOE}, {"mixtral", TP_ARCH_MIXTRAL},
 };
 #define N_ARCH (sizeof arch_names / sizeof arch_names[0])
 
@@ -21,7 +22,7 @@ tp_status tp_arch_parse(const char *s, tp_arch *out)
     for (size_t i = 0; i < N_ARCH; i++)
         if (!strcmp(s, arch_names[i].name)) { *out = arch_names[i].arch; return TP_OK; }
     return tp_fail(TP_ERR_UNSUPPORTED,
-                   "model type '%s' is not supported (supported: llama, mistral, qwen2, qwen3)", s);
+                   "model type '%s' is not supported (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral)", s);
 }
 
 const char *tp_arch_name(tp_arch a)
@@ -38,6 +39,8 @@ static const char *architecture_class(tp_arch a)
     case TP_ARCH_MISTRAL: return "MistralForCausalLM";
     case TP_ARCH_QWEN2: return "Qwen2ForCausalLM";
     case TP_ARCH_QWEN3: return "Qwen3ForCausalLM";
+    case TP_ARCH_QWEN3_MOE: return "Qwen3MoeForCausalLM";
+    case TP_ARCH_MIXTRAL: return "MixtralForCausalLM";
     }
     return "?";
 }
@@ -73,7 +76,27 @@ static void set_defaults(tp_model_config *c, tp_arch arch)
         c->vocab_size = 151936; c->intermediate_size = 22016; c->max_position_embeddings = 32768;
         c->head_dim = 128; c->qk_norm = 1;
         break;
+    case TP_ARCH_QWEN3_MOE:   /* Qwen3MoeConfig */
+        c->vocab_size = 151936; c->hidden_size = 2048; c->intermediate_size = 6144; c->num_hidden_layers = 24;
+        c->num_key_value_heads = 4; c->max_position_embeddings = 32768; c->qk_norm = 1;
+        c->num_experts = 128; c->num_experts_per_tok = 8; c->moe_intermediate_size = 768;
+        c->decoder_sparse_step = 1;
+        break;
+    case TP_ARCH_MIXTRAL:     /* MixtralConfig */
+        c->vocab_size = 32000; c->intermediate_size = 14336; c->max_position_embeddings = 4096 * 32;
+        c->num_key_value_heads = 8; c->rope_theta = 1e6; c->rms_norm_eps = 1e-5;
+        c->bos_token_id = 1; c->eos_token_ids[0] = 2; c->n_eos = 1;
+        c->num_experts = 8; c->num_experts_per_tok = 2; c->decoder_sparse_step = 1; c->norm_topk_prob = 1;
+        break;
     }
+}
+
+int tp_config_layer_is_sparse(const tp_model_config *c, int64_t l)
+{
+    if (c->num_experts <= 0) return 0;
+    for (int i = 0; i < c->n_mlp_only; i++)
+        if (c->mlp_only_layers[i] == l) return 0;
+    return c->decoder_sparse_step > 0 && (l + 1) % c->decoder_sparse_step == 0;
 }
 
 /* ---- typed getters that name the file and key on error ----------------- */
@@ -166,6 +189,60 @@ static tp_status get_eos(const json_doc *d, int64_t *ids, int *n)
     return TP_OK;
 }
 
+/* mlp_only_layers: a list of layer indices (null or absent: none). */
+static tp_status get_layer_list(const json_doc *d, const char *key, int64_t *ids, int *n)
+{
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(d->root, key);
+    *n = 0;
+    if (!v || cJSON_IsNull(v)) return TP_OK;
+    if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) > TP_MAX_MLP_ONLY)
+        return tp_fail(TP_ERR_FORMAT, "%s: key '%s' must be a list of at most %d layer indices", d->path, key,
+                       TP_MAX_MLP_ONLY);
+    cJSON *e;
+    cJSON_ArrayForEach(e, v) {
+        if (!json_int(e, &ids[*n]) || ids[*n] < 0)
+            return tp_fail(TP_ERR_FORMAT, "%s: key '%s' holds something other than a layer index", d->path, key);
+        (*n)++;
+    }
+    return TP_OK;
+}
+
+/* The mixture-of-experts keys (§7.1: the expert count under either name). */
+static tp_status parse_moe(tp_model_config *c, const json_doc *d)
+{
+    tp_status s;
+    if ((s = get_size(d, "num_experts", &c->num_experts)) ||
+        (s = get_size(d, "num_local_experts", &c->num_experts)) ||
+        (s = get_size(d, "num_experts_per_tok", &c->num_experts_per_tok)) ||
+        (s = get_size(d, "moe_intermediate_size", &c->moe_intermediate_size)) ||
+        (s = get_size(d, "decoder_sparse_step", &c->decoder_sparse_step)) ||
+        (s = get_bool(d, "norm_topk_prob", &c->norm_topk_prob)) ||
+        (s = get_bool(d, "output_router_logits", &c->output_router_logits)) ||
+        (s = get_layer_list(d, "mlp_only_layers", c->mlp_only_layers, &c->n_mlp_only)))
+        return s;
+    /* Mixtral's experts are intermediate_size wide and always renormalised. */
+    if (c->arch == TP_ARCH_MIXTRAL) { c->moe_intermediate_size = c->intermediate_size; c->norm_topk_prob = 1; }
+    if (c->num_experts < 1 || c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_experts ||
+        c->moe_intermediate_size < 1 || c->decoder_sparse_step < 1)
+        return tp_fail(TP_ERR_FORMAT, "%s: %s needs num_experts >= 1, 1 <= num_experts_per_tok <= num_experts "
+                       "(got %lld of %lld), moe_intermediate_size >= 1 and decoder_sparse_step >= 1", d->path,
+                       c->model_type, (long long)c->num_experts_per_tok, (long long)c->num_experts);
+    return TP_OK;
+}
+
+tp_status tp_config_check_training(const tp_model_config *c)
+{
+    /* Transformers' loss would then include the router's auxiliary loss;
+     * tensorpar's does not, so it refuses rather than train toward another
+     * objective. */
+    if (c->num_experts > 0 && c->output_router_logits)
+        return tp_fail(TP_ERR_UNSUPPORTED, "model type %s: config.json sets output_router_logits, with which "
+                       "Transformers adds router_aux_loss_coef times the router's load-balancing loss to the "
+                       "training loss; tensorpar does not compute that loss: set output_router_logits to false",
+                       c->model_type);
+    return TP_OK;
+}
+
 static tp_status parse_rope_scaling(const json_doc *d, tp_rope_scaling *rs, int64_t max_pos)
 {
     cJSON *v = cJSON_GetObjectItemCaseSensitive(d->root, "rope_scaling");
@@ -247,7 +324,12 @@ static tp_status parse_config(tp_model_config *c, const json_doc *d)
     cJSON *hidden_act = cJSON_GetObjectItemCaseSensitive(d->root, "hidden_act");
     if (hidden_act && !(cJSON_IsString(hidden_act) && !strcmp(hidden_act->valuestring, "silu")))
         return tp_fail(TP_ERR_UNSUPPORTED, "%s: key 'hidden_act' must be \"silu\"", d->path);
-    if (arch == TP_ARCH_MISTRAL) {
+    if (arch == TP_ARCH_QWEN3_MOE || arch == TP_ARCH_MIXTRAL) {
+        if ((s = parse_moe(c, d))) return s;
+    } else {
+        c->num_experts = 0;
+    }
+    if (arch == TP_ARCH_MISTRAL || arch == TP_ARCH_MIXTRAL) {
         cJSON *sw = cJSON_GetObjectItemCaseSensitive(d->root, "sliding_window");
         if (sw && cJSON_IsNull(sw)) c->sliding_window = 0;
         else if ((s = get_size(d, "sliding_window", &c->sliding_window))) return s;
@@ -260,7 +342,7 @@ static tp_status parse_config(tp_model_config *c, const json_doc *d)
     /* Transformers builds Mistral without attention biases and Qwen2 with
      * q/k/v biases only, whatever attention_bias says. */
     if (arch == TP_ARCH_QWEN2) c->qkv_bias = 1;
-    if (arch == TP_ARCH_QWEN2 || arch == TP_ARCH_MISTRAL) c->attention_bias = 0;
+    if (arch == TP_ARCH_QWEN2 || arch == TP_ARCH_MISTRAL || arch == TP_ARCH_MIXTRAL) c->attention_bias = 0;
     return tp_config_validate(c, d->path);
 }
 
@@ -351,12 +433,28 @@ static tp_status save_json(cJSON *root, const char *path)
     return s;
 }
 
+/* The expert keys as each model type's config class names them. */
+static void moe_json(cJSON *o, const tp_model_config *c)
+{
+    int mixtral = c->arch == TP_ARCH_MIXTRAL;
+    cJSON_AddNumberToObject(o, mixtral ? "num_local_experts" : "num_experts", (double)c->num_experts);
+    cJSON_AddNumberToObject(o, "num_experts_per_tok", (double)c->num_experts_per_tok);
+    cJSON_AddBoolToObject(o, "output_router_logits", c->output_router_logits);
+    cJSON_AddNumberToObject(o, "router_aux_loss_coef", 0.001);
+    if (mixtral) { cJSON_AddNumberToObject(o, "router_jitter_noise", 0.0); return; }
+    cJSON_AddNumberToObject(o, "moe_intermediate_size", (double)c->moe_intermediate_size);
+    cJSON_AddNumberToObject(o, "decoder_sparse_step", (double)c->decoder_sparse_step);
+    cJSON_AddBoolToObject(o, "norm_topk_prob", c->norm_topk_prob);
+    cJSON *a = cJSON_AddArrayToObject(o, "mlp_only_layers");
+    for (int i = 0; i < c->n_mlp_only; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)c->mlp_only_layers[i]));
+}
+
 static cJSON *config_json(const tp_model_config *c)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON *archs = cJSON_AddArrayToObject(o, "architectures");
     cJSON_AddItemToArray(archs, cJSON_CreateString(architecture_class(c->arch)));
-    if (c->arch == TP_ARCH_LLAMA || c->arch == TP_ARCH_QWEN3)
+    if (c->arch == TP_ARCH_LLAMA || c->arch == TP_ARCH_QWEN3 || c->arch == TP_ARCH_QWEN3_MOE)
         cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias);
     cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
     if (c->bos_token_id >= 0) cJSON_AddNumberToObject(o, "bos_token_id", (double)c->bos_token_id);
@@ -364,7 +462,7 @@ static cJSON *config_json(const tp_model_config *c)
     cJSON_AddItemToObject(o, "eos_token_id", eos_json(c->eos_token_ids, c->n_eos));
     /* head_dim is written when it is not implied, so that a later --set of
      * hidden_size or num_attention_heads re-derives it. */
-    if (c->arch == TP_ARCH_QWEN3 || c->head_dim * c->num_attention_heads != c->hidden_size)
+    if (c->arch == TP_ARCH_QWEN3 || c->arch == TP_ARCH_QWEN3_MOE || c->head_dim * c->num_attention_heads != c->hidden_size)
         cJSON_AddNumberToObject(o, "head_dim", (double)c->head_dim);
     cJSON_AddStringToObject(o, "hidden_act", "silu");
     cJSON_AddNumberToObject(o, "hidden_size", (double)c->hidden_size);
@@ -379,11 +477,12 @@ static cJSON *config_json(const tp_model_config *c)
     cJSON_AddNumberToObject(o, "rms_norm_eps", c->rms_norm_eps);
     cJSON_AddItemToObject(o, "rope_scaling", rope_scaling_json(&c->rope_scaling));
     cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
-    if (c->arch == TP_ARCH_MISTRAL) {
+    if (c->num_experts > 0) moe_json(o, c);
+    if (c->arch == TP_ARCH_MISTRAL || c->arch == TP_ARCH_MIXTRAL) {
         if (c->sliding_window > 0) cJSON_AddNumberToObject(o, "sliding_window", (double)c->sliding_window);
         else cJSON_AddNullToObject(o, "sliding_window");
     }
-    if (c->arch == TP_ARCH_QWEN2 || c->arch == TP_ARCH_QWEN3) {
+    if (c->arch == TP_ARCH_QWEN2 || c->arch == TP_ARCH_QWEN3 || c->arch == TP_ARCH_QWEN3_MOE) {
         cJSON_AddNumberToObject(o, "max_window_layers", (double)c->num_hidden_layers);
         cJSON_AddBoolToObject(o, "use_sliding_window", 0);
         cJSON_AddNullToObject(o, "sliding_window");
@@ -406,10 +505,11 @@ tp_status tp_config_save(const tp_model_config *c, const char *model_dir)
 /* The config.json keys parse_config reads: the only ones --set can change
  * (another key would be written and then ignored, which hides typos). */
 static const char *const settable_keys[] = {
-    "attention_bias", "bos_token_id", "eos_token_id", "head_dim", "hidden_act", "hidden_size",
-    "intermediate_size", "max_position_embeddings", "mlp_bias", "num_attention_heads",
-    "num_hidden_layers", "num_key_value_heads", "rms_norm_eps", "rope_scaling", "rope_theta",
-    "sliding_window", "tie_word_embeddings", "torch_dtype", "use_sliding_window", "vocab_size",
+    "attention_bias", "bos_token_id", "decoder_sparse_step", "eos_token_id", "head_dim", "hidden_act",
+    "hidden_size", "intermediate_size", "max_position_embeddings", "mlp_bias", "mlp_only_layers",
+    "moe_intermediate_size", "norm_topk_prob", "num_attention_heads", "num_experts", "num_experts_per_tok",
+    "num_hidden_layers", "num_key_value_heads", "num_local_experts", "rms_norm_eps", "rope_scaling",
+    "rope_theta", "sliding_window", "tie_word_embeddings", "torch_dtype", "use_sliding_window", "vocab_size",
 };
 #define N_SETTABLE (sizeof settable_keys / sizeof settable_keys[0])
 

@@ -70,6 +70,8 @@ static tp_status vp_head_backward(tp_model *m, const vp_head *h, const float *dl
     float *dw;
     tp_status st = tp_module_grad(m, &m->modules[m->lm_head], TP_MODULE_WEIGHT, &dw);
     if (!st && h->cols > 0) st = tp_matmul_backward_ex(dh, dw, NULL, dlogits, x, T, h->W, m->pool, &m->matmul);
+    /* a LoRA adapter's part of dh is partial too (B holds the shard's rows) */
+    if (!st) st = tp_lora_backward(m, &m->modules[m->lm_head], x, dlogits, T, dh);
     if (st || !h->mesh) return st;
     tp_placement part = tp_partial(), rep = tp_replicate();
     int64_t shape[2] = {T, H};
@@ -154,9 +156,12 @@ static tp_status check_ids(const tp_model *m, const int64_t *tokens, const int64
  * local_packed_rowwise, gather, local) define no backward communication,
  * so a training run whose plan uses one is refused with §2.19's message.
  * Every other rule, on a Linear or on a whole block, trains through its
- * style's backward hooks. */
+ * style's backward hooks.  An MoE config asking for the router's auxiliary
+ * loss is refused too (tp_config_check_training). */
 static tp_status check_split(const tp_model *m)
 {
+    tp_status s = tp_config_check_training(&m->cfg);
+    if (s) return s;
     if (!m->tp || !m->tp->res) return TP_OK;
     return tp_plan_check_training(m->tp->res);
 }
@@ -238,6 +243,7 @@ static tp_status step(tp_model *m, const int64_t *tokens, const int64_t *shifted
         st = tp_cross_entropy_row_parallel(loss_sum, logits, shifted, T, V, count, m->tp->mesh, m->pool);
     if (mode == HEAD_VOCAB) {
         if (!st && cols > 0) st = tp_matmul_ex(logits, save.h_final, T, vp.W, NULL, m->pool, &m->matmul);
+        if (!st && cols > 0) st = tp_lora_apply(m, &m->modules[m->lm_head], save.h_final, T, logits);
         if (!st) st = tp_cross_entropy_vocab_parallel(loss_sum, logits, logits, shifted, T, V, count, vp.mesh, m->pool);
     }
     blocks_loss bl = {shifted, count, loss_sum};

@@ -31,6 +31,7 @@ static int fuse_norm(const tp_model *m, int64_t T)
     if (!m->fuse_norm || !m->tp || m->tp->size < 2 || !m->tp->mesh || T < FUSE_MIN_ROWS) return 0;
     for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++) {
         const tp_layer_modules *L = &m->layers[l];
+        if (L->experts >= 0) return 0;   /* a sparse block's output is summed by its experts' rule */
         if (!tp_module_output_summed(m, &m->modules[L->o_proj]) ||
             !tp_module_output_summed(m, &m->modules[L->down_proj]) || block_moves(m, L->self_attn) ||
             block_moves(m, L->mlp))

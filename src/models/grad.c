@@ -29,7 +29,7 @@ tp_status tp_module_grad(const tp_model *m, const tp_module *mod, int j, float *
 {
     const tp_module_param *p = &mod->params[j];
     *g = NULL;
-    if (tp_model_base_frozen(m)) return TP_OK;
+    if (tp_model_base_frozen(m) && !tp_lora_param_trained(m, mod, j)) return TP_OK;
     if (p->tied_to >= 0) p = &m->modules[p->tied_to].params[j];
     if (!p->grad.data)
         return tp_fail(TP_ERR_INVALID, "%s.%s has no gradient buffer (tp_model_zero_grad allocates them)",

@@ -29,6 +29,8 @@ void tp_lora_free(struct tp_lora *l)
         free(l->by_module[i]);
     }
     free(l->by_module);
+    free(l->saved);
+    free(l->saved_keys);
     tp_lora_config_free(&l->cfg);
     free(l);
 }
@@ -41,23 +43,14 @@ static const char *style_name(const tp_model *m, const tp_module *lin)
     return lin->tp->plan->style->name;
 }
 
-/* Reads `name` [rows, cols] (global) into t: whole, or the ranges of sl
- * along sl->dim (0 or 1) when split. */
-static tp_status read_shard(tp_checkpoint *ck, const char *name, int64_t rows, int64_t cols,
-                            const tp_param_slice *sl, int split, tp_tensor *t)
+tp_status tp_lora_read_into(tp_checkpoint *ck, const char *name, int64_t rows, int64_t cols, const tp_param_slice *sl,
+                            int split, const int64_t local[2], float *dst)
 {
     int64_t shape[2] = {rows, cols};
     tp_status s = tp_checkpoint_expect(ck, name, 2, shape);
     if (s) return s;
     int dim = split ? sl->dim : -1;
-    int64_t local[2] = {rows, cols};
-    if (dim >= 0) {
-        local[dim] = 0;
-        for (int i = 0; i < sl->n; i++) local[dim] += sl->len[i];
-    }
-    if ((s = tp_tensor_init(t, TP_F32, 2, local))) return s;
-    if (dim < 0) return tp_checkpoint_read(ck, name, TP_F32, t->data);
-    float *dst = t->data;
+    if (dim < 0) return tp_checkpoint_read(ck, name, TP_F32, dst);
     int64_t off = 0;
     for (int i = 0; i < sl->n && !s; i++) {
         float *tmp = malloc((size_t)(dim == 0 ? sl->len[i] * cols : rows * sl->len[i]) * sizeof(float) + 1);
@@ -72,16 +65,53 @@ static tp_status read_shard(tp_checkpoint *ck, const char *name, int64_t rows, i
     return s;
 }
 
+/* The shape of the part of [rows, cols] that sl keeps (split) or all. */
+static void local_shape(int64_t rows, int64_t cols, const tp_param_slice *sl, int split, int64_t local[2])
+{
+    local[0] = rows;
+    local[1] = cols;
+    if (!split || sl->dim < 0) return;
+    local[sl->dim] = 0;
+    for (int i = 0; i < sl->n; i++) local[sl->dim] += sl->len[i];
+}
+
+tp_status tp_lora_read_shard(tp_checkpoint *ck, const char *name, int64_t rows, int64_t cols,
+                             const tp_param_slice *sl, int split, tp_tensor *t)
+{
+    int64_t local[2];
+    local_shape(rows, cols, sl, split, local);
+    tp_status s = tp_tensor_init(t, TP_F32, 2, local);
+    return s ? s : tp_lora_read_into(ck, name, rows, cols, sl, split, local, t->data);
+}
+
+tp_status tp_model_lora_read_tensor(const tp_model *m, size_t k, tp_checkpoint *ck, const char *name, float *dst)
+{
+    size_t i;
+    int is_a;
+    size_t adapters = tp_model_lora_count(m) - tp_lora_saved_count(m);
+    if (k >= adapters) return tp_lora_saved_read(m, k - adapters, ck, name, dst);   /* then the saved ones */
+    const lora_entry *e = tp_lora_entry_at(m->lora, k, &i, &is_a);
+    if (!e) return tp_fail(TP_ERR_INVALID, "no adapter tensor %zu", k);
+    int64_t shape[2], local[2];
+    tp_lora_global_shape(m, i, e, is_a, shape);
+    const tp_param_slice *sl = is_a ? &e->a_slice : &e->b_slice;
+    local_shape(shape[0], shape[1], sl, sl->dim >= 0, local);
+    return tp_lora_read_into(ck, name, shape[0], shape[1], sl, sl->dim >= 0, local, dst);
+}
+
 tp_status tp_lora_placement(const tp_model *m, const tp_module *lin, int *a_split, int *b_split)
 {
     const char *style = style_name(m, lin);
     const tp_module_param *w = &lin->params[TP_MODULE_WEIGHT];
     *a_split = *b_split = 0;
     if (!style) return TP_OK;
-    if (strcmp(style, "colwise") && strcmp(style, "rowwise"))
+    /* lm_head's colwise_gather_output splits its rows as colwise does: B
+     * follows them and the gather after the local output carries the term */
+    int colwise = !strcmp(style, "colwise") || !strcmp(style, "colwise_gather_output");
+    if (!colwise && strcmp(style, "rowwise"))
         return tp_fail(TP_ERR_UNSUPPORTED, "Unsupported tensor parallel plan '%s' for LoRA state dict sharding.",
                        style);
-    *b_split = !strcmp(style, "colwise") && w->slice.dim == 0;
+    *b_split = colwise && w->slice.dim == 0;
     *a_split = !strcmp(style, "rowwise") && w->slice.dim == 1;
     if (w->slice.dim >= 0 && !*a_split && !*b_split)
         return tp_fail(TP_ERR_INTERNAL, "%s: its weight is split along dimension %d under '%s'", lin->name,
@@ -102,16 +132,15 @@ static tp_status read_entry(tp_model *m, tp_checkpoint *ck, const tp_module *lin
     e->b_slice = w->slice;
     if (!row) e->a_slice.dim = -1;
     if (!col) e->b_slice.dim = -1;
-    s = read_shard(ck, e->a_name, r, w->shape[1], &w->slice, row, &e->A);
-    if (!s) s = read_shard(ck, e->b_name, w->shape[0], r, &w->slice, col, &e->B);
+    s = tp_lora_read_shard(ck, e->a_name, r, w->shape[1], &w->slice, row, &e->A);
+    if (!s) s = tp_lora_read_shard(ck, e->b_name, w->shape[0], r, &w->slice, col, &e->B);
     return s;
 }
 
 /* An embedding's adapter: lora_embedding_A [r, V] split on V like the base
  * table's rows under embedding_rowwise (§9.6), lora_embedding_B [H, r]
  * replicated. */
-static tp_status read_embedding_entry(tp_model *m, tp_checkpoint *ck, const tp_module *emb, int64_t r,
-                                      lora_entry *e)
+tp_status tp_lora_embedding_placement(const tp_model *m, const tp_module *emb, lora_entry *e)
 {
     const char *style = style_name(m, emb);
     if (style && strcmp(style, "embedding_rowwise"))
@@ -127,13 +156,22 @@ static tp_status read_embedding_entry(tp_model *m, tp_checkpoint *ck, const tp_m
     e->a_slice = e->vocab;
     e->b_slice = e->vocab;
     e->b_slice.dim = -1;
-    tp_status s = read_shard(ck, e->a_name, r, w->shape[0], &e->vocab, split, &e->A);
-    if (!s) s = read_shard(ck, e->b_name, w->shape[1], r, &e->vocab, 0, &e->B);
+    return TP_OK;
+}
+
+static tp_status read_embedding_entry(tp_model *m, tp_checkpoint *ck, const tp_module *emb, int64_t r,
+                                      lora_entry *e)
+{
+    tp_status s = tp_lora_embedding_placement(m, emb, e);
+    if (s) return s;
+    const tp_module_param *w = &emb->params[TP_MODULE_WEIGHT];
+    int split = e->vocab.dim >= 0;
+    s = tp_lora_read_shard(ck, e->a_name, r, w->shape[0], &e->vocab, split, &e->A);
+    if (!s) s = tp_lora_read_shard(ck, e->b_name, w->shape[1], r, &e->vocab, 0, &e->B);
     return s;
 }
 
-/* The local column of A that holds token id v, or -1 (another rank's). */
-static int64_t vocab_column(const lora_entry *e, int64_t v)
+int64_t tp_lora_vocab_column(const lora_entry *e, int64_t v)
 {
     if (e->vocab.dim < 0) return v;
     int64_t base = 0;
@@ -181,6 +219,7 @@ static tp_status merge_entry(tp_model *m, const tp_module *lin, const lora_entry
 static tp_status attach(tp_model *m, tp_checkpoint *ck, const tp_lora_config *c, int merge, struct tp_lora *l)
 {
     size_t used = 0;
+    /* the adapters first: a module both targeted and saved is refused */
     for (size_t i = 0; i < m->n_modules; i++) {
         const tp_module *mod = &m->modules[i];
         int hit = tp_lora_config_matches(c, mod->name);
@@ -202,6 +241,8 @@ static tp_status attach(tp_model *m, tp_checkpoint *ck, const tp_lora_config *c,
         used += 2;
     }
     if (!used) return tp_fail(TP_ERR_INVALID, "the adapter's target_modules match no Linear of the model");
+    tp_status s = tp_lora_saved_attach(m, l, ck, &used);
+    if (s) return s;
     if (used != tp_checkpoint_count(ck))
         tp_log(TP_LOG_WARN, "%zu tensors of the adapter are not used", tp_checkpoint_count(ck) - used);
     return TP_OK;
@@ -261,11 +302,17 @@ tp_status tp_lora_apply(tp_model *m, const tp_module *lin, const float *x, int64
     const lora_entry *e = m->lora->by_module[lin - m->modules];
     if (!e) return TP_OK;
     int64_t r = e->A.shape[0];
-    float *a = malloc((size_t)(T * r) * sizeof(float));
+    float *a = malloc((size_t)(T * r) * sizeof(float)), *xd = NULL;
     tp_status s = a ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
-    if (!s) s = tp_matmul_ex(a, x, T, &e->A, NULL, m->pool, &m->matmul);
+    /* training with lora_dropout: A reads the masked input, the base x */
+    if (!s && tp_lora_dropping(m)) {
+        xd = malloc((size_t)(T * e->A.shape[1]) * sizeof(float));
+        s = xd ? tp_lora_dropout(m, lin, e, x, T, xd) : tp_fail(TP_ERR_NOMEM, "out of memory");
+    }
+    if (!s) s = tp_matmul_ex(a, xd ? xd : x, T, &e->A, NULL, m->pool, &m->matmul);
     if (!s) s = add_up_projection(m, e, a, T, y);
     free(a);
+    free(xd);
     return s;
 }
 
@@ -281,7 +328,7 @@ tp_status tp_lora_apply_embedding(tp_model *m, const tp_module *emb, const int64
     /* the masked lookup of A's transposed table: ids on another rank give
      * zeros, and the base's all-reduce adds the ranks' terms */
     for (int64_t t = 0; !s && t < T; t++) {
-        int64_t col = vocab_column(e, ids[t]);
+        int64_t col = tp_lora_vocab_column(e, ids[t]);
         for (int64_t k = 0; k < r; k++) a[t * r + k] = col < 0 ? 0.0f : A[k * Vl + col];
     }
     if (!s) s = add_up_projection(m, e, a, T, y);

@@ -55,6 +55,56 @@ static tp_status read_targets(tp_lora_config *c, const cJSON *t, const char *pat
     return TP_OK;
 }
 
+tp_status tp_lora_config_set_bias(tp_lora_config *c, const char *bias, const char *where)
+{
+    static const char *const names[] = {"none", "all", "lora_only"};
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(bias, names[i])) { c->bias = (tp_lora_bias)i; return TP_OK; }
+    return tp_fail(TP_ERR_UNSUPPORTED, "%s: bias '%s'; it must be \"none\", \"all\" or \"lora_only\"", where, bias);
+}
+
+/* modules_to_save: absent, null or a list of module names. */
+static tp_status read_saved(tp_lora_config *c, const cJSON *v, const char *path)
+{
+    if (!v || cJSON_IsNull(v)) return TP_OK;
+    if (!cJSON_IsArray(v)) return tp_fail(TP_ERR_FORMAT, "%s: modules_to_save must be a list of names", path);
+    int n = cJSON_GetArraySize(v);
+    if (n && !(c->save = calloc((size_t)n, sizeof *c->save))) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        const cJSON *e = cJSON_GetArrayItem(v, i);
+        if (!cJSON_IsString(e)) return tp_fail(TP_ERR_FORMAT, "%s: modules_to_save[%d] is not a string", path, i);
+        if (!(c->save[i] = strdup(e->valuestring))) return tp_fail(TP_ERR_NOMEM, "out of memory");
+        c->n_save = i + 1;
+    }
+    return TP_OK;
+}
+
+tp_status tp_lora_config_set_saved(tp_lora_config *c, const char *names)
+{
+    cJSON *list = cJSON_CreateArray();
+    char *copy = strdup(names ? names : "");
+    for (char *save = NULL, *t = copy ? strtok_r(copy, ",", &save) : NULL; t; t = strtok_r(NULL, ",", &save))
+        if (*t) cJSON_AddItemToArray(list, cJSON_CreateString(t));
+    free(copy);
+    tp_status s = read_saved(c, list, "--lora-modules-to-save");
+    cJSON_Delete(list);
+    return s;
+}
+
+/* name is `want` or ends with "." + want: PEFT's match of a listed name */
+static int name_matches(const char *name, const char *want)
+{
+    size_t n = strlen(name), k = strlen(want);
+    return !strcmp(name, want) || (n > k && name[n - k - 1] == '.' && !strcmp(name + n - k, want));
+}
+
+int tp_lora_config_saves(const tp_lora_config *c, const char *name)
+{
+    for (int i = 0; i < c->n_save; i++)
+        if (name_matches(name, c->save[i])) return 1;
+    return 0;
+}
+
 static tp_status parse(tp_lora_config *c, const cJSON *root, const char *path)
 {
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(root, "r");
@@ -71,17 +121,22 @@ static tp_status parse(tp_lora_config *c, const cJSON *root, const char *path)
     c->r = (int64_t)r->valuedouble;
     c->alpha = cJSON_IsNumber(a) ? a->valuedouble : 8.0;   /* PEFT's default lora_alpha */
     c->dropout = cJSON_IsNumber(d) ? d->valuedouble : 0.0;
+    if (!(c->dropout >= 0 && c->dropout < 1))   /* p = 1 would scale the kept (none) by 1 / 0 */
+        return tp_fail(TP_ERR_FORMAT, "%s: lora_dropout must be in [0, 1), got %g", path, c->dropout);
     c->use_rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_rslora"));
-    if (b && !cJSON_IsNull(b) && (!cJSON_IsString(b) || strcmp(b->valuestring, "none")))
-        return tp_fail(TP_ERR_UNSUPPORTED, "%s: bias must be \"none\" (tensorpar trains no biases)", path);
-    static const char *const unsupported[] = {"modules_to_save", "rank_pattern", "alpha_pattern",
-                                              "fan_in_fan_out", "use_dora", "layers_to_transform"};
+    if (b && !cJSON_IsNull(b) && !cJSON_IsString(b))
+        return tp_fail(TP_ERR_FORMAT, "%s: bias must be \"none\", \"all\" or \"lora_only\"", path);
+    tp_status sb = b && cJSON_IsString(b) ? tp_lora_config_set_bias(c, b->valuestring, path) : TP_OK;
+    if (sb) return sb;
+    static const char *const unsupported[] = {"rank_pattern", "alpha_pattern", "fan_in_fan_out", "use_dora",
+                                              "layers_to_transform"};
     for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++) {
         tp_status s = refuse_set(root, unsupported[i], path);
         if (s) return s;
     }
     if (!t) return tp_fail(TP_ERR_FORMAT, "%s: no target_modules", path);
-    return read_targets(c, t, path);
+    tp_status s = read_targets(c, t, path);
+    return s ? s : read_saved(c, cJSON_GetObjectItemCaseSensitive(root, "modules_to_save"), path);
 }
 
 tp_status tp_lora_config_load(tp_lora_config *c, const char *dir)
@@ -125,6 +180,10 @@ void tp_lora_config_free(tp_lora_config *c)
     free(c->targets);
     c->targets = NULL;
     c->n_targets = 0;
+    for (int i = 0; i < c->n_save; i++) free(c->save[i]);
+    free(c->save);
+    c->save = NULL;
+    c->n_save = 0;
 }
 
 int tp_lora_config_matches(const tp_lora_config *c, const char *name)
@@ -139,16 +198,51 @@ int tp_lora_config_matches(const tp_lora_config *c, const char *name)
         regfree(&re);
         return hit;
     }
-    size_t n = strlen(name);
-    for (int i = 0; i < c->n_targets; i++) {
-        size_t k = strlen(c->targets[i]);
-        if (!strcmp(name, c->targets[i])) return 1;
-        if (n > k && name[n - k - 1] == '.' && !strcmp(name + n - k, c->targets[i])) return 1;
-    }
+    for (int i = 0; i < c->n_targets; i++)
+        if (name_matches(name, c->targets[i])) return 1;
     return 0;
 }
 
 double tp_lora_config_scale(const tp_lora_config *c)
 {
     return c->use_rslora ? c->alpha / sqrt((double)c->r) : c->alpha / (double)c->r;
+}
+
+/* The targets as one comma-separated text (a regex as itself). */
+static void targets_text(const tp_lora_config *c, char *buf, size_t cap)
+{
+    if (c->target_regex[0]) { snprintf(buf, cap, "%s", c->target_regex); return; }
+    size_t at = 0;
+    buf[0] = 0;
+    for (int i = 0; i < c->n_targets && at < cap; i++)
+        at += (size_t)snprintf(buf + at, cap - at, "%s%s", i ? "," : "", c->targets[i]);
+}
+
+tp_status tp_lora_config_same(const tp_lora_config *run, const tp_lora_config *saved, const char *where)
+{
+    if (run->r != saved->r)
+        return tp_fail(TP_ERR_INVALID, "%s: the adapter has r %lld, this run's --lora-r is %lld", where,
+                       (long long)saved->r, (long long)run->r);
+    if (run->alpha != saved->alpha)
+        return tp_fail(TP_ERR_INVALID, "%s: the adapter has lora_alpha %g, this run's --lora-alpha is %g", where,
+                       saved->alpha, run->alpha);
+    if (run->dropout != saved->dropout)
+        return tp_fail(TP_ERR_INVALID, "%s: the adapter has lora_dropout %g, this run's --lora-dropout is %g",
+                       where, saved->dropout, run->dropout);
+    char a[1024], b[1024];
+    targets_text(run, a, sizeof a);
+    targets_text(saved, b, sizeof b);
+    if (strcmp(a, b) || run->use_rslora != saved->use_rslora)
+        return tp_fail(TP_ERR_INVALID, "%s: the adapter targets %s%s, this run's --lora-target %s", where, b,
+                       saved->use_rslora ? " (rslora)" : "", a);
+    static const char *const bias[] = {"none", "all", "lora_only"};
+    if (run->bias != saved->bias)
+        return tp_fail(TP_ERR_INVALID, "%s: the adapter has bias %s, this run's --lora-bias is %s", where,
+                       bias[saved->bias], bias[run->bias]);
+    int same = run->n_save == saved->n_save;
+    for (int i = 0; same && i < run->n_save; i++) same = !strcmp(run->save[i], saved->save[i]);
+    if (!same)
+        return tp_fail(TP_ERR_INVALID, "%s: the adapter's modules_to_save differ from this run's "
+                       "--lora-modules-to-save", where);
+    return TP_OK;
 }

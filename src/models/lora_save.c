@@ -32,24 +32,50 @@ static void describe(const tp_model *m, const tp_module *mod, const char *name, 
     else t->writes = rank % reps == 0;
 }
 
+void tp_lora_global_shape(const tp_model *m, size_t module, const lora_entry *e, int is_a, int64_t shape[2])
+{
+    const int64_t *w = m->modules[module].params[TP_MODULE_WEIGHT].shape;
+    /* Linear: A [r, in], B [out, r]; embedding: A [r, V], B [H, r] */
+    int64_t a_cols = e->embedding ? w[0] : w[1], b_rows = e->embedding ? w[1] : w[0];
+    shape[0] = is_a ? m->lora->r : b_rows;
+    shape[1] = is_a ? a_cols : m->lora->r;
+}
+
+tp_status tp_model_lora_save_tensor(const tp_model *m, size_t k, const char *name, const float *local,
+                                    tp_save_tensor *out)
+{
+    size_t i, adapters = tp_model_lora_count(m) - tp_lora_saved_count(m);
+    int is_a;
+    if (k >= adapters && k < tp_model_lora_count(m)) {
+        tp_lora_saved_describe(m, k - adapters, name, local, out);
+        return TP_OK;
+    }
+    const lora_entry *e = tp_lora_entry_at(m->lora, k, &i, &is_a);
+    if (!e) return tp_fail(TP_ERR_INVALID, "no adapter tensor %zu", k);
+    int64_t shape[2];
+    tp_lora_global_shape(m, i, e, is_a, shape);
+    tp_tensor view = is_a ? e->A : e->B;
+    view.data = (void *)local;
+    describe(m, &m->modules[i], name, &view, is_a ? &e->a_slice : &e->b_slice, shape[0], shape[1], out);
+    return TP_OK;
+}
+
 static tp_status tensors(const tp_model *m, tp_save_tensor **out, size_t *n)
 {
-    const struct tp_lora *l = m->lora;
-    tp_save_tensor *t = calloc(2 * l->n + 1, sizeof *t);
+    size_t count = tp_model_lora_count(m);
+    tp_save_tensor *t = calloc(count + 1, sizeof *t);
     if (!t) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    size_t k = 0;
-    for (size_t i = 0; i < l->n; i++) {
-        const lora_entry *e = l->by_module[i];
-        if (!e) continue;
-        const tp_module *mod = &m->modules[i];
-        const int64_t *w = mod->params[TP_MODULE_WEIGHT].shape;
-        /* Linear: A [r, in], B [out, r]; embedding: A [r, V], B [H, r] */
-        int64_t a_cols = e->embedding ? w[0] : w[1], b_rows = e->embedding ? w[1] : w[0];
-        describe(m, mod, e->a_name, &e->A, &e->a_slice, l->r, a_cols, &t[k++]);
-        describe(m, mod, e->b_name, &e->B, &e->b_slice, b_rows, l->r, &t[k++]);
+    for (size_t k = 0; k < count; k++) {
+        const char *name;
+        tp_tensor *value, *grad;
+        int reps;
+        /* the adapters' A and B, then the base parameters saved with them */
+        tp_status s = tp_model_lora_tensor((tp_model *)m, k, &name, &value, &grad, &reps);
+        if (!s) s = tp_model_lora_save_tensor(m, k, name, value->data, &t[k]);
+        if (s) { free(t); return s; }
     }
     *out = t;
-    *n = k;
+    *n = count;
     return TP_OK;
 }
 
@@ -58,7 +84,8 @@ static char *config_json(const tp_lora_config *c)
     cJSON *o = cJSON_CreateObject();
     cJSON_AddItemToObject(o, "alpha_pattern", cJSON_CreateObject());
     cJSON_AddNullToObject(o, "base_model_name_or_path");
-    cJSON_AddStringToObject(o, "bias", "none");
+    static const char *const bias[] = {"none", "all", "lora_only"};
+    cJSON_AddStringToObject(o, "bias", bias[c->bias]);
     cJSON_AddFalseToObject(o, "fan_in_fan_out");
     cJSON_AddTrueToObject(o, "inference_mode");
     cJSON_AddTrueToObject(o, "init_lora_weights");
@@ -66,7 +93,12 @@ static char *config_json(const tp_lora_config *c)
     cJSON_AddNullToObject(o, "layers_to_transform");
     cJSON_AddNumberToObject(o, "lora_alpha", c->alpha);
     cJSON_AddNumberToObject(o, "lora_dropout", c->dropout);
-    cJSON_AddNullToObject(o, "modules_to_save");
+    if (c->n_save) {
+        cJSON *a = cJSON_AddArrayToObject(o, "modules_to_save");
+        for (int i = 0; i < c->n_save; i++) cJSON_AddItemToArray(a, cJSON_CreateString(c->save[i]));
+    } else {
+        cJSON_AddNullToObject(o, "modules_to_save");
+    }
     cJSON_AddStringToObject(o, "peft_type", "LORA");
     cJSON_AddNumberToObject(o, "r", (double)c->r);
     cJSON_AddItemToObject(o, "rank_pattern", cJSON_CreateObject());
@@ -99,21 +131,29 @@ static tp_status write_config(const tp_lora_config *c, const char *dir)
     return s;
 }
 
-tp_status tp_model_save_adapter(tp_model *m, const char *out_dir)
+tp_status tp_model_save_adapter_files(tp_model *m, const char *dir)
 {
     if (!m->lora) return tp_fail(TP_ERR_INVALID, "the model has no adapter to save");
     tp_group *g = tp_model_group(m);
     int me = g ? tp_group_rank(g) : 0;
+    tp_save_tensor *t = NULL;
+    size_t n = 0;
+    tp_status s = tp_comm_agree(g, tensors(m, &t, &n));
+    if (!s) s = tp_save_tensors(g, 0, dir, "adapter_model", t, n, 0);
+    if (!s && me == 0) s = write_config(&m->lora->cfg, dir);
+    free(t);
+    return s;
+}
+
+tp_status tp_model_save_adapter(tp_model *m, const char *out_dir)
+{
+    if (!m->lora) return tp_fail(TP_ERR_INVALID, "the model has no adapter to save");
+    tp_group *g = tp_model_group(m);
     struct stat st;
     int existing = stat(out_dir, &st) == 0 && S_ISDIR(st.st_mode);
     char tmp[4096];
     tp_status s = tp_save_dir_begin(g, 0, out_dir, tmp, sizeof tmp);
     if (s) return tp_fail_context(s, "saving the adapter to %s", out_dir);
-    tp_save_tensor *t = NULL;
-    size_t n = 0;
-    s = tp_comm_agree(g, tensors(m, &t, &n));
-    if (!s) s = tp_save_tensors(g, 0, tmp, "adapter_model", t, n, 0);
-    if (!s && me == 0) s = write_config(&m->lora->cfg, tmp);
-    free(t);
+    s = tp_model_save_adapter_files(m, tmp);
     return tp_save_dir_end(g, 0, tmp, out_dir, existing, s);
 }

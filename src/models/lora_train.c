@@ -10,7 +10,8 @@
  * all-reduce completes it.  Rowwise base (A split on its columns): a is a
  * partial sum, made whole by an all-reduce for dB (identical on every
  * rank, as B is replicated); g is whole and dA, dx are this rank's
- * columns. */
+ * columns.  With lora_dropout, x above is the masked input and dx goes
+ * through the same mask (lora_dropout.c). */
 #include "lora_internal.h"
 
 #include "tensorpar/dist.h"
@@ -58,6 +59,27 @@ static tp_status init_entry(const tp_module *lin, int64_t r, uint64_t seed, int 
     return s;
 }
 
+/* An embedding's adapter as PEFT initialises lora_embedding_A/B: A zeros
+ * (so the adapter starts as the identity), B N(0, 1), whole [H, r] from
+ * the module's own stream on every rank (B is replicated). */
+static tp_status init_embedding_entry(const tp_model *m, const tp_module *emb, int64_t r, uint64_t seed,
+                                      lora_entry *e)
+{
+    tp_status s = tp_lora_embedding_placement(m, emb, e);
+    if (s) return s;
+    const tp_module_param *w = &emb->params[TP_MODULE_WEIGHT];
+    int64_t cols = w->shape[0];
+    if (e->vocab.dim >= 0) { cols = 0; for (int i = 0; i < e->vocab.n; i++) cols += e->vocab.len[i]; }
+    int64_t as[2] = {r, cols}, bs[2] = {w->shape[1], r};
+    if ((s = tp_tensor_init(&e->A, TP_F32, 2, as)) || (s = tp_tensor_init(&e->B, TP_F32, 2, bs))) return s;
+    memset(e->A.data, 0, tp_tensor_nbytes(&e->A));
+    tp_rng rng;
+    tp_rng_seed(&rng, seed);
+    float *B = e->B.data;
+    for (int64_t i = 0; i < bs[0] * r; i++) B[i] = (float)tp_rng_normal(&rng);
+    return TP_OK;
+}
+
 tp_status tp_model_lora_init(tp_model *m, tp_lora_config *cfg, uint64_t seed)
 {
     if (m->lora) return tp_fail(TP_ERR_INVALID, "the model already has an adapter");
@@ -69,19 +91,18 @@ tp_status tp_model_lora_init(tp_model *m, tp_lora_config *cfg, uint64_t seed)
         int hit = tp_lora_config_matches(&l->cfg, mod->name), a_split, b_split;
         if (hit < 0) { s = TP_ERR_FORMAT; break; }
         if (!hit || (mod->type != TP_MT_LINEAR && mod->type != TP_MT_EMBEDDING)) continue;
-        if (mod->type == TP_MT_EMBEDDING) {
-            s = tp_fail(TP_ERR_UNSUPPORTED, "%s: training LoRA on an embedding is not supported yet", mod->name);
-            break;
-        }
-        if ((s = tp_lora_placement(m, mod, &a_split, &b_split))) break;
+        if (mod->type == TP_MT_LINEAR && (s = tp_lora_placement(m, mod, &a_split, &b_split))) break;
         lora_entry *e = calloc(1, sizeof *e);
         if (!e) { s = tp_fail(TP_ERR_NOMEM, "out of memory"); break; }
         l->by_module[i] = e;
         /* one stream per module, the same on every rank whatever P */
-        s = init_entry(mod, l->r, seed * 0x9E3779B97F4A7C15ull + (uint64_t)i + 1, a_split, b_split, e);
+        uint64_t stream = seed * 0x9E3779B97F4A7C15ull + (uint64_t)i + 1;
+        s = mod->type == TP_MT_EMBEDDING ? init_embedding_entry(m, mod, l->r, stream, e)
+                                         : init_entry(mod, l->r, stream, a_split, b_split, e);
         used++;
     }
     if (!s && !used) s = tp_fail(TP_ERR_INVALID, "--lora-target matches no Linear of the model");
+    if (!s) s = tp_lora_saved_attach(m, l, NULL, NULL);
     if (s) { tp_lora_free(l); return s; }
     m->lora = l;
     return TP_OK;
@@ -90,18 +111,8 @@ tp_status tp_model_lora_init(tp_model *m, tp_lora_config *cfg, uint64_t seed)
 tp_status tp_model_lora_train(tp_model *m)
 {
     if (!m->lora) return tp_fail(TP_ERR_INVALID, "no adapter to train");
-    for (size_t i = 0; i < m->lora->n; i++) {
-        const lora_entry *e = m->lora->by_module[i];
-        if (!e) continue;
-        if (e->embedding)
-            return tp_fail(TP_ERR_UNSUPPORTED, "%s: training LoRA on an embedding is not supported yet",
-                           m->modules[i].name);
-        if ((int64_t)i == (int64_t)m->lm_head)
-            return tp_fail(TP_ERR_UNSUPPORTED, "lm_head: training LoRA on lm_head is not supported yet");
-        if (m->modules[i].tp && m->modules[i].tp->kv_rep > 1)
-            return tp_fail(TP_ERR_UNSUPPORTED, "%s: training LoRA on a k/v head replicated over ranks "
-                           "(tp_size > num_key_value_heads) is not supported yet", m->modules[i].name);
-    }
+    tp_status s = tp_lora_saved_check_training(m);
+    if (s) return s;
     m->lora->training = 1;
     return TP_OK;
 }
@@ -109,6 +120,11 @@ tp_status tp_model_lora_train(tp_model *m)
 int tp_model_base_frozen(const tp_model *m)
 {
     return m->lora && m->lora->training;
+}
+
+int tp_model_param_frozen(const tp_model *m, const tp_module *mod, int j)
+{
+    return tp_model_base_frozen(m) && !tp_lora_param_trained(m, mod, j);
 }
 
 tp_status tp_lora_zero_grad(tp_model *m)
@@ -125,35 +141,52 @@ tp_status tp_lora_zero_grad(tp_model *m)
             memset(g->data, 0, tp_tensor_nbytes(g));
         }
     }
-    return TP_OK;
+    return tp_lora_saved_zero_grad(m);
 }
 
 size_t tp_model_lora_count(const tp_model *m)
 {
     size_t n = 0;
     for (size_t i = 0; m->lora && i < m->lora->n; i++) n += m->lora->by_module[i] ? 2 : 0;
-    return n;
+    return n + tp_lora_saved_count(m);
+}
+
+lora_entry *tp_lora_entry_at(const struct tp_lora *l, size_t k, size_t *module, int *is_a)
+{
+    size_t at = 0;
+    for (size_t i = 0; l && i < l->n; i++) {
+        lora_entry *e = l->by_module[i];
+        if (!e) continue;
+        if (k == at || k == at + 1) {
+            *module = i;
+            *is_a = k == at;
+            return e;
+        }
+        at += 2;
+    }
+    return NULL;
 }
 
 tp_status tp_model_lora_tensor(tp_model *m, size_t k, const char **name, tp_tensor **value, tp_tensor **grad,
                                int *replicas)
 {
-    size_t at = 0;
-    for (size_t i = 0; m->lora && i < m->lora->n; i++) {
-        lora_entry *e = m->lora->by_module[i];
-        if (!e) continue;
-        if (k == at || k == at + 1) {
-            int is_a = k == at;
-            const tp_param_slice *sl = is_a ? &e->a_slice : &e->b_slice;
-            *name = is_a ? e->a_name : e->b_name;
-            *value = is_a ? &e->A : &e->B;
-            *grad = is_a ? &e->gA : &e->gB;
-            *replicas = sl->dim >= 0 || !m->tp || !m->tp->mesh || m->tp->size <= 1 ? 1 : 0;
-            return TP_OK;
-        }
-        at += 2;
-    }
-    return tp_fail(TP_ERR_INVALID, "no adapter tensor %zu", k);
+    size_t i;
+    int is_a;
+    size_t adapters = tp_model_lora_count(m) - tp_lora_saved_count(m);
+    /* after the adapters' tensors, the base parameters saved with them */
+    if (k >= adapters) return tp_lora_saved_tensor(m, k - adapters, name, value, grad, replicas);
+    lora_entry *e = tp_lora_entry_at(m->lora, k, &i, &is_a);
+    if (!e) return tp_fail(TP_ERR_INVALID, "no adapter tensor %zu", k);
+    const tp_param_slice *sl = is_a ? &e->a_slice : &e->b_slice;
+    *name = is_a ? e->a_name : e->b_name;
+    *value = is_a ? &e->A : &e->B;
+    *grad = is_a ? &e->gA : &e->gB;
+    /* a B split like a KV-replicated head lives on its kv_rep ranks */
+    int kv_rep = m->modules[i].tp ? m->modules[i].tp->kv_rep : 1;
+    if (!m->tp || !m->tp->mesh || m->tp->size <= 1) *replicas = 1;
+    else if (sl->dim < 0) *replicas = 0;
+    else *replicas = kv_rep > 1 ? kv_rep : 1;
+    return TP_OK;
 }
 
 /* buf [T, w], a partial sum on each rank, made the whole sum on every rank. */
@@ -173,29 +206,105 @@ static tp_status all_reduce(tp_model *m, float *buf, int64_t T, int64_t w)
     return TP_OK;
 }
 
+/* B's gradient under a KV head replicated over ranks: each rank holds its
+ * query heads' part of the head's gradient, and the rows' gradient is the
+ * sum over the ranks that hold them (as the base weight's is in full
+ * training).  This call's part is summed alone, then added: what earlier
+ * rows left in gB was summed already. */
+static tp_status kv_head_grad(tp_model *m, const tp_module *lin, lora_entry *e, const float *sdy, const float *a,
+                              int64_t T, float *g)
+{
+    int64_t r = e->B.shape[1], n = e->B.shape[0] * r, shape[2] = {lin->params[TP_MODULE_WEIGHT].shape[0], r};
+    float *part = calloc((size_t)n + 1, sizeof(float)), *gB = e->gB.data;
+    if (!part) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    tp_status s = tp_matmul_backward(g, part, NULL, sdy, a, T, &e->B, m->pool);
+    if (!s) s = tp_sum_kv_rows(m, &e->b_slice, 2, shape, part, e->b_name);
+    for (int64_t i = 0; !s && i < n; i++) gB[i] += part[i];
+    free(part);
+    return s;
+}
+
+/* The adapter's backward on its (dropped-out) input xa: the gradients of
+ * A and B, and its input gradient added into dx (may be NULL). */
+static tp_status adapter_backward(tp_model *m, const tp_module *lin, lora_entry *e, const float *xa, const float *dy,
+                                  int64_t T, float *dx)
+{
+    int64_t r = e->A.shape[0], out = e->B.shape[0];
+    int a_split = e->a_slice.dim >= 0, b_split = e->b_slice.dim >= 0;
+    /* + 1: an empty shard (out = 0) still takes part in the collectives */
+    float *a = malloc((size_t)(T * r) * sizeof(float) + 1), *g = calloc((size_t)(T * r) + 1, sizeof(float));
+    float *sdy = malloc((size_t)(T * out) * sizeof(float) + 1), *gw = NULL;
+    tp_status s = a && g && sdy ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int64_t i = 0; !s && i < T * out; i++) sdy[i] = m->lora->scale * dy[i];
+    if (!s) s = tp_matmul_ex(a, xa, T, &e->A, NULL, m->pool, &m->matmul);
+    if (!s && a_split) s = all_reduce(m, a, T, r);
+    int kv_head = b_split && lin->tp && lin->tp->kv_rep > 1;
+    if (!s && kv_head) s = kv_head_grad(m, lin, e, sdy, a, T, g);
+    else if (!s) s = tp_matmul_backward(g, e->gB.data, NULL, sdy, a, T, &e->B, m->pool);
+    if (!s && b_split) {
+        gw = malloc((size_t)(T * r) * sizeof(float) + 1);
+        if (!gw) s = tp_fail(TP_ERR_NOMEM, "out of memory");
+        if (!s) { memcpy(gw, g, (size_t)(T * r) * sizeof(float)); s = all_reduce(m, gw, T, r); }
+        if (!s) s = tp_matmul_backward(NULL, e->gA.data, NULL, gw, xa, T, &e->A, m->pool);
+        if (!s && dx) s = tp_matmul_backward(dx, NULL, NULL, g, xa, T, &e->A, m->pool);
+    } else if (!s) {
+        s = tp_matmul_backward(dx, e->gA.data, NULL, g, xa, T, &e->A, m->pool);
+    }
+    free(a); free(g); free(sdy); free(gw);
+    return s;
+}
+
 tp_status tp_lora_backward(tp_model *m, const tp_module *lin, const float *x, const float *dy, int64_t T, float *dx)
 {
     if (!m->lora || !m->lora->training) return TP_OK;
     lora_entry *e = m->lora->by_module[lin - m->modules];
     if (!e) return TP_OK;
-    int64_t r = e->A.shape[0], out = e->B.shape[0];
-    int a_split = e->a_slice.dim >= 0, b_split = e->b_slice.dim >= 0;
-    float *a = malloc((size_t)(T * r) * sizeof(float)), *g = calloc((size_t)(T * r), sizeof(float));
-    float *sdy = malloc((size_t)(T * out) * sizeof(float)), *gw = NULL;
-    tp_status s = a && g && sdy ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
-    for (int64_t i = 0; !s && i < T * out; i++) sdy[i] = m->lora->scale * dy[i];
-    if (!s) s = tp_matmul_ex(a, x, T, &e->A, NULL, m->pool, &m->matmul);
-    if (!s && a_split) s = all_reduce(m, a, T, r);
-    if (!s) s = tp_matmul_backward(g, e->gB.data, NULL, sdy, a, T, &e->B, m->pool);
-    if (!s && b_split) {
-        gw = malloc((size_t)(T * r) * sizeof(float));
-        if (!gw) s = tp_fail(TP_ERR_NOMEM, "out of memory");
-        if (!s) { memcpy(gw, g, (size_t)(T * r) * sizeof(float)); s = all_reduce(m, gw, T, r); }
-        if (!s) s = tp_matmul_backward(NULL, e->gA.data, NULL, gw, x, T, &e->A, m->pool);
-        if (!s && dx) s = tp_matmul_backward(dx, NULL, NULL, g, x, T, &e->A, m->pool);
-    } else if (!s) {
-        s = tp_matmul_backward(dx, e->gA.data, NULL, g, x, T, &e->A, m->pool);
+    if (!tp_lora_dropping(m)) {
+        tp_status s = adapter_backward(m, lin, e, x, dy, T, dx);
+        return s ? tp_fail_context(s, "the LoRA backward of %s", lin->name) : TP_OK;
     }
-    free(a); free(g); free(sdy); free(gw);
+    /* With dropout the adapter saw mask(x): the same mask drawn again; its
+     * input gradient goes through the mask before joining dx. */
+    int64_t n = T * e->A.shape[1];
+    float *xd = malloc((size_t)n * sizeof(float)), *dxa = dx ? calloc((size_t)n, sizeof(float)) : NULL;
+    tp_status s = xd && (!dx || dxa) ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    if (!s) s = tp_lora_dropout(m, lin, e, x, T, xd);
+    if (!s) s = adapter_backward(m, lin, e, xd, dy, T, dxa);
+    if (!s && dx) s = tp_lora_dropout(m, lin, e, dxa, T, dxa);
+    for (int64_t i = 0; !s && dx && i < n; i++) dx[i] += dxa[i];
+    free(xd);
+    free(dxa);
     return s ? tp_fail_context(s, "the LoRA backward of %s", lin->name) : TP_OK;
+}
+
+/* With a[t] = A[:, ids[t]] (the whole column: the ranks' masked lookups
+ * summed) and y[t] += s·a[t]·Bᵀ:  dB += s·dyᵀ·a, and column ids[t] of A
+ * gains s·dy[t]·B on the rank that holds it.  dy is whole on every rank,
+ * so dB comes out identical everywhere, as B is replicated. */
+tp_status tp_lora_backward_embedding(tp_model *m, const tp_module *emb, const int64_t *ids, const float *dy,
+                                     int64_t T)
+{
+    if (!m->lora || !m->lora->training) return TP_OK;
+    lora_entry *e = m->lora->by_module[emb - m->modules];
+    if (!e) return TP_OK;
+    int64_t r = e->A.shape[0], Vl = e->A.shape[1], H = e->B.shape[0];
+    float *a = calloc((size_t)(T * r) + 1, sizeof(float)), *g = calloc((size_t)(T * r) + 1, sizeof(float));
+    float *sdy = malloc((size_t)(T * H) * sizeof(float) + 1);
+    tp_status s = a && g && sdy ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory");
+    const float *A = e->A.data;
+    for (int64_t t = 0; !s && t < T; t++) {
+        int64_t col = tp_lora_vocab_column(e, ids[t]);
+        for (int64_t k = 0; col >= 0 && k < r; k++) a[t * r + k] = A[k * Vl + col];
+    }
+    if (!s && e->vocab.dim >= 0) s = all_reduce(m, a, T, r);
+    for (int64_t i = 0; !s && i < T * H; i++) sdy[i] = m->lora->scale * dy[i];
+    /* g = s·dy·B [T, r] and dB += s·dyᵀ·a in one call */
+    if (!s) s = tp_matmul_backward(g, e->gB.data, NULL, sdy, a, T, &e->B, m->pool);
+    float *gA = e->gA.data;
+    for (int64_t t = 0; !s && t < T; t++) {
+        int64_t col = tp_lora_vocab_column(e, ids[t]);
+        for (int64_t k = 0; col >= 0 && k < r; k++) gA[k * Vl + col] += g[t * r + k];
+    }
+    free(a); free(g); free(sdy);
+    return s ? tp_fail_context(s, "the LoRA backward of %s", emb->name) : TP_OK;
 }

@@ -16,6 +16,7 @@
 static double init_std(const tp_param_desc *p, const tp_make_options *o)
 {
     if (strstr(p->name, "q_proj.weight") || strstr(p->name, "k_proj.weight")) return o->qk_std;
+    if (o->router_std > 0 && strstr(p->name, ".gate.weight")) return o->router_std;   /* MoE routers */
     return o->std;
 }
 
@@ -117,7 +118,7 @@ static tp_status write_weights(const tp_model_config *cfg, const tp_make_options
 {
     tp_param_desc *params;
     size_t n;
-    tp_status s = tp_model_params(cfg, NULL, &params, &n);
+    tp_status s = tp_model_checkpoint_params(cfg, &params, &n);
     if (s) return s;
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++) total += param_bytes(&params[i], o->dtype);

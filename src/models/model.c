@@ -44,8 +44,13 @@ static tp_status read_columns(tp_checkpoint *ck, const tp_param_desc *p, const t
 
 /* Shard-on-read (tp-semantics.md §6.2): only this rank's ranges of the
  * tensor are read; along dimension 0 they are consecutive in the buffer. */
-static tp_status load_param(tp_checkpoint *ck, const tp_param_desc *p, const tp_param_slice *sl, tp_dtype dt)
+static tp_status load_param(tp_checkpoint *ck, const tp_model_config *c, const tp_param_desc *param,
+                            const tp_param_slice *sl, tp_dtype dt)
 {
+    if (param->module->type == TP_MT_EXPERTS) return tp_moe_load_experts(ck, c, param, sl, dt);
+    tp_param_desc stored = *param;
+    const tp_param_desc *p = &stored;
+    tp_checkpoint_name_of(c, param->name, stored.name, sizeof stored.name);
     tp_status s = tp_checkpoint_expect(ck, p->name, p->ndim, p->shape);
     if (s) return s;
     if ((s = tp_tensor_init(p->slot, dt, sl->ndim, sl->local_shape))) return s;
@@ -68,9 +73,11 @@ static void record_slice(tp_model *m, size_t i, const tp_param_desc *p, const tp
     rec->placement = m->tp && m->tp->res->applied ? m->tp->res->params[i].placement : tp_replicate();
 }
 
-static void warn_unused(const tp_checkpoint *ck, const tp_param_desc *params, size_t n)
+static void warn_unused(const tp_checkpoint *ck, const tp_model_config *c)
 {
-    size_t unused = 0;
+    tp_param_desc *params;
+    size_t n, unused = 0;
+    if (tp_model_checkpoint_params(c, &params, &n)) { tp_clear_error(); return; }
     const char *first = NULL;
     for (size_t i = 0; i < tp_checkpoint_count(ck); i++) {
         const char *name = tp_checkpoint_at(ck, i)->name;
@@ -81,6 +88,7 @@ static void warn_unused(const tp_checkpoint *ck, const tp_param_desc *params, si
     }
     if (unused)
         tp_log(TP_LOG_WARN, "%zu tensors of the checkpoint are not used by the model (e.g. '%s')", unused, first);
+    free(params);
 }
 
 static tp_status load_weights(tp_model *m, const char *dir, int show_progress)
@@ -96,13 +104,13 @@ static tp_status load_weights(tp_model *m, const char *dir, int show_progress)
     for (size_t i = 0; i < n && !s; i++) {
         tp_param_slice sl;
         s = tp_model_param_slice(m, i, &params[i], &sl);
-        if (!s) s = load_param(ck, &params[i], &sl, param_dtype(&params[i], m->weight_dtype));
+        if (!s) s = load_param(ck, &m->cfg, &params[i], &sl, param_dtype(&params[i], m->weight_dtype));
         if (!s) record_slice(m, i, &params[i], &sl);
         if (show_progress) tp_progress_advance(&bar, 1);
     }
     if (show_progress) tp_progress_end(&bar);
     m->bytes_read = tp_checkpoint_bytes_read(ck);
-    if (!s) warn_unused(ck, params, n);
+    if (!s) warn_unused(ck, &m->cfg);
     tp_checkpoint_close(ck);
     free(params);
     return s;

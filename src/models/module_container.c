@@ -113,7 +113,9 @@ const tp_module_ops *tp_module_ops_of(tp_module_type type)
     case TP_MT_NORM: return &tp_norm_ops;
     case TP_MT_ATTENTION: return &tp_attention_ops;
     case TP_MT_MLP: return &tp_mlp_ops;
-    case TP_MT_EXPERTS: case TP_MT_ADAPTER: case TP_MT_COUNT: break;   /* not built yet */
+    case TP_MT_MOE: return &tp_moe_ops;
+    case TP_MT_EXPERTS: return &tp_experts_ops;
+    case TP_MT_ADAPTER: case TP_MT_COUNT: break;   /* not built yet */
     }
     return NULL;
 }

@@ -124,6 +124,7 @@ static tp_status embedding_backward(tp_model *m, const tp_module *mod, tp_backwa
         if (!st) dy = gy.local.data;
     }
     if (!st && dw) tp_embedding_backward(dw, row0, w->shape[0], w->shape[1], b->tokens, dy, b->T, m->pool);
+    if (!st) st = tp_lora_backward_embedding(m, mod, b->tokens, dy, b->T);
     if (!st && styled) tp_dtensor_release(&gy);
     return st;
 }

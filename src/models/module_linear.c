@@ -438,18 +438,18 @@ static tp_status add_param_grad(tp_model *m, const tp_module *lin, const tp_modu
  * rank's part goes in its place in a zero tensor of the global shape, the
  * ranks sum it (Partial -> Replicate, the one redistribute), and each
  * takes its rows back. */
-static tp_status sum_kv_group(tp_model *m, const tp_module *lin, int j, float *g)
+tp_status tp_sum_kv_rows(tp_model *m, const tp_param_slice *sl, int ndim, const int64_t *shape, float *g,
+                         const char *what)
 {
-    const tp_module_param *p = &lin->params[j];
-    int64_t inner = p->ndim > 1 ? p->shape[1] : 1, row0 = p->slice.start[0], rows = p->slice.len[0];
-    if (p->slice.dim != 0 || p->slice.n != 1)
-        return tp_fail(TP_ERR_INTERNAL, "%s.%s: a replicated KV head is not one range of rows", lin->name, p->suffix);
-    float *full = calloc((size_t)(p->shape[0] * inner), sizeof(float));
+    int64_t inner = ndim > 1 ? shape[1] : 1, row0 = sl->start[0], rows = sl->len[0];
+    if (sl->dim != 0 || sl->n != 1)
+        return tp_fail(TP_ERR_INTERNAL, "%s: a replicated KV head is not one range of rows", what);
+    float *full = calloc((size_t)(shape[0] * inner), sizeof(float));
     if (!full) return tp_fail(TP_ERR_NOMEM, "out of memory");
     memcpy(full + row0 * inner, g, (size_t)(rows * inner) * sizeof(float));
     tp_placement part = tp_partial(), rep = tp_replicate();
     tp_dtensor src, sum;
-    tp_status s = tp_dtensor_from_local(&src, m->tp->mesh, &part, TP_F32, p->ndim, p->shape, full);
+    tp_status s = tp_dtensor_from_local(&src, m->tp->mesh, &part, TP_F32, ndim, shape, full);
     if (!s) {
         s = tp_redistribute(&src, &rep, &sum);
         tp_dtensor_release(&src);
@@ -460,6 +460,14 @@ static tp_status sum_kv_group(tp_model *m, const tp_module *lin, int j, float *g
     }
     free(full);
     return s;
+}
+
+static tp_status sum_kv_group(tp_model *m, const tp_module *lin, int j, float *g)
+{
+    const tp_module_param *p = &lin->params[j];
+    char what[200];
+    snprintf(what, sizeof what, "%s.%s", lin->name, p->suffix);
+    return tp_sum_kv_rows(m, &p->slice, p->ndim, p->shape, g, what);
 }
 
 typedef struct {
@@ -515,15 +523,16 @@ static tp_status styled_backward(tp_model *m, const tp_module *lin, const float 
      * parameter's, as plain_backward does: no [out, in] temporary (lm_head's
      * would be a vocabulary shard of the embedding's size).  A frozen base
      * (LoRA training) computes no weight or bias gradient at all. */
-    int frozen = tp_model_base_frozen(m);
+    int frozen = tp_model_base_frozen(m) && !tp_lora_param_trained(m, lin, TP_MODULE_WEIGHT);
+    int bias_frozen = tp_model_base_frozen(m) && !tp_lora_param_trained(m, lin, TP_MODULE_BIAS);
     int direct = !frozen && mt->kv_rep <= 1 && !mt->plan->style->reduce_param_grad_post_backward &&
                  !d->param_grad_allreduce;
     float *dw = NULL;
     if (direct) s = tp_module_grad(m, lin, TP_MODULE_WEIGHT, &dw);
     else if (!frozen) dw = b.dw = calloc((size_t)(out * in), sizeof(float));
-    b.db = bias->data && !frozen ? calloc((size_t)out, sizeof(float)) : NULL;
+    b.db = bias->data && !bias_frozen ? calloc((size_t)out, sizeof(float)) : NULL;
     b.dxl = dx ? calloc((size_t)(T * in), sizeof(float)) : NULL;
-    if (!s && ((!frozen && !dw) || (bias->data && !frozen && !b.db) || (dx && !b.dxl)))
+    if (!s && ((!frozen && !dw) || (bias->data && !bias_frozen && !b.db) || (dx && !b.dxl)))
         s = tp_fail(TP_ERR_NOMEM, "out of memory");
     /* a bias added after the reduction sees the whole output gradient */
     if (!s && b.db && d->bias_after_reduce) s = tp_matmul_backward_ex(NULL, NULL, b.db, dy, x, T, W, m->pool, &m->matmul);

@@ -110,6 +110,20 @@ static tp_status add_mlp(table *t, const tp_model_config *c, tp_layer_modules *L
     return s;
 }
 
+/* A sparse layer's mlp (qwen3_moe, mixtral, as Transformers builds them
+ * after the checkpoint conversion of §6.1): the router `gate` [E, H] and
+ * the experts' stacked tensors. */
+static tp_status add_moe(table *t, const tp_model_config *c, tp_layer_modules *L, int64_t l)
+{
+    int64_t H = c->hidden_size, I = c->moe_intermediate_size, E = c->num_experts;
+    tp_status s = add_module(t, L->layer, TP_MT_MOE, l, &L->mlp, "mlp");
+    if (!s) s = add_linear(t, L->mlp, l, 0, E, H, &L->router, "gate");
+    if (!s) s = add_module(t, L->mlp, TP_MT_EXPERTS, l, &L->experts, "experts");
+    if (!s) s = tp_module_add_param(&t->v[L->experts], "gate_up_proj", TP_PARAM_WEIGHT, 3, (int64_t[3]){E, 2 * I, H});
+    if (!s) s = tp_module_add_param(&t->v[L->experts], "down_proj", TP_PARAM_WEIGHT, 3, (int64_t[3]){E, H, I});
+    return s;
+}
+
 /* model.layers.l: input_layernorm, self_attn, post_attention_layernorm,
  * mlp — the order of the checkpoint's tensors and of the forward pass. */
 static tp_status add_layer(table *t, const tp_model_config *c, int model, int64_t l, tp_layer_modules *L)
@@ -121,7 +135,7 @@ static tp_status add_layer(table *t, const tp_model_config *c, int model, int64_
     if (!s) s = add_norm(t, L->layer, l, c->hidden_size, &L->input_layernorm, "input_layernorm");
     if (!s) s = add_attention(t, c, L, l);
     if (!s) s = add_norm(t, L->layer, l, c->hidden_size, &L->post_attention_layernorm, "post_attention_layernorm");
-    if (!s) s = add_mlp(t, c, L, l);
+    if (!s) s = tp_config_layer_is_sparse(c, l) ? add_moe(t, c, L, l) : add_mlp(t, c, L, l);
     return s;
 }
 
@@ -238,6 +252,6 @@ int tp_model_module_find(const tp_model *m, const char *name)
 const char *tp_module_type_name(tp_module_type t)
 {
     static const char *const names[TP_MT_COUNT] = {"container", "decoder_layer", "embedding", "linear", "norm",
-                                                   "attention", "mlp", "experts", "adapter"};
+                                                   "attention", "mlp", "experts", "adapter", "moe"};
     return t >= 0 && t < TP_MT_COUNT ? names[t] : "?";
 }

@@ -76,13 +76,61 @@ static inline const tp_tensor *tp_module_weight(const tp_module *mod) { return &
 /* A Linear's bias; data NULL when it has none. */
 static inline const tp_tensor *tp_module_bias(const tp_module *mod) { return &mod->params[TP_MODULE_BIAS].local; }
 
+/* The stored name of parameter `param` (Mixtral's router:
+ * block_sparse_moe.gate; otherwise the name itself), moe_load.c. */
+void tp_checkpoint_name_of(const tp_model_config *c, const char *param, char *out, size_t cap);
+/* The stored name of projection `part` of expert e of layer `layer`
+ * (model.layers.L.mlp.experts.e.gate_proj.weight, Mixtral's
+ * block_sparse_moe.experts.e.w1.weight, ...). */
+enum { TP_MOE_GATE, TP_MOE_UP, TP_MOE_DOWN };
+void tp_moe_expert_name(const tp_model_config *c, int64_t layer, int64_t e, int part, char *out, size_t cap);
+/* Saving (§6.4): the 3·E per-expert tensors of an experts module, in
+ * checkpoint order, each described from this rank's part of the stacked
+ * tensors (moe_save.c); out has room for them. */
+size_t tp_moe_save_tensors(const tp_model *m, const tp_module *experts, tp_dtype dtype, tp_save_tensor *out);
+/* Reads this rank's slice sl of an expert tensor p (gate_up_proj or
+ * down_proj) from the per-expert tensors of the checkpoint into p->slot. */
+tp_status tp_moe_load_experts(tp_checkpoint *ck, const tp_model_config *c, const tp_param_desc *p,
+                              const tp_param_slice *sl, tp_dtype dt);
+
 /* Builds m->modules, m->layers and the top-level indices from m->cfg
  * (params.c); the tensors are empty until loading. */
 tp_status tp_model_build_modules(tp_model *m);
 /* The ops table of a module type (NULL: a type not built yet). */
 const tp_module_ops *tp_module_ops_of(tp_module_type type);
 extern const tp_module_ops tp_container_ops, tp_decoder_layer_ops, tp_embedding_ops, tp_linear_ops,
-    tp_norm_ops, tp_attention_ops, tp_mlp_ops;
+    tp_norm_ops, tp_attention_ops, tp_mlp_ops, tp_moe_ops, tp_experts_ops;
+
+/* ---- mixture of experts (moe_router.c, module_moe.c, module_experts.c) -- */
+
+/* The router's choice for each of T tokens from its logits [T, E]
+ * (overwritten): softmax in f32 over all experts, the k largest
+ * probabilities (ties: the lower id), divided by their sum when renorm.
+ * ids, w: [T, k]. */
+void tp_moe_route(float *logits, int64_t T, int64_t E, int64_t k, int renorm, int32_t *ids, float *w);
+/* Its backward: dw [T, k] the gradients of the weights (of the chosen
+ * experts, ids as tp_moe_route gave them: global); dlogits [T, E]
+ * (overwritten) those of the router's logits. */
+void tp_moe_route_backward(const float *logits, int64_t T, int64_t E, int64_t k, int renorm, const int32_t *ids,
+                           const float *dw, float *dlogits);
+/* A sparse block's routing as its experts see it: [T, k] ids (local under
+ * expert parallelism, the sentinel for other ranks' experts) and weights. */
+typedef struct {
+    const int32_t *ids;
+    const float *w;
+    int64_t k;
+} tp_moe_routing;
+/* The experts' backward on their input x [T, H] and the block output's
+ * gradient dy: the weight gradients accumulated, dx [T, H] += the input
+ * gradient and dw [T, k] = the slots' weight gradients, both summed over
+ * the ranks when the experts are split (module_experts.c). */
+tp_status tp_moe_experts_backward(tp_model *m, const tp_module *experts, const tp_moe_routing *r, const float *x,
+                                  const float *dy, int64_t T, float *dx, float *dw);
+/* 1 when the experts of this sparse block are split on the expert
+ * dimension (grouped_gemm): each rank holds whole experts. */
+int tp_moe_expert_parallel(const tp_model *m, const tp_module *experts);
+/* Floats per token a sparse block's forward takes from the arena. */
+int64_t tp_moe_block_bound(const tp_model *m, const tp_module *moe);
 
 /* ---- the forward pass ---------------------------------------------------- */
 
@@ -146,6 +194,11 @@ struct tp_forward_pass {
     int64_t rows, in_width;
     tp_act out;
     tp_train_acts *save;           /* training forward: keep activations; NULL: inference */
+    /* A sparse block's routing, for its experts (module_moe.c): [T, moe_k]
+     * expert ids (local ones under expert parallelism) and weights. */
+    const int32_t *moe_ids;
+    const float *moe_w;
+    int64_t moe_k;
 };
 
 /* The state the modules' backward ops share (backward.c runs them in
@@ -305,7 +358,20 @@ void tp_lora_free(struct tp_lora *l);
  * after pre_forward, dy after pre_backward), its input gradient added into
  * dx (NULL: not needed) before the base's post_backward (lora_train.c). */
 tp_status tp_lora_backward(tp_model *m, const tp_module *lin, const float *x, const float *dy, int64_t T, float *dx);
+/* 1 when parameter j of mod trains with the adapter (a modules_to_save
+ * weight, a bias under `bias`) while the rest of the base is frozen
+ * (lora_saved.c). */
+int tp_lora_param_trained(const tp_model *m, const tp_module *mod, int j);
 /* Allocates or zeroes the adapters' gradients. */
 tp_status tp_lora_zero_grad(tp_model *m);
+/* The embedding adapter's backward: dy [T, H] is the lookup's whole output
+ * gradient (lora_train.c). */
+tp_status tp_lora_backward_embedding(tp_model *m, const tp_module *emb, const int64_t *ids, const float *dy,
+                                     int64_t T);
+/* Under KV-head replication: g, this rank's rows sl (one range, dim 0) of a
+ * [shape[0], shape[1]] gradient, becomes the sum of the same rows over the
+ * ranks that hold them — the ranks of a KV subgroup (module_linear.c). */
+tp_status tp_sum_kv_rows(tp_model *m, const tp_param_slice *sl, int ndim, const int64_t *shape, float *g,
+                         const char *what);
 
 #endif

@@ -30,7 +30,7 @@ static tp_status resolve(struct tp_model_tp *tp, const tp_model_config *cfg, con
     /* The caller's plan object, or the one its name loads; resolution
      * copies what it keeps. */
     tp_plan plan = {0};
-    tp_status s = opt->plan ? TP_OK : tp_plan_load(opt->tp_plan, cfg, &plan);
+    tp_status s = opt->plan ? TP_OK : tp_plan_load_mode(opt->tp_plan, cfg, opt->expert_parallel, &plan);
     if (!s) s = tp_plan_resolve(cfg, opt->plan ? opt->plan : &plan, tp->size, opt->styles, &tp->res);
     if (!s) s = tp_plan_check_flow(tp->res);
     tp_plan_free(&plan);
@@ -124,7 +124,7 @@ static void attach_rules(tp_model *m)
     if (!tp->res->applied) return;
     for (size_t i = 0; i < m->n_modules; i++) {
         tp_module *mod = &m->modules[i];
-        if (mod->type == TP_MT_ATTENTION || mod->type == TP_MT_MLP) {
+        if (mod->type == TP_MT_ATTENTION || mod->type == TP_MT_MLP || mod->type == TP_MT_EXPERTS) {
             mod->plan = tp_plan_find_module(tp->res, mod->name);
         } else if (mod->type == TP_MT_NORM && mod->parent >= 0 && m->modules[mod->parent].type != TP_MT_ATTENTION) {
             const tp_module_plan *np = tp_plan_find_module(tp->res, mod->name);

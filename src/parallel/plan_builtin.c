@@ -26,13 +26,50 @@ static const rule qwen3_plan[] = {
     {NULL, NULL},
 };
 
+/* §7.4: qwen3_moe.  Every rank holds a slice of I of every expert; the
+ * router stays replicated; the last three rules serve the dense layers. */
+static const rule qwen3_moe_plan[] = {
+    {"layers.*.self_attn.q_proj", "colwise"}, {"layers.*.self_attn.k_proj", "colwise"},
+    {"layers.*.self_attn.v_proj", "colwise"},
+    {"layers.*.self_attn.q_norm", "replicated_with_grad_allreduce"},
+    {"layers.*.self_attn.k_norm", "replicated_with_grad_allreduce"},
+    {"layers.*.self_attn.o_proj", "rowwise"},
+    {"layers.*.mlp.experts.gate_up_proj", "packed_colwise"}, {"layers.*.mlp.experts.down_proj", "rowwise"},
+    {"layers.*.mlp.experts", "moe_tp_experts"},
+    {"layers.*.mlp.gate_proj", "colwise"},    {"layers.*.mlp.up_proj", "colwise"},
+    {"layers.*.mlp.down_proj", "rowwise"},    {NULL, NULL},
+};
+
+/* §7.5: mixtral (every layer sparse). */
+static const rule mixtral_plan[] = {
+    {"layers.*.self_attn.q_proj", "colwise"}, {"layers.*.self_attn.k_proj", "colwise"},
+    {"layers.*.self_attn.v_proj", "colwise"}, {"layers.*.self_attn.o_proj", "rowwise"},
+    {"layers.*.mlp.experts.gate_up_proj", "packed_colwise"}, {"layers.*.mlp.experts.down_proj", "rowwise"},
+    {"layers.*.mlp.experts", "moe_tp_experts"}, {NULL, NULL},
+};
+
+/* §7.4, §7.5: the EP plan of both MoE types covers the experts only; the
+ * attention stays replicated. */
+static const rule moe_ep_plan[] = {
+    {"layers.*.mlp.gate", "ep_router"},
+    {"layers.*.mlp.experts.gate_up_proj", "grouped_gemm"}, {"layers.*.mlp.experts.down_proj", "grouped_gemm"},
+    {"layers.*.mlp.experts", "moe_tp_experts"}, {NULL, NULL},
+};
+
 static const rule *base_plan(tp_arch a)
 {
     switch (a) {
     case TP_ARCH_LLAMA: case TP_ARCH_MISTRAL: case TP_ARCH_QWEN2: return dense_plan;
     case TP_ARCH_QWEN3: return qwen3_plan;
+    case TP_ARCH_QWEN3_MOE: return qwen3_moe_plan;
+    case TP_ARCH_MIXTRAL: return mixtral_plan;
     }
     return NULL;
+}
+
+static const rule *ep_plan(tp_arch a)
+{
+    return a == TP_ARCH_QWEN3_MOE || a == TP_ARCH_MIXTRAL ? moe_ep_plan : NULL;
 }
 
 const char *tp_arch_class_name(tp_arch a)
@@ -42,6 +79,8 @@ const char *tp_arch_class_name(tp_arch a)
     case TP_ARCH_MISTRAL: return "MistralForCausalLM";
     case TP_ARCH_QWEN2: return "Qwen2ForCausalLM";
     case TP_ARCH_QWEN3: return "Qwen3ForCausalLM";
+    case TP_ARCH_QWEN3_MOE: return "Qwen3MoeForCausalLM";
+    case TP_ARCH_MIXTRAL: return "MixtralForCausalLM";
     }
     return "CausalLM";
 }
@@ -52,12 +91,12 @@ int tp_plan_supports_tp(const tp_model_config *cfg)
     return b && b[0].key;
 }
 
-tp_status tp_plan_builtin(const tp_model_config *cfg, tp_plan *out)
+/* The head plan, then base plan b under "model." (§4.2). */
+static tp_status merge(const tp_model_config *cfg, const rule *b, tp_plan *out)
 {
     memset(out, 0, sizeof *out);
     /* 1. the head class plan */
     tp_status s = tp_plan_set(out, "lm_head", "colwise_gather_output");
-    const rule *b = base_plan(cfg->arch);
     /* 2. + 3. the base plan under the base model's name, "model." */
     for (size_t i = 0; !s && b && b[i].key; i++) {
         char key[160];
@@ -72,9 +111,16 @@ tp_status tp_plan_builtin(const tp_model_config *cfg, tp_plan *out)
     return s;
 }
 
+tp_status tp_plan_builtin(const tp_model_config *cfg, tp_plan *out)
+{
+    return merge(cfg, base_plan(cfg->arch), out);
+}
+
 tp_status tp_plan_builtin_ep(const tp_model_config *cfg, tp_plan *out)
 {
     memset(out, 0, sizeof *out);
+    const rule *b = ep_plan(cfg->arch);
+    if (b) return merge(cfg, b, out);
     return tp_fail(TP_ERR_UNSUPPORTED,
                    "Expert parallelism was requested (`enable_expert_parallel=True`), but `%s` does not define "
                    "an expert-parallel plan. Add a `base_model_ep_plan` to its config, or disable expert parallelism.",

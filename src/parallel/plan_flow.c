@@ -433,6 +433,73 @@ static tp_status mlp(flow *f, int64_t l)
     return mp ? stream(base, mp->style->name, base, y) : stream(y.mod, y.sty, base, y);
 }
 
+static int placed(const tp_param_plan *p, tp_placement_kind kind, int dim)
+{
+    return p && p->placement.kind == kind && (kind == TP_REPLICATE || p->placement.dim == dim);
+}
+
+/* The experts' tensors: both whole, slices of I (gate_up StridedShard(1,
+ * 2) with down Shard(2)), or whole experts (both Shard(0)); 1 for EP. */
+static tp_status expert_split(const tp_param_plan *gu, const tp_param_plan *dn, int *split, int *ep)
+{
+    char a[48], b[48], sa[64], sb[64];
+    int gu_rep = placed(gu, TP_REPLICATE, 0), gu_i = placed(gu, TP_STRIDED_SHARD, 1) && gu->placement.split == 2;
+    int whole = gu_rep && placed(dn, TP_REPLICATE, 0);
+    int tp = gu_i && placed(dn, TP_SHARD, 2);
+    *ep = placed(gu, TP_SHARD, 0) && placed(dn, TP_SHARD, 0);
+    *split = !whole;
+    if (whole || tp || *ep) return TP_OK;
+    /* name the tensor whose own placement fits none of the three */
+    const tp_param_plan *odd = gu_rep || gu_i || placed(gu, TP_SHARD, 0) ? dn : gu;
+    snprintf(sa, sizeof sa, gu->style ? "style '%s'" : "no rule", gu->style ? gu->style->name : "");
+    snprintf(sb, sizeof sb, dn->style ? "style '%s'" : "no rule", dn->style ? dn->style->name : "");
+    return refuse(odd->name, odd->style ? odd->style->name : NULL, "gate_up_proj is %s (%s) and down_proj %s (%s); "
+                  "the experts take both whole, slices of I (packed_colwise on gate_up_proj, rowwise on down_proj) "
+                  "or whole experts (grouped_gemm on both)", tp_placement_str(gu->placement, a, sizeof a), sa,
+                  tp_placement_str(dn->placement, b, sizeof b), sb);
+}
+
+/* A sparse block (§2.14, §2.17, §2.18): the router replicated (every rank
+ * routes every token), with ep_router exactly when the experts are split
+ * on the expert dimension, and split experts summed by the rule on
+ * mlp.experts (moe_tp_experts: Partial -> Replicate). */
+static tp_status moe_block(flow *f, int64_t l)
+{
+    char base[96], gate[128], ex[128];
+    snprintf(base, sizeof base, "model.layers.%lld.mlp", (long long)l);
+    snprintf(gate, sizeof gate, "%s.gate", base);
+    snprintf(ex, sizeof ex, "%s.experts", base);
+    const tp_param_plan *rw = param_of(f, gate, "weight");
+    const tp_param_plan *gu = param_of(f, ex, "gate_up_proj"), *dn = param_of(f, ex, "down_proj");
+    tp_module_plan *rp = module_at(f, gate), *xp = module_at(f, ex), *bp = module_at(f, base);
+    const char *xsty = style_of(xp, gu);
+    int split, ep;
+    if (bp) return refuse(base, bp->style->name, "tensorpar runs no rule on the sparse block itself; rules go on "
+                          "mlp.gate, mlp.experts and the expert tensors");
+    if (!placed(rw, TP_REPLICATE, 0))
+        return refuse(gate, style_of(rp, rw), "the router must stay replicated: every rank routes every token");
+    tp_status s = expert_split(gu, dn, &split, &ep);
+    if (s) return s;
+    int remaps = rp && !strcmp(rp->style->impl, "EpRouterParallel");
+    if (rp && !remaps)
+        return refuse(gate, rp->style->name, "the router runs its own GEMM on its replicated weight; the only rule "
+                      "it takes is ep_router");
+    if (ep && !remaps)
+        return refuse(gate, style_of(rp, rw), "the experts are split on the expert dimension (grouped_gemm), so "
+                      "the router must map its choices to each rank's own experts (ep_router)");
+    if (!ep && remaps)
+        return refuse(gate, rp->style->name, "it maps the router's choices to each rank's own experts, but the "
+                      "experts are not split on the expert dimension (grouped_gemm on both expert tensors)");
+    int sums = xp && xp->fwd.local_output.kind == TP_PARTIAL && xp->fwd.output.kind == TP_REPLICATE;
+    if (split && !sums)
+        return refuse(ex, xsty, "its experts are split, so each rank's output is a partial sum; the container "
+                      "needs a rule that sums it (moe_tp_experts)");
+    if (xp && !sums)
+        return refuse(ex, xp->style->name, "the experts' container takes only a rule that sums the ranks' partial "
+                      "outputs (moe_tp_experts)");
+    return TP_OK;
+}
+
 /* The lookup's layout follows from the table's placement. */
 static tp_status embedding(flow *f)
 {
@@ -490,7 +557,7 @@ static tp_status run(flow *f)
         if (!s) s = attention(f, l);
         snprintf(name, sizeof name, "model.layers.%lld.post_attention_layernorm", (long long)l);
         if (!s) s = norm(f, name, REP, 1);
-        if (!s) s = mlp(f, l);
+        if (!s) s = tp_config_layer_is_sparse(c, l) ? moe_block(f, l) : mlp(f, l);
     }
     if (!s) s = norm(f, "model.norm", REP, 1);
     if (!s) s = lm_head(f);

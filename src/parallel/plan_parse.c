@@ -98,7 +98,12 @@ tp_status tp_plan_parse(const char *json_text, const char *origin, tp_plan *out)
 
 tp_status tp_plan_load(const char *spec, const tp_model_config *cfg, tp_plan *out)
 {
-    if (!spec || !strcmp(spec, "auto")) return tp_plan_builtin(cfg, out);
+    return tp_plan_load_mode(spec, cfg, 0, out);
+}
+
+tp_status tp_plan_load_mode(const char *spec, const tp_model_config *cfg, int expert_parallel, tp_plan *out)
+{
+    if (!spec || !strcmp(spec, "auto")) return expert_parallel ? tp_plan_builtin_ep(cfg, out) : tp_plan_builtin(cfg, out);
     char *text;
     size_t len;
     tp_status s = tp_read_file(spec, &text, &len);

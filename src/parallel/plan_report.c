@@ -164,7 +164,11 @@ tp_status tp_plan_report_text(const tp_plan_resolution *r, FILE *f)
     if (r->has_tied_head) print_param(f, r, &r->tied_head);
     uint64_t full = 0;
     for (size_t i = 0; i < r->n_params; i++)
-        full += (uint64_t)(r->params[i].shape[0] * (r->params[i].ndim == 2 ? r->params[i].shape[1] : 1)) * stored_size(r);
+    {
+        uint64_t n = 1;
+        for (int d = 0; d < r->params[i].ndim; d++) n *= (uint64_t)r->params[i].shape[d];
+        full += n * stored_size(r);
+    }
     fprintf(f, "\nbytes per rank (%s; unsplit %" PRIu64 "):", tp_dtype_name(r->cfg.dtype), full);
     for (int k = 0; k < r->tp_size; k++) fprintf(f, " rank %d %" PRIu64 ";", k, tp_plan_rank_bytes(r, k, stored_size(r)));
     fprintf(f, "\n\nforward collectives per token (f32 activations):\n");

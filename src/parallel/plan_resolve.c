@@ -45,6 +45,7 @@ static module_info *find_module(ctx *c, const char *name)
 static tp_module_kind kind_of(const tp_param_plan *p)
 {
     if (p->kind == TP_PARAM_EMBEDDING) return TP_MODULE_EMBEDDING;
+    if (p->ndim == 3) return TP_MODULE_EXPERTS;   /* [E, out, in] expert stacks */
     if (p->kind == TP_PARAM_WEIGHT || p->kind == TP_PARAM_BIAS) return TP_MODULE_LINEAR;
     return TP_MODULE_OTHER;
 }
@@ -206,7 +207,7 @@ static tp_status resolve_modules(ctx *c)
         mp->out_features = module_width(c, m);
         tp_module_ctx mod = {mp->name, m->kind, r->tp_size, 0, &r->cfg, NULL, NULL};
         tp_status s = tp_style_install_forward(st, &mod, &mp->fwd);
-        if (s) return s;
+        if (s) return tp_fail_context(s, "Tensor parallel style '%s' on `%s`", st->name, mp->name);
     }
     return TP_OK;
 }
@@ -356,8 +357,7 @@ static tp_status load_params(tp_plan_resolution *r)
         snprintf(p->name, sizeof p->name, "%s", d[i].name);
         p->kind = d[i].kind;
         p->ndim = d[i].ndim;
-        p->shape[0] = d[i].shape[0];
-        p->shape[1] = d[i].shape[1];
+        memcpy(p->shape, d[i].shape, sizeof p->shape);
         p->rule = -1;
         p->kv_rep = 1;
         p->tied_to = -1;

@@ -12,8 +12,7 @@ tp_status tp_plan_slice_of(const tp_plan_resolution *r, const tp_param_plan *p, 
     if (rank < 0 || rank >= r->tp_size)
         return tp_fail(TP_ERR_INVALID, "rank %d is outside a tensor parallel group of %d", rank, r->tp_size);
     out->ndim = p->ndim;
-    out->local_shape[0] = p->shape[0];
-    out->local_shape[1] = p->shape[1];
+    memcpy(out->local_shape, p->shape, sizeof out->local_shape);
     out->dim = -1;
     tp_placement pl = p->placement;
     if (!r->applied || pl.kind == TP_REPLICATE || pl.kind == TP_PARTIAL) return TP_OK;

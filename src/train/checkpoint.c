@@ -3,7 +3,11 @@
  *
  *   config.json, generation_config.json, tokenizer files, model*.safetensors
  *                        the model as tp_model_save_ex writes it (byte for
- *                        byte the TP = 1 save);
+ *                        byte the TP = 1 save); under LoRA training instead
+ *                        adapter_model.safetensors and adapter_config.json
+ *                        as PEFT saves them (the base is frozen: --model's),
+ *                        and the optimizer files hold the adapter tensors'
+ *                        state only, under PEFT's keys;
  *   optimizer*.safetensors  per parameter, under its HF name + ".exp_avg",
  *                        ".exp_avg_sq" (AdamW) or ".momentum_buffer" (SGD
  *                        with momentum), and ".master" (the f32 values the
@@ -15,13 +19,14 @@
  *   scheduler.json       the schedule and last_epoch (= the step);
  *   rng_state.json       the shuffle seed: the loop draws no other random
  *                        number (each epoch's order is a function of seed
- *                        and epoch);
+ *                        and epoch, LoRA's dropout masks of seed, step and
+ *                        row);
  *   trainer_state.json   global_step, epoch, max_steps, the optimizer's
  *                        step count and the data position (epoch, index
  *                        into its order, batch size, accumulation,
  *                        shuffle, seed).
- * A resume reads the weights, the optimizer files and trainer_state.json
- * only: that file holds the step, the seed and the data position, from
+ * A resume reads the weights (LoRA: the adapter, cmd_train loading it),
+ * the optimizer files and trainer_state.json only: that file holds the step, the seed and the data position, from
  * which the schedule and the shuffle order follow, so scheduler.json and
  * rng_state.json are written for a reader (and Trainer's layout) and are
  * not read back.
@@ -46,6 +51,7 @@
 #include "tensorpar/comm.h"
 #include "tensorpar/dist.h"
 #include "tensorpar/io.h"
+#include "tensorpar/lora.h"
 #include "tensorpar/models.h"
 #include "tensorpar/module.h"
 
@@ -119,6 +125,25 @@ static void save_entry(const tp_train_view *v, const tp_module *mod, int j, cons
     out->part_len = len;
 }
 
+/* LoRA training: the optimizer's parameters are the adapter tensors (f32,
+ * no masters, never chunked), their state named after PEFT's keys:
+ * "base_model.model.<module>.lora_A.weight.exp_avg". */
+static tp_status adapter_optim_tensors(const tp_train_view *v, tp_save_tensor *t, size_t *n)
+{
+    char name[200];
+    size_t k = 0;
+    for (int i = 0; i < v->n_params; i++)
+        for (size_t q = 0; q < sizeof state_names / sizeof *state_names; q++) {
+            const tp_tensor *st;
+            if (tp_optim_state(v->opt, i, state_names[q], &st)) { tp_clear_error(); continue; }
+            snprintf(name, sizeof name, "%s.%s", v->params[i].name, state_names[q]);
+            tp_status s = tp_model_lora_save_tensor(v->m, (size_t)i, name, st->data, &t[k++]);
+            if (s) return s;
+        }
+    *n = k;
+    return TP_OK;
+}
+
 /* Every state tensor (and master) of every parameter, named. */
 static tp_status optim_tensors(const tp_train_view *v, tp_save_tensor **out, size_t *n)
 {
@@ -127,6 +152,12 @@ static tp_status optim_tensors(const tp_train_view *v, tp_save_tensor **out, siz
     size_t k = 0;
     char name[160];
     tp_status s = TP_OK;
+    if (tp_model_base_frozen(v->m)) {
+        s = adapter_optim_tensors(v, t, n);
+        if (s) free(t);
+        else *out = t;
+        return s;
+    }
     for (int i = 0; !s && i < v->n_params; i++) {
         const tp_module *mod;
         int j;
@@ -229,6 +260,8 @@ static tp_status write_state_files(const tp_train_view *v, const char *dir, int6
     cJSON *rng = cJSON_CreateObject();
     cJSON_AddNumberToObject(rng, "shuffle_seed", (double)l->seed);
     cJSON_AddBoolToObject(rng, "shuffle", l->shuffle);
+    /* LoRA dropout draws from the same seed, keyed by step and row */
+    cJSON_AddNumberToObject(rng, "lora_dropout_seed", (double)l->seed);
     if (!s) s = write_json(dir, "rng_state.json", rng);
     else cJSON_Delete(rng);
     cJSON *st = cJSON_CreateObject();
@@ -336,8 +369,11 @@ static tp_status write_checkpoint(const tp_train_view *v, int64_t step, tp_group
     tp_status s = tp_save_dir_begin(g, 0, target, tmp, sizeof tmp);
     if (s) return s;
     tp_save_tensor *mine = NULL;
-    s = mt ? tp_model_save_list(g, mt, nm, c->src_dir, tmp, c->max_shard_bytes)
-           : tp_model_save_files(v->m, c->src_dir, tmp, c->max_shard_bytes);
+    /* LoRA: the adapter in PEFT's format (the frozen base is the --model's;
+     * never chunked, so g is the model's TP group) */
+    if (tp_model_base_frozen(v->m)) s = tp_model_save_adapter_files(v->m, tmp);
+    else s = mt ? tp_model_save_list(g, mt, nm, c->src_dir, tmp, c->max_shard_bytes)
+                : tp_model_save_files(v->m, c->src_dir, tmp, c->max_shard_bytes);
     if (!s && !ot && !(s = tp_comm_agree(g, optim_tensors(v, &mine, &no)))) ot = mine;
     if (!s) s = tp_save_tensors(g, 0, tmp, "optimizer", ot, no, c->max_shard_bytes);
     if (!s && me == 0) s = write_state_files(v, tmp, step);
@@ -443,11 +479,31 @@ static tp_status read_part(tp_checkpoint *ck, const char *name, const tp_module_
     return s ? s : tp_slice_runs(p->ndim, p->shape, &p->slice, start, len, read_run, &r);
 }
 
+/* The adapter tensors' state (LoRA), shard-on-read like the adapter. */
+static tp_status read_adapter_optimizer(const tp_train_view *v, tp_checkpoint *ck)
+{
+    char name[200];
+    tp_status s = TP_OK;
+    for (int i = 0; !s && i < v->n_params; i++)
+        for (size_t q = 0; !s && q < sizeof state_names / sizeof *state_names; q++) {
+            const tp_tensor *st;
+            if (tp_optim_state(v->opt, i, state_names[q], &st)) { tp_clear_error(); continue; }
+            snprintf(name, sizeof name, "%s.%s", v->params[i].name, state_names[q]);
+            s = tp_model_lora_read_tensor(v->m, (size_t)i, ck, name, st->data);
+        }
+    return s;
+}
+
 static tp_status read_optimizer(const tp_train_view *v, const char *dir)
 {
     tp_checkpoint *ck = NULL;
     tp_status s = open_optimizer(dir, &ck);
     char name[160];
+    if (!s && tp_model_base_frozen(v->m)) {
+        s = read_adapter_optimizer(v, ck);
+        tp_checkpoint_close(ck);
+        return s;
+    }
     for (int i = 0; !s && i < v->n_params; i++) {
         const tp_module *mod;
         int j;

@@ -5,13 +5,14 @@
 #include "train/dp_internal.h"
 #include "tensorpar/comm.h"
 #include "tensorpar/module.h"
+#include "tensorpar/lora.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 int tp_dp_index(const tp_dp *dp) { return dp->index; }
 int tp_dp_count(const tp_dp *dp) { return dp->R * dp->S; }
-int tp_dp_sharded(const tp_dp *dp) { return dp->S > 1; }
+int tp_dp_sharded(const tp_dp *dp) { return dp->opt_chunks; }
 
 const tp_train_param *tp_dp_params(const tp_dp *dp, int *n)
 {
@@ -110,6 +111,7 @@ static tp_status grad_end(tp_dp *dp, dp_param *p, int idle)
  * u; those kept in row blocks only when whole (eval, not training rows). */
 static tp_status unit_gather(tp_dp *dp, int u, int grads, int whole)
 {
+    grads = grads && !dp->frozen;
     for (int k = 0; k < dp->n; k++) {
         if (dp->ps[k].unit != u || (dp->ps[k].block && !whole)) continue;
         tp_status s = gather(dp, &dp->ps[k]);
@@ -122,6 +124,7 @@ static tp_status unit_gather(tp_dp *dp, int u, int grads, int whole)
 /* Reduce-scatter (with grads) and free every parameter of unit u. */
 static tp_status unit_release(tp_dp *dp, int u, int grads, int idle)
 {
+    grads = grads && !dp->frozen;
     for (int k = 0; k < dp->n; k++) {
         if (dp->ps[k].unit != u || (dp->ps[k].block && !dp->ps[k].full)) continue;
         tp_status s = grads ? grad_end(dp, &dp->ps[k], idle) : TP_OK;
@@ -169,7 +172,7 @@ static tp_status chunk_one(tp_dp *dp, int i, int j, int shard_rank)
     p->block = tp_dp_block_rows(dp, i, j);
     tp_chunk_range(p->numel, dp->S, shard_rank, &p->start, &p->len);
     tp_status s = tp_tensor_init(&p->value, TP_F32, 1, &p->len);
-    if (!s) s = tp_tensor_init(&p->grad, TP_F32, 1, &p->len);
+    if (!s && !dp->frozen) s = tp_tensor_init(&p->grad, TP_F32, 1, &p->len);
     if (s) return tp_fail(s, "out of memory for the chunk of %s.%s", m->modules[i].name, mp->suffix);
     dp->n++;
     s = tp_convert(p->value.data, TP_F32, (const char *)mp->local.data + (size_t)p->start * tp_dtype_size(p->dtype),
@@ -188,7 +191,8 @@ static tp_status chunk_one(tp_dp *dp, int i, int j, int shard_rank)
 }
 
 /* Every owned parameter of the model (a tied one borrows its owner's) as
- * a chunk. */
+ * a chunk; under LoRA training the frozen ones only (a base parameter that
+ * trains with the adapter stays whole, a dp copy like the adapters). */
 static tp_status make_chunks(tp_dp *dp)
 {
     tp_model *m = dp->m;
@@ -201,6 +205,7 @@ static tp_status make_chunks(tp_dp *dp)
         for (int j = 0; j < m->modules[i].n_params; j++) {
             const tp_module_param *mp = &m->modules[i].params[j];
             if (mp->tied_to >= 0 || !mp->local.data) continue;
+            if (dp->frozen && !tp_model_param_frozen(m, &m->modules[i], j)) continue;
             tp_status s = chunk_one(dp, (int)i, j, shard_rank);
             if (s) return s;
             const dp_param *p = &dp->ps[dp->n - 1];
@@ -230,8 +235,11 @@ tp_status tp_dp_new(tp_model *m, const tp_mesh *grid, tp_dp **out)
     dp->R = tp_mesh_size(dp->rep, 0);
     dp->S = tp_mesh_size(dp->shard, 0);
     dp->index = tp_mesh_coord(dp->rep, 0) * dp->S + tp_mesh_coord(dp->shard, 0);
+    dp->chunked = dp->S > 1;
+    dp->frozen = tp_model_base_frozen(m);
+    dp->opt_chunks = dp->chunked && !dp->frozen;
     *out = dp;
-    if (dp->S == 1) return TP_OK;
+    if (!dp->chunked) return TP_OK;
     dp->hooks = (tp_module_hooks){.pre_forward = pre_forward, .post_forward = post_forward,
                                   .pre_backward = pre_backward, .post_backward = post_backward, .ctx = dp};
     tp_dp_row_hooks(dp);
@@ -254,13 +262,13 @@ static tp_status unshard_all(tp_dp *dp)
         s = tp_dp_gather_chunk(dp, k, p->value.data, whole.data);
         if (s) { tp_tensor_release(&whole); return s; }
         if (p->full) release(dp, p);
-        /* The chunk goes as its whole comes: the model whole and every
-         * chunk at once would be the run's peak. */
-        tp_tensor_release(&p->value);
-        tp_tensor_release(&p->grad);
         mp->local = whole;
         set_data(dp, p, whole.data);
         mp->local.owns_data = 1;
+        /* the chunk goes as its whole comes: the peak holds one chunk
+         * beside the whole model, not every chunk */
+        tp_tensor_release(&p->value);
+        tp_tensor_release(&p->grad);
     }
     /* A tied parameter borrows its owner's tensor, dtype included. */
     tp_model *m = dp->m;
@@ -278,7 +286,7 @@ tp_status tp_dp_free(tp_dp *dp, int finish)
 {
     if (!dp) return TP_OK;
     tp_status s = TP_OK;
-    if (dp->S > 1) {
+    if (dp->chunked) {
         dp->m->hooks = NULL;
         tp_dp_kept_free(dp);
         if (finish) s = unshard_all(dp);
@@ -296,17 +304,17 @@ tp_status tp_dp_free(tp_dp *dp, int finish)
 
 tp_status tp_dp_row_begin(tp_dp *dp)
 {
-    return dp->S > 1 ? unit_gather(dp, -1, 1, 0) : TP_OK;
+    return dp->chunked ? unit_gather(dp, -1, 1, 0) : TP_OK;
 }
 
 tp_status tp_dp_row_end(tp_dp *dp)
 {
-    return dp->S > 1 ? unit_release(dp, -1, 1, 0) : TP_OK;
+    return dp->chunked ? unit_release(dp, -1, 1, 0) : TP_OK;
 }
 
 tp_status tp_dp_row_idle(tp_dp *dp)
 {
-    if (dp->S == 1) return TP_OK;
+    if (!dp->chunked) return TP_OK;
     const tp_model *m = dp->m;
     int n = (int)m->cfg.num_hidden_layers;
     tp_status s = tp_dp_rows_idle_lookup(dp);
@@ -327,12 +335,12 @@ tp_status tp_dp_row_idle(tp_dp *dp)
 
 tp_status tp_dp_root_gather(tp_dp *dp)
 {
-    return dp->S > 1 ? unit_gather(dp, -1, 0, 1) : TP_OK;
+    return dp->chunked ? unit_gather(dp, -1, 0, 1) : TP_OK;
 }
 
 void tp_dp_root_release(tp_dp *dp)
 {
-    if (dp->S > 1) unit_release(dp, -1, 0, 0);
+    if (dp->chunked) unit_release(dp, -1, 0, 0);
 }
 
 /* One placement per dimension of the grid: `dp_rep` on dp_replicate,
@@ -372,10 +380,12 @@ static tp_status all_reduce(const tp_mesh *mesh, const tp_train_param *p)
 
 tp_status tp_dp_reduce_grads(tp_dp *dp, const tp_train_param *params, int n)
 {
-    /* dp_shard's sums happened in the reduce-scatters (or it has size 1):
-     * what is left is the copies over dp_replicate. */
-    for (int i = 0; dp->R > 1 && i < n; i++) {
-        tp_status s = all_reduce(dp->rep, &params[i]);
+    /* dp_shard's sums happened in the reduce-scatters (or it has size 1, or
+     * holds copies): what is left is the copies over dp_replicate, and over
+     * dp_shard when it does not chunk. */
+    for (int i = 0; i < n; i++) {
+        tp_status s = dp->R > 1 ? all_reduce(dp->rep, &params[i]) : TP_OK;
+        if (!s && dp->S > 1 && !dp->opt_chunks) s = all_reduce(dp->shard, &params[i]);
         if (s) return s;
     }
     return TP_OK;
@@ -387,7 +397,7 @@ tp_status tp_dp_clip(tp_dp *dp, const tp_train_param *params, int n, const tp_me
     /* Copies over dp_replicate (and over dp_shard when unsharded) count
      * once: only the chunks of one replica sum, and the TP ranks' parts. */
     tp_placement sum_pl[TP_MESH_MAX_DIMS];
-    grid_placements(dp, tp_replicate(), dp->S > 1 ? tp_partial() : tp_replicate(), tp_partial(), sum_pl);
+    grid_placements(dp, tp_replicate(), dp->opt_chunks ? tp_partial() : tp_replicate(), tp_partial(), sum_pl);
     return tp_clip_grad_norm_grid(params, n, tp_sub, dp->grid, sum_pl, pool, max_norm, norm);
 }
 
@@ -395,7 +405,7 @@ tp_status tp_dp_check_replicas(tp_dp *dp, const tp_train_param *params, int n)
 {
     /* The copies: the replicas of dp_replicate, and of dp_shard when it
      * does not shard; each parameter is one whole copy per rank there. */
-    const tp_mesh *copies[2] = {dp->rep, dp->S == 1 ? dp->shard : NULL};
+    const tp_mesh *copies[2] = {dp->rep, dp->opt_chunks ? NULL : dp->shard};
     tp_train_param *all = malloc((size_t)(n ? n : 1) * sizeof *all);
     if (!all) return tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) {
@@ -427,5 +437,5 @@ tp_status tp_dp_gather_chunk(tp_dp *dp, int k, const float *chunk, float *whole)
 
 tp_status tp_dp_agree(tp_dp *dp, tp_status s)
 {
-    return dp->S > 1 ? tp_comm_agree(tp_mesh_group(dp->shard, 0), s) : s;
+    return dp->chunked ? tp_comm_agree(tp_mesh_group(dp->shard, 0), s) : s;
 }

@@ -20,7 +20,15 @@
  * the layers (embedding, final norm, lm_head) are gathered for the whole
  * forward and backward of a sequence (FSDP's root unit, which a tied
  * lm_head shares with the embedding).  Every move goes through
- * tp_redistribute_local on a sub-mesh. */
+ * tp_redistribute_local on a sub-mesh.
+ *
+ * LoRA training (a frozen base, tensorpar/lora.h) chunks the base's
+ * values alone: gathered around each unit's forward and backward like any
+ * chunk, but with no gradient to reduce-scatter and no optimizer state.
+ * The optimizer steps the adapters (and the base parameters that train
+ * with them, modules_to_save and biases, which stay whole), copies on
+ * every dp rank whose gradients are summed over dp_replicate × dp_shard,
+ * as dp_replicate does. */
 #ifndef TP_TRAIN_DATA_PARALLEL_H
 #define TP_TRAIN_DATA_PARALLEL_H
 
@@ -45,7 +53,8 @@ tp_status tp_dp_free(tp_dp *dp, int finish);
 /* This rank's data-parallel index (dp_replicate-major) and their count. */
 int tp_dp_index(const tp_dp *dp);
 int tp_dp_count(const tp_dp *dp);
-/* 1 when the parameters are sharded (dp_shard > 1). */
+/* 1 when the optimizer steps chunks (dp_shard > 1, not LoRA training:
+ * there the chunks are the frozen base's, and the adapters whole). */
 int tp_dp_sharded(const tp_dp *dp);
 /* The chunks as the optimizer's parameter list (dp_shard > 1; borrowed). */
 const tp_train_param *tp_dp_params(const tp_dp *dp, int *n);

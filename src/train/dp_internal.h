@@ -31,6 +31,12 @@ struct tp_dp {
     tp_model *m;
     const tp_mesh *grid, *rep, *shard;
     int R, S, index;
+    /* dp_shard > 1 chunks the parameters (chunked).  Under LoRA training
+     * (frozen) the chunks are the frozen base's, gathered for compute but
+     * with no gradient and no optimizer state; the optimizer steps the
+     * small adapters, copies on every dp rank whose gradients are summed
+     * over the whole dp group.  opt_chunks: the optimizer steps chunks. */
+    int chunked, frozen, opt_chunks;
     tp_module_hooks hooks;
     dp_param *ps;
     int n;

@@ -42,7 +42,8 @@ int64_t tp_dp_block_rows(const tp_dp *dp, int i, int j)
     const tp_module *mod = &m->modules[i];
     const tp_module_param *p = &mod->params[j];
     int tp = tp_mesh_dim_index(dp->grid, "tp");
-    if (j != TP_MODULE_WEIGHT || p->local.ndim != 2 || m->lora || tp_mesh_size(dp->grid, tp) != 1) return 0;
+    if (j != TP_MODULE_WEIGHT || p->local.ndim != 2 || m->lora || dp->frozen || tp_mesh_size(dp->grid, tp) != 1)
+        return 0;
     /* lm_head's weight, or the embedding a tied lm_head borrows */
     int head = m->lm_head >= 0 && (i == m->lm_head || m->modules[m->lm_head].params[j].tied_to == i);
     /* (lm_head's bias, if any, is chunked after its weight: still whole here) */

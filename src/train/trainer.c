@@ -17,7 +17,8 @@
 
 /* LoRA training: the adapters' tensors alone (f32, no masters); a
  * replicated one (A under colwise, B under rowwise) has the same gradient
- * on every rank and is counted once. */
+ * on every rank and is counted once, as is a B split like a KV head that
+ * kv_rep ranks hold. */
 static tp_status collect_adapters(tp_model *m, tp_train_param *ps, int *n)
 {
     size_t count = tp_model_lora_count(m);
@@ -29,7 +30,9 @@ static tp_status collect_adapters(tp_model *m, tp_train_param *ps, int *n)
         int reps;
         tp_status s = tp_model_lora_tensor(m, k, &name, &value, &grad, &reps);
         if (s) return s;
-        ps[k] = (tp_train_param){name, value, grad, reps == 1 ? 0 : TP_PARAM_COUNTED_ONCE, 0};
+        unsigned flags = reps == 1 ? 0 : TP_PARAM_COUNTED_ONCE;
+        if (strstr(name, "bias")) flags |= TP_PARAM_NO_DECAY;   /* a bias trained with the adapter: HF's rule by name */
+        ps[k] = (tp_train_param){name, value, grad, flags, reps == 1 ? 0 : reps};
         *n = (int)k + 1;
     }
     return TP_OK;
@@ -199,7 +202,11 @@ static tp_status accumulate(trainer *t, int64_t s, const tp_data_step *st, doubl
             double sum = 0;
             /* count > 0 always: a step without labels gives 0 / 0 below. */
             double count = st->label_tokens > 0 ? (double)st->label_tokens : 1.0;
+            /* LoRA dropout masks keyed by the step and the dataset row:
+             * the same whatever the TP and dp layout (no-op without) */
+            tp_model_lora_dropout_key(t->m, 1, t->o->seed, s, t->rows[r]);
             e = one_row(t, t->ids + r * L, t->labels + r * L, L, count, &sum);
+            tp_model_lora_dropout_key(t->m, 0, 0, 0, 0);
             *loss_sum += sum;
             *tokens += t->loader.data->lengths ? t->loader.data->lengths[t->rows[r]] : L;
         }

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """End-to-end: every registered style on every module kind of the built-in
-models, at TP = 2 and 3 (tp-semantics.md §2, §4.7).
+models (qwen3_moe's router, experts and expert tensors among them), at TP = 2
+and 3 (tp-semantics.md §2, §4.7).
 
 Each case is the model type's built-in plan with one module kind's rule set
 to one style, on all layers.  It must either give the logits of TP = 1
@@ -37,7 +38,7 @@ CRASH = re.compile(r"Sanitizer|Segmentation|runtime error:|core dumped|Aborted|T
                    r"double free|invalid pointer|munmap_chunk", re.I)
 # Verbatim §4.7 refusals: they name tensors and head counts, not a style.
 SPEC_REFUSALS = ("Cannot use tensor parallelism with tp_size=", "Tied parameters `",
-                 "The packed dimension of `")
+                 "The packed dimension of `", "Global number of experts must be divisible by number of devices: ")
 TOKENS = "3,17,42,99,5,150,7"
 SIZES = (2, 3)
 
@@ -50,6 +51,7 @@ MODELS = [
     ("llama", {"num_key_value_heads": 6}),
     ("qwen2", {"num_key_value_heads": 2}),
     ("qwen3", {"num_key_value_heads": 6, "tie_word_embeddings": True}),
+    ("qwen3_moe", {"num_key_value_heads": 6, "moe_intermediate_size": 48}),
 ]
 
 
@@ -61,7 +63,9 @@ def sh(*args, timeout=120):
 
 def make_model(work, arch, sets):
     d = os.path.join(work, arch)
-    args = ["make-model", "--arch", arch, "--preset", "tiny", "--dtype", "f32", "--seed", "3", "--out", d]
+    # routers (MoE only) with a wide spread: top-k choices that rounding cannot flip
+    args = ["make-model", "--arch", arch, "--preset", "tiny", "--dtype", "f32", "--seed", "3", "--router-std", "0.3",
+            "--out", d]
     for k, v in dict(COMMON, **sets).items():
         args += ["--set", f"{k}={json.dumps(v)}"]
     p = sh(*args)
@@ -89,8 +93,10 @@ def builtin_plan(model):
 def module_kinds(arch):
     attn = [f"model.layers.*.self_attn.{n}" for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
     mlp = [f"model.layers.*.mlp.{n}" for n in ("gate_proj", "up_proj", "down_proj")]
+    if arch == "qwen3_moe":   # every layer sparse: the router, the experts and their tensors
+        mlp = [f"model.layers.*.mlp.{n}" for n in ("gate", "experts", "experts.gate_up_proj", "experts.down_proj")]
     norms = ["model.layers.*.input_layernorm", "model.layers.*.post_attention_layernorm", "model.norm"]
-    if arch == "qwen3":
+    if arch in ("qwen3", "qwen3_moe"):
         norms += ["model.layers.*.self_attn.q_norm", "model.layers.*.self_attn.k_norm"]
     containers = ["model.layers.*.self_attn", "model.layers.*.mlp", "model.layers.*", "model"]
     return attn + mlp + ["model.embed_tokens", "lm_head"] + norms + containers

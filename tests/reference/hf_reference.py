@@ -1,10 +1,14 @@
 #!/usr/bin/python3
-"""Independent NumPy reference of Hugging Face causal LMs (llama, mistral, qwen2, qwen3).
+"""Independent NumPy reference of Hugging Face causal LMs (llama, mistral, qwen2, qwen3,
+qwen3_moe, mixtral).
 
 This is tensorpar's *reference*, written from the semantics of Hugging Face
 Transformers' modeling code (LlamaForCausalLM, MistralForCausalLM,
-Qwen2ForCausalLM, Qwen3ForCausalLM and modeling_rope_utils), not from the C
-engine.  Everything is computed in float64 from the stored weights (bf16 and
+Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM
+and modeling_rope_utils), not from the C engine.  The sparse blocks follow
+Qwen3MoeSparseMoeBlock and MixtralSparseMoeBlock on the per-expert
+checkpoint tensors as published (experts.<e>.gate_proj/up_proj/down_proj,
+Mixtral's block_sparse_moe.experts.<e>.w1/w3/w2).  Everything is computed in float64 from the stored weights (bf16 and
 f16 weights are widened exactly).
 
 Usage:
@@ -26,7 +30,8 @@ import tempfile
 
 import numpy as np
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+DENSE_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ARCHS = DENSE_ARCHS + ("qwen3_moe", "mixtral")
 
 
 class ReferenceError(Exception):
@@ -337,8 +342,12 @@ class HFReference:
         elif self.arch == "mistral":
             # MistralAttention builds q/k/v/o with bias=False whatever the config says.
             self.qkv_bias, self.o_bias = False, False
-        else:  # llama, qwen3
+        elif self.arch == "mixtral":
+            self.qkv_bias, self.o_bias = False, False
+        else:  # llama, qwen3, qwen3_moe
             self.qkv_bias, self.o_bias = attn_bias, attn_bias
+        self.qk_norm = self.arch in ("qwen3", "qwen3_moe")
+        self._moe_config(c)
         self.mlp_bias = bool(c.get("mlp_bias", False)) if self.arch == "llama" else False
 
         # Sliding window per layer (None = full causal attention).
@@ -347,9 +356,9 @@ class HFReference:
         layer_types = c.get("layer_types")
         for i in range(self.n_layers):
             w = None
-            if self.arch == "mistral":
+            if self.arch in ("mistral", "mixtral"):
                 w = sw
-            elif self.arch in ("qwen2", "qwen3"):
+            elif self.arch in ("qwen2", "qwen3", "qwen3_moe"):
                 if layer_types is not None:
                     if layer_types[i] == "sliding_attention":
                         w = sw if c.get("use_sliding_window", False) else None
@@ -360,6 +369,36 @@ class HFReference:
 
         self.t = tensors if tensors is not None else load_model_tensors(model_dir)
         self._check_shapes()
+
+    def _moe_config(self, c):
+        """The expert settings of Qwen3MoeConfig / MixtralConfig; self.sparse[i] says
+        whether layer i has a sparse block (Qwen3MoeDecoderLayer's rule)."""
+        self.sparse = [False] * self.n_layers
+        if self.arch == "qwen3_moe":
+            self.n_experts = int(c.get("num_experts", 128))
+            self.top_k = int(c.get("num_experts_per_tok", 8))
+            self.moe_inter = int(c.get("moe_intermediate_size", 768))
+            self.norm_topk = bool(c.get("norm_topk_prob", False))
+            step = int(c.get("decoder_sparse_step", 1))
+            only = c.get("mlp_only_layers") or []
+            self.sparse = [(i not in only) and self.n_experts > 0 and (i + 1) % step == 0
+                           for i in range(self.n_layers)]
+        elif self.arch == "mixtral":
+            self.n_experts = int(c.get("num_local_experts", 8))
+            self.top_k = int(c.get("num_experts_per_tok", 2))
+            self.moe_inter = self.inter
+            self.norm_topk = True
+            self.sparse = [True] * self.n_layers
+
+    def _moe_names(self, i, e):
+        """(router, gate, up, down) tensor names of layer i, expert e, as stored."""
+        if self.arch == "mixtral":
+            p = f"model.layers.{i}.block_sparse_moe."
+            x = f"{p}experts.{e}."
+            return p + "gate.weight", x + "w1.weight", x + "w3.weight", x + "w2.weight"
+        p = f"model.layers.{i}.mlp."
+        x = f"{p}experts.{e}."
+        return p + "gate.weight", x + "gate_proj.weight", x + "up_proj.weight", x + "down_proj.weight"
 
     def _expected(self):
         H, I, D = self.hidden, self.inter, self.head_dim
@@ -380,9 +419,16 @@ class HFReference:
                 exp[p + "self_attn.v_proj.bias"] = (self.n_kv * D,)
             if self.o_bias:
                 exp[p + "self_attn.o_proj.bias"] = (H,)
-            if self.arch == "qwen3":
+            if self.qk_norm:
                 exp[p + "self_attn.q_norm.weight"] = (D,)
                 exp[p + "self_attn.k_norm.weight"] = (D,)
+            if self.sparse[i]:
+                for e in range(self.n_experts):
+                    router, g, u, d = self._moe_names(i, e)
+                    exp[router] = (self.n_experts, H)
+                    exp[g] = exp[u] = (self.moe_inter, H)
+                    exp[d] = (H, self.moe_inter)
+                continue
             exp[p + "mlp.gate_proj.weight"] = (I, H)
             exp[p + "mlp.up_proj.weight"] = (I, H)
             exp[p + "mlp.down_proj.weight"] = (H, I)
@@ -418,7 +464,7 @@ class HFReference:
         q = self._linear(x, p + "q_proj", self.qkv_bias).reshape(T, nh, D).transpose(1, 0, 2)
         k = self._linear(x, p + "k_proj", self.qkv_bias).reshape(T, nkv, D).transpose(1, 0, 2)
         v = self._linear(x, p + "v_proj", self.qkv_bias).reshape(T, nkv, D).transpose(1, 0, 2)
-        if self.arch == "qwen3":  # per-head RMSNorm over head_dim, before RoPE
+        if self.qk_norm:  # per-head RMSNorm over head_dim, before RoPE
             q = rms_norm(q, self.t[p + "q_norm.weight"], self.eps)
             k = rms_norm(k, self.t[p + "k_norm.weight"], self.eps)
         q = apply_rope(q, cos, sin)
@@ -439,7 +485,32 @@ class HFReference:
         o = (w @ v).transpose(1, 0, 2).reshape(T, nh * D)
         return self._linear(o, p + "o_proj", self.o_bias)
 
+    def sparse_moe(self, i, x):
+        """Qwen3MoeSparseMoeBlock / MixtralSparseMoeBlock: softmax over all experts,
+        top-k, renormalised (norm_topk_prob; Mixtral always), each expert's SwiGLU
+        on the tokens that chose it, added with its routing weight."""
+        E, k = self.n_experts, self.top_k
+        logits = x @ self.t[self._moe_names(i, 0)[0]].T                      # [T, E]
+        probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        probs = probs / probs.sum(axis=-1, keepdims=True)
+        chosen = np.argsort(-probs, axis=-1, kind="stable")[:, :k]           # [T, k]
+        weights = np.take_along_axis(probs, chosen, axis=-1)
+        if self.norm_topk:
+            weights = weights / weights.sum(axis=-1, keepdims=True)
+        out = np.zeros_like(x)
+        for e in range(E):
+            tok, slot = np.nonzero(chosen == e)
+            if tok.size == 0:
+                continue
+            _, g, u, d = self._moe_names(i, e)
+            h = x[tok]
+            y = (silu(h @ self.t[g].T) * (h @ self.t[u].T)) @ self.t[d].T
+            np.add.at(out, tok, y * weights[tok, slot][:, None])
+        return out
+
     def mlp(self, i, x):
+        if self.sparse[i]:
+            return self.sparse_moe(i, x)
         p = f"model.layers.{i}.mlp."
         g = self._linear(x, p + "gate_proj", self.mlp_bias)
         u = self._linear(x, p + "up_proj", self.mlp_bias)
@@ -620,7 +691,7 @@ def self_test(verbose=True):
         # --- invariants of the forward pass
         T = 24
         toks = list(rng.integers(0, 61, size=T))
-        for arch in SUPPORTED_ARCHS:
+        for arch in DENSE_ARCHS:   # make_tiny writes dense models; the MoE ones are made by make-model
             make_tiny(d(f"c_{arch}"), arch=arch, seed=11)
             m = HFReference(d(f"c_{arch}"))
             a = m.forward(toks)
@@ -850,7 +921,7 @@ def parse_tokens(s):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="NumPy float64 reference of HF llama/mistral/qwen2/qwen3 logits")
+    ap = argparse.ArgumentParser(description="NumPy float64 reference of HF llama/mistral/qwen2/qwen3/qwen3_moe/mixtral logits")
     ap.add_argument("--model", help="Hugging Face model directory")
     ap.add_argument("--tokens", help="comma-separated token ids")
     ap.add_argument("--out", help="output .npy: float32 logits [T, vocab]")

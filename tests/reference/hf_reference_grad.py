@@ -131,20 +131,23 @@ def causal_mask(T, window):
     return mask.masked_fill(~allowed, float("-inf"))
 
 
-def linear(x, p, name):
+def linear(x, p, name, adapter=None):
+    """x·Wᵀ + b, plus adapter(name, x) when that gives a term (LoRA with dropout)."""
     y = x @ p[name + ".weight"].T
     b = p.get(name + ".bias")
-    return y + b if b is not None else y
+    y = y + b if b is not None else y
+    extra = adapter(name, x) if adapter else None
+    return y if extra is None else y + extra
 
 
-def attention(x, p, pre, cfg, cos, sin, mask):
+def attention(x, p, pre, cfg, cos, sin, mask, adapter=None):
     T = x.shape[0]
     nq, nkv = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
     D = cfg.get("head_dim") or cfg["hidden_size"] // nq
     eps = cfg["rms_norm_eps"]
-    q = linear(x, p, pre + "q_proj").view(T, nq, D)
-    k = linear(x, p, pre + "k_proj").view(T, nkv, D)
-    v = linear(x, p, pre + "v_proj").view(T, nkv, D)
+    q = linear(x, p, pre + "q_proj", adapter).view(T, nq, D)
+    k = linear(x, p, pre + "k_proj", adapter).view(T, nkv, D)
+    v = linear(x, p, pre + "v_proj", adapter).view(T, nkv, D)
     if pre + "q_norm.weight" in p:   # Qwen3: per head, before the rotation
         q = rms_norm(q, p[pre + "q_norm.weight"], eps)
         k = rms_norm(k, p[pre + "k_norm.weight"], eps)
@@ -155,13 +158,49 @@ def attention(x, p, pre, cfg, cos, sin, mask):
     scores = (q @ k.transpose(1, 2)) / math.sqrt(D) + mask
     probs = torch.softmax(scores, dim=-1)
     out = (probs @ v).transpose(0, 1).reshape(T, nq * D)
-    return linear(out, p, pre + "o_proj")
+    return linear(out, p, pre + "o_proj", adapter)
 
 
-def mlp(x, p, pre):
-    g = linear(x, p, pre + "gate_proj")
-    u = linear(x, p, pre + "up_proj")
-    return linear(torch.nn.functional.silu(g) * u, p, pre + "down_proj")
+def mlp(x, p, pre, adapter=None):
+    g = linear(x, p, pre + "gate_proj", adapter)
+    u = linear(x, p, pre + "up_proj", adapter)
+    return linear(torch.nn.functional.silu(g) * u, p, pre + "down_proj", adapter)
+
+
+def sparse_layer(cfg, i):
+    """Qwen3MoeDecoderLayer's rule (mlp_only_layers, decoder_sparse_step); Mixtral: every layer."""
+    if cfg.get("model_type") == "mixtral":
+        return True
+    if cfg.get("model_type") != "qwen3_moe" or int(cfg.get("num_experts", 0)) <= 0:
+        return False
+    step = int(cfg.get("decoder_sparse_step", 1))
+    return i not in (cfg.get("mlp_only_layers") or []) and (i + 1) % step == 0
+
+
+def sparse_moe(x, p, cfg, i):
+    """Qwen3MoeSparseMoeBlock / MixtralSparseMoeBlock: softmax (float) over every expert,
+    torch.topk, renormalised (norm_topk_prob; Mixtral always), each expert's SwiGLU
+    weighted; autograd flows through the chosen weights, not through the choice.  The
+    router aux loss is not added: output_router_logits is False in both configs."""
+    mixtral = cfg.get("model_type") == "mixtral"
+    pre = f"model.layers.{i}." + ("block_sparse_moe." if mixtral else "mlp.")
+    E = int(cfg["num_local_experts"] if mixtral else cfg["num_experts"])
+    k = int(cfg.get("num_experts_per_tok", 2))
+    probs = torch.softmax(x @ p[pre + "gate.weight"].T, dim=-1)
+    weights, chosen = torch.topk(probs, k, dim=-1)
+    if mixtral or cfg.get("norm_topk_prob", False):
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(x)
+    names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    for e in range(E):
+        tok, slot = torch.nonzero(chosen == e, as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        g, u, d = (p[f"{pre}experts.{e}.{n}.weight"] for n in names)
+        h = x[tok]
+        y = (torch.nn.functional.silu(h @ g.T) * (h @ u.T)) @ d.T
+        out = out.index_add(0, tok, y * weights[tok, slot][:, None])
+    return out
 
 
 def causal_lm_loss(logits, tokens):
@@ -174,8 +213,9 @@ def forward_loss(cfg, p, tokens):
     return causal_lm_loss(forward_logits(cfg, p, tokens), tokens)
 
 
-def forward_logits(cfg, p, tokens):
-    """The [T, vocab] logits of one sequence (no batch dimension)."""
+def forward_logits(cfg, p, tokens, adapter=None):
+    """The [T, vocab] logits of one sequence (no batch dimension); adapter(name, x),
+    when given, adds a term to each projection (None: nothing)."""
     T = len(tokens)
     nq = cfg["num_attention_heads"]
     D = cfg.get("head_dim") or cfg["hidden_size"] // nq
@@ -191,8 +231,9 @@ def forward_logits(cfg, p, tokens):
     for i in range(cfg["num_hidden_layers"]):
         pre = f"model.layers.{i}."
         h = h + attention(rms_norm(h, p[pre + "input_layernorm.weight"], eps), p, pre + "self_attn.", cfg,
-                          cos, sin, mask)
-        h = h + mlp(rms_norm(h, p[pre + "post_attention_layernorm.weight"], eps), p, pre + "mlp.")
+                          cos, sin, mask, adapter)
+        hn = rms_norm(h, p[pre + "post_attention_layernorm.weight"], eps)
+        h = h + (sparse_moe(hn, p, cfg, i) if sparse_layer(cfg, i) else mlp(hn, p, pre + "mlp.", adapter))
     h = rms_norm(h, p["model.norm.weight"], eps)
     head = p["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else p["lm_head.weight"]
     return h @ head.T
@@ -208,7 +249,9 @@ def reference_grads(model_dir, tokens):
     p = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in weights.items()}
     loss = forward_loss(cfg, p, [int(t) for t in tokens])
     loss.backward()
-    return float(loss.item()), {k: v.grad.numpy() for k, v in p.items()}
+    # an expert no token chose has no gradient in torch (None): zeros here
+    return float(loss.item()), {k: v.grad.numpy() if v.grad is not None else np.zeros(tuple(v.shape))
+                                for k, v in p.items()}
 
 
 def main(argv=None):

@@ -153,8 +153,9 @@ def make_optimizer(params, o):
 
 def train_steps(params, seqs, o, forward, vocab):
     """Trainer's o["steps"] optimizer steps on params {name: leaf tensor} over
-    the token sequences seqs; forward(seq) gives one sequence's logits from
-    the current params.  Returns the log: a list of {"step", "loss", "lr",
+    the token sequences seqs; forward(seq, step, row) gives one sequence's
+    logits from the current params (step from 0, row: the sequence's index in
+    seqs, what LoRA dropout masks are keyed by).  Returns the log: a list of {"step", "loss", "lr",
     "grad_norm"}.  reference_train's loop, and peft_reference's with LoRA."""
     dt = getattr(torch, o["dtype"])
     opt = make_optimizer(params, o)
@@ -169,15 +170,16 @@ def train_steps(params, seqs, o, forward, vocab):
         lr = opt.param_groups[0]["lr"]
         opt.zero_grad(set_to_none=True)
         loss = 0.0
-        for batch in batches:
+        for m, batch in enumerate(batches):
             mb = torch.zeros((), dtype=dt)
-            for s in batch:
+            for i, s in enumerate(batch):
+                row = (step - 1) * o["grad_accum"] * o["batch_size"] + m * o["batch_size"] + i
                 if any(t < 0 or t >= vocab for t in s):
                     raise ValueError(f"step {step}: an id outside the vocabulary [0, {vocab})")
                 if counted_labels(s):
                     labels = torch.tensor(list(s[1:]) + [model_ref.IGNORE])
-                    mb = mb + torch.nn.functional.cross_entropy(forward(s), labels, ignore_index=model_ref.IGNORE,
-                                                                reduction="sum")
+                    mb = mb + torch.nn.functional.cross_entropy(forward(s, step - 1, row), labels,
+                                                                ignore_index=model_ref.IGNORE, reduction="sum")
             if o["loss_norm"] == "step":
                 mb = mb / n_step
             else:
@@ -215,7 +217,7 @@ def reference_train(model_dir, data_path, **opts):
     dt = getattr(torch, o["dtype"])
     params = {k: torch.tensor(v, dtype=dt, requires_grad=True) for k, v in weights.items()}
     seqs = read_sequences(data_path, o["seq_len"])
-    log = train_steps(params, seqs, o, lambda s: model_ref.forward_logits(cfg, params, s), cfg["vocab_size"])
+    log = train_steps(params, seqs, o, lambda s, step, row: model_ref.forward_logits(cfg, params, s), cfg["vocab_size"])
     return log, {k: v.detach().numpy().copy() for k, v in params.items()}
 
 

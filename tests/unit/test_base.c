@@ -121,6 +121,18 @@ static void test_rng(void)
     CHECK(fabs(sq / 100000 - 1) < 0.02);
 }
 
+/* The counter-based hash: splitmix64's first output for key 0 (the
+ * published splitmix64(0) value), a chained value that tests/reference's
+ * Python copy gives too, and a fair share of keep draws at p = 0.1. */
+static void test_rng_hash(void)
+{
+    CHECK(tp_rng_hash(0, 0) == 0xe220a8397b1dcdafull);
+    CHECK(tp_rng_hash(tp_rng_hash(42, 7), 123456789) == 0x3881ed605e3a039eull);
+    int dropped = 0;
+    for (uint64_t i = 0; i < 100000; i++) dropped += (double)(tp_rng_hash(5, i) >> 11) * 0x1.0p-53 < 0.1;
+    CHECK(dropped > 9500 && dropped < 10500);
+}
+
 int main(void)
 {
     test_bf16();
@@ -129,5 +141,6 @@ int main(void)
     test_errors();
     test_threadpool();
     test_rng();
+    test_rng_hash();
     return check_summary();
 }

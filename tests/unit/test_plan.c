@@ -242,11 +242,19 @@ static void test_errors(void)
         }
     }
     c = tiny(TP_ARCH_LLAMA);
-    /* styles registered but not supported for dense models are refused */
-    CHECK(resolve_json(&c, "{\"model.layers.*.mlp\": \"moe_tp_experts\"}", 2, &r) != TP_OK);
-    CHECK(strstr(tp_error(), "'moe_tp_experts'") && strstr(tp_error(), "not supported for this model yet"));
+    /* styles registered but not built (MLA) are refused */
+    CHECK(resolve_json(&c, "{\"model.layers.*.self_attn.q_proj\": \"mla_kv_a_proj\"}", 2, &r) != TP_OK);
+    CHECK(strstr(tp_error(), "'mla_kv_a_proj'") && strstr(tp_error(), "not supported for this model yet"));
+    /* grouped_gemm shards 3-D expert tensors only */
     CHECK(resolve_json(&c, "{\"model.layers.*.mlp.up_proj\": \"grouped_gemm\"}", 2, &r) != TP_OK);
-    CHECK(strstr(tp_error(), "not supported for this model yet") != NULL);
+    CHECK(strstr(tp_error(), "'grouped_gemm'") && strstr(tp_error(), "3-D expert tensors"));
+    /* moe_tp_experts on a dense MLP resolves, and the flow check refuses it:
+     * its all-reduce would add P copies of a replicated output */
+    CHECK(resolve_json(&c, "{\"model.layers.*.mlp\": \"moe_tp_experts\"}", 2, &r) == TP_OK);
+    if (r) {
+        CHECK(tp_plan_check_flow(r) != TP_OK && strstr(tp_error(), "P copies") != NULL);
+        tp_plan_resolution_free(r);
+    }
     /* ... but an unmatched rule only warns */
     CHECK(resolve_json(&c, "{\"model.layers.*.mlp.experts\": \"moe_tp_experts\"}", 2, &r) == TP_OK);
     tp_plan_resolution_free(r);

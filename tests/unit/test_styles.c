@@ -182,9 +182,55 @@ static void test_forward_descs(void)
     CHECK(tp_style_install_forward(tp_style_lookup("local"), &lin, &d) == TP_OK && d.divide_params_by_p);
     CHECK(tp_style_install_forward(tp_style_lookup("local_params"), &lin, &d) == TP_OK);
     CHECK(d.use_local_tensors && d.input.kind == d.compute_input.kind && d.local_output.kind == d.output.kind);
-    CHECK(tp_style_lookup("moe_tp_experts")->support == TP_STYLE_NOT_YET);
-    CHECK(tp_style_lookup("grouped_gemm")->support == TP_STYLE_NOT_YET);
+    CHECK(tp_style_lookup("moe_tp_experts")->support == TP_STYLE_OK);
+    CHECK(tp_style_install_forward(tp_style_lookup("moe_tp_experts"), &lin, &d) == TP_OK);
+    CHECK(d.local_output.kind == TP_PARTIAL && d.output.kind == TP_REPLICATE && d.allreduce_backward_input);
+    CHECK(tp_style_lookup("grouped_gemm")->support == TP_STYLE_OK);
     CHECK(tp_style_lookup("mla_kv_a_proj")->support == TP_STYLE_NOT_YET);
+}
+
+/* grouped_gemm (§2.17): Shard(0) on the expert dimension, E % P checked;
+ * ep_router (§2.18): both plan-time checks. */
+static void test_expert_parallel_styles(void)
+{
+    tp_model_config cfg = {.num_experts = 8};
+    tp_module_ctx ex = {"model.layers.0.mlp.experts", TP_MODULE_EXPERTS, 4, 0, &cfg, NULL, NULL};
+    int64_t shape[3] = {8, 80, 64};
+    tp_param_ctx p = {"model.layers.0.mlp.experts.gate_up_proj", "gate_up_proj", TP_PARAM_WEIGHT, 3, shape};
+    const tp_style *gg = tp_style_lookup("grouped_gemm");
+    tp_placement pl;
+    CHECK(tp_style_validate_param(gg, &ex, &p, p.name) == TP_OK);
+    CHECK(tp_style_shard_param(gg, &ex, &p, &pl) == TP_OK && pl.kind == TP_SHARD && pl.dim == 0);
+    ex.tp_size = 3;
+    CHECK(tp_style_validate_param(gg, &ex, &p, p.name) != TP_OK);
+    CHECK(!strcmp(tp_error(), "Global number of experts must be divisible by number of devices: 8 % 3 != 0"));
+    tp_module_ctx router = {"model.layers.0.mlp.gate", TP_MODULE_LINEAR, 3, 0, &cfg, NULL, NULL};
+    tp_forward_desc d;
+    const tp_style *er = tp_style_lookup("ep_router");
+    CHECK(tp_style_install_forward(er, &router, &d) != TP_OK);
+    CHECK(!strcmp(tp_error(), "num_experts must be divisible by ep_size: 8 % 3 != 0"));
+    cfg.num_experts = 0;
+    CHECK(tp_style_install_forward(er, &router, &d) != TP_OK);
+    CHECK(!strcmp(tp_error(), "Router module Linear is missing `num_experts` and `config.num_experts`"));
+    cfg.num_experts = 6;
+    CHECK(tp_style_install_forward(er, &router, &d) == TP_OK);
+}
+
+/* §2.18's test vector: 4 experts, top-2, EP size 2. */
+static void test_ep_router_remap(void)
+{
+    static const int32_t ids[8] = {0, 2, 1, 3, 2, 0, 3, 1};
+    static const float scores[8] = {.5f, .5f, .6f, .4f, .7f, .3f, .2f, .8f};
+    static const int32_t want_ids[2][8] = {{0, 2, 1, 2, 2, 0, 2, 1}, {2, 0, 2, 1, 0, 2, 1, 2}};
+    static const float want_scores[2][8] = {{.5f, 0, .6f, 0, 0, .3f, 0, .8f}, {0, .5f, 0, .4f, .7f, 0, .2f, 0}};
+    for (int r = 0; r < 2; r++) {
+        int32_t i[8];
+        float s[8];
+        memcpy(i, ids, sizeof i);
+        memcpy(s, scores, sizeof s);
+        tp_ep_router_remap(i, s, 4, 2, 4, r, 2);
+        CHECK(!memcmp(i, want_ids[r], sizeof i) && !memcmp(s, want_scores[r], sizeof s));
+    }
 }
 
 
@@ -334,5 +380,7 @@ int main(void)
     test_per_model_registry();
     test_placements();
     test_forward_descs();
+    test_expert_parallel_styles();
+    test_ep_router_remap();
     return check_summary();
 }

@@ -1,0 +1,133 @@
+/* A sparse MoE block (qwen3_moe's Qwen3MoeSparseMoeBlock, Mixtral's
+ * MixtralSparseMoeBlock) in place of a layer's MLP: the router `gate`
+ * (replicated: every rank routes every token alike), its top-k choice
+ * (moe_router.c), under expert parallelism ep_router's remap to this
+ * rank's experts (§2.18), then the experts (module_experts.c), whose output
+ * is left pending for the next norm. */
+#include "lora_internal.h"
+#include "tp_module.h"
+
+#include "tensorpar/kernels.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int64_t tp_moe_block_bound(const tp_model *m, const tp_module *moe)
+{
+    const tp_layer_modules *L = &m->layers[moe->layer];
+    const tp_module *experts = &m->modules[L->experts];
+    int64_t H = m->cfg.hidden_size, I = experts->params[0].local.shape[1] / 2;
+    /* logits; the output and the copy its all-reduce may make; the
+     * kernel's scratch; a row of the stream for the norm */
+    return m->cfg.num_experts + 2 * H + tp_grouped_experts_scratch(1, H, I) + H;
+}
+
+static tp_status route(tp_model *m, const tp_module *mod, tp_forward_pass *f, int32_t *ids, float *w)
+{
+    const tp_layer_modules *L = &m->layers[mod->layer];
+    int64_t T = f->T, E = m->cfg.num_experts, k = m->cfg.num_experts_per_tok;
+    /* The router runs its GEMM here, not through the Linear path that
+     * applies adapters: one on it would be ignored. */
+    if (m->lora && m->lora->by_module[L->router])
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: a LoRA adapter on a mixture-of-experts router is not supported",
+                       m->modules[L->router].name);
+    float *logits = tp_act_alloc(m, T * E);
+    if (!logits) return tp_fail(TP_ERR_NOMEM, "out of memory for the router of %lld tokens", (long long)T);
+    /* f32 logits over all experts from the replicated router weight */
+    tp_status st = tp_matmul_ex(logits, f->sc.h, T, tp_module_weight(&m->modules[L->router]), NULL, m->pool,
+                                &m->matmul);
+    if (!st) tp_moe_route(logits, T, E, k, m->cfg.norm_topk_prob, ids, w);
+    tp_act_free(m, logits);
+    if (!st && tp_moe_expert_parallel(m, &m->modules[L->experts]))
+        tp_ep_router_remap(ids, w, T, k, E, m->tp->rank, m->tp->size);
+    return st;
+}
+
+static tp_status moe_forward(tp_model *m, const tp_module *mod, tp_forward_pass *f)
+{
+    /* Training keeps nothing of its own here: the backward recomputes the
+     * routing and the experts from post_attention_layernorm's saved output. */
+    int64_t n = f->T * m->cfg.num_experts_per_tok;
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    float *w = malloc((size_t)n * sizeof *w);
+    tp_status st = ids && w ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory routing %lld tokens", (long long)f->T);
+    if (!st) st = route(m, mod, f, ids, w);
+    if (!st) {
+        const tp_module *experts = &m->modules[m->layers[mod->layer].experts];
+        f->moe_ids = ids;
+        f->moe_w = w;
+        f->moe_k = m->cfg.num_experts_per_tok;
+        st = experts->ops->forward(m, experts, f);
+        f->moe_ids = NULL;
+        f->moe_w = NULL;
+    }
+    free(ids);
+    free(w);
+    return st;
+}
+
+/* The routing again, from the saved input: logits [T, E] (kept for the
+ * router's backward), the global choice (ids, w) and the experts' view of
+ * it (lids, lw: remapped under expert parallelism). */
+typedef struct {
+    float *logits, *dlogits, *w, *lw, *dw;
+    int32_t *ids, *lids;
+} moe_bwd;
+
+static void moe_bwd_free(moe_bwd *r)
+{
+    free(r->logits); free(r->dlogits); free(r->w); free(r->lw); free(r->dw); free(r->ids); free(r->lids);
+}
+
+static tp_status reroute(tp_model *m, const tp_module *mod, const float *x, int64_t T, moe_bwd *r)
+{
+    const tp_layer_modules *L = &m->layers[mod->layer];
+    int64_t E = m->cfg.num_experts, k = m->cfg.num_experts_per_tok;
+    r->logits = malloc((size_t)(T * E) * sizeof(float));
+    r->dlogits = malloc((size_t)(T * E) * sizeof(float));
+    r->w = malloc((size_t)(T * k) * sizeof(float));
+    r->lw = malloc((size_t)(T * k) * sizeof(float));
+    r->dw = malloc((size_t)(T * k) * sizeof(float));
+    r->ids = malloc((size_t)(T * k) * sizeof(int32_t));
+    r->lids = malloc((size_t)(T * k) * sizeof(int32_t));
+    if (!r->logits || !r->dlogits || !r->w || !r->lw || !r->dw || !r->ids || !r->lids)
+        return tp_fail(TP_ERR_NOMEM, "out of memory routing %lld tokens", (long long)T);
+    tp_status st = tp_matmul_ex(r->logits, x, T, tp_module_weight(&m->modules[L->router]), NULL, m->pool,
+                                &m->matmul);
+    if (st) return st;
+    memcpy(r->dlogits, r->logits, (size_t)(T * E) * sizeof(float));   /* tp_moe_route overwrites its input */
+    tp_moe_route(r->dlogits, T, E, k, m->cfg.norm_topk_prob, r->ids, r->w);
+    memcpy(r->lids, r->ids, (size_t)(T * k) * sizeof(int32_t));
+    memcpy(r->lw, r->w, (size_t)(T * k) * sizeof(float));
+    if (tp_moe_expert_parallel(m, &m->modules[L->experts]))
+        tp_ep_router_remap(r->lids, r->lw, T, k, E, m->tp->rank, m->tp->size);
+    return TP_OK;
+}
+
+/* b->dx, the gradient of the block's output: through the experts (their
+ * weights, their input, the slots' weights; summed over the ranks), the
+ * router's top-k and softmax, and the router Linear, whose input gradient
+ * joins the experts' in b->dh.  The router is replicated and sees the
+ * summed, replicated weight gradients: every rank computes the same router
+ * gradient, with no further sum (§9.2). */
+static tp_status moe_backward(tp_model *m, const tp_module *mod, tp_backward_pass *b)
+{
+    const tp_layer_modules *L = &m->layers[mod->layer];
+    const float *x = b->saved->layers[mod->layer].h_mlp;
+    int64_t T = b->T, E = m->cfg.num_experts, k = m->cfg.num_experts_per_tok;
+    moe_bwd r = {0};
+    tp_status st = reroute(m, mod, x, T, &r);
+    tp_moe_routing view = {r.lids, r.lw, k};
+    if (!st) {
+        memset(b->dh, 0, (size_t)(T * m->cfg.hidden_size) * sizeof(float));
+        st = tp_moe_experts_backward(m, &m->modules[L->experts], &view, x, b->dx, T, b->dh, r.dw);
+    }
+    if (!st) {
+        tp_moe_route_backward(r.logits, T, E, k, m->cfg.norm_topk_prob, r.ids, r.dw, r.dlogits);
+        st = tp_module_linear_backward(m, &m->modules[L->router], r.dlogits, x, T, b->dh);
+    }
+    moe_bwd_free(&r);
+    return st;
+}
+
+const tp_module_ops tp_moe_ops = {"moe", moe_forward, moe_backward};

@@ -1,0 +1,189 @@
+/* Mixture of experts: the grouped expert kernel against a per-token loop,
+ * the router, the MoE config keys and presets, and the module and
+ * checkpoint tables of qwen3_moe and mixtral. */
+#include "check.h"
+#include "models/tp_module.h"
+#include "tensorpar/kernels.h"
+#include "tensorpar/models.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static float frand(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((*s >> 40) & 0xFFFF) / 32768.0f - 1.0f;
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* out[t] = Σ_j w[t,j] · down_e (silu(gate_e x_t) ⊙ up_e x_t), one token at
+ * a time in double, slots of ids outside [0, E) skipped. */
+static void naive(double *out, const float *x, int64_t T, int64_t H, int64_t I, int64_t k, const int32_t *ids,
+                  const float *w, const float *gu, const float *dn, int64_t E)
+{
+    double *h = malloc((size_t)I * sizeof *h);
+    memset(out, 0, (size_t)(T * H) * sizeof *out);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < k; j++) {
+            int32_t e = ids[t * k + j];
+            if (e < 0 || e >= E) continue;
+            for (int64_t i = 0; i < I; i++) {
+                double g = 0, u = 0;
+                for (int64_t c = 0; c < H; c++) {
+                    g += (double)gu[(e * 2 * I + i) * H + c] * x[t * H + c];
+                    u += (double)gu[(e * 2 * I + I + i) * H + c] * x[t * H + c];
+                }
+                h[i] = silu((float)g) * u;
+            }
+            for (int64_t c = 0; c < H; c++) {
+                double y = 0;
+                for (int64_t i = 0; i < I; i++) y += (double)dn[(e * H + c) * I + i] * h[i];
+                out[t * H + c] += w[t * k + j] * y;
+            }
+        }
+    free(h);
+}
+
+static void check_grouped(int64_t T, int64_t E, int64_t k, tp_dtype dt)
+{
+    int64_t H = 24, I = 10;
+    uint64_t seed = (uint64_t)(T * 131 + E);
+    float *x = malloc((size_t)(T * H) * sizeof *x), *w = malloc((size_t)(T * k) * sizeof *w);
+    float *gu = malloc((size_t)(E * 2 * I * H) * sizeof *gu), *dn = malloc((size_t)(E * H * I) * sizeof *dn);
+    int32_t *ids = malloc((size_t)(T * k) * sizeof *ids);
+    for (int64_t i = 0; i < T * H; i++) x[i] = frand(&seed);
+    for (int64_t i = 0; i < E * 2 * I * H; i++) gu[i] = 0.3f * frand(&seed);
+    for (int64_t i = 0; i < E * H * I; i++) dn[i] = 0.3f * frand(&seed);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < k; j++) {
+            /* distinct experts per token; every 5th slot the EP sentinel E */
+            ids[t * k + j] = (t * k + j) % 5 == 4 ? (int32_t)E : (int32_t)((t * 3 + j) % E);
+            w[t * k + j] = 0.5f + 0.1f * frand(&seed);
+        }
+    tp_tensor tgu, tdn;
+    tp_tensor_init(&tgu, dt, 3, (int64_t[3]){E, 2 * I, H});
+    tp_tensor_init(&tdn, dt, 3, (int64_t[3]){E, H, I});
+    tp_convert(tgu.data, dt, gu, TP_F32, (size_t)(E * 2 * I * H));
+    tp_convert(tdn.data, dt, dn, TP_F32, (size_t)(E * H * I));
+    /* the reference sees the weights as stored (bf16 rounded) */
+    tp_convert(gu, TP_F32, tgu.data, dt, (size_t)(E * 2 * I * H));
+    tp_convert(dn, TP_F32, tdn.data, dt, (size_t)(E * H * I));
+    float *out = malloc((size_t)(T * H) * sizeof *out);
+    float *scratch = malloc((size_t)tp_grouped_experts_scratch(T, H, I) * sizeof *scratch);
+    double *want = malloc((size_t)(T * H) * sizeof *want);
+    tp_threadpool *pool;
+    tp_threadpool_create(&pool, 2);
+    tp_matmul_opts opts;
+    tp_matmul_opts_default(&opts);
+    tp_grouped_experts_args a = {out, x, T, H, k, ids, w, &tgu, &tdn, pool, &opts};
+    CHECK(tp_grouped_experts(&a, scratch) == TP_OK);
+    naive(want, x, T, H, I, k, ids, w, gu, dn, E);
+    double err = 0, mx = 0;
+    for (int64_t i = 0; i < T * H; i++) {
+        err = fmax(err, fabs(out[i] - want[i]));
+        mx = fmax(mx, fabs(want[i]));
+    }
+    CHECK_MSG(mx > 0 && err <= 1e-5 * mx, "T=%lld E=%lld k=%lld %s: max err %g of %g", (long long)T, (long long)E,
+              (long long)k, tp_dtype_name(dt), err, mx);
+    /* the shapes must agree */
+    tp_grouped_experts_args bad = a;
+    bad.H = H + 1;
+    CHECK(tp_grouped_experts(&bad, scratch) != TP_OK);
+    tp_threadpool_destroy(pool);
+    tp_tensor_release(&tgu);
+    tp_tensor_release(&tdn);
+    free(x); free(w); free(gu); free(dn); free(ids); free(out); free(scratch); free(want);
+}
+
+static void test_grouped_experts(void)
+{
+    check_grouped(1, 8, 2, TP_F32);      /* decode: one row per selected expert */
+    check_grouped(37, 8, 2, TP_F32);     /* a prompt */
+    check_grouped(37, 6, 3, TP_BF16);
+    check_grouped(64, 4, 4, TP_F32);     /* every expert on every token */
+}
+
+static void test_router(void)
+{
+    /* token 0: a clear order; token 1: a tie between experts 1 and 3 */
+    float logits[2][4] = {{0.1f, 2.0f, -1.0f, 1.0f}, {0.0f, 1.5f, -3.0f, 1.5f}};
+    int32_t ids[4];
+    float w[4];
+    tp_moe_route(&logits[0][0], 2, 4, 2, 0, ids, w);
+    double z = exp(0.1) + exp(2.0) + exp(-1.0) + exp(1.0);
+    CHECK(ids[0] == 1 && ids[1] == 3 && fabs(w[0] - exp(2.0) / z) < 1e-6 && fabs(w[1] - exp(1.0) / z) < 1e-6);
+    CHECK(ids[2] == 1 && ids[3] == 3 && w[2] == w[3]);   /* the lower id first on a tie */
+    float again[4] = {0.1f, 2.0f, -1.0f, 1.0f};
+    tp_moe_route(again, 1, 4, 2, 1, ids, w);              /* renormalised over the chosen two */
+    CHECK(fabs(w[0] - exp(2.0) / (exp(2.0) + exp(1.0))) < 1e-6 && fabs(w[0] + w[1] - 1.0) < 1e-6);
+}
+
+static void test_config(void)
+{
+    tp_model_config c;
+    CHECK(tp_preset_config(&c, TP_ARCH_QWEN3_MOE, "qwen3-30b-a3b") == TP_OK);
+    CHECK(c.hidden_size == 2048 && c.num_hidden_layers == 48 && c.num_attention_heads == 32 &&
+          c.num_key_value_heads == 4 && c.head_dim == 128 && c.num_experts == 128 && c.num_experts_per_tok == 8 &&
+          c.moe_intermediate_size == 768 && c.norm_topk_prob && c.vocab_size == 151936 && c.qk_norm);
+    CHECK(tp_preset_config(&c, TP_ARCH_MIXTRAL, "mixtral-8x7b") == TP_OK);
+    CHECK(c.hidden_size == 4096 && c.num_experts == 8 && c.num_experts_per_tok == 2 &&
+          c.moe_intermediate_size == 14336 && c.intermediate_size == 14336 && c.vocab_size == 32000 &&
+          c.rope_theta == 1e6 && !c.qk_norm);
+    /* dense layers: decoder_sparse_step and mlp_only_layers (Qwen3MoeDecoderLayer's rule) */
+    CHECK(tp_preset_config(&c, TP_ARCH_QWEN3_MOE, "tiny") == TP_OK);
+    const char *sets[] = {"num_hidden_layers=6", "decoder_sparse_step=2", "mlp_only_layers=[3]"};
+    CHECK(tp_config_set_all(&c, sets, 3) == TP_OK);
+    int sparse[6];
+    for (int l = 0; l < 6; l++) sparse[l] = tp_config_layer_is_sparse(&c, l);
+    CHECK(!sparse[0] && sparse[1] && !sparse[2] && !sparse[3] && !sparse[4] && sparse[5]);
+    const char *bad = "num_experts_per_tok=9";
+    CHECK(tp_config_set(&c, bad) != TP_OK && strstr(tp_error(), "num_experts_per_tok") != NULL);
+    /* the expert count under either name (§7.1) */
+    CHECK(tp_preset_config(&c, TP_ARCH_MIXTRAL, "tiny") == TP_OK);
+    CHECK(tp_config_set(&c, "num_local_experts=4") == TP_OK && c.num_experts == 4 && c.norm_topk_prob);
+    CHECK(tp_preset_config(&c, TP_ARCH_LLAMA, "tiny") == TP_OK && !tp_config_layer_is_sparse(&c, 0));
+}
+
+static int has(const tp_param_desc *d, size_t n, const char *name, int ndim, const int64_t *shape)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(d[i].name, name)) return d[i].ndim == ndim && !memcmp(d[i].shape, shape, (size_t)ndim * 8);
+    return 0;
+}
+
+static void test_tables(void)
+{
+    tp_model_config c;
+    tp_param_desc *d;
+    size_t n;
+    CHECK(tp_preset_config(&c, TP_ARCH_QWEN3_MOE, "tiny") == TP_OK);    /* E 8, I 40, H 64 */
+    CHECK(tp_config_set(&c, "mlp_only_layers=[1]") == TP_OK);
+    CHECK(tp_model_params(&c, NULL, &d, &n) == TP_OK);
+    CHECK(has(d, n, "model.layers.0.mlp.gate.weight", 2, (int64_t[]){8, 64}));
+    CHECK(has(d, n, "model.layers.0.mlp.experts.gate_up_proj", 3, (int64_t[]){8, 80, 64}));
+    CHECK(has(d, n, "model.layers.0.mlp.experts.down_proj", 3, (int64_t[]){8, 64, 40}));
+    CHECK(has(d, n, "model.layers.1.mlp.gate_proj.weight", 2, (int64_t[]){160, 64}));
+    free(d);
+    CHECK(tp_model_checkpoint_params(&c, &d, &n) == TP_OK);
+    CHECK(has(d, n, "model.layers.0.mlp.experts.7.up_proj.weight", 2, (int64_t[]){40, 64}));
+    CHECK(has(d, n, "model.layers.0.mlp.experts.0.down_proj.weight", 2, (int64_t[]){64, 40}));
+    CHECK(!has(d, n, "model.layers.0.mlp.experts.gate_up_proj", 3, (int64_t[]){8, 80, 64}));
+    free(d);
+    CHECK(tp_preset_config(&c, TP_ARCH_MIXTRAL, "tiny") == TP_OK);
+    CHECK(tp_model_checkpoint_params(&c, &d, &n) == TP_OK);
+    CHECK(has(d, n, "model.layers.1.block_sparse_moe.gate.weight", 2, (int64_t[]){8, 64}));
+    CHECK(has(d, n, "model.layers.1.block_sparse_moe.experts.3.w3.weight", 2, (int64_t[]){40, 64}));
+    CHECK(has(d, n, "model.layers.1.block_sparse_moe.experts.3.w2.weight", 2, (int64_t[]){64, 40}));
+    free(d);
+}
+
+int main(void)
+{
+    test_grouped_experts();
+    test_router();
+    test_config();
+    test_tables();
+    return check_summary();
+}

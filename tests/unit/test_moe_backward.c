@@ -1,0 +1,175 @@
+/* The backward of a mixture-of-experts block, against central finite
+ * differences of a float64 forward written here: the router's (softmax,
+ * the chosen probabilities, renormalised or not; the choice itself held
+ * fixed, as torch.topk passes no gradient through it) and the grouped
+ * experts' (input, slot weights, stacked weight gradients; a skipped slot
+ * gets none). */
+#include "check.h"
+#include "models/tp_module.h"
+#include "tensorpar/kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static double drand(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)((*s >> 40) & 0xFFFF) / 32768.0 - 1.0;
+}
+
+/* ---- the router ----------------------------------------------------------- */
+
+/* Σ_j c_j · w_j for one token, w the weights of the fixed choice ids. */
+static double route_loss(const double *logit, int64_t E, int64_t k, int renorm, const int32_t *ids, const double *c)
+{
+    double mx = logit[0], z = 0, S = 0, L = 0;
+    for (int64_t e = 1; e < E; e++) mx = fmax(mx, logit[e]);
+    for (int64_t e = 0; e < E; e++) z += exp(logit[e] - mx);
+    for (int64_t j = 0; j < k; j++) S += exp(logit[ids[j]] - mx) / z;
+    for (int64_t j = 0; j < k; j++) L += c[j] * exp(logit[ids[j]] - mx) / z / (renorm ? S : 1.0);
+    return L;
+}
+
+static void check_router(int64_t E, int64_t k, int renorm)
+{
+    int64_t T = 3;
+    uint64_t seed = (uint64_t)(E * 7 + k + renorm);
+    float logits[3 * 16], scratch[3 * 16], w[3 * 4], dw[3 * 4], dl[3 * 16];
+    int32_t ids[3 * 4];
+    double c[3 * 4], l64[16];
+    for (int64_t i = 0; i < T * E; i++) logits[i] = (float)(2.0 * drand(&seed));
+    for (int64_t i = 0; i < T * k; i++) dw[i] = (float)(c[i] = drand(&seed));
+    memcpy(scratch, logits, sizeof scratch);
+    tp_moe_route(scratch, T, E, k, renorm, ids, w);
+    tp_moe_route_backward(logits, T, E, k, renorm, ids, dw, dl);
+    double err = 0, mx = 0;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t e = 0; e < E; e++) {
+            const double h = 1e-5;
+            for (int64_t i = 0; i < E; i++) l64[i] = logits[t * E + i];
+            l64[e] += h;
+            double up = route_loss(l64, E, k, renorm, ids + t * k, c + t * k);
+            l64[e] -= 2 * h;
+            double fd = (up - route_loss(l64, E, k, renorm, ids + t * k, c + t * k)) / (2 * h);
+            err = fmax(err, fabs(fd - dl[t * E + e]));
+            mx = fmax(mx, fabs(fd));
+        }
+    /* k = 1 renormalised: the weight is 1 whatever the logits, so no gradient */
+    int constant = k == 1 && renorm;
+    CHECK_MSG((constant ? mx < 1e-9 : mx > 1e-3) && err <= 1e-5 * mx + 1e-7,
+              "router E=%lld k=%lld renorm=%d: err %g of %g", (long long)E, (long long)k, renorm, err, mx);
+}
+
+static void test_router_backward(void)
+{
+    check_router(8, 2, 1);
+    check_router(8, 2, 0);
+    check_router(16, 4, 1);
+    check_router(5, 1, 1);   /* k = 1 renormalised: the weight is 1 whatever the logits */
+    check_router(5, 1, 0);
+}
+
+/* ---- the grouped experts ---------------------------------------------------- */
+
+typedef struct {
+    int64_t T, H, I, E, k;
+    double *x, *w, *gu, *dn, *dy;   /* float64 copies of the operands */
+    int32_t *ids;
+} experts_case;
+
+/* Σ dy ⊙ out in float64, slots outside [0, E) skipped. */
+static double experts_loss(const experts_case *c)
+{
+    double L = 0;
+    for (int64_t s = 0; s < c->T * c->k; s++) {
+        int32_t e = c->ids[s];
+        if (e < 0 || e >= c->E) continue;
+        const double *x = c->x + (s / c->k) * c->H, *dy = c->dy + (s / c->k) * c->H;
+        for (int64_t o = 0; o < c->H; o++) {
+            double y = 0;
+            for (int64_t i = 0; i < c->I; i++) {
+                double g = 0, u = 0;
+                for (int64_t q = 0; q < c->H; q++) {
+                    g += c->gu[(e * 2 * c->I + i) * c->H + q] * x[q];
+                    u += c->gu[(e * 2 * c->I + c->I + i) * c->H + q] * x[q];
+                }
+                y += c->dn[(e * c->H + o) * c->I + i] * g / (1 + exp(-g)) * u;
+            }
+            L += dy[o] * c->w[s] * y;
+        }
+    }
+    return L;
+}
+
+/* The finite difference of the loss in *v, against the analytic value. */
+static void fd_check(experts_case *c, double *v, float analytic, double *err, double *mx)
+{
+    const double h = 1e-5, keep = *v;
+    *v = keep + h;
+    double up = experts_loss(c);
+    *v = keep - h;
+    double fd = (up - experts_loss(c)) / (2 * h);
+    *v = keep;
+    *err = fmax(*err, fabs(fd - analytic));
+    *mx = fmax(*mx, fabs(fd));
+}
+
+static float *to_f32(const double *v, int64_t n)
+{
+    float *f = malloc((size_t)n * sizeof *f);
+    for (int64_t i = 0; i < n; i++) f[i] = (float)v[i];
+    return f;
+}
+
+static double *fill(uint64_t *seed, int64_t n, double scale)
+{
+    double *v = malloc((size_t)n * sizeof *v);
+    for (int64_t i = 0; i < n; i++) v[i] = (double)(float)(scale * drand(seed));   /* float-exact */
+    return v;
+}
+
+static void test_experts_backward(void)
+{
+    experts_case c = {.T = 5, .H = 6, .I = 4, .E = 3, .k = 2};
+    uint64_t seed = 11;
+    int64_t nx = c.T * c.H, ns = c.T * c.k, ngu = c.E * 2 * c.I * c.H, ndn = c.E * c.H * c.I;
+    c.x = fill(&seed, nx, 1.0); c.w = fill(&seed, ns, 1.0); c.dy = fill(&seed, nx, 1.0);
+    c.gu = fill(&seed, ngu, 0.5); c.dn = fill(&seed, ndn, 0.5);
+    int32_t ids[10] = {0, 2, 1, 0, 2, 3 /* skipped: the EP sentinel */, 0, 1, 2, 1};
+    c.ids = ids;
+    float *x = to_f32(c.x, nx), *w = to_f32(c.w, ns), *dy = to_f32(c.dy, nx);
+    float *gu = to_f32(c.gu, ngu), *dn = to_f32(c.dn, ndn);
+    float *dx = calloc((size_t)nx, sizeof *dx), *dwt = calloc((size_t)ns, sizeof *dwt);
+    float *dgu = calloc((size_t)ngu, sizeof *dgu), *ddn = calloc((size_t)ndn, sizeof *ddn);
+    tp_tensor tgu = {.data = gu, .dtype = TP_F32, .ndim = 3, .shape = {c.E, 2 * c.I, c.H}};
+    tp_tensor tdn = {.data = dn, .dtype = TP_F32, .ndim = 3, .shape = {c.E, c.H, c.I}};
+    tp_threadpool *pool;
+    CHECK(tp_threadpool_create(&pool, 2) == TP_OK);
+    tp_matmul_opts opts;
+    tp_matmul_opts_default(&opts);
+    tp_grouped_experts_args a = {NULL, x, c.T, c.H, c.k, ids, w, &tgu, &tdn, pool, &opts};
+    tp_grouped_experts_grads g = {dy, dx, dwt, dgu, ddn};
+    CHECK(tp_grouped_experts_backward(&a, &g) == TP_OK);
+    double err = 0, mx = 0;
+    for (int64_t i = 0; i < nx; i++) fd_check(&c, &c.x[i], dx[i], &err, &mx);
+    for (int64_t i = 0; i < ns; i++) fd_check(&c, &c.w[i], dwt[i], &err, &mx);
+    for (int64_t i = 0; i < ngu; i++) fd_check(&c, &c.gu[i], dgu[i], &err, &mx);
+    for (int64_t i = 0; i < ndn; i++) fd_check(&c, &c.dn[i], ddn[i], &err, &mx);
+    CHECK_MSG(mx > 1e-2 && err <= 1e-5 * mx, "grouped experts backward: err %g of %g", err, mx);
+    CHECK(dwt[5] == 0.0f);   /* the skipped slot */
+    /* the weight gradients accumulate: a second backward doubles them */
+    float before = dgu[7];
+    CHECK(tp_grouped_experts_backward(&a, &g) == TP_OK);
+    CHECK(fabsf(dgu[7] - 2 * before) <= 1e-6f * fabsf(before) + 1e-12f);
+    tp_threadpool_destroy(pool);
+    free(x); free(w); free(dy); free(gu); free(dn); free(dx); free(dwt); free(dgu); free(ddn);
+    free(c.x); free(c.w); free(c.dy); free(c.gu); free(c.dn);
+}
+
+int main(void)
+{
+    test_router_backward();
+    test_experts_backward();
+    return check_summary();
+}
