@@ -82,13 +82,32 @@ void tp_rank_prefix(char *buf, size_t cap);
 typedef enum {
     TP_F32 = 0, TP_BF16, TP_F16, TP_F64,
     TP_I64, TP_I32, TP_I16, TP_I8, TP_U8, TP_BOOL,
+    TP_Q8_0,   /* weights only: blocks of 32 int8 with one f16 scale (below) */
     TP_DTYPE_COUNT
 } tp_dtype;
 
+/* TP_Q8_0 stores each row of a matrix as its K/32 blocks, one after the
+ * other, as llama.cpp's Q8_0 does: d = amax/127 of the block's 32 values,
+ * held as f16, and q[i] = round(x[i]/d) in [-127, 127], so that x ≈ d·q.
+ * A row's length must be a multiple of TP_Q8_BLOCK (kernels/quant_q8.c). */
+#define TP_Q8_BLOCK 32
+typedef struct {
+    uint16_t d;                 /* f16 scale */
+    int8_t q[TP_Q8_BLOCK];
+} tp_q8_block;                  /* 34 bytes, 2-byte aligned */
+#ifndef __cplusplus
+_Static_assert(sizeof(tp_q8_block) == 34, "tp_q8_block is llama.cpp's block_q8_0");
+#endif
+
+/* Bytes per element; 0 for TP_Q8_0, whose size is per block: use
+ * tp_dtype_row_bytes for a row of any dtype. */
 size_t tp_dtype_size(tp_dtype t);
+/* The bytes of n consecutive elements of one row: n·size, or for TP_Q8_0
+ * (n/32)·34 (n a multiple of 32). */
+size_t tp_dtype_row_bytes(tp_dtype t, int64_t n);
 /* Lower-case name used in CLI options and messages: "f32", "bf16", ... */
 const char *tp_dtype_name(tp_dtype t);
-/* Parses "f32"/"float32", "bf16"/"bfloat16", "f16"/"float16". */
+/* Parses "f32"/"float32", "bf16"/"bfloat16", "f16"/"float16", "q8_0". */
 tp_status tp_dtype_parse(const char *s, tp_dtype *out);
 int tp_dtype_is_float(tp_dtype t);
 
@@ -109,6 +128,9 @@ tp_status tp_convert(void *dst, tp_dtype dt, const void *src, tp_dtype st, size_
  * memory bandwidth and 4 KiB pages cost a third of it.  Free with tp_free. */
 void *tp_alloc(size_t bytes);
 void tp_free(void *p);
+/* Bytes of [p, p + n) backed by transparent huge pages now (AnonHugePages
+ * of /proc/self/smaps); 0 where the kernel does not say. */
+size_t tp_huge_page_bytes(const void *p, size_t n);
 
 /* ---- arena -------------------------------------------------------------
  * A bump allocator over one block from tp_alloc (so 2 MiB pages from 2 MiB

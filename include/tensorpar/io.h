@@ -113,15 +113,27 @@ tp_status tp_safetensors_header(const char *path, const tp_st_entry *entries, si
 
 /* ---- Hugging Face config.json ----------------------------------------- */
 
-typedef enum { TP_ARCH_LLAMA, TP_ARCH_MISTRAL, TP_ARCH_QWEN2, TP_ARCH_QWEN3, TP_ARCH_QWEN3_MOE, TP_ARCH_MIXTRAL } tp_arch;
+typedef enum { TP_ARCH_LLAMA, TP_ARCH_MISTRAL, TP_ARCH_QWEN2, TP_ARCH_QWEN3, TP_ARCH_QWEN3_MOE, TP_ARCH_MIXTRAL,
+               TP_ARCH_DEEPSEEK_V2, TP_ARCH_DEEPSEEK_V3 } tp_arch;
 
-typedef enum { TP_ROPE_DEFAULT, TP_ROPE_LLAMA3, TP_ROPE_LINEAR } tp_rope_kind;
+typedef enum { TP_ROPE_DEFAULT, TP_ROPE_LLAMA3, TP_ROPE_LINEAR, TP_ROPE_YARN } tp_rope_kind;
 
 typedef struct {
     tp_rope_kind kind;
     double factor;                          /* llama3, linear */
     double low_freq_factor, high_freq_factor;  /* llama3 */
-    int64_t original_max_position_embeddings;  /* llama3 */
+    int64_t original_max_position_embeddings;  /* llama3, yarn */
+    /* yarn (modeling_rope_utils' _compute_yarn_parameters): the ramp's
+     * rotation bounds, and the attention factor that scales cos and sin —
+     * attention_factor 0: derived from mscale / mscale_all_dim. */
+    double beta_fast, beta_slow, mscale, mscale_all_dim, attention_factor;
+    /* yarn, derived: the factor and original length the frequencies and
+     * the attention factor use — max_position_embeddings over
+     * original_max_position_embeddings when the config gives the latter
+     * (0 there: absent), else factor and max_position_embeddings.  factor
+     * itself stays the config's (V3's softmax mscale reads it). */
+    double yarn_factor;
+    int64_t yarn_original;
 } tp_rope_scaling;
 
 #define TP_MAX_EOS 8
@@ -144,7 +156,8 @@ typedef struct {
     int64_t bos_token_id;    /* -1 when absent */
     int64_t eos_token_ids[TP_MAX_EOS];
     int n_eos;
-    /* Mixture of experts (qwen3_moe, mixtral); num_experts = 0: dense.
+    /* Mixture of experts (qwen3_moe, mixtral; deepseek_v2/v3's routed
+     * experts, n_routed_experts, below); num_experts = 0: dense.
      * num_experts reads qwen3_moe's `num_experts` or mixtral's
      * `num_local_experts` (aliases, §7.1); moe_intermediate_size is each
      * expert's width (mixtral: its intermediate_size).  Mixtral always
@@ -159,6 +172,29 @@ typedef struct {
     int output_router_logits;
     int n_mlp_only;
     int64_t mlp_only_layers[TP_MAX_MLP_ONLY];
+    /* Multi-head latent attention (deepseek_v2, deepseek_v3; mla = 1).
+     * head_dim is qk_rope_head_dim, the rotary part shared by all heads
+     * (DeepseekV2Config sets it so); a query/key head is qk_nope_head_dim +
+     * qk_rope_head_dim wide, a value head v_head_dim.  q_lora_rank 0 (null
+     * in config.json): q_proj instead of q_a_proj -> q_a_layernorm ->
+     * q_b_proj.  rope_interleave: deepseek_v3's rotation of interleaved
+     * pairs (deepseek_v2 always rotates pairs).  Layers from
+     * first_k_dense_replace on have MoE blocks (not built yet: refused). */
+    int mla, rope_interleave;
+    int64_t q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+    int64_t first_k_dense_replace;
+    /* DeepSeek's MoE blocks (layers from first_k_dense_replace on; their
+     * routed experts in num_experts, num_experts_per_tok,
+     * moe_intermediate_size): n_shared_experts dense experts of that width
+     * (shared_experts, one MLP n_shared_experts times wider) added to the
+     * routed output; the routing weights times routed_scaling_factor.  V2
+     * routes by softmax, topk_method greedy or group_limited_greedy (the
+     * best expert of each of n_group groups picks topk_group groups);
+     * V3 by sigmoid, choosing with e_score_correction_bias added (group
+     * score: its two best), weights renormalised when norm_topk_prob. */
+    int64_t n_shared_experts, n_group, topk_group;
+    double routed_scaling_factor;
+    int group_limited;       /* V2's topk_method = group_limited_greedy */
 } tp_model_config;
 
 /* Refuses a config tensorpar cannot train as Transformers would: an MoE

@@ -216,6 +216,22 @@ void tp_add_rmsnorm(float *x, const float *y, float *out, const tp_tensor *w,
  * head with it; the result equals tp_rope_apply's. */
 void tp_rope_table(float *table, int64_t T, int64_t head_dim, const double *inv_freq, int64_t pos0);
 void tp_rope_apply_table(float *x, int64_t T, int64_t n_heads, int64_t head_dim, const float *table);
+/* DeepSeek's rotary part: x holds rows of stride `stride`, the rotary part
+ * at offset `off`, head_dim wide, row r at position r / per_t of the table.
+ * interleaved: the pairs (x[2i], x[2i+1]) turn by angle i (DeepSeek-V2's
+ * complex product, V3's rope_interleave; the pair stays in place — q and
+ * k alike, so their dot products are Transformers'); else the pairs
+ * (x[i], x[i + half]) as rotate_half.  Each result is times `scale`
+ * (YaRN's attention factor, by which Transformers multiplies cos and sin). */
+void tp_rope_apply_mla(float *x, int64_t rows, int64_t per_t, int64_t stride, int64_t off, int64_t head_dim,
+                       const float *table, float scale, int interleaved);
+/* YaRN (modeling_rope_utils' _compute_yarn_parameters): the blend of
+ * interpolated and extrapolated frequencies over the ramp between the
+ * dimensions of beta_fast and beta_slow rotations at original_max_pos. */
+void tp_rope_inv_freq_yarn(double *inv_freq, int64_t head_dim, double theta, double factor, double beta_fast,
+                           double beta_slow, int64_t original_max_pos);
+/* YaRN's get_mscale: 1 for scale <= 1, else 0.1 * mscale * ln(scale) + 1. */
+double tp_yarn_mscale(double scale, double mscale);
 
 /* Causal attention for T new queries at positions pos0..pos0+T-1 against a
  * cache holding keys/values for positions 0..pos0+T-1.
@@ -344,6 +360,15 @@ tp_status tp_attention_backward(float *dq, float *dk, float *dv, const float *do
  * table to `out`.  pool supplies the threads (NULL: one).  quick != 0 uses
  * fewer repetitions.  Takes ~1 minute on 2 cores. */
 tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick);
+/* The widths of one model's Linears: tp_kernel_bench_dims times its
+ * shapes (q_proj [q_width x hidden], k/v_proj [kv_width x hidden], o_proj,
+ * gate/up [intermediate x hidden], down, lm_head [vocab x hidden]). */
+typedef struct {
+    const char *name;
+    int64_t hidden, q_width, kv_width, intermediate, vocab;
+} tp_bench_dims;
+extern const tp_bench_dims tp_bench_dims_qwen3_06b;   /* tp_kernel_bench's */
+tp_status tp_kernel_bench_dims(FILE *out, tp_threadpool *pool, int quick, const tp_bench_dims *d);
 
 /* The machine's own limits, the first part of tp_kernel_bench, measured
  * with the instructions of the process's kernel path: the compute peak
@@ -355,6 +380,7 @@ tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick);
 typedef struct {
     double fma_gflops_1, fma_gflops_n;   /* GFLOP/s */
     double read_gbs_1, read_gbs_n;       /* GB/s */
+    double read_huge_share;              /* of the read buffer in 2 MiB pages, 0..1 */
     /* threads × t(1 thread) ÷ t(all threads) for chunks of FMA work run
      * in lockstep (a barrier after each): `threads` when the host leaves
      * every core alone, less when it slows one. */
@@ -364,8 +390,16 @@ typedef struct {
 } tp_machine_peaks;
 tp_status tp_machine_peaks_measure(tp_machine_peaks *out, tp_threadpool *pool, int quick);
 
-/* Converts row `row` of an f32/bf16 matrix [rows, n] to f32. */
+/* Converts row `row` of an f32/bf16/q8_0 matrix [rows, n] to f32. */
 void tp_row_to_f32(float *dst, const tp_tensor *m, int64_t row);
+
+/* ---- 8-bit weights (kernels/quant_q8.c) -------------------------------
+ * rows × k values of src (f32, bf16 or f16) into rows·k/32 Q8_0 blocks:
+ * per block d = amax/127 stored as f16, q = round(x/d) in [-127, 127].
+ * k must be a multiple of 32; a value that is not finite is refused. */
+tp_status tp_q8_quantize_rows(tp_q8_block *dst, const void *src, tp_dtype st, int64_t rows, int64_t k);
+/* d·q for the k values of one row (k a multiple of 32). */
+void tp_q8_dequantize_row(float *dst, const tp_q8_block *src, int64_t k);
 
 #ifdef __cplusplus
 }

@@ -29,7 +29,8 @@ typedef struct tp_layer_modules tp_layer_modules; /* module.h */
 
 typedef struct tp_model {
     tp_model_config cfg;
-    tp_dtype weight_dtype;         /* f32 or bf16 */
+    tp_dtype weight_dtype;         /* f32, bf16 or q8_0 (the Linear weights; the
+                                      embedding then stays as stored) */
     /* The model as a table of modules (module.h), in pre-order; lm_head
      * borrows embed_tokens' weight when tied. */
     tp_module *modules;
@@ -83,7 +84,9 @@ typedef struct tp_model {
 } tp_model;
 
 typedef struct {
-    /* TP_F32, TP_BF16, or TP_DTYPE_COUNT for "as stored" (f16 becomes f32). */
+    /* TP_F32, TP_BF16, TP_Q8_0 (inference only: the Linear weights
+     * quantized at load, each rank its own shard), or TP_DTYPE_COUNT for
+     * "as stored" (f16 becomes f32). */
     tp_dtype weight_dtype;
     int threads;                   /* 0 = 1 */
     /* pin_threads != 0: thread i of the pool runs on the (first_cpu + i)-th
@@ -140,7 +143,7 @@ typedef struct {
 tp_status tp_model_params(const tp_model_config *cfg, tp_model *m, tp_param_desc **out, size_t *n);
 /* The tensors a Hugging Face checkpoint of cfg stores, names and shapes as
  * stored (slot and module NULL): tp_model_params for dense models; for
- * qwen3_moe and mixtral one tensor per expert and projection instead of
+ * qwen3_moe, mixtral and deepseek one tensor per expert and projection instead of
  * the stacked expert tensors (and Mixtral's block_sparse_moe names), as
  * published checkpoints hold them (§6.1).  Free *out with free(). */
 tp_status tp_model_checkpoint_params(const tp_model_config *cfg, tp_param_desc **out, size_t *n);

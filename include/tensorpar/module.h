@@ -99,6 +99,11 @@ struct tp_layer_modules {
     int layer, input_layernorm, self_attn, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;
     int post_attention_layernorm, mlp, gate_proj, up_proj, down_proj;
     int router, experts;           /* a sparse layer's mlp.gate and mlp.experts */
+    /* Multi-head latent attention (k_proj, v_proj absent; q_proj absent
+     * when q_lora_rank is set). */
+    int q_a_proj, q_a_layernorm, q_b_proj, kv_a_proj, kv_a_layernorm, kv_b_proj;
+    /* DeepSeek's MoE block: mlp.shared_experts and its projections (-1: none). */
+    int shared_experts, shared_gate, shared_up, shared_down;
 };
 
 /* Hooks around each module that a container runs (tp_model.hooks): before

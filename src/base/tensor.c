@@ -36,7 +36,9 @@ int64_t tp_tensor_numel(const tp_tensor *t)
 
 size_t tp_tensor_nbytes(const tp_tensor *t)
 {
-    return (size_t)tp_tensor_numel(t) * tp_dtype_size(t->dtype);
+    if (t->ndim == 0) return tp_dtype_row_bytes(t->dtype, 1);
+    int64_t last = t->shape[t->ndim - 1];
+    return (size_t)(last ? tp_tensor_numel(t) / last : 0) * tp_dtype_row_bytes(t->dtype, last);
 }
 
 tp_status tp_tensor_init(tp_tensor *t, tp_dtype dtype, int ndim, const int64_t *shape)
@@ -50,6 +52,8 @@ tp_status tp_tensor_init(tp_tensor *t, tp_dtype dtype, int ndim, const int64_t *
         if (shape[i] < 0) return tp_fail(TP_ERR_INVALID, "negative tensor dimension");
         t->shape[i] = shape[i];
     }
+    if (dtype == TP_Q8_0 && (ndim == 0 || shape[ndim - 1] % TP_Q8_BLOCK))
+        return tp_fail(TP_ERR_INVALID, "a q8_0 tensor's rows must be a multiple of %d long", TP_Q8_BLOCK);
     size_t bytes = tp_tensor_nbytes(t);
     t->data = tp_alloc(bytes);
     if (!t->data) return TP_ERR_NOMEM;

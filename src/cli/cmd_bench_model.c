@@ -214,15 +214,26 @@ static int measure(const job *j, bench_mode mode, const config *c, figures *out)
  * and token for the layers' Linears, the causal attention (q·k and p·v, 2
  * FLOPs per multiply-add, each query against its visible keys), and the
  * lm_head on the last row only, which is all a prefill computes. */
+/* The weights of multi-head latent attention's Linears (deepseek_v2/v3). */
+static double mla_weights(const tp_model_config *c)
+{
+    double H = (double)c->hidden_size, nq = (double)c->num_attention_heads, R = (double)c->kv_lora_rank;
+    double rope = (double)c->qk_rope_head_dim, nope = (double)c->qk_nope_head_dim, v = (double)c->v_head_dim;
+    double ql = (double)c->q_lora_rank, q = ql > 0 ? H * ql + ql * nq * (nope + rope) : H * nq * (nope + rope);
+    return q + H * (R + rope) + R * nq * (nope + v) + nq * v * H;
+}
+
 static double prefill_flops(const tp_model_config *c, int64_t T)
 {
     double H = (double)c->hidden_size, D = (double)c->head_dim, I = (double)c->intermediate_size;
     double nq = (double)c->num_attention_heads, nkv = (double)c->num_key_value_heads;
-    double per_layer = H * nq * D * 2 + H * nkv * D * 2 + 3 * H * I;
+    double per_layer = (c->mla ? mla_weights(c) : H * nq * D * 2 + H * nkv * D * 2) + 3 * H * I;
     double keys = 0;
     for (int64_t t = 0; t < T; t++)
         keys += (double)(c->sliding_window > 0 && t + 1 > c->sliding_window ? c->sliding_window : t + 1);
-    double attn = 4 * D * nq * keys;
+    /* q·k over the query/key head, p·v over the value head */
+    double attn = c->mla ? 2 * (double)(c->qk_nope_head_dim + c->qk_rope_head_dim + c->v_head_dim) * nq * keys
+                         : 4 * D * nq * keys;
     return (double)c->num_hidden_layers * (2 * (double)T * per_layer + attn) + 2 * (double)c->vocab_size * H;
 }
 
@@ -256,7 +267,7 @@ static const cli_option pair_options[N_OWN] = {
     {"--new-tokens", "N", "decode: tokens generated one at a time (default 128)", 0, {0}},
     {"--threads", "T", "threads per rank (default: cores / ranks, for each TP size)", 0, {0}},
     {"--reps", "R", "repetitions; the median is reported (default 5)", 0, {0}},
-    {"--dtype", "f32|bf16", "weight dtype in memory (default: as stored; f16 checkpoints are converted to f32)", 0, {0}},
+    {"--dtype", "f32|bf16|q8_0", "weight dtype in memory (default: as stored; f16 is converted to f32; q8_0: 8-bit Linear weights)", 0, {0}},
     {"--json", NULL, "print one JSON object", 0, {0}},
     {"--report", "FILE", "(internal) where a rank writes its figures", 0, {0}},
 };
@@ -538,6 +549,7 @@ static void median_figures(const round_figures *g, int rounds, int nconf, round_
     MEDIAN_OF(pk.fma_gflops_n);
     MEDIAN_OF(pk.read_gbs_1);
     MEDIAN_OF(pk.read_gbs_n);
+    MEDIAN_OF(pk.read_huge_share);
     MEDIAN_OF(pk.lockstep_scaling);
     m->pk.threads = g[0].pk.threads;
     for (int i = 0; i < nconf; i++) {
@@ -645,8 +657,9 @@ static void print_json(const all_figures *a, const job *jf, const job *jd, doubl
     printf("\"ratio_ranges\": {");
     for (int i = 0; i < N_RATIOS; i++)
         printf("%s\"%s\": [%.4f, %.4f]", i ? ", " : "", ratio_info[i].key, a->ratio[i].lo, a->ratio[i].hi);
-    printf("}, \"fma_gflops_1\": %.2f, \"fma_gflops_2\": %.2f, \"read_gbs_1\": %.2f, \"read_gbs_2\": %.2f, ",
-           pk->fma_gflops_1, pk->fma_gflops_n, pk->read_gbs_1, pk->read_gbs_n);
+    printf("}, \"fma_gflops_1\": %.2f, \"fma_gflops_2\": %.2f, \"read_gbs_1\": %.2f, \"read_gbs_2\": %.2f, "
+           "\"read_huge_share\": %.4f, ", pk->fma_gflops_1, pk->fma_gflops_n, pk->read_gbs_1, pk->read_gbs_n,
+           pk->read_huge_share);
     printf("\"prefill_flops\": %.0f, \"prefill_seconds\": {\"f32_tp1x1\": %.6f, \"f32_tp1x2\": %.6f, "
            "\"f32_tp2x1\": %.6f, \"bf16_tp1x2\": %.6f}, ",
            a->flops, f[F11].seconds, f[F12].seconds, f[F21].seconds, f[B12].seconds);
@@ -665,9 +678,9 @@ static void print_tables(const all_figures *a, const job *jf, const job *jd, con
     printf("kernel path %s (TENSORPAR_ISA=scalar|avx2|avx512|amx chooses; `tensorpar --isa-list`)\n",
            tp_isa_name(tp_isa_selected()));
     printf("machine (2 threads, pinned, %s instructions): compute peak %.1f GFLOP/s (%.1f on 1 thread), read bandwidth "
-           "%.1f GB/s (%.1f on 1 thread), lockstep scaling %.3f\n", tp_kernel_path_name(tp_kernel_path_default()),
-           pk->fma_gflops_n, pk->fma_gflops_1, pk->read_gbs_n,
-           pk->read_gbs_1, pk->lockstep_scaling);
+           "%.1f GB/s (%.1f on 1 thread; %.0f %% of its buffer in 2 MiB pages), lockstep scaling %.3f\n",
+           tp_kernel_path_name(tp_kernel_path_default()), pk->fma_gflops_n, pk->fma_gflops_1, pk->read_gbs_n,
+           pk->read_gbs_1, 100 * pk->read_huge_share, pk->lockstep_scaling);
     printf("model %s: prefill of %lld tokens = %.1f GFLOP; medians of %d rounds (each: the machine, then every "
            "configuration once); load average %.2f\n\n", model, (long long)jf->seq, a->flops / 1e9, a->rounds, load);
     printf("%-28s %10s %10s %11s\n", "prefill", "seconds", "GFLOP/s", "comm share");

@@ -14,6 +14,7 @@ static const struct { const char *name; tp_arch arch; } arch_names[] = {
     {"llama", TP_ARCH_LLAMA}, {"mistral", TP_ARCH_MISTRAL},
     {"qwen2", TP_ARCH_QWEN2}, {"qwen3", TP_ARCH_QWEN3},
     {"qwen3_moe", TP_ARCH_QWEN3_MOE}, {"mixtral", TP_ARCH_MIXTRAL},
+    {"deepseek_v2", TP_ARCH_DEEPSEEK_V2}, {"deepseek_v3", TP_ARCH_DEEPSEEK_V3},
 };
 #define N_ARCH (sizeof arch_names / sizeof arch_names[0])
 
@@ -22,7 +23,7 @@ tp_status tp_arch_parse(const char *s, tp_arch *out)
     for (size_t i = 0; i < N_ARCH; i++)
         if (!strcmp(s, arch_names[i].name)) { *out = arch_names[i].arch; return TP_OK; }
     return tp_fail(TP_ERR_UNSUPPORTED,
-                   "model type '%s' is not supported (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral)", s);
+                   "model type '%s' is not supported (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, deepseek_v2, deepseek_v3)", s);
 }
 
 const char *tp_arch_name(tp_arch a)
@@ -41,6 +42,8 @@ static const char *architecture_class(tp_arch a)
     case TP_ARCH_QWEN3: return "Qwen3ForCausalLM";
     case TP_ARCH_QWEN3_MOE: return "Qwen3MoeForCausalLM";
     case TP_ARCH_MIXTRAL: return "MixtralForCausalLM";
+    case TP_ARCH_DEEPSEEK_V2: return "DeepseekV2ForCausalLM";
+    case TP_ARCH_DEEPSEEK_V3: return "DeepseekV3ForCausalLM";
     }
     return "?";
 }
@@ -88,12 +91,27 @@ static void set_defaults(tp_model_config *c, tp_arch arch)
         c->bos_token_id = 1; c->eos_token_ids[0] = 2; c->n_eos = 1;
         c->num_experts = 8; c->num_experts_per_tok = 2; c->decoder_sparse_step = 1; c->norm_topk_prob = 1;
         break;
+    case TP_ARCH_DEEPSEEK_V2:   /* DeepseekV2Config */
+        c->vocab_size = 32000; c->intermediate_size = 11008; c->max_position_embeddings = 2048;
+        c->bos_token_id = 1; c->eos_token_ids[0] = 2; c->n_eos = 1;
+        break;
+    case TP_ARCH_DEEPSEEK_V3:   /* DeepseekV3Config */
+        c->vocab_size = 129280; c->hidden_size = 7168; c->intermediate_size = 18432; c->num_hidden_layers = 61;
+        c->num_attention_heads = 128; c->max_position_embeddings = 4096; c->first_k_dense_replace = 3;
+        c->bos_token_id = 0; c->eos_token_ids[0] = 1; c->n_eos = 1; c->rope_interleave = 1;
+        break;
+    }
+    if (arch == TP_ARCH_DEEPSEEK_V2 || arch == TP_ARCH_DEEPSEEK_V3) {
+        c->mla = 1;
+        c->q_lora_rank = 1536; c->kv_lora_rank = 512;
+        c->qk_nope_head_dim = 128; c->qk_rope_head_dim = 64; c->v_head_dim = 128;
     }
 }
 
 int tp_config_layer_is_sparse(const tp_model_config *c, int64_t l)
 {
     if (c->num_experts <= 0) return 0;
+    if (c->mla) return l >= c->first_k_dense_replace;   /* DeepseekV2DecoderLayer's rule */
     for (int i = 0; i < c->n_mlp_only; i++)
         if (c->mlp_only_layers[i] == l) return 0;
     return c->decoder_sparse_step > 0 && (l + 1) % c->decoder_sparse_step == 0;
@@ -230,8 +248,111 @@ static tp_status parse_moe(tp_model_config *c, const json_doc *d)
     return TP_OK;
 }
 
+/* YaRN's keys with _compute_yarn_parameters' defaults.  When the config
+ * names original_max_position_embeddings, Transformers takes the factor
+ * of the frequencies and of the attention factor as
+ * max_position_embeddings over it (DeepSeek-V3's configs), so do we. */
+static tp_status parse_yarn(const json_doc *sub, tp_rope_scaling *rs, int64_t max_pos)
+{
+    rs->kind = TP_ROPE_YARN;
+    rs->beta_fast = 32.0;
+    rs->beta_slow = 1.0;
+    rs->original_max_position_embeddings = 0;
+    tp_status s;
+    if ((s = get_double(sub, "beta_fast", &rs->beta_fast)) || (s = get_double(sub, "beta_slow", &rs->beta_slow)) ||
+        (s = get_double(sub, "mscale", &rs->mscale)) || (s = get_double(sub, "mscale_all_dim", &rs->mscale_all_dim)) ||
+        (s = get_double(sub, "attention_factor", &rs->attention_factor)) ||
+        (s = get_size(sub, "original_max_position_embeddings", &rs->original_max_position_embeddings)))
+        return tp_fail_context(s, "in rope_scaling");
+    int64_t orig = rs->original_max_position_embeddings;
+    rs->yarn_factor = orig > 0 ? (double)max_pos / (double)orig : rs->factor;
+    rs->yarn_original = orig > 0 ? orig : max_pos;
+    if (!(rs->beta_fast > rs->beta_slow) || !(rs->beta_slow > 0) || rs->attention_factor < 0)
+        return tp_fail(TP_ERR_FORMAT, "%s: rope_scaling 'yarn' needs beta_fast > beta_slow > 0 and a non-negative "
+                       "attention_factor", sub->path);
+    return TP_OK;
+}
+
+/* DeepSeek's MoE keys with DeepseekV2Config's / DeepseekV3Config's
+ * defaults; num_experts stays 0 for a model whose layers are all dense.
+ * moe_layer_freq (DeepSeek's own modeling code) is not read: Transformers'
+ * decoder layer makes every layer from first_k_dense_replace on sparse. */
+static tp_status parse_deepseek_moe(tp_model_config *c, const json_doc *d)
+{
+    int v3 = c->arch == TP_ARCH_DEEPSEEK_V3;
+    c->num_experts = v3 ? 256 : 64;
+    c->num_experts_per_tok = v3 ? 8 : 0;
+    c->moe_intermediate_size = v3 ? 2048 : 1407;
+    c->n_shared_experts = v3 ? 1 : 2;
+    c->routed_scaling_factor = v3 ? 2.5 : 1.0;
+    c->n_group = v3 ? 8 : 1;
+    c->topk_group = v3 ? 4 : 1;
+    c->norm_topk_prob = v3;
+    cJSON *shared = cJSON_GetObjectItemCaseSensitive(d->root, "n_shared_experts");
+    tp_status s;
+    if (shared && cJSON_IsNull(shared)) c->n_shared_experts = 0;
+    else if ((s = get_size(d, "n_shared_experts", &c->n_shared_experts))) return s;
+    if ((s = get_size(d, "n_routed_experts", &c->num_experts)) ||
+        (s = get_size(d, "num_experts_per_tok", &c->num_experts_per_tok)) ||
+        (s = get_size(d, "moe_intermediate_size", &c->moe_intermediate_size)) ||
+        (s = get_double(d, "routed_scaling_factor", &c->routed_scaling_factor)) ||
+        (s = get_size(d, "n_group", &c->n_group)) || (s = get_size(d, "topk_group", &c->topk_group)) ||
+        (s = get_bool(d, "norm_topk_prob", &c->norm_topk_prob)))
+        return s;
+    cJSON *method = cJSON_GetObjectItemCaseSensitive(d->root, "topk_method");
+    c->group_limited = 0;
+    if (!v3 && method && !cJSON_IsNull(method)) {
+        if (!cJSON_IsString(method) ||
+            (strcmp(method->valuestring, "greedy") && strcmp(method->valuestring, "group_limited_greedy")))
+            return tp_fail(TP_ERR_UNSUPPORTED, "%s: key 'topk_method' must be \"greedy\" or "
+                           "\"group_limited_greedy\"", d->path);
+        c->group_limited = !strcmp(method->valuestring, "group_limited_greedy");
+    }
+    if (!v3) c->norm_topk_prob = 0;   /* DeepseekV2Moe does not renormalise */
+    int64_t E = c->num_experts, G = c->n_group > 0 ? c->n_group : 1;
+    int grouped = v3 || c->group_limited;
+    if (E < 1 || c->num_experts_per_tok < 1 || c->num_experts_per_tok > E || c->moe_intermediate_size < 1 ||
+        (grouped && (E % G || c->topk_group < 1 || c->topk_group > G ||
+                     c->num_experts_per_tok > c->topk_group * (E / G))))
+        return tp_fail(TP_ERR_FORMAT, "%s: %s's MoE layers need n_routed_experts >= 1, 1 <= num_experts_per_tok <= "
+                       "the experts of the topk_group groups chosen (got %lld of %lld, n_group %lld, topk_group %lld) "
+                       "and n_group dividing n_routed_experts", d->path, c->model_type,
+                       (long long)c->num_experts_per_tok, (long long)E, (long long)c->n_group, (long long)c->topk_group);
+    if (v3 && E / G < 2)
+        return tp_fail(TP_ERR_FORMAT, "%s: deepseek_v3 scores a group by its two best experts: n_group must leave at "
+                       "least 2 experts a group", d->path);
+    return TP_OK;
+}
+
+/* The multi-head latent attention keys (DeepseekV2Config, DeepseekV3Config). */
+static tp_status parse_mla(tp_model_config *c, const json_doc *d)
+{
+    cJSON *ql = cJSON_GetObjectItemCaseSensitive(d->root, "q_lora_rank");
+    tp_status s;
+    if (ql && cJSON_IsNull(ql)) c->q_lora_rank = 0;
+    else if ((s = get_positive(d, "q_lora_rank", &c->q_lora_rank))) return s;
+    if ((s = get_positive(d, "kv_lora_rank", &c->kv_lora_rank)) ||
+        (s = get_positive(d, "qk_nope_head_dim", &c->qk_nope_head_dim)) ||
+        (s = get_positive(d, "qk_rope_head_dim", &c->qk_rope_head_dim)) ||
+        (s = get_positive(d, "v_head_dim", &c->v_head_dim)) ||
+        (s = get_size(d, "first_k_dense_replace", &c->first_k_dense_replace)) ||
+        (s = get_bool(d, "rope_interleave", &c->rope_interleave)))
+        return s;
+    if (c->arch == TP_ARCH_DEEPSEEK_V2) c->rope_interleave = 1;   /* V2 rotates pairs, whatever the key says */
+    /* DeepseekV2Config: head_dim = qk_rope_head_dim, the rotary width. */
+    c->head_dim = c->qk_rope_head_dim;
+    if (c->attention_bias)
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: key 'attention_bias' = true is not supported for %s", d->path,
+                       c->model_type);
+    return c->first_k_dense_replace < c->num_hidden_layers ? parse_deepseek_moe(c, d) : TP_OK;
+}
+
 tp_status tp_config_check_training(const tp_model_config *c)
 {
+    /* Multi-head latent attention has no backward yet (module_mla.c). */
+    if (c->mla)
+        return tp_fail(TP_ERR_UNSUPPORTED, "training is not supported for model type '%s' (multi-head latent "
+                       "attention) yet; its inference is (logits, generate, chat, bench)", c->model_type);
     /* Transformers' loss would then include the router's auxiliary loss;
      * tensorpar's does not, so it refuses rather than train toward another
      * objective. */
@@ -273,9 +394,11 @@ static tp_status parse_rope_scaling(const json_doc *d, tp_rope_scaling *rs, int6
         if (!(rs->high_freq_factor > rs->low_freq_factor) || rs->original_max_position_embeddings <= 0)
             return tp_fail(TP_ERR_FORMAT, "%s: rope_scaling 'llama3' needs high_freq_factor > low_freq_factor "
                            "and a positive original_max_position_embeddings", d->path);
+    } else if (!strcmp(t, "yarn")) {
+        if ((s = parse_yarn(&sub, rs, max_pos))) return s;
     } else {
         return tp_fail(TP_ERR_UNSUPPORTED, "%s: rope_scaling type '%s' is not supported "
-                       "(supported: none, \"llama3\", \"linear\")", d->path, t);
+                       "(supported: none, \"llama3\", \"linear\", \"yarn\")", d->path, t);
     }
     if (!(rs->factor > 0)) return tp_fail(TP_ERR_FORMAT, "%s: rope_scaling factor must be positive", d->path);
     return TP_OK;
@@ -329,6 +452,12 @@ static tp_status parse_config(tp_model_config *c, const json_doc *d)
     } else {
         c->num_experts = 0;
     }
+    if (c->mla && (s = parse_mla(c, d))) return s;
+    /* The dense attention's rope table has no attention factor: YaRN is
+     * built for MLA (module_mla.c) only. */
+    if (c->rope_scaling.kind == TP_ROPE_YARN && !c->mla)
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: rope_scaling type 'yarn' is supported for deepseek_v2 and deepseek_v3 "
+                       "only, not %s", d->path, c->model_type);
     if (arch == TP_ARCH_MISTRAL || arch == TP_ARCH_MIXTRAL) {
         cJSON *sw = cJSON_GetObjectItemCaseSensitive(d->root, "sliding_window");
         if (sw && cJSON_IsNull(sw)) c->sliding_window = 0;
@@ -364,6 +493,11 @@ tp_status tp_config_validate(tp_model_config *c, const char *origin)
         return tp_fail(TP_ERR_FORMAT, "%s: rms_norm_eps and rope_theta must be positive", origin);
     if (c->sliding_window < 0)
         return tp_fail(TP_ERR_FORMAT, "%s: sliding_window must be positive or null", origin);
+    /* MLA's keys have a head per query head after kv_b_proj (repeat_kv
+     * would not fit another count). */
+    if (c->mla && (c->num_key_value_heads != c->num_attention_heads || c->head_dim != c->qk_rope_head_dim))
+        return tp_fail(TP_ERR_FORMAT, "%s: %s needs num_key_value_heads = num_attention_heads (%lld, got %lld)",
+                       origin, c->model_type, (long long)c->num_attention_heads, (long long)c->num_key_value_heads);
     return TP_OK;
 }
 
@@ -393,7 +527,16 @@ static cJSON *rope_scaling_json(const tp_rope_scaling *rs)
     if (rs->kind == TP_ROPE_DEFAULT) return cJSON_CreateNull();
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "factor", rs->factor);
-    if (rs->kind == TP_ROPE_LLAMA3) {
+    if (rs->kind == TP_ROPE_YARN) {
+        cJSON_AddNumberToObject(o, "beta_fast", rs->beta_fast);
+        cJSON_AddNumberToObject(o, "beta_slow", rs->beta_slow);
+        if (rs->attention_factor > 0) cJSON_AddNumberToObject(o, "attention_factor", rs->attention_factor);
+        if (rs->mscale != 0) cJSON_AddNumberToObject(o, "mscale", rs->mscale);
+        if (rs->mscale_all_dim != 0) cJSON_AddNumberToObject(o, "mscale_all_dim", rs->mscale_all_dim);
+        if (rs->original_max_position_embeddings > 0)
+            cJSON_AddNumberToObject(o, "original_max_position_embeddings", (double)rs->original_max_position_embeddings);
+        cJSON_AddStringToObject(o, "rope_type", "yarn");
+    } else if (rs->kind == TP_ROPE_LLAMA3) {
         cJSON_AddNumberToObject(o, "high_freq_factor", rs->high_freq_factor);
         cJSON_AddNumberToObject(o, "low_freq_factor", rs->low_freq_factor);
         cJSON_AddNumberToObject(o, "original_max_position_embeddings", (double)rs->original_max_position_embeddings);
@@ -449,12 +592,38 @@ static void moe_json(cJSON *o, const tp_model_config *c)
     for (int i = 0; i < c->n_mlp_only; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)c->mlp_only_layers[i]));
 }
 
+static void mla_json(cJSON *o, const tp_model_config *c)
+{
+    cJSON_AddNumberToObject(o, "first_k_dense_replace", (double)c->first_k_dense_replace);
+    cJSON_AddNumberToObject(o, "kv_lora_rank", (double)c->kv_lora_rank);
+    if (c->q_lora_rank > 0) cJSON_AddNumberToObject(o, "q_lora_rank", (double)c->q_lora_rank);
+    else cJSON_AddNullToObject(o, "q_lora_rank");
+    cJSON_AddNumberToObject(o, "qk_nope_head_dim", (double)c->qk_nope_head_dim);
+    cJSON_AddNumberToObject(o, "qk_rope_head_dim", (double)c->qk_rope_head_dim);
+    cJSON_AddNumberToObject(o, "v_head_dim", (double)c->v_head_dim);
+    if (c->arch == TP_ARCH_DEEPSEEK_V3) cJSON_AddBoolToObject(o, "rope_interleave", c->rope_interleave);
+    if (c->num_experts <= 0) return;
+    cJSON_AddNumberToObject(o, "moe_intermediate_size", (double)c->moe_intermediate_size);
+    cJSON_AddNumberToObject(o, "n_group", (double)c->n_group);
+    cJSON_AddNumberToObject(o, "n_routed_experts", (double)c->num_experts);
+    if (c->n_shared_experts > 0) cJSON_AddNumberToObject(o, "n_shared_experts", (double)c->n_shared_experts);
+    else cJSON_AddNullToObject(o, "n_shared_experts");
+    cJSON_AddBoolToObject(o, "norm_topk_prob", c->norm_topk_prob);
+    cJSON_AddNumberToObject(o, "num_experts_per_tok", (double)c->num_experts_per_tok);
+    cJSON_AddNumberToObject(o, "routed_scaling_factor", c->routed_scaling_factor);
+    cJSON_AddNumberToObject(o, "topk_group", (double)c->topk_group);
+    if (c->arch == TP_ARCH_DEEPSEEK_V2)
+        cJSON_AddStringToObject(o, "topk_method", c->group_limited ? "group_limited_greedy" : "greedy");
+    else
+        cJSON_AddStringToObject(o, "topk_method", "noaux_tc");
+}
+
 static cJSON *config_json(const tp_model_config *c)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON *archs = cJSON_AddArrayToObject(o, "architectures");
     cJSON_AddItemToArray(archs, cJSON_CreateString(architecture_class(c->arch)));
-    if (c->arch == TP_ARCH_LLAMA || c->arch == TP_ARCH_QWEN3 || c->arch == TP_ARCH_QWEN3_MOE)
+    if (c->arch == TP_ARCH_LLAMA || c->arch == TP_ARCH_QWEN3 || c->arch == TP_ARCH_QWEN3_MOE || c->mla)
         cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias);
     cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
     if (c->bos_token_id >= 0) cJSON_AddNumberToObject(o, "bos_token_id", (double)c->bos_token_id);
@@ -462,7 +631,8 @@ static cJSON *config_json(const tp_model_config *c)
     cJSON_AddItemToObject(o, "eos_token_id", eos_json(c->eos_token_ids, c->n_eos));
     /* head_dim is written when it is not implied, so that a later --set of
      * hidden_size or num_attention_heads re-derives it. */
-    if (c->arch == TP_ARCH_QWEN3 || c->arch == TP_ARCH_QWEN3_MOE || c->head_dim * c->num_attention_heads != c->hidden_size)
+    if (!c->mla && (c->arch == TP_ARCH_QWEN3 || c->arch == TP_ARCH_QWEN3_MOE ||
+                    c->head_dim * c->num_attention_heads != c->hidden_size))
         cJSON_AddNumberToObject(o, "head_dim", (double)c->head_dim);
     cJSON_AddStringToObject(o, "hidden_act", "silu");
     cJSON_AddNumberToObject(o, "hidden_size", (double)c->hidden_size);
@@ -477,7 +647,8 @@ static cJSON *config_json(const tp_model_config *c)
     cJSON_AddNumberToObject(o, "rms_norm_eps", c->rms_norm_eps);
     cJSON_AddItemToObject(o, "rope_scaling", rope_scaling_json(&c->rope_scaling));
     cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
-    if (c->num_experts > 0) moe_json(o, c);
+    if (c->num_experts > 0 && !c->mla) moe_json(o, c);
+    if (c->mla) mla_json(o, c);
     if (c->arch == TP_ARCH_MISTRAL || c->arch == TP_ARCH_MIXTRAL) {
         if (c->sliding_window > 0) cJSON_AddNumberToObject(o, "sliding_window", (double)c->sliding_window);
         else cJSON_AddNullToObject(o, "sliding_window");
@@ -505,11 +676,13 @@ tp_status tp_config_save(const tp_model_config *c, const char *model_dir)
 /* The config.json keys parse_config reads: the only ones --set can change
  * (another key would be written and then ignored, which hides typos). */
 static const char *const settable_keys[] = {
-    "attention_bias", "bos_token_id", "decoder_sparse_step", "eos_token_id", "head_dim", "hidden_act",
-    "hidden_size", "intermediate_size", "max_position_embeddings", "mlp_bias", "mlp_only_layers",
-    "moe_intermediate_size", "norm_topk_prob", "num_attention_heads", "num_experts", "num_experts_per_tok",
-    "num_hidden_layers", "num_key_value_heads", "num_local_experts", "rms_norm_eps", "rope_scaling",
-    "rope_theta", "sliding_window", "tie_word_embeddings", "torch_dtype", "use_sliding_window", "vocab_size",
+    "attention_bias", "bos_token_id", "decoder_sparse_step", "eos_token_id", "first_k_dense_replace", "head_dim",
+    "hidden_act", "hidden_size", "intermediate_size", "kv_lora_rank", "max_position_embeddings", "mlp_bias",
+    "mlp_only_layers", "moe_intermediate_size", "norm_topk_prob", "num_attention_heads", "num_experts",
+    "num_experts_per_tok", "num_hidden_layers", "num_key_value_heads", "num_local_experts", "n_group",
+    "n_routed_experts", "n_shared_experts", "q_lora_rank", "routed_scaling_factor", "topk_group", "topk_method",
+    "qk_nope_head_dim", "qk_rope_head_dim", "rms_norm_eps", "rope_interleave", "rope_scaling", "rope_theta",
+    "sliding_window", "tie_word_embeddings", "torch_dtype", "use_sliding_window", "v_head_dim", "vocab_size",
 };
 #define N_SETTABLE (sizeof settable_keys / sizeof settable_keys[0])
 

@@ -680,6 +680,11 @@ static tp_status check_want(const tp_checkpoint *ck, const tp_st_info *t, tp_dty
     if ((unsigned)want >= TP_DTYPE_COUNT)
         return tp_fail(TP_ERR_INVALID, "%s: tensor '%s': bad target dtype %d",
                        ck->files[t->file].path, t->name, (int)want);
+    /* q8_0 blocks are made from a read row by tp_q8_quantize_rows (the
+     * model's load), never element by element here. */
+    if (want == TP_Q8_0)
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: tensor '%s': read as f32 or bf16 and quantize to q8_0",
+                       ck->files[t->file].path, t->name);
     return TP_OK;
 }
 

@@ -174,6 +174,18 @@ TP_TAVX2 static void bw256_worker(void *p, int ti, int nt)
 }
 #endif
 
+/* Pages touched before any timing, each by the thread that reads it in the
+ * all-threads run (as STREAM does: on a NUMA host the pages then lie on
+ * the reader's node), so no run pays for page faults. */
+static void touch_worker(void *p, int ti, int nt)
+{
+    bw_job *j = p;
+    int64_t b, e;
+    tp_split_range(j->n / 128, ti, nt, &b, &e);
+    float *q = (float *)j->buf;
+    for (int64_t i = b * 128; i < e * 128; i++) q[i] = 1.0f;
+}
+
 /* The baseline: 16-byte vectors through memcpy (no aliasing questions;
  * compiled to plain SSE2 loads). */
 static void bw128_worker(void *p, int ti, int nt)
@@ -237,6 +249,33 @@ typedef struct {
     const char *name;
     int64_t T, n, k;
 } shape;
+
+/* The shapes of one model's Linears, W [n x k] (tp_bench_dims): q_proj,
+ * k/v_proj, o_proj, gate/up, down, lm_head, lm_head split over 2 ranks,
+ * each with T rows of x. */
+enum { S_Q, S_KV, S_O, S_GATE, S_DOWN, S_HEAD, S_HEAD2, NSHAPES };
+
+static shape model_shape(const tp_bench_dims *d, int s, int64_t T)
+{
+    switch (s) {
+    case S_Q: return (shape){"q_proj", T, d->q_width, d->hidden};
+    case S_KV: return (shape){"k/v_proj", T, d->kv_width, d->hidden};
+    case S_O: return (shape){"o_proj", T, d->hidden, d->q_width};
+    case S_GATE: return (shape){"gate/up", T, d->intermediate, d->hidden};
+    case S_DOWN: return (shape){"down", T, d->hidden, d->intermediate};
+    case S_HEAD: return (shape){"lm_head", T, d->vocab, d->hidden};
+    default: return (shape){"lm_head/2", T, (d->vocab + 1) / 2, d->hidden};
+    }
+}
+
+/* The widest k and n of the model's Linears. */
+static int64_t max_k(const tp_bench_dims *d)
+{
+    int64_t k = d->hidden > d->q_width ? d->hidden : d->q_width;
+    return k > d->intermediate ? k : d->intermediate;
+}
+
+const tp_bench_dims tp_bench_dims_qwen3_06b = {"qwen3-0.6b", 1024, 2048, 1024, 3072, 151936};
 
 static tp_status make_weight(tp_tensor *w, tp_dtype dt, int64_t n, int64_t k, tp_rng *rng)
 {
@@ -321,7 +360,9 @@ static tp_status measure_peaks(tp_machine_peaks *out, tp_threadpool *pool, int q
     int64_t n = quick > 1 ? (int64_t)1 << 22 : (int64_t)1 << 28;
     float *buf = tp_alloc((size_t)n * sizeof(float));
     if (!buf) return tp_fail(TP_ERR_NOMEM, "tp_kernel_bench: no memory for 1 GiB");
-    for (int64_t i = 0; i < n; i++) buf[i] = 1.0f;
+    bw_job tj = {buf, n, 0, {0}};
+    tp_parallel_run(pool, touch_worker, &tj);
+    out->read_huge_share = (double)tp_huge_page_bytes(buf, (size_t)n * sizeof(float)) / ((double)n * sizeof(float));
     double plain[2], pf[2];
     read_bw(buf, n, NULL, reps, k.bw, &plain[0], &pf[0]);
     read_bw(buf, n, pool, reps, k.bw, &plain[1], &pf[1]);
@@ -337,18 +378,14 @@ tp_status tp_machine_peaks_measure(tp_machine_peaks *out, tp_threadpool *pool, i
     return measure_peaks(out, pool, quick, NULL);
 }
 
-/* GEMV at the qwen3-0.6b decode shapes (T = 1, bf16) with cold weights: a
- * decode step reads ~1.2 GB of weights, so no matrix is still cached when it
+/* GEMV at the model's decode shapes (T = 1, bf16) with cold weights: a
+ * decode step reads 1.2 GB (qwen3-0.6b) or more, so no matrix is still cached when it
  * comes round again.  Copies of W, 512 MiB in all (more than the L3), are
  * used in turn.  GB/s of weights on 1 thread and on the pool's, and the share
  * of the read bandwidth measured on as many threads. */
 static tp_status gemv_cold(FILE *out, tp_threadpool *pool, const tp_machine_peaks *pk, int quick, const float *x,
-                           float *y)
+                           float *y, const tp_bench_dims *d)
 {
-    static const shape dshapes[] = {{"q_proj", 1, 2048, 1024},  {"k/v_proj", 1, 1024, 1024},
-                                    {"o_proj", 1, 1024, 2048},  {"gate/up", 1, 3072, 1024},
-                                    {"down", 1, 1024, 3072},    {"lm_head", 1, 151936, 1024},
-                                    {"lm_head/2", 1, 75968, 1024}};
     int reps = quick > 1 ? 1 : quick ? 3 : 5;
     size_t total = quick > 1 ? (size_t)16 << 20 : (size_t)512 << 20;
     fprintf(out, "\nGEMV, bf16 weights cold (copies cycled through %zu MiB), T=1, GB/s of weights and share of "
@@ -357,8 +394,9 @@ static tp_status gemv_cold(FILE *out, tp_threadpool *pool, const tp_machine_peak
     tp_matmul_opts o;
     tp_matmul_opts_default(&o);   /* the process's path */
     o.bf16_dot = 0;
-    for (size_t s = 0; s < sizeof dshapes / sizeof *dshapes; s++) {
-        const shape *sh = &dshapes[s];
+    for (int s = 0; s < NSHAPES; s++) {
+        shape cur = model_shape(d, s, 1);
+        const shape *sh = &cur;
         if (quick > 1 && sh->n > 50000) continue;
         size_t bytes = (size_t)(sh->n * sh->k) * 2;
         int m = (int)((total + bytes - 1) / bytes);
@@ -496,13 +534,12 @@ static tp_status train_gemm_shape(FILE *out, const train_bufs *b, const char *na
     return TP_OK;
 }
 
-static tp_status train_gemms(FILE *out, tp_threadpool *pool, const tp_machine_peaks *pk, int quick)
+static tp_status train_gemms(FILE *out, tp_threadpool *pool, const tp_machine_peaks *pk, int quick,
+                             const tp_bench_dims *d)
 {
-    static const shape lshapes[] = {{"q_proj", 512, 2048, 1024}, {"o_proj", 512, 1024, 2048},
-                                    {"gate/up", 512, 3072, 1024}, {"down", 512, 1024, 3072},
-                                    {"lm_head", 512, 151936, 1024}};
+    static const int lshapes[] = {S_Q, S_O, S_GATE, S_DOWN, S_HEAD};
     if (pk->path == TP_KERNEL_SCALAR) return TP_OK;   /* the scalar loops are the reference, not a rival */
-    int64_t T = quick > 1 ? 16 : 512, maxn = 151936, maxk = 3072;
+    int64_t T = quick > 1 ? 16 : 512, maxn = d->vocab, maxk = max_k(d);
     int reps = quick > 1 ? 1 : quick ? 3 : 5, nt = tp_threadpool_size(pool), saved = openblas_get_num_threads();
     double peak_cpu1 = fma_peak_cpu(pk->path, quick);
     fprintf(out, "\nTraining GEMMs, f32, T=%lld: GFLOP/s and share of the FMA peak, own packed GEMM next to OpenBLAS "
@@ -520,7 +557,8 @@ static tp_status train_gemms(FILE *out, tp_threadpool *pool, const tp_machine_pe
     for (int64_t i = 0; !st && i < T * maxk; i++) b.x[i] = (float)tp_rng_normal(&rng), b.dx[i] = 0;
     for (int64_t i = 0; !st && i < T * maxn; i++) b.dy[i] = (float)(0.01 * tp_rng_normal(&rng));
     for (size_t s = 0; s < sizeof lshapes / sizeof *lshapes && !st; s++) {
-        const shape *sh = &lshapes[s];
+        shape cur = model_shape(d, lshapes[s], T);
+        const shape *sh = &cur;
         if (quick > 1 && sh->n > 100000) continue;
         tp_tensor w = {0};
         if ((st = make_weight(&w, TP_F32, sh->n, sh->k, &rng))) break;
@@ -539,6 +577,11 @@ static tp_status train_gemms(FILE *out, tp_threadpool *pool, const tp_machine_pe
 
 tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick)
 {
+    return tp_kernel_bench_dims(out, pool, quick, &tp_bench_dims_qwen3_06b);
+}
+
+tp_status tp_kernel_bench_dims(FILE *out, tp_threadpool *pool, int quick, const tp_bench_dims *d)
+{
     int nt = tp_threadpool_size(pool), reps = quick > 1 ? 1 : quick ? 3 : 7;
     tp_machine_peaks pk;
     double plain[2];
@@ -549,24 +592,29 @@ tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick)
             tp_setting_is_set(TP_SET_ISA) ? tp_setting_string(TP_SET_ISA) : "unset: the CPU's best");
     fprintf(out, "compute peak (%s, registers only): %.1f GFLOP/s on 1 thread, %.1f on %d\n",
             peak_kernels_for(path).what, pk.fma_gflops_1, pk.fma_gflops_n, nt);
-    fprintf(out, "read bandwidth (1 GiB, 2 MiB pages): %.1f GB/s on 1 thread, %.1f on %d "
-            "(without software prefetch: %.1f, %.1f)\n", pk.read_gbs_1, pk.read_gbs_n, nt, plain[0], plain[1]);
+    fprintf(out, "read bandwidth (1 GiB, %.0f %% of it in 2 MiB pages): %.1f GB/s on 1 thread, %.1f on %d "
+            "(without software prefetch: %.1f, %.1f)\n", 100 * pk.read_huge_share, pk.read_gbs_1, pk.read_gbs_n, nt,
+            plain[0], plain[1]);
 
-    /* GEMM at the qwen3-0.6b prefill shapes */
-    static const shape shapes[] = {
-        {"q_proj", 512, 2048, 1024}, {"k/v_proj", 512, 1024, 1024}, {"o_proj", 512, 1024, 2048},
-        {"gate/up", 512, 3072, 1024}, {"down", 512, 1024, 3072}, {"lm_head T=64", 64, 151936, 1024},
-    };
+    /* GEMM at the model's prefill shapes (lm_head at T = 64: its rate is
+     * that of the other shapes, and 512 rows of it take long) */
+    fprintf(out, "shapes: %s (hidden %lld, q %lld, k/v %lld, intermediate %lld, vocabulary %lld)\n", d->name,
+            (long long)d->hidden, (long long)d->q_width, (long long)d->kv_width, (long long)d->intermediate,
+            (long long)d->vocab);
+    shape shapes[S_HEAD + 1];
+    for (int s = 0; s <= S_HEAD; s++) shapes[s] = model_shape(d, s, s == S_HEAD ? 64 : 512);
+    shapes[S_HEAD].name = "lm_head T=64";
+    int64_t mk = max_k(d);
     /* The scalar loops' rate does not depend on T (no blocking), and at
      * ~1 GFLOP/s the full shapes would take minutes: 16 rows there; the
      * smoke run (sanitizer builds) 8 rows. */
     int64_t t_cap = quick > 1 ? 8 : path == TP_KERNEL_SCALAR ? 16 : 512;
     tp_rng rng;
     tp_rng_seed(&rng, 7);
-    float *x = malloc((size_t)512 * 3072 * sizeof(float));
-    float *y = tp_alloc((size_t)512 * 151936 * sizeof(float));
+    float *x = malloc((size_t)(512 * mk) * sizeof(float));
+    float *y = tp_alloc((size_t)(512 * d->vocab) * sizeof(float));
     if (!x || !y) { free(x); tp_free(y); return tp_fail(TP_ERR_NOMEM, "tp_kernel_bench: no memory"); }
-    for (int64_t i = 0; i < 512 * 3072; i++) x[i] = (float)tp_rng_normal(&rng);
+    for (int64_t i = 0; i < 512 * mk; i++) x[i] = (float)tp_rng_normal(&rng);
     char rows[32] = "";
     if (t_cap < 512) snprintf(rows, sizeof rows, ", T = %lld rows", (long long)t_cap);
     fprintf(out, "\nGEMM GFLOP/s, %d thread(s)%s (OpenBLAS under OPENBLAS_CORETYPE=%s):\n%-14s", nt, rows,
@@ -577,7 +625,9 @@ tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick)
                  var_names[v]);
         fprintf(out, " %16s", name);
     }
-    fprintf(out, "\n");
+    /* The path's own f32 and bf16 GEMMs as shares of its FMA peak on as
+     * many threads, measured above. */
+    fprintf(out, " %9s %9s\n", "f32/peak", "bf16/peak");
     tp_status st = TP_OK;
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes && !st; s++) {
         const shape *sh = &shapes[s];
@@ -589,6 +639,7 @@ tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick)
             break;
         }
         fprintf(out, "%-14s", sh->name);
+        double share[2] = {0, 0};
         int r = sh->n > 100000 || path == TP_KERNEL_SCALAR ? (reps < 3 ? reps : 3) : reps;
         for (int v = 0; v < NVAR && !st; v++) {
             tp_matmul_opts o;
@@ -600,8 +651,10 @@ tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick)
              * an emulator) never prints a measured rate as 0.0. */
             double gflops = 2.0 * (double)T * (double)sh->n * (double)sh->k / sec / 1e9;
             if (!st) fprintf(out, " %16.*f", gflops < 1.0 ? 4 : 1, gflops);
+            if (v <= V_BF16) share[v] = gflops / pk.fma_gflops_n;
             fflush(out);
         }
+        if (!st) fprintf(out, " %8.0f%% %8.0f%%", 100 * share[V_F32], 100 * share[V_BF16]);
         fprintf(out, "\n");
         tp_tensor_release(&wf);
         tp_tensor_release(&wb);
@@ -609,8 +662,10 @@ tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick)
 
     /* GEMV (decode): lm_head-sized weights (311 MB bf16, 622 MB f32) are far
      * bigger than any cache; the per-layer shapes may sit in the L3. */
-    static const shape gshapes[] = {{"gate/up T=1", 1, 3072, 1024}, {"down T=1", 1, 1024, 3072},
-                                    {"lm_head T=1", 1, 151936, 1024}, {"lm_head T=4", 4, 151936, 1024}};
+    shape gshapes[4] = {model_shape(d, S_GATE, 1), model_shape(d, S_DOWN, 1), model_shape(d, S_HEAD, 1),
+                        model_shape(d, S_HEAD, 4)};
+    gshapes[0].name = "gate/up T=1", gshapes[1].name = "down T=1";
+    gshapes[2].name = "lm_head T=1", gshapes[3].name = "lm_head T=4";
     fprintf(out, "\nGEMV GB/s of weights read, %d thread(s):\n%-14s %12s %12s %16s\n", nt, "shape", "f32", "bf16",
             "bf16-dot");
     for (size_t s = 0; s < sizeof gshapes / sizeof *gshapes && !st; s++) {
@@ -634,8 +689,8 @@ tp_status tp_kernel_bench(FILE *out, tp_threadpool *pool, int quick)
         tp_tensor_release(&wf);
         tp_tensor_release(&wb);
     }
-    if (!st) st = gemv_cold(out, pool, &pk, quick, x, y);
-    if (!st) st = train_gemms(out, pool, &pk, quick);
+    if (!st) st = gemv_cold(out, pool, &pk, quick, x, y, d);
+    if (!st) st = train_gemms(out, pool, &pk, quick, d);
     free(x);
     tp_free(y);
     return st;

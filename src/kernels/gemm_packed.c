@@ -147,11 +147,16 @@ static void pack_b_cols(float *dst, const tp_gemm_operand *b, int64_t p0, int64_
  * zero.  As for A, read along the contiguous direction: B = Wᵀ (rs = 1)
  * by columns, one panel at a time; otherwise one row p at a time across all
  * the panels. */
-static void pack_b(float *dst, const tp_gemm_operand *b, int64_t p0, int64_t kc, int64_t j0, int64_t nc, int nr)
+static void pack_b(const tp_gemm_ukernel *uk, float *dst, const tp_gemm_operand *b, int64_t p0, int64_t kc,
+                   int64_t j0, int64_t nc)
 {
+    int nr = uk->nr;
     if (b->rs == 1 && b->cs != 1) {
-        for (int64_t jr = 0; jr < nc; jr += nr)
-            pack_b_cols(dst + jr * kc, b, p0, kc, j0 + jr, (int)min64(nr, nc - jr), nr);
+        for (int64_t jr = 0; jr < nc; jr += nr) {
+            int cols = (int)min64(nr, nc - jr);
+            if (uk->pack_bt && cols == nr) uk->pack_bt(dst + jr * kc, b, p0, kc, j0 + jr);
+            else pack_b_cols(dst + jr * kc, b, p0, kc, j0 + jr, cols, nr);
+        }
         return;
     }
     for (int64_t p = 0; p < kc; p++) {
@@ -215,7 +220,7 @@ static void gemm_worker(void *p, int ti, int nt)
         int64_t nc = min64(j->nc, n1 - jc);
         for (int64_t pc = 0; pc < j->k; pc += j->kc) {
             int64_t kc = min64(j->kc, j->k - pc);
-            pack_b(bp, j->b, pc, kc, jc, nc, uk->nr);
+            pack_b(uk, bp, j->b, pc, kc, jc, nc);
             for (int64_t ic = m0; ic < m1; ic += j->mc) {
                 int64_t mc = min64(j->mc, m1 - ic);
                 pack_a(ap, j->a, ic, mc, pc, kc, uk->mr);
@@ -247,9 +252,13 @@ tp_status tp_gemm_packed(const tp_gemm_ukernel *uk, float *c, int64_t ldc, int a
     j.nc = min64(uk->nc, round_up(my_n, uk->nr));
     j.a_bytes = (size_t)round_up(j.mc * j.kc * (int64_t)sizeof(float), 64);
     j.stride = j.a_bytes + (size_t)round_up(j.nc * j.kc * (int64_t)sizeof(float), 64);
-    j.buf = tp_alloc(j.stride * (size_t)nt);
+    /* The pool's kept scratch: a fresh buffer per call (2 MiB and more per
+     * thread) faulted its pages in again at every GEMM of a prefill. */
+    char *own = NULL;
+    j.buf = tp_threadpool_scratch(pool, j.stride * (size_t)nt);
+    if (!j.buf) j.buf = own = tp_alloc(j.stride * (size_t)nt);
     if (!j.buf) return tp_fail(TP_ERR_NOMEM, "tp_gemm_packed: out of memory for the packing buffers");
     tp_parallel_run(pool, gemm_worker, &j);
-    tp_free(j.buf);
+    tp_free(own);
     return TP_OK;
 }

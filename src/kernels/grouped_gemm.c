@@ -20,18 +20,19 @@ int64_t tp_grouped_experts_scratch(int64_t T, int64_t H, int64_t I)
 /* Slot indices (t·k + j) grouped by expert: experts[e]'s slots are
  * order[start[e] .. start[e + 1]).  Ids outside [0, E) (the EP sentinel)
  * are left out. */
-static void sort_slots(const int32_t *ids, int64_t n, int64_t E, int64_t *start, int64_t *order)
+static tp_status sort_slots(const int32_t *ids, int64_t n, int64_t E, int64_t *start, int64_t *order)
 {
     memset(start, 0, (size_t)(E + 1) * sizeof *start);
     for (int64_t i = 0; i < n; i++)
         if (ids[i] >= 0 && ids[i] < E) start[ids[i] + 1]++;
     for (int64_t e = 0; e < E; e++) start[e + 1] += start[e];
     int64_t *fill = malloc((size_t)(E ? E : 1) * sizeof *fill);
-    if (!fill) { start[E] = -1; return; }
+    if (!fill) return tp_fail(TP_ERR_NOMEM, "out of memory routing %lld slots", (long long)n);
     memcpy(fill, start, (size_t)E * sizeof *fill);
     for (int64_t i = 0; i < n; i++)
         if (ids[i] >= 0 && ids[i] < E) order[fill[ids[i]]++] = i;
     free(fill);
+    return TP_OK;
 }
 
 /* Expert e's [rows, cols] matrix inside a stacked [E, rows, cols] tensor. */
@@ -74,8 +75,7 @@ tp_status tp_grouped_experts(const tp_grouped_experts_args *a, float *scratch)
                        "and [E, %lld, I]", (long long)a->H, (long long)a->H);
     int64_t *start = malloc((size_t)(E + 1) * sizeof *start), *order = malloc((size_t)(n ? n : 1) * sizeof *order);
     tp_status s = start && order ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory routing %lld tokens", (long long)a->T);
-    if (!s) sort_slots(a->ids, n, E, start, order);
-    if (!s && start[E] < 0) s = tp_fail(TP_ERR_NOMEM, "out of memory routing %lld tokens", (long long)a->T);
+    if (!s) s = sort_slots(a->ids, n, E, start, order);
     memset(a->out, 0, (size_t)(a->T * a->H) * sizeof(float));
     for (int64_t e = 0; !s && e < E; e++)
         if (start[e + 1] > start[e]) s = run_expert(a, e, order + start[e], start[e + 1] - start[e], scratch);

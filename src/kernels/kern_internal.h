@@ -92,10 +92,15 @@ typedef struct {
  * full (zero-padded). */
 typedef void (*tp_gemm_ukernel_fn)(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int mr,
                                    int nr, int accumulate);
+/* Packs one full micro-panel of B = Wᵀ (b->rs = 1): dst[p·nr + j] =
+ * B[p0+p, j0+j] for p < kc, j < nr — the same values as the generic
+ * packing, with the path's own instructions. */
+typedef void (*tp_gemm_pack_bt_fn)(float *dst, const tp_gemm_operand *b, int64_t p0, int64_t kc, int64_t j0);
 typedef struct {
     int mr, nr;            /* register tile */
     int64_t mc, kc, nc;    /* cache blocks: A in L2, B micro-panel in L1, B panel in L2/L3 */
     tp_gemm_ukernel_fn fn;
+    tp_gemm_pack_bt_fn pack_bt;   /* NULL: the generic packing */
 } tp_gemm_ukernel;
 
 /* C[m, n] (ldc apart) = A·B, or += with accumulate.  Bitwise the same
@@ -123,5 +128,54 @@ void tp_gemv_thread_rows(int64_t n, int64_t row_bytes, int R, int ti, int nt, in
  * come first, then the odd ones, because one 32-bit lane of a weight load
  * holds an (even, odd) pair.  Zero-padded to kp = k rounded up to blk. */
 void tp_gemv_permute_x(float *dst, const float *x, int64_t T, int64_t k, int64_t kp, int blk);
+
+/* ---- 8-bit weights (quant_q8.c, gemm_q8.c, gemm_q8_avx2.c) ------------
+ * y = x·Wᵀ with W in TP_Q8_0 blocks.  x is quantized per row into blocks
+ * of 32 as the weights are, each pair of blocks gives an exact
+ * int32 dot product, and the f32 sums keep the order of an 8-lane AVX2
+ * vector: lane l of a block is the sum of its elements 4l..4l+3, each lane
+ * accumulates lane·(d_w·d_x) with one fused multiply-add per block, and
+ * the 8 lanes are added at the end as tp_q8_hsum8 does.  The scalar path
+ * does exactly that in C, so every path gives the same bits, whatever the
+ * thread count, the tile a row falls in, or whether it runs as a GEMV or
+ * a GEMM. */
+/* x[T, k] -> quants q[T, k] and scales d[T, k/32], per block of 32:
+ * d = amax/127 (kept in f32), q = round-to-even(x/d).  The scales are apart
+ * from the quants so that the kernels load 8 blocks' scales at once. */
+void tp_q8_quantize_act(int8_t *q, float *d, const float *x, int64_t T, int64_t k);
+
+/* f16 -> f32 for finite values without F16C: the bits shifted into an f32
+ * sign, exponent and mantissa, rebiased by a multiply by 2^112 (exact, f16
+ * subnormals included; a weight scale is never inf or NaN). */
+static inline float tp_q8_scale(uint16_t h)
+{
+    union { uint32_t u; float f; } v = {((uint32_t)(h & 0x8000u) << 16) | ((uint32_t)(h & 0x7fffu) << 13)};
+    return v.f * 0x1p112f;
+}
+
+/* The 8 lanes' sum in the order the AVX2 code adds them. */
+static inline float tp_q8_hsum8(const float a[8])
+{
+    float s0 = a[0] + a[4], s1 = a[1] + a[5], s2 = a[2] + a[6], s3 = a[3] + a[7];
+    return (s0 + s2) + (s1 + s3);
+}
+
+/* One product: W [n, nb·32] in q8_0, x [T, nb·32] quantized (xq, xd). */
+typedef struct {
+    float *y;
+    const int8_t *xq;
+    const float *xd;
+    const tp_q8_block *w;
+    int64_t T, n, nb;
+} tp_q8_job;
+
+void tp_q8_matmul_scalar(const tp_q8_job *j, tp_threadpool *pool);
+#if TP_KERNELS_X86
+void tp_q8_matmul_avx2(const tp_q8_job *j, tp_threadpool *pool);
+#endif
+/* x quantized, then the path's kernel (gemm_q8.c).  k = W's row length, a
+ * multiple of 32. */
+tp_status tp_q8_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, tp_kernel_path path,
+                       tp_threadpool *pool);
 
 #endif

@@ -1,4 +1,4 @@
-/* Linear layers: y = x·Wᵀ + b, W f32 or bf16 [out, in], x f32 [T, in].
+/* Linear layers: y = x·Wᵀ + b, W f32, bf16 or q8_0 [out, in], x f32 [T, in].
  *
  * Dispatch by shape and path:
  *   T <= 4 (decode): a GEMV that streams W exactly once at memory bandwidth;
@@ -7,6 +7,7 @@
  *                    OpenBLAS when opts->blas asks for it; bf16 weights on
  *                    CPUs with AMX: the tile GEMM (gemm_amx.c, opts->amx).
  *   SCALAR:          the plain loops below — the reference the tests use.
+ *   q8_0 weights:    gemm_q8.c, on every path (forward only).
  * The bias is added in one pass at the end. */
 #include "kernels/kern_internal.h"
 
@@ -21,6 +22,8 @@ void tp_row_to_f32(float *dst, const tp_tensor *m, int64_t row)
     int64_t n = m->shape[m->ndim - 1];
     if (m->dtype == TP_F32) {
         memcpy(dst, (const float *)m->data + row * n, (size_t)n * sizeof(float));
+    } else if (m->dtype == TP_Q8_0) {
+        tp_q8_dequantize_row(dst, (const tp_q8_block *)m->data + row * (n / TP_Q8_BLOCK), n);
     } else {
         const uint16_t *src = (const uint16_t *)m->data + row * n;
         for (int64_t i = 0; i < n; i++) dst[i] = tp_f32_from_bf16(src[i]);
@@ -92,10 +95,13 @@ static tp_status add_bias(float *y, int64_t T, int64_t out, const tp_tensor *bia
     return TP_OK;
 }
 
-static tp_status check_weight(const tp_tensor *W, int64_t T)
+static tp_status check_weight(const tp_tensor *W, int64_t T, int backward)
 {
     if (W->ndim != 2) return tp_fail(TP_ERR_INTERNAL, "tp_matmul: weight must be 2-D");
-    if (W->dtype != TP_F32 && W->dtype != TP_BF16)
+    if (W->dtype == TP_Q8_0 && backward)
+        return tp_fail(TP_ERR_UNSUPPORTED, "tp_matmul_backward: q8_0 weights are for inference only (train with "
+                       "f32 or bf16 weights)");
+    if (W->dtype != TP_F32 && W->dtype != TP_BF16 && W->dtype != TP_Q8_0)
         return tp_fail(TP_ERR_UNSUPPORTED, "tp_matmul: weights of dtype %s", tp_dtype_name(W->dtype));
     if (W->shape[1] > INT32_MAX / 16 || T > INT32_MAX || W->shape[0] > INT32_MAX)
         return tp_fail(TP_ERR_UNSUPPORTED, "tp_matmul: matrix too large");
@@ -196,7 +202,7 @@ static int groupable(const tp_matmul_out *outs, int count, int64_t T, tp_kernel_
     if (count < 2 || count > GROUP_MAX) return 0;
     const tp_tensor *w0 = outs[0].w;
     int kind = gemm_kind(path, T, w0->dtype, bf16_dot, opts);
-    if (!kind || (kind == 1 && bf16_dot) || w0->shape[1] == 0) return 0;
+    if (!kind || (kind == 1 && bf16_dot) || w0->shape[1] == 0 || w0->dtype == TP_Q8_0) return 0;
     for (int i = 0; i < count; i++)
         if (outs[i].w->dtype != w0->dtype || outs[i].w->shape[1] != w0->shape[1] || outs[i].w->shape[0] == 0)
             return 0;
@@ -245,12 +251,13 @@ tp_status tp_matmul_ex(float *y, const float *x, int64_t T, const tp_tensor *W,
                        const tp_tensor *bias, tp_threadpool *pool, const tp_matmul_opts *opts)
 {
     tp_status st = check_path(opts);
-    if (!st) st = check_weight(W, T);
+    if (!st) st = check_weight(W, T, 0);
     if (st) return st;
     int64_t n = W->shape[0], k = W->shape[1];
     if (T == 0 || n == 0) return TP_OK;
     tp_kernel_path path = tp_kernel_resolve(opts->path);
     if (k == 0) memset(y, 0, (size_t)(T * n) * sizeof(float));
+    else if (W->dtype == TP_Q8_0) st = tp_q8_matmul(y, x, T, W, path, pool);
     else if (path == TP_KERNEL_SCALAR) tp_matmul_scalar(y, x, T, W->data, W->dtype, n, k, pool);
     else st = matmul_simd(y, x, T, W, path, pool, opts);
     if (!st && bias && bias->data) st = add_bias(y, T, n, bias);
@@ -263,7 +270,7 @@ tp_status tp_matmul_group(const tp_matmul_out *outs, int count, const float *x, 
     tp_status st0 = check_path(opts);
     if (st0) return st0;
     for (int i = 0; i < count; i++) {
-        tp_status st = check_weight(outs[i].w, T);
+        tp_status st = check_weight(outs[i].w, T, 0);
         if (st) return st;
     }
     if (count < 1 || T == 0) return TP_OK;
@@ -438,7 +445,7 @@ tp_status tp_matmul_backward_ex(float *dx, float *dw, float *db, const float *dy
                                 int64_t T, const tp_tensor *W, tp_threadpool *pool, const tp_matmul_opts *opts)
 {
     tp_status st = check_path(opts);
-    if (!st) st = check_weight(W, T);
+    if (!st) st = check_weight(W, T, 1);
     if (st) return st;
     int64_t n = W->shape[0], k = W->shape[1];
     if (T == 0 || n == 0) return TP_OK;

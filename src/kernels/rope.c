@@ -51,6 +51,55 @@ void tp_rope_apply(float *x, int64_t T, int64_t n_heads, int64_t head_dim,
     }
 }
 
+/* ---- YaRN (DeepSeek) ---------------------------------------------------- */
+
+double tp_yarn_mscale(double scale, double mscale)
+{
+    return scale <= 1 ? 1.0 : 0.1 * mscale * log(scale) + 1.0;
+}
+
+/* The dimension at which a wavelength makes num_rotations turns over max_pos. */
+static double correction_dim(double num_rotations, int64_t dim, double theta, int64_t max_pos)
+{
+    const double pi = 3.14159265358979323846;
+    return (double)dim * log((double)max_pos / (num_rotations * 2 * pi)) / (2 * log(theta));
+}
+
+void tp_rope_inv_freq_yarn(double *inv_freq, int64_t head_dim, double theta, double factor, double beta_fast,
+                           double beta_slow, int64_t original_max_pos)
+{
+    double low = floor(correction_dim(beta_fast, head_dim, theta, original_max_pos));
+    double high = ceil(correction_dim(beta_slow, head_dim, theta, original_max_pos));
+    if (low < 0) low = 0;
+    if (high > (double)(head_dim - 1)) high = (double)(head_dim - 1);
+    if (low == high) high += 0.001;   /* the ramp never divides by zero */
+    for (int64_t i = 0; i < head_dim / 2; i++) {
+        double pos_freq = pow(theta, (double)(2 * i) / (double)head_dim);
+        double ramp = ((double)i - low) / (high - low);
+        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+        double extrapolate = 1 - ramp;   /* 1: the original frequency is kept */
+        inv_freq[i] = (1 / (factor * pos_freq)) * (1 - extrapolate) + (1 / pos_freq) * extrapolate;
+    }
+}
+
+void tp_rope_apply_mla(float *x, int64_t rows, int64_t per_t, int64_t stride, int64_t off, int64_t head_dim,
+                       const float *table, float scale, int interleaved)
+{
+    int64_t half = head_dim / 2;
+    /* element i of a pair is at ia * i, its partner ib away */
+    int64_t ia = interleaved ? 2 : 1, ib = interleaved ? 1 : half;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *c = table + (r / per_t) * head_dim, *s = c + half;
+        float *v = x + r * stride + off;
+        for (int64_t i = 0; i < half; i++) {
+            float cs = c[i] * scale, sn = s[i] * scale;
+            float a = v[ia * i], b = v[ia * i + ib];
+            v[ia * i] = a * cs - b * sn;
+            v[ia * i + ib] = b * cs + a * sn;
+        }
+    }
+}
+
 /* ---- RoPE with a per-forward table ------------------------------------ */
 
 void tp_rope_table(float *table, int64_t T, int64_t head_dim, const double *inv_freq, int64_t pos0)

@@ -104,7 +104,8 @@ static void set_bound(struct tp_act_arena *a, const tp_model *m)
     a->per_block = H;   /* the sequence-parallel norm before the first block */
     for (size_t i = 0; i < m->n_modules; i++)
         if (m->modules[i].type == TP_MT_ATTENTION || m->modules[i].type == TP_MT_MLP)
-            a->per_block = max64(a->per_block, block_bound(m, &m->modules[i]));
+            a->per_block = max64(a->per_block, block_bound(m, &m->modules[i]) +
+                                                   (m->modules[i].ops == &tp_mla_ops ? tp_mla_block_bound(c) : 0));
         else if (m->modules[i].type == TP_MT_MOE)
             a->per_block = max64(a->per_block, tp_moe_block_bound(m, &m->modules[i]));
     a->per_head_row = linear_bound(m, &m->modules[m->lm_head]);

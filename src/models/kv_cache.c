@@ -11,7 +11,9 @@ tp_status tp_kv_cache_init(tp_kv_cache *c, const tp_model *m, int64_t capacity)
     memset(c, 0, sizeof *c);
     c->capacity = capacity;
     c->n_layers = m->cfg.num_hidden_layers;
-    c->head_dim = m->cfg.head_dim;
+    /* MLA caches each head's key and value after kv_b_proj, padded to one
+     * width (module_mla.c). */
+    c->head_dim = m->cfg.mla ? tp_mla_head_dim(&m->cfg) : m->cfg.head_dim;
     c->k = calloc((size_t)c->n_layers, sizeof(float *));
     c->v = calloc((size_t)c->n_layers, sizeof(float *));
     c->n_kv = calloc((size_t)c->n_layers, sizeof(int64_t));
@@ -20,7 +22,10 @@ tp_status tp_kv_cache_init(tp_kv_cache *c, const tp_model *m, int64_t capacity)
     for (int64_t l = 0; l < c->n_layers; l++) {
         /* The heads k_proj's output holds on this rank: its shard's heads,
          * or all of them when the plan gathers the output. */
-        c->n_kv[l] = tp_module_out_width(m, &m->modules[m->layers[l].k_proj]) / m->cfg.head_dim;
+        const tp_layer_modules *L = &m->layers[l];
+        c->n_kv[l] = m->cfg.mla ? tp_module_out_width(m, &m->modules[L->kv_b_proj]) /
+                                      (m->cfg.qk_nope_head_dim + m->cfg.v_head_dim)
+                                : tp_module_out_width(m, &m->modules[L->k_proj]) / m->cfg.head_dim;
         size_t bytes = (size_t)(capacity * c->n_kv[l] * c->head_dim) * sizeof(float);
         c->k[l] = tp_alloc(bytes);
         c->v[l] = tp_alloc(bytes);

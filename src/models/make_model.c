@@ -16,6 +16,10 @@
 static double init_std(const tp_param_desc *p, const tp_make_options *o)
 {
     if (strstr(p->name, "q_proj.weight") || strstr(p->name, "k_proj.weight")) return o->qk_std;
+    /* MLA's query and key paths (the rotary key comes from kv_a_proj_with_mqa unnormed) */
+    if (strstr(p->name, "q_b_proj.weight") || strstr(p->name, "kv_b_proj.weight") ||
+        strstr(p->name, "kv_a_proj_with_mqa.weight"))
+        return o->qk_std;
     if (o->router_std > 0 && strstr(p->name, ".gate.weight")) return o->router_std;   /* MoE routers */
     return o->std;
 }

@@ -19,7 +19,11 @@ int64_t tp_moe_block_bound(const tp_model *m, const tp_module *moe)
     int64_t H = m->cfg.hidden_size, I = experts->params[0].local.shape[1] / 2;
     /* logits; the output and the copy its all-reduce may make; the
      * kernel's scratch; a row of the stream for the norm */
-    return m->cfg.num_experts + 2 * H + tp_grouped_experts_scratch(1, H, I) + H;
+    /* DeepSeek's shared experts beside the routed output: gate and up, the
+     * copies their hooks may make, down_proj's output and its copy */
+    int64_t S = L->shared_experts >= 0 ? tp_module_weight(&m->modules[L->shared_gate])->shape[0] : 0;
+    int64_t shared = L->shared_experts >= 0 ? 4 * S + 2 * H : 0;
+    return m->cfg.num_experts + 2 * H + tp_grouped_experts_scratch(1, H, I) + H + shared;
 }
 
 static tp_status route(tp_model *m, const tp_module *mod, tp_forward_pass *f, int32_t *ids, float *w)
@@ -36,10 +40,42 @@ static tp_status route(tp_model *m, const tp_module *mod, tp_forward_pass *f, in
     /* f32 logits over all experts from the replicated router weight */
     tp_status st = tp_matmul_ex(logits, f->sc.h, T, tp_module_weight(&m->modules[L->router]), NULL, m->pool,
                                 &m->matmul);
-    if (!st) tp_moe_route(logits, T, E, k, m->cfg.norm_topk_prob, ids, w);
+    const tp_module *gate = &m->modules[L->router];
+    if (!st && m->cfg.mla)
+        st = tp_moe_route_deepseek(&m->cfg, logits, T, gate->n_params > 1 ? gate->params[1].local.data : NULL, ids, w);
+    else if (!st)
+        tp_moe_route(logits, T, E, k, m->cfg.norm_topk_prob, ids, w);
     tp_act_free(m, logits);
     if (!st && tp_moe_expert_parallel(m, &m->modules[L->experts]))
         tp_ep_router_remap(ids, w, T, k, E, m->tp->rank, m->tp->size);
+    return st;
+}
+
+/* DeepSeek's shared experts, one dense MLP on the same input, added to the
+ * routed output pending in f (DeepseekV2Moe: experts(x) + shared_experts(x)).
+ * Under TP its gate/up are colwise and down_proj rowwise: the output
+ * arrives whole (Replicate) from down_proj's all-reduce. */
+static tp_status shared_experts(tp_model *m, const tp_layer_modules *L, tp_forward_pass *f)
+{
+    int64_t H = m->cfg.hidden_size, T = f->T;
+    tp_act gu[2], y = {0};
+    const tp_module *lins[2] = {&m->modules[L->shared_gate], &m->modules[L->shared_up]};
+    tp_status st = tp_module_linear_group(m, lins, 2, f->sc.h, T, H, gu);
+    if (st) return st;
+    if (gu[0].width != gu[1].width)
+        st = tp_fail(TP_ERR_UNSUPPORTED, "shared_experts: gate_proj and up_proj give %lld and %lld features on this "
+                     "rank; shard them alike", (long long)gu[0].width, (long long)gu[1].width);
+    if (!st) tp_par_silu_mul(m, gu[0].data, gu[1].data, T, gu[0].width);
+    if (!st) st = tp_module_linear(m, &m->modules[L->shared_down], gu[0].data, T, gu[0].width, &y);
+    if (!st && (y.width != H || y.pl.kind != TP_REPLICATE))
+        st = tp_fail(TP_ERR_UNSUPPORTED, "shared_experts.down_proj gives %lld of %lld features, %s, on this rank; "
+                     "its output must be whole (rowwise, or replicated)", (long long)y.width, (long long)H,
+                     y.pl.kind == TP_PARTIAL ? "a partial sum" : "a shard");
+    if (!st)
+        for (int64_t i = 0; i < T * H; i++) f->pending.data[i] += y.data[i];
+    tp_act_release(m, &y);
+    tp_act_release(m, &gu[1]);
+    tp_act_release(m, &gu[0]);
     return st;
 }
 
@@ -61,6 +97,7 @@ static tp_status moe_forward(tp_model *m, const tp_module *mod, tp_forward_pass 
         f->moe_ids = NULL;
         f->moe_w = NULL;
     }
+    if (!st && m->layers[mod->layer].shared_experts >= 0) st = shared_experts(m, &m->layers[mod->layer], f);
     free(ids);
     free(w);
     return st;
@@ -112,6 +149,11 @@ static tp_status reroute(tp_model *m, const tp_module *mod, const float *x, int6
  * gradient, with no further sum (§9.2). */
 static tp_status moe_backward(tp_model *m, const tp_module *mod, tp_backward_pass *b)
 {
+    /* DeepSeek's router and shared experts have no backward yet (its
+     * attention refuses training first; this says so should it not). */
+    if (m->cfg.mla)
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: training %s's MoE blocks is not supported yet", mod->name,
+                       m->cfg.model_type);
     const tp_layer_modules *L = &m->layers[mod->layer];
     const float *x = b->saved->layers[mod->layer].h_mlp;
     int64_t T = b->T, E = m->cfg.num_experts, k = m->cfg.num_experts_per_tok;

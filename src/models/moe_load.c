@@ -70,7 +70,9 @@ tp_status tp_model_checkpoint_params(const tp_model_config *c, tp_param_desc **o
     if ((s = tp_model_params(c, NULL, &p, &np))) { tp_module_table_free(mods, count); return s; }
     for (size_t i = 0; i < np; i++) {
         p[i].module = &mods[p[i].module_index];
-        total += p[i].module->type == TP_MT_EXPERTS ? (size_t)(3 * p[i].shape[0]) : 1;
+        /* an expert stack: gate, up and down of each expert, listed once */
+        if (p[i].module->type != TP_MT_EXPERTS) total += 1;
+        else if (p[i].param_index == 0) total += (size_t)(3 * p[i].shape[0]);
     }
     tp_param_desc *d = calloc(total ? total : 1, sizeof *d);
     if (!d) s = tp_fail(TP_ERR_NOMEM, "out of memory");

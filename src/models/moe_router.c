@@ -6,6 +6,7 @@
 #include "tp_module.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 /* x[0..E) becomes its softmax, in place. */
 static void softmax(float *x, int64_t E)
@@ -42,6 +43,103 @@ void tp_moe_route(float *logits, int64_t T, int64_t E, int64_t k, int renorm, in
         for (int64_t j = 0; j < k; j++) sum += w[t * k + j];
         for (int64_t j = 0; j < k; j++) w[t * k + j] = (float)(w[t * k + j] / sum);
     }
+}
+
+/* ---- DeepSeek (DeepseekV2Moe.route_tokens_to_experts, DeepseekV3TopkRouter) ----
+ * torch.topk's order within the k does not matter: the experts' sum is
+ * over the chosen set. */
+
+/* The topk_group best groups of n_group, by score gs[g]; the experts of
+ * the others get `fill` in s (masked_fill), as the modeling code does. */
+static void mask_groups(float *s, const float *gs, int64_t E, int64_t G, int64_t keep, float fill)
+{
+    unsigned char chosen[1024] = {0};
+    for (int64_t j = 0; j < keep; j++) {
+        int64_t best = -1;
+        for (int64_t g = 0; g < G; g++)
+            if (!chosen[g] && (best < 0 || gs[g] > gs[best])) best = g;
+        if (best < 0) break;   /* keep <= G, which the config checks */
+        chosen[best] = 1;
+    }
+    for (int64_t e = 0; e < E; e++)
+        if (!chosen[e / (E / G)]) s[e] = fill;
+}
+
+/* The k largest of s[0..E) (the lower id first on a tie): ids only. */
+static void top_ids(const float *s, int64_t E, int64_t k, int32_t *ids)
+{
+    for (int64_t j = 0; j < k; j++) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < E; e++) {
+            int taken = 0;
+            for (int64_t i = 0; i < j && !taken; i++) taken = ids[i] == e;
+            if (!taken && (best < 0 || s[e] > s[best])) best = e;
+        }
+        ids[j] = (int32_t)best;
+    }
+}
+
+/* V2: softmax in f32; greedy or group_limited_greedy (a group's score: its
+ * best probability); the chosen probabilities times the scaling factor. */
+static void route_v2(const tp_model_config *c, float *p, float *choice, int32_t *ids, float *w)
+{
+    int64_t E = c->num_experts, k = c->num_experts_per_tok, G = c->n_group;
+    softmax(p, E);
+    for (int64_t e = 0; e < E; e++) choice[e] = p[e];
+    if (c->group_limited) {
+        float gs[1024];
+        for (int64_t g = 0; g < G; g++) {
+            gs[g] = p[g * (E / G)];
+            for (int64_t e = g * (E / G); e < (g + 1) * (E / G); e++) gs[g] = p[e] > gs[g] ? p[e] : gs[g];
+        }
+        mask_groups(choice, gs, E, G, c->topk_group, 0.0f);
+    }
+    top_ids(choice, E, k, ids);
+    for (int64_t j = 0; j < k; j++) w[j] = (float)(p[ids[j]] * c->routed_scaling_factor);
+}
+
+/* V3: sigmoid scores; the choice on scores + bias, groups by the sum of
+ * their two best; weights from the scores, renormalised (+1e-20) when
+ * norm_topk_prob, times the scaling factor. */
+static void route_v3(const tp_model_config *c, float *p, const float *bias, float *choice, int32_t *ids, float *w)
+{
+    int64_t E = c->num_experts, k = c->num_experts_per_tok, G = c->n_group, per = E / G;
+    float gs[1024];
+    for (int64_t e = 0; e < E; e++) {
+        p[e] = 1.0f / (1.0f + expf(-p[e]));
+        choice[e] = p[e] + (bias ? bias[e] : 0.0f);
+    }
+    for (int64_t g = 0; g < G; g++) {
+        float a = -INFINITY, b = -INFINITY;   /* the two best of the group */
+        for (int64_t e = g * per; e < (g + 1) * per; e++) {
+            if (choice[e] > a) { b = a; a = choice[e]; }
+            else if (choice[e] > b) b = choice[e];
+        }
+        gs[g] = a + b;
+    }
+    mask_groups(choice, gs, E, G, c->topk_group, 0.0f);
+    top_ids(choice, E, k, ids);
+    float sum = 0;
+    for (int64_t j = 0; j < k; j++) sum += (w[j] = p[ids[j]]);
+    for (int64_t j = 0; j < k; j++) {
+        if (c->norm_topk_prob) w[j] /= sum + 1e-20f;
+        w[j] = (float)(w[j] * c->routed_scaling_factor);
+    }
+}
+
+tp_status tp_moe_route_deepseek(const tp_model_config *c, float *logits, int64_t T, const float *bias, int32_t *ids,
+                                float *w)
+{
+    int64_t E = c->num_experts, k = c->num_experts_per_tok;
+    if (c->n_group > 1024) return tp_fail(TP_ERR_UNSUPPORTED, "n_group %lld > 1024", (long long)c->n_group);
+    float *choice = malloc((size_t)E * sizeof *choice);
+    if (!choice) return tp_fail(TP_ERR_NOMEM, "out of memory routing %lld tokens", (long long)T);
+    for (int64_t t = 0; t < T; t++) {
+        if (c->arch == TP_ARCH_DEEPSEEK_V3) route_v3(c, logits + t * E, bias, choice, ids + t * k, w + t * k);
+        else route_v2(c, logits + t * E, choice, ids + t * k, w + t * k);
+    }
+    free(choice);
+    return TP_OK;
 }
 
 /* With p = softmax(logits), s_j = p[ids_j] and w_j = s_j / Σ s (or s_j):

@@ -81,8 +81,36 @@ static tp_status add_norm(table *t, int parent, int64_t layer, int64_t width, in
     return s ? s : tp_module_add_param(&t->v[*index], "weight", TP_PARAM_NORM, 1, &width);
 }
 
+/* DeepSeek's self_attn in DeepseekV2Attention's order: q_proj or q_a_proj,
+ * q_a_layernorm, q_b_proj; kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj;
+ * o_proj.  It runs through tp_mla_ops (module_mla.c). */
+static tp_status add_mla(table *t, const tp_model_config *c, tp_layer_modules *L, int64_t l)
+{
+    int64_t H = c->hidden_size, nh = c->num_attention_heads, R = c->kv_lora_rank;
+    int64_t qk = c->qk_nope_head_dim + c->qk_rope_head_dim;
+    int a;
+    tp_status s = add_module(t, L->layer, TP_MT_ATTENTION, l, &a, "self_attn");
+    if (s) return s;
+    L->self_attn = a;
+    t->v[a].ops = &tp_mla_ops;
+    if (c->q_lora_rank > 0) {
+        if ((s = add_linear(t, a, l, 0, c->q_lora_rank, H, &L->q_a_proj, "q_a_proj")) ||
+            (s = add_norm(t, a, l, c->q_lora_rank, &L->q_a_layernorm, "q_a_layernorm")) ||
+            (s = add_linear(t, a, l, 0, nh * qk, c->q_lora_rank, &L->q_b_proj, "q_b_proj")))
+            return s;
+    } else if ((s = add_linear(t, a, l, 0, nh * qk, H, &L->q_proj, "q_proj"))) {
+        return s;
+    }
+    if ((s = add_linear(t, a, l, 0, R + c->qk_rope_head_dim, H, &L->kv_a_proj, "kv_a_proj_with_mqa")) ||
+        (s = add_norm(t, a, l, R, &L->kv_a_layernorm, "kv_a_layernorm")) ||
+        (s = add_linear(t, a, l, 0, nh * (c->qk_nope_head_dim + c->v_head_dim), R, &L->kv_b_proj, "kv_b_proj")))
+        return s;
+    return add_linear(t, a, l, 0, H, nh * c->v_head_dim, &L->o_proj, "o_proj");
+}
+
 static tp_status add_attention(table *t, const tp_model_config *c, tp_layer_modules *L, int64_t l)
 {
+    if (c->mla) return add_mla(t, c, L, l);
     int64_t H = c->hidden_size, D = c->head_dim;
     int64_t qdim = c->num_attention_heads * D, kvdim = c->num_key_value_heads * D;
     int qkv_bias = c->attention_bias || c->qkv_bias;
@@ -121,6 +149,17 @@ static tp_status add_moe(table *t, const tp_model_config *c, tp_layer_modules *L
     if (!s) s = add_module(t, L->mlp, TP_MT_EXPERTS, l, &L->experts, "experts");
     if (!s) s = tp_module_add_param(&t->v[L->experts], "gate_up_proj", TP_PARAM_WEIGHT, 3, (int64_t[3]){E, 2 * I, H});
     if (!s) s = tp_module_add_param(&t->v[L->experts], "down_proj", TP_PARAM_WEIGHT, 3, (int64_t[3]){E, H, I});
+    /* DeepSeek: V3's router carries the bias its choice adds (a buffer of
+     * the checkpoint), and n_shared_experts dense experts run as one MLP. */
+    if (!s && c->arch == TP_ARCH_DEEPSEEK_V3)
+        s = tp_module_add_param(&t->v[L->router], "e_score_correction_bias", TP_PARAM_BIAS, 1, &E);
+    if (!s && c->mla && c->n_shared_experts > 0) {
+        int64_t S = I * c->n_shared_experts;
+        s = add_module(t, L->mlp, TP_MT_MLP, l, &L->shared_experts, "shared_experts");
+        if (!s) s = add_linear(t, L->shared_experts, l, 0, S, H, &L->shared_gate, "gate_proj");
+        if (!s) s = add_linear(t, L->shared_experts, l, 0, S, H, &L->shared_up, "up_proj");
+        if (!s) s = add_linear(t, L->shared_experts, l, 0, H, S, &L->shared_down, "down_proj");
+    }
     return s;
 }
 

@@ -27,7 +27,52 @@ static const preset presets[] = {
     {"qwen3-30b-a3b", 2048, 6144, 48, 32, 4, 128, 151936, 40960, 1e-6, 1000000.0, 0, 0, TP_BF16, 151643, 151645,
      128, 8, 768},
     {"mixtral-8x7b", 4096, 14336, 32, 32, 8, 128, 32000, 32768, 1e-5, 1000000.0, 0, 0, TP_BF16, 1, 2, 8, 2, 14336},
+    /* deepseek-ai/DeepSeek-V2-Lite and deepseek-ai/DeepSeek-V3 (use with --set num_hidden_layers=2;
+     * the MLA dimensions, YaRN rope and MoE keys in set_mla) */
+    {"deepseek-v2-lite", 2048, 10944, 27, 16, 16, 64, 102400, 163840, 1e-6, 10000.0, 0, 0, TP_BF16, 100000, 100001,
+     64, 6, 1408},
+    {"deepseek-v3", 7168, 18432, 61, 128, 128, 64, 129280, 163840, 1e-6, 10000.0, 0, 0, TP_BF16, 0, 1, 256, 8, 2048},
 };
+
+/* The multi-head latent attention and MoE blocks of a deepseek_v2 /
+ * deepseek_v3 preset: the published ones (YaRN rope, factor 40 over 4096
+ * positions; DeepSeek-V2-Lite's first layer dense, V3's first three), or
+ * for the other shapes attention scaled to head_dim with a value head
+ * narrower than the query/key head (v2: q_proj, q_lora_rank null; v3: the
+ * low-rank query) and, from layer 1 on, 8 routed experts of a quarter of
+ * the dense width (top-2; v3: 4 groups of which 2 are chosen) beside the
+ * shared ones. */
+static void set_mla(tp_model_config *c, const preset *p)
+{
+    int v3 = c->arch == TP_ARCH_DEEPSEEK_V3, real = p->experts > 0;
+    c->mla = 1;
+    c->num_key_value_heads = c->num_attention_heads;
+    c->rope_interleave = 1;
+    c->num_experts = real ? p->experts : 8;
+    c->num_experts_per_tok = real ? p->top_k : 2;
+    c->moe_intermediate_size = real ? p->moe_inter : c->intermediate_size / 4;
+    c->n_shared_experts = v3 ? 1 : 2;
+    c->routed_scaling_factor = v3 ? 2.5 : 1.0;
+    c->norm_topk_prob = v3;
+    c->n_group = v3 ? (real ? 8 : 4) : 1;
+    c->topk_group = v3 ? (real ? 4 : 2) : 1;
+    c->first_k_dense_replace = v3 && real ? 3 : 1;
+    if (real) {
+        c->q_lora_rank = v3 ? 1536 : 0;
+        c->kv_lora_rank = 512, c->qk_nope_head_dim = 128, c->qk_rope_head_dim = 64, c->v_head_dim = 128;
+        tp_rope_scaling *rs = &c->rope_scaling;
+        rs->kind = TP_ROPE_YARN;
+        rs->factor = 40.0, rs->beta_fast = 32.0, rs->beta_slow = 1.0;
+        rs->mscale = rs->mscale_all_dim = v3 ? 1.0 : 0.707;
+        rs->original_max_position_embeddings = rs->yarn_original = 4096;
+        rs->yarn_factor = 40.0;
+    } else {
+        c->q_lora_rank = v3 ? c->hidden_size * 3 / 8 : 0;
+        c->kv_lora_rank = c->hidden_size / 2;
+        c->qk_nope_head_dim = p->head_dim, c->qk_rope_head_dim = p->head_dim / 2, c->v_head_dim = p->head_dim * 3 / 4;
+    }
+    c->head_dim = c->qk_rope_head_dim;
+}
 
 /* The experts of a qwen3_moe or mixtral preset: the real model's, or for
  * tiny and small 8 experts, top-2, a quarter of the dense width each
@@ -49,7 +94,7 @@ tp_status tp_preset_config(tp_model_config *c, tp_arch arch, const char *name)
         if (!strcmp(presets[i].name, name)) p = &presets[i];
     if (!p)
         return tp_fail(TP_ERR_INVALID, "unknown preset '%s' (presets: tiny, small, qwen3-0.6b, llama-3.2-1b, llama-3-8b, "
-                       "qwen3-30b-a3b, mixtral-8x7b)", name);
+                       "qwen3-30b-a3b, mixtral-8x7b, deepseek-v2-lite, deepseek-v3)", name);
     memset(c, 0, sizeof *c);
     c->arch = arch;
     snprintf(c->model_type, sizeof c->model_type, "%s", tp_arch_name(arch));
@@ -71,6 +116,7 @@ tp_status tp_preset_config(tp_model_config *c, tp_arch arch, const char *name)
     c->qkv_bias = arch == TP_ARCH_QWEN2;
     c->qk_norm = arch == TP_ARCH_QWEN3 || arch == TP_ARCH_QWEN3_MOE;
     if (arch == TP_ARCH_QWEN3_MOE || arch == TP_ARCH_MIXTRAL) set_moe(c, p);
+    if (arch == TP_ARCH_DEEPSEEK_V2 || arch == TP_ARCH_DEEPSEEK_V3) set_mla(c, p);
     if (p->llama3_rope) {
         c->rope_scaling.kind = TP_ROPE_LLAMA3;
         c->rope_scaling.factor = 32.0;

@@ -99,7 +99,7 @@ tp_status tp_model_build_modules(tp_model *m);
 /* The ops table of a module type (NULL: a type not built yet). */
 const tp_module_ops *tp_module_ops_of(tp_module_type type);
 extern const tp_module_ops tp_container_ops, tp_decoder_layer_ops, tp_embedding_ops, tp_linear_ops,
-    tp_norm_ops, tp_attention_ops, tp_mlp_ops, tp_moe_ops, tp_experts_ops;
+    tp_norm_ops, tp_attention_ops, tp_mlp_ops, tp_moe_ops, tp_experts_ops, tp_mla_ops;
 
 /* ---- mixture of experts (moe_router.c, module_moe.c, module_experts.c) -- */
 
@@ -108,6 +108,12 @@ extern const tp_module_ops tp_container_ops, tp_decoder_layer_ops, tp_embedding_
  * probabilities (ties: the lower id), divided by their sum when renorm.
  * ids, w: [T, k]. */
 void tp_moe_route(float *logits, int64_t T, int64_t E, int64_t k, int renorm, int32_t *ids, float *w);
+/* DeepSeek's routing of T tokens from the router logits [T, E]
+ * (overwritten): V2 softmax / V3 sigmoid with e_score_correction_bias
+ * (bias, [E], NULL: none) for the choice, the group limits, the routed
+ * scaling factor (moe_router.c says which step is whose). */
+tp_status tp_moe_route_deepseek(const tp_model_config *c, float *logits, int64_t T, const float *bias, int32_t *ids,
+                                float *w);
 /* Its backward: dw [T, k] the gradients of the weights (of the chosen
  * experts, ids as tp_moe_route gave them: global); dlogits [T, E]
  * (overwritten) those of the router's logits. */
@@ -131,6 +137,14 @@ tp_status tp_moe_experts_backward(tp_model *m, const tp_module *experts, const t
 int tp_moe_expert_parallel(const tp_model *m, const tp_module *experts);
 /* Floats per token a sparse block's forward takes from the arena. */
 int64_t tp_moe_block_bound(const tp_model *m, const tp_module *moe);
+
+/* ---- multi-head latent attention (module_mla.c) --------------------------- */
+
+/* The padded head width of MLA's queries, keys and values in the cache:
+ * max(qk_nope_head_dim + qk_rope_head_dim, v_head_dim). */
+int64_t tp_mla_head_dim(const tp_model_config *c);
+/* Floats per token an MLA block takes from the arena besides its Linears. */
+int64_t tp_mla_block_bound(const tp_model_config *c);
 
 /* ---- the forward pass ---------------------------------------------------- */
 

@@ -48,8 +48,34 @@ static const rule mixtral_plan[] = {
     {"layers.*.mlp.experts", "moe_tp_experts"}, {NULL, NULL},
 };
 
-/* §7.4, §7.5: the EP plan of both MoE types covers the experts only; the
- * attention stays replicated. */
+/* §7.7: deepseek_v2.  q_proj (q_lora_rank null) or q_b_proj and kv_b_proj
+ * split the heads; kv_a_proj_with_mqa stays whole (mla_kv_a_proj);
+ * q_a_proj and the latent norms are replicated; the plain mlp rules serve
+ * the dense layers before first_k_dense_replace. */
+static const rule deepseek_v2_plan[] = {
+    {"layers.*.self_attn.q_proj", "colwise"}, {"layers.*.self_attn.q_b_proj", "colwise"},
+    {"layers.*.self_attn.kv_a_proj_with_mqa", "mla_kv_a_proj"}, {"layers.*.self_attn.kv_b_proj", "colwise"},
+    {"layers.*.self_attn.o_proj", "rowwise"},
+    {"layers.*.mlp.experts.gate_up_proj", "packed_colwise"}, {"layers.*.mlp.experts.down_proj", "rowwise"},
+    {"layers.*.mlp.experts", "moe_tp_experts"},
+    {"layers.*.mlp.shared_experts.gate_proj", "colwise"}, {"layers.*.mlp.shared_experts.up_proj", "colwise"},
+    {"layers.*.mlp.shared_experts.down_proj", "rowwise"},
+    {"layers.*.mlp.gate_proj", "colwise"}, {"layers.*.mlp.up_proj", "colwise"},
+    {"layers.*.mlp.down_proj", "rowwise"}, {NULL, NULL},
+};
+
+/* §7.8: deepseek_v3 shards the MLPs only; MLA is replicated on every rank. */
+static const rule deepseek_v3_plan[] = {
+    {"layers.*.mlp.experts.gate_up_proj", "packed_colwise"}, {"layers.*.mlp.experts.down_proj", "rowwise"},
+    {"layers.*.mlp.experts", "moe_tp_experts"},
+    {"layers.*.mlp.shared_experts.gate_proj", "colwise"}, {"layers.*.mlp.shared_experts.up_proj", "colwise"},
+    {"layers.*.mlp.shared_experts.down_proj", "rowwise"},
+    {"layers.*.mlp.gate_proj", "colwise"}, {"layers.*.mlp.up_proj", "colwise"},
+    {"layers.*.mlp.down_proj", "rowwise"}, {NULL, NULL},
+};
+
+/* §7.4, §7.5, §7.7, §7.8: the EP plan of the MoE types covers the experts
+ * only; the attention (and DeepSeek's shared experts) stay replicated. */
 static const rule moe_ep_plan[] = {
     {"layers.*.mlp.gate", "ep_router"},
     {"layers.*.mlp.experts.gate_up_proj", "grouped_gemm"}, {"layers.*.mlp.experts.down_proj", "grouped_gemm"},
@@ -63,13 +89,17 @@ static const rule *base_plan(tp_arch a)
     case TP_ARCH_QWEN3: return qwen3_plan;
     case TP_ARCH_QWEN3_MOE: return qwen3_moe_plan;
     case TP_ARCH_MIXTRAL: return mixtral_plan;
+    case TP_ARCH_DEEPSEEK_V2: return deepseek_v2_plan;
+    case TP_ARCH_DEEPSEEK_V3: return deepseek_v3_plan;
     }
     return NULL;
 }
 
 static const rule *ep_plan(tp_arch a)
 {
-    return a == TP_ARCH_QWEN3_MOE || a == TP_ARCH_MIXTRAL ? moe_ep_plan : NULL;
+    /* §7.7, §7.8: deepseek_v2 and deepseek_v3 share it */
+    return a == TP_ARCH_QWEN3_MOE || a == TP_ARCH_MIXTRAL || a == TP_ARCH_DEEPSEEK_V2 || a == TP_ARCH_DEEPSEEK_V3
+               ? moe_ep_plan : NULL;
 }
 
 const char *tp_arch_class_name(tp_arch a)
@@ -81,6 +111,8 @@ const char *tp_arch_class_name(tp_arch a)
     case TP_ARCH_QWEN3: return "Qwen3ForCausalLM";
     case TP_ARCH_QWEN3_MOE: return "Qwen3MoeForCausalLM";
     case TP_ARCH_MIXTRAL: return "MixtralForCausalLM";
+    case TP_ARCH_DEEPSEEK_V2: return "DeepseekV2ForCausalLM";
+    case TP_ARCH_DEEPSEEK_V3: return "DeepseekV3ForCausalLM";
     }
     return "CausalLM";
 }
@@ -91,12 +123,14 @@ int tp_plan_supports_tp(const tp_model_config *cfg)
     return b && b[0].key;
 }
 
-/* The head plan, then base plan b under "model." (§4.2). */
-static tp_status merge(const tp_model_config *cfg, const rule *b, tp_plan *out)
+/* The head plan, then base plan b under "model." (§4.2).  An EP plan (ep)
+ * has no head rules: lm_head stays replicated, and so the tied-embedding
+ * rule is not added either. */
+static tp_status merge(const tp_model_config *cfg, const rule *b, int ep, tp_plan *out)
 {
     memset(out, 0, sizeof *out);
     /* 1. the head class plan */
-    tp_status s = tp_plan_set(out, "lm_head", "colwise_gather_output");
+    tp_status s = ep ? TP_OK : tp_plan_set(out, "lm_head", "colwise_gather_output");
     /* 2. + 3. the base plan under the base model's name, "model." */
     for (size_t i = 0; !s && b && b[i].key; i++) {
         char key[160];
@@ -105,7 +139,7 @@ static tp_status merge(const tp_model_config *cfg, const rule *b, tp_plan *out)
     }
     /* Tied embeddings share one buffer with lm_head, whose gathered colwise
      * split is Shard(0) over the vocabulary: the embedding must match (§6.3). */
-    if (!s && cfg->tie_word_embeddings && tp_plan_supports_tp(cfg))
+    if (!s && !ep && cfg->tie_word_embeddings && tp_plan_supports_tp(cfg))
         s = tp_plan_set(out, "model.embed_tokens", "embedding_rowwise");
     if (s) tp_plan_free(out);
     return s;
@@ -113,14 +147,14 @@ static tp_status merge(const tp_model_config *cfg, const rule *b, tp_plan *out)
 
 tp_status tp_plan_builtin(const tp_model_config *cfg, tp_plan *out)
 {
-    return merge(cfg, base_plan(cfg->arch), out);
+    return merge(cfg, base_plan(cfg->arch), 0, out);
 }
 
 tp_status tp_plan_builtin_ep(const tp_model_config *cfg, tp_plan *out)
 {
     memset(out, 0, sizeof *out);
     const rule *b = ep_plan(cfg->arch);
-    if (b) return merge(cfg, b, out);
+    if (b) return merge(cfg, b, 1, out);
     return tp_fail(TP_ERR_UNSUPPORTED,
                    "Expert parallelism was requested (`enable_expert_parallel=True`), but `%s` does not define "
                    "an expert-parallel plan. Add a `base_model_ep_plan` to its config, or disable expert parallelism.",

@@ -375,8 +375,56 @@ static tp_status not_linear(flow *f, const char *name, lay l, const char *what)
                   "not linear in it; reduce it first (a rowwise or gathering style) or keep it whole", what);
 }
 
+/* A latent of multi-head latent attention (q_a_proj's or
+ * kv_a_proj_with_mqa's output): the latent norm and the split of the rope
+ * part need it whole on every rank. */
+static tp_status latent(flow *f, const char *name, lay *out)
+{
+    char a[40];
+    tp_status s = linear(f, name, REP, out);
+    if (!s && out->k != L_REP)
+        s = refuse(name, style_of(module_at(f, name), param_of(f, name, "weight")), "its output is %s here; multi-head "
+                   "latent attention needs the latent whole on every rank (replicated, or mla_kv_a_proj)",
+                   lay_str(*out, a, sizeof a));
+    return s;
+}
+
+/* deepseek_v2/v3's self_attn (§8.5): q (q_proj, or q_a_proj -> q_a_layernorm
+ * -> q_b_proj) and kv_b_proj give the heads, both whole or both split by
+ * heads alike; the latents stay whole; o_proj reads the heads. */
+static tp_status mla_attention(flow *f, int64_t l)
+{
+    char base[96], qa[128], qan[128], qn[128], ka[128], kan[128], kb[128], on[128], a[40], b[40], o[300];
+    snprintf(base, sizeof base, "model.layers.%lld.self_attn", (long long)l);
+    snprintf(qa, sizeof qa, "%s.q_a_proj", base);
+    snprintf(qan, sizeof qan, "%s.q_a_layernorm", base);
+    snprintf(qn, sizeof qn, "%s.%s", base, f->r->cfg.q_lora_rank > 0 ? "q_b_proj" : "q_proj");
+    snprintf(ka, sizeof ka, "%s.kv_a_proj_with_mqa", base);
+    snprintf(kan, sizeof kan, "%s.kv_a_layernorm", base);
+    snprintf(kb, sizeof kb, "%s.kv_b_proj", base);
+    snprintf(on, sizeof on, "%s.o_proj", base);
+    lay x = REP, q, kv, kl, out, y;
+    tp_status s = TP_OK;
+    if (f->r->cfg.q_lora_rank > 0 && ((s = latent(f, qa, &x)) || (s = norm(f, qan, x, 0)))) return s;
+    if ((s = linear(f, qn, x, &q)) || (s = not_linear(f, qn, q, "attention")) || (s = latent(f, ka, &kl)) ||
+        (s = norm(f, kan, kl, 0)) || (s = linear(f, kb, kl, &kv)) || (s = not_linear(f, kb, kv, "attention")))
+        return s;
+    const char *qsty = style_of(module_at(f, qn), param_of(f, qn, "weight"));
+    if (q.k != L_REP && q.k != L_SHARD)
+        return refuse(qn, qsty, "its output is %s here; attention needs whole heads on each rank (Replicate, or "
+                      "Shard(-1) from a colwise style)", lay_str(q, a, sizeof a));
+    if (!lay_eq(q, kv))
+        return refuse(kb, style_of(module_at(f, kb), param_of(f, kb, "weight")), "the queries are %s%s and "
+                      "kv_b_proj gives %s here; the heads need them alike", lay_str(q, a, sizeof a),
+                      origin(q, o, sizeof o), lay_str(kv, b, sizeof b));
+    if ((s = linear(f, on, q, &out)) || (s = container(f, base, out, &y))) return s;
+    const tp_module_plan *mp = module_at(f, base);
+    return mp ? stream(base, mp->style->name, base, y) : stream(y.mod, y.sty, base, y);
+}
+
 static tp_status attention(flow *f, int64_t l)
 {
+    if (f->r->cfg.mla) return mla_attention(f, l);
     char base[96], n[4][128], sa[104];
     snprintf(base, sizeof base, "model.layers.%lld.self_attn", (long long)l);
     static const char *const proj[4] = {"q_proj", "k_proj", "v_proj", "o_proj"};
@@ -459,6 +507,35 @@ static tp_status expert_split(const tp_param_plan *gu, const tp_param_plan *dn, 
                   tp_placement_str(dn->placement, b, sizeof b), sb);
 }
 
+/* DeepSeek's shared experts: a dense MLP beside the routed experts whose
+ * output the block adds to theirs, so it must arrive whole (rowwise
+ * down_proj, or everything replicated); no rule on the container. */
+static tp_status shared_experts(flow *f, const char *block)
+{
+    char base[128], g[144], u[144], dn[144], a[40], b[40], o[300];
+    snprintf(base, sizeof base, "%s.shared_experts", block);
+    snprintf(g, sizeof g, "%s.gate_proj", base);
+    snprintf(u, sizeof u, "%s.up_proj", base);
+    snprintf(dn, sizeof dn, "%s.down_proj", base);
+    tp_module_plan *bp = module_at(f, base);
+    if (bp) return refuse(base, bp->style->name, "tensorpar runs no rule on shared_experts itself; rules go on its "
+                          "projections");
+    lay lg, lu, ld;
+    tp_status s;
+    if ((s = linear(f, g, REP, &lg)) || (s = linear(f, u, REP, &lu)) ||
+        (s = not_linear(f, g, lg, "the SiLU gate")) || (s = not_linear(f, u, lu, "the gated product")))
+        return s;
+    if (!lay_eq(lg, lu))
+        return refuse(u, style_of(module_at(f, u), param_of(f, u, "weight")), "gate_proj gives %s%s and up_proj "
+                      "gives %s here; the elementwise product needs them alike", lay_str(lg, a, sizeof a),
+                      origin(lg, o, sizeof o), lay_str(lu, b, sizeof b));
+    if ((s = linear(f, dn, lg, &ld))) return s;
+    if (ld.k != L_REP)
+        return refuse(dn, ld.sty ? ld.sty : "-", "its output is %s here, but the block adds it to the routed "
+                      "experts' whole output", lay_str(ld, a, sizeof a));
+    return TP_OK;
+}
+
 /* A sparse block (§2.14, §2.17, §2.18): the router replicated (every rank
  * routes every token), with ep_router exactly when the experts are split
  * on the expert dimension, and split experts summed by the rule on
@@ -497,7 +574,7 @@ static tp_status moe_block(flow *f, int64_t l)
     if (xp && !sums)
         return refuse(ex, xp->style->name, "the experts' container takes only a rule that sums the ranks' partial "
                       "outputs (moe_tp_experts)");
-    return TP_OK;
+    return f->r->cfg.mla && f->r->cfg.n_shared_experts > 0 ? shared_experts(f, base) : TP_OK;
 }
 
 /* The lookup's layout follows from the table's placement. */

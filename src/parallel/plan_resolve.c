@@ -273,7 +273,14 @@ static tp_status check_heads(tp_plan_resolution *r)
     for (int64_t l = 0; l < r->cfg.num_hidden_layers; l++) {
         char name[96];
         snprintf(name, sizeof name, "model.layers.%lld.self_attn.q_proj.weight", (long long)l);
-        if (sharded(param_named(r, name))) {
+        int split = sharded(param_named(r, name));
+        /* MLA (§8.5): q_b_proj and kv_b_proj split the heads too. */
+        static const char *const mla_parts[] = {"q_b_proj", "kv_b_proj"};
+        for (int j = 0; j < 2 && r->cfg.mla; j++) {
+            snprintf(name, sizeof name, "model.layers.%lld.self_attn.%s.weight", (long long)l, mla_parts[j]);
+            split |= sharded(param_named(r, name));
+        }
+        if (split) {
             if (H % P)
                 return tp_fail(TP_ERR_INVALID, "Cannot use tensor parallelism with tp_size=%lld for a model with "
                                "num_attention_heads=%lld: `num_attention_heads` must be divisible by `tp_size`.",
@@ -283,6 +290,8 @@ static tp_status check_heads(tp_plan_resolution *r)
         tp_status s = check_kv(r, l);
         if (s) return s;
     }
+    /* MLA's keys and values are per query head after kv_b_proj, split with them */
+    if (r->cfg.mla) r->kv_heads_per_rank = r->q_heads_per_rank;
     return TP_OK;
 }
 

@@ -1,8 +1,20 @@
-/* Multi-head latent attention (§2.13): registered so that its name is
- * valid and listed, but no model type tensorpar builds has MLA: a plan that
- * selects it is refused at plan time (tp_plan_resolve), never silently
- * ignored. */
+/* mla_kv_a_proj (MlaKvAProjParallel, §2.13) on kv_a_proj_with_mqa of
+ * multi-head latent attention (§8.5): the Linear stays whole on every
+ * rank, its input and output Replicate, nothing moves in the forward.
+ * Its backward would all-reduce the gradient of the output's rope part
+ * (each rank's heads read the shared rotary key); tensorpar does not train
+ * MLA models yet (module_mla.c refuses), so no backward hook is needed. */
 #include "parallel_internal.h"
 
+static tp_status mla_forward(const tp_style *st, const tp_module_ctx *mod, tp_forward_desc *d)
+{
+    (void)st;
+    if (!mod->cfg || mod->cfg->qk_rope_head_dim <= 0)
+        return tp_fail(TP_ERR_INVALID, "mla_kv_a_proj requires `qk_rope_head_dim` in the model config (module `%s`).",
+                       mod->name);
+    *d = tp_par_desc_local();
+    return TP_OK;
+}
+
 const tp_style tp_par_mla_kv_a_proj = {.name = "mla_kv_a_proj", .impl = "MlaKvAProjParallel",
-                                       .support = TP_STYLE_NOT_YET};
+                                       .install_forward = mla_forward};

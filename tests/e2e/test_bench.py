@@ -44,6 +44,15 @@ def chosen_isa():
     return [ln.split()[0] for ln in lines if ln.endswith(" (chosen)")][0]
 
 
+def thp_enabled():
+    """Whether the kernel grants 2 MiB pages to memory advised MADV_HUGEPAGE."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return "[never]" not in f.read()
+    except OSError:
+        return False
+
+
 def positive(test, obj, key):
     test.assertIn(key, obj)
     test.assertIsInstance(obj[key], (int, float), key)
@@ -101,6 +110,9 @@ class BenchTest(unittest.TestCase):
             self.assertGreaterEqual(hi, j[k] - 1e-3, k)
         for k in ("fma_gflops_2", "read_gbs_2"):
             positive(self, j, k)
+        self.assertLessEqual(j["read_huge_share"], 1.0)
+        if thp_enabled():
+            positive(self, j, "read_huge_share")
         self.assertIn("1", j["speedup_by_tp"])
         self.assertIn("2", j["speedup_by_tp"])
         with open(png, "rb") as f:
@@ -110,6 +122,13 @@ class BenchTest(unittest.TestCase):
         isa = chosen_isa()
         p = run("bench", "kernels", "--smoke", "--threads", "2", timeout=300)
         self.assertIn(f"kernel path: {isa} ", p.stdout)
+        # The read probe's buffer is advised 2 MiB pages; where the kernel
+        # grants them (THP "always" or "madvise"), some of it has them.
+        share = re.search(r"read bandwidth \(1 GiB, (\d+) % of it in 2 MiB pages\)", p.stdout)
+        self.assertIsNotNone(share, p.stdout)
+        self.assertLessEqual(int(share.group(1)), 100)
+        if thp_enabled():
+            self.assertGreater(int(share.group(1)), 0, p.stdout)
         path = "avx512" if isa == "amx" else isa
         lines = p.stdout.split("\n")
         # The training GEMMs' rows name the weight's shape ("q_proj 2048x1024").
@@ -135,6 +154,23 @@ class BenchTest(unittest.TestCase):
             self.assertEqual(gemm[4:7], ["-"] * 3, "AMX columns without AMX")
         for line in p.stdout.split("\n"):
             self.assertNotIn("nan", line.lower())
+
+    def test_kernels_shapes(self):
+        # --shapes takes a make-model preset's Linear widths: llama-3.2-1b's
+        # q_proj is 2048 x 2048, k/v 512 x 2048, down 2048 x 8192.
+        p = run("bench", "kernels", "--smoke", "--shapes", "llama-3.2-1b", timeout=300)
+        self.assertIn("shapes: llama-3.2-1b (hidden 2048, q 2048, k/v 512, intermediate 8192, vocabulary 128256)",
+                      p.stdout)
+        train = [ln.split()[1] for ln in p.stdout.split("\n") if re.match(r"\S+ \d+x\d+ ", ln)]
+        if chosen_isa() != "scalar":
+            self.assertEqual(sorted(set(train)), ["2048x2048", "2048x8192", "8192x2048"])
+        # The GEMM table ends with the path's f32 and bf16 shares of the FMA peak.
+        gemm = [ln.split() for ln in p.stdout.split("\n") if ln.startswith("k/v_proj ")]
+        self.assertEqual(len(gemm), 2, p.stdout)   # the GEMM table, then the cold GEMV's
+        self.assertTrue(gemm[0][-1].endswith("%") and gemm[0][-2].endswith("%"), gemm[0])
+        bad = run("bench", "kernels", "--smoke", "--shapes", "nope", check=False)
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn("unknown preset 'nope'", bad.stderr)
 
     def test_bad_options(self):
         p = run("bench", "forward", "--model", MODEL, "--seq", "0", check=False)

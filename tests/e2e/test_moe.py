@@ -132,11 +132,10 @@ class Parallel(unittest.TestCase):
         got = {int(r): int(b) for r, b in re.findall(r"rank (\d+) read (\d+) bytes", p.stderr)}
         tensors = ref.load_model_tensors(model, np.float32)
         expert = sum(a.nbytes for n, a in tensors.items() if ".mlp.experts." in n)
-        head = tensors["lm_head.weight"].nbytes        # colwise_gather_output: a vocabulary share each
-        rest = sum(a.nbytes for n, a in tensors.items() if ".mlp.experts." not in n) - head
+        rest = sum(a.nbytes for n, a in tensors.items() if ".mlp.experts." not in n)   # lm_head whole too (§4.2)
         self.assertEqual(sorted(got), list(range(P)))
         for r in range(P):
-            self.assertEqual(got[r], rest + head // P + expert // P, f"rank {r}")
+            self.assertEqual(got[r], rest + expert // P, f"rank {r}")
         report = json.loads(run("plan", "--model", model, "--tp", P, "--ep", "--json").stdout)
         self.assertEqual([got[r] for r in range(P)], report["bytes_per_rank"])
 
@@ -161,6 +160,15 @@ class Messages(unittest.TestCase):
             json.dump({"model.layers.*.mlp.gate": "ep_router"}, f)
         err = fails("plan", "--model", make("q", "qwen3_moe"), "--tp", 3, "--tp-plan", path)
         self.assertIn("num_experts must be divisible by ep_size: 8 % 3 != 0", err)
+
+    def test_ep_plan_has_no_head_rules(self):
+        model = make("q-tied", "qwen3_moe", "--set", "tie_word_embeddings=true")
+        plan = json.loads(run("plan", "--model", model, "--tp", 2, "--ep", "--json").stdout)["plan"]
+        self.assertEqual(plan, {"model.layers.*.mlp.gate": "ep_router",
+                                "model.layers.*.mlp.experts.gate_up_proj": "grouped_gemm",
+                                "model.layers.*.mlp.experts.down_proj": "grouped_gemm",
+                                "model.layers.*.mlp.experts": "moe_tp_experts"})
+        self.assertLessEqual(rel(logits(model, 2, "--ep"), logits(model)), TOL)
 
     def test_dense_model_has_no_ep_plan(self):
         d = os.path.join(WORK, "llama")

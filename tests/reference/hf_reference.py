@@ -32,6 +32,7 @@ import numpy as np
 
 DENSE_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED_ARCHS = DENSE_ARCHS + ("qwen3_moe", "mixtral")
+# deepseek_v2 and deepseek_v3: hf_deepseek.py, through reference_model.
 
 
 class ReferenceError(Exception):
@@ -233,6 +234,14 @@ def load_config(model_dir):
 def rope_settings(cfg):
     """(theta, rope_type, params) following HF: legacy rope_theta + rope_scaling, or
     the newer rope_parameters dict.  'type' is the old spelling of 'rope_type'."""
+    theta, rtype, params = rope_settings_any(cfg)
+    if rtype not in ("default", "linear", "llama3"):
+        raise ReferenceError(f"config.json: rope_scaling type {rtype!r} is not supported by the reference")
+    return theta, rtype, params
+
+
+def rope_settings_any(cfg):
+    """rope_settings without the check of the type (hf_deepseek.py reads yarn)."""
     rp = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
     rs = cfg.get("rope_scaling")
     if rs is not None and not isinstance(rs, dict):
@@ -242,8 +251,6 @@ def rope_settings(cfg):
         params.update(rs)
     theta = cfg.get("rope_theta", params.get("rope_theta", 10000.0))
     rtype = params.get("rope_type", params.get("type", "default"))
-    if rtype not in ("default", "linear", "llama3"):
-        raise ReferenceError(f"config.json: rope_scaling type {rtype!r} is not supported by the reference")
     return float(theta), rtype, params
 
 
@@ -537,8 +544,16 @@ class HFReference:
         return x @ head.T
 
 
+def reference_model(model_dir):
+    """The reference of the directory's model type (deepseek_v2/v3: hf_deepseek.py)."""
+    if load_config(model_dir).get("model_type") in ("deepseek_v2", "deepseek_v3"):
+        import hf_deepseek
+        return hf_deepseek.DeepseekReference(model_dir)
+    return HFReference(model_dir)
+
+
 def reference_logits(model_dir, tokens):
-    return HFReference(model_dir).forward(tokens)
+    return reference_model(model_dir).forward(tokens)
 
 
 def greedy_generate(model, prompt, n_new):

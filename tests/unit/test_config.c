@@ -37,6 +37,42 @@ static void test_parse(void)
     CHECK(c.sliding_window == 0);
 }
 
+/* deepseek_v2/v3: head_dim is the rotary width, q_lora_rank null means
+ * q_proj, YaRN's factor follows max_position_embeddings over the original
+ * when the latter is given, MoE keys only with sparse layers. */
+static void test_deepseek(void)
+{
+    tp_model_config c;
+    CHECK(load_text("{\"model_type\": \"deepseek_v2\", \"hidden_size\": 64, \"num_attention_heads\": 4,"
+                    " \"num_hidden_layers\": 2, \"first_k_dense_replace\": 2, \"q_lora_rank\": null,"
+                    " \"kv_lora_rank\": 32, \"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 12,"
+                    " \"max_position_embeddings\": 2048, \"head_dim\": 99, \"rope_interleave\": false,"
+                    " \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 3, \"original_max_position_embeddings\": 512,"
+                    " \"mscale\": 0.707, \"mscale_all_dim\": 0.707}}", &c) == TP_OK);
+    CHECK(c.mla && c.head_dim == 8 && c.q_lora_rank == 0 && c.kv_lora_rank == 32 && c.v_head_dim == 12);
+    CHECK(c.rope_interleave);   /* V2 always turns pairs */
+    CHECK(c.rope_scaling.kind == TP_ROPE_YARN && c.rope_scaling.factor == 3.0 && c.rope_scaling.yarn_factor == 4.0 &&
+          c.rope_scaling.yarn_original == 512 && c.rope_scaling.beta_fast == 32.0 &&
+          c.rope_scaling.mscale_all_dim == 0.707 && c.num_experts == 0 && c.num_key_value_heads == 4);
+    /* a round trip through the writer keeps every key */
+    CHECK(tp_config_set(&c, "q_lora_rank=24") == TP_OK);
+    CHECK(c.q_lora_rank == 24 && c.head_dim == 8 && c.rope_scaling.factor == 3.0 && c.rope_scaling.yarn_factor == 4.0 &&
+          c.rope_scaling.mscale == 0.707);
+    CHECK(tp_config_set(&c, "first_k_dense_replace=1") != TP_OK);   /* V2 has no default num_experts_per_tok */
+    CHECK(tp_config_set_all(&c, (const char *[]){"first_k_dense_replace=1", "num_experts_per_tok=2",
+                                                 "n_routed_experts=8", "topk_method=group_limited_greedy",
+                                                 "n_group=4", "topk_group=2"}, 6) == TP_OK);
+    CHECK(c.num_experts == 8 && c.group_limited && c.n_shared_experts == 2 && c.moe_intermediate_size == 1407);
+    CHECK(tp_config_layer_is_sparse(&c, 1) && !tp_config_layer_is_sparse(&c, 0));
+    CHECK(load_text("{\"model_type\": \"deepseek_v3\", \"hidden_size\": 64, \"num_attention_heads\": 4,"
+                    " \"num_hidden_layers\": 3, \"n_routed_experts\": 16, \"moe_intermediate_size\": 8}", &c) == TP_OK);
+    CHECK(c.first_k_dense_replace == 3 && c.num_experts == 0 && c.q_lora_rank == 1536 && c.rope_interleave);
+    CHECK(load_text("{\"model_type\": \"deepseek_v3\", \"hidden_size\": 64, \"num_attention_heads\": 4,"
+                    " \"num_hidden_layers\": 4, \"n_routed_experts\": 16, \"moe_intermediate_size\": 8}", &c) == TP_OK);
+    CHECK(c.num_experts == 16 && c.num_experts_per_tok == 8 && c.n_group == 8 && c.topk_group == 4 &&
+          c.norm_topk_prob && c.routed_scaling_factor == 2.5 && tp_config_layer_is_sparse(&c, 3));
+}
+
 static void expect_error(const char *json, const char *needle)
 {
     tp_model_config c;
@@ -58,6 +94,13 @@ static void test_errors(void)
     expect_error("{\"model_type\": \"llama\", \"num_attention_heads\": 8, \"num_key_value_heads\": 3}", "num_key_value_heads");
     expect_error("{\"model_type\": \"qwen2\", \"use_sliding_window\": true}", "use_sliding_window");
     expect_error("{\"model_type\": \"llama\", \"torch_dtype\": \"int4\"}", "torch_dtype");
+    expect_error("{\"model_type\": \"deepseek_v2\", \"hidden_size\": 64, \"num_attention_heads\": 4,"
+                 " \"num_hidden_layers\": 2, \"first_k_dense_replace\": 2, \"num_key_value_heads\": 2}",
+                 "num_key_value_heads");
+    expect_error("{\"model_type\": \"deepseek_v2\", \"attention_bias\": true}", "attention_bias");
+    expect_error("{\"model_type\": \"deepseek_v3\", \"hidden_size\": 64, \"num_attention_heads\": 4,"
+                 " \"num_hidden_layers\": 4, \"n_routed_experts\": 16, \"n_group\": 16, \"topk_group\": 16}",
+                 "two best experts");
     tp_model_config c;
     rmdir(dir);
     CHECK(tp_config_load(&c, "/nonexistent-dir") != TP_OK && strstr(tp_error(), "/nonexistent-dir/config.json"));
@@ -125,6 +168,7 @@ int main(void)
     snprintf(dir, sizeof dir, "/tmp/tp-config-XXXXXX");
     if (!mkdtemp(dir)) return 1;
     test_parse();
+    test_deepseek();
     test_set_and_roundtrip();
     test_fuzz_regressions();
     test_set_all();

@@ -324,6 +324,34 @@ static void test_rope(void)
     }
 }
 
+/* YaRN by hand (theta 1e4, dim 8, factor 4 over 512 positions, betas 32
+ * and 1): the ramp runs over pair indices [0, 2], so the frequencies are
+ * 1, (1/40 + 1/10) / 2, 1/400 and 1/4000.  DeepSeek's rotation turns the
+ * pair (x[2i], x[2i+1]) (interleaved) or (x[i], x[i+half]) by angle i,
+ * times the scale. */
+static void test_rope_deepseek(void)
+{
+    double inv[4];
+    tp_rope_inv_freq_yarn(inv, 8, 10000.0, 4.0, 32.0, 1.0, 512);
+    const double want[4] = {1.0, 0.0625, 0.0025, 0.00025};
+    for (int i = 0; i < 4; i++) CHECK_MSG(fabs(inv[i] - want[i]) < 1e-15 * want[i] + 1e-18, "yarn inv_freq[%d] %g", i, inv[i]);
+    CHECK(fabs(tp_yarn_mscale(40.0, 0.707) - (0.0707 * log(40.0) + 1)) < 1e-15 && tp_yarn_mscale(1.0, 5.0) == 1.0);
+    /* one row of 6: a 2-wide prefix left alone, then a rotary part of 4, at position 1 */
+    double f[2] = {0.5, 0.25};
+    float tab[2 * 4], x[6] = {9, 9, 1, 2, 3, 4}, y[6];
+    tp_rope_table(tab, 2, 4, f, 0);
+    memcpy(y, x, sizeof x);
+    tp_rope_apply_mla(y, 1, 1, 6, 2, 4, tab + 4, 2.0f, 1);   /* position 1, interleaved */
+    float c0 = cosf(0.5f) * 2, s0 = sinf(0.5f) * 2, c1 = cosf(0.25f) * 2, s1 = sinf(0.25f) * 2;
+    CHECK(y[0] == 9 && y[1] == 9);
+    CHECK(fabsf(y[2] - (1 * c0 - 2 * s0)) < 1e-6f && fabsf(y[3] - (2 * c0 + 1 * s0)) < 1e-6f);
+    CHECK(fabsf(y[4] - (3 * c1 - 4 * s1)) < 1e-6f && fabsf(y[5] - (4 * c1 + 3 * s1)) < 1e-6f);
+    memcpy(y, x, sizeof x);
+    tp_rope_apply_mla(y, 1, 1, 6, 2, 4, tab + 4, 2.0f, 0);   /* halves: pairs (1, 3) and (2, 4) */
+    CHECK(fabsf(y[2] - (1 * c0 - 3 * s0)) < 1e-6f && fabsf(y[4] - (3 * c0 + 1 * s0)) < 1e-6f);
+    CHECK(fabsf(y[3] - (2 * c1 - 4 * s1)) < 1e-6f && fabsf(y[5] - (4 * c1 + 2 * s1)) < 1e-6f);
+}
+
 static void test_attention(tp_threadpool *pool)
 {
     static const int64_t Ts[] = {1, 3, 17, 64, 100};
@@ -435,6 +463,7 @@ int main(void)
     test_elementwise();
     test_adamw();
     test_rope();
+    test_rope_deepseek();
     test_attention(NULL);
     test_attention(pool3);
     tp_threadpool_destroy(pool3);

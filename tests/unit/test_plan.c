@@ -242,9 +242,10 @@ static void test_errors(void)
         }
     }
     c = tiny(TP_ARCH_LLAMA);
-    /* styles registered but not built (MLA) are refused */
+    /* mla_kv_a_proj on a model without qk_rope_head_dim: §2.13's message */
     CHECK(resolve_json(&c, "{\"model.layers.*.self_attn.q_proj\": \"mla_kv_a_proj\"}", 2, &r) != TP_OK);
-    CHECK(strstr(tp_error(), "'mla_kv_a_proj'") && strstr(tp_error(), "not supported for this model yet"));
+    CHECK_MSG(strstr(tp_error(), "mla_kv_a_proj requires `qk_rope_head_dim` in the model config (module "
+                             "`model.layers.0.self_attn.q_proj`).") != NULL, "%s", tp_error());
     /* grouped_gemm shards 3-D expert tensors only */
     CHECK(resolve_json(&c, "{\"model.layers.*.mlp.up_proj\": \"grouped_gemm\"}", 2, &r) != TP_OK);
     CHECK(strstr(tp_error(), "'grouped_gemm'") && strstr(tp_error(), "3-D expert tensors"));

@@ -186,7 +186,18 @@ static void test_forward_descs(void)
     CHECK(tp_style_install_forward(tp_style_lookup("moe_tp_experts"), &lin, &d) == TP_OK);
     CHECK(d.local_output.kind == TP_PARTIAL && d.output.kind == TP_REPLICATE && d.allreduce_backward_input);
     CHECK(tp_style_lookup("grouped_gemm")->support == TP_STYLE_OK);
-    CHECK(tp_style_lookup("mla_kv_a_proj")->support == TP_STYLE_NOT_YET);
+    /* mla_kv_a_proj (§2.13): a whole Linear, nothing moves; the config must have qk_rope_head_dim */
+    CHECK(tp_style_lookup("mla_kv_a_proj")->support == TP_STYLE_OK);
+    tp_model_config mla = {0};
+    mla.qk_rope_head_dim = 8;
+    tp_module_ctx kva = {"model.layers.0.self_attn.kv_a_proj_with_mqa", TP_MODULE_LINEAR, 2, 0, &mla, NULL, NULL};
+    CHECK(tp_style_install_forward(tp_style_lookup("mla_kv_a_proj"), &kva, &d) == TP_OK);
+    CHECK(d.input_from_model && d.output_from_model && !d.param_grad_allreduce &&
+          tp_placement_equal(d.local_output, d.output, 2));
+    mla.qk_rope_head_dim = 0;
+    CHECK(tp_style_install_forward(tp_style_lookup("mla_kv_a_proj"), &kva, &d) != TP_OK);
+    CHECK(!strcmp(tp_error(), "mla_kv_a_proj requires `qk_rope_head_dim` in the model config (module "
+                  "`model.layers.0.self_attn.kv_a_proj_with_mqa`)."));
 }
 
 /* grouped_gemm (§2.17): Shard(0) on the expert dimension, E % P checked;

@@ -1,0 +1,243 @@
+/* Q8_0 weights (kernels/quant_q8.c, gemm_q8.c, gemm_q8_avx2.c): the blocks
+ * hold what llama.cpp's Q8_0 holds; the scalar product equals the exact
+ * (double) sum of the quantized values to within its f32 roundings; every
+ * SIMD path, thread count, tile and GEMV/GEMM split gives the scalar
+ * path's bits; a q8_0 product stays close to the f32 one; the backward
+ * and element-wise conversions refuse q8_0. */
+#include "check.h"
+#include "tensorpar/kernels.h"
+#include "kernels/kern_internal.h"
+#include "skip_paths.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static tp_rng rng;
+static const tp_kernel_path PATHS[] = {TP_KERNEL_SCALAR, TP_KERNEL_AVX2, TP_KERNEL_AVX512};
+
+static void fill(float *x, int64_t n, double scale)
+{
+    for (int64_t i = 0; i < n; i++) x[i] = (float)(scale * tp_rng_normal(&rng));
+}
+
+/* Each block: d is amax/127 rounded to f16, |x - d·q| <= d/2 (plus the f16
+ * rounding of d times |q|), |q| <= 127 and the largest |q| is 126 or 127. */
+static void test_quantize(void)
+{
+    enum { R = 5, K = 96 };
+    float x[R * K], back[K];
+    tp_q8_block q[R * K / TP_Q8_BLOCK];
+    fill(x, R * K, 0.7);
+    for (int i = 0; i < TP_Q8_BLOCK; i++) x[K + i] = 0.0f;   /* row 1, block 0: all zero */
+    x[2 * K + 5] = 1e-6f;                                      /* a block of tiny values and one large */
+    x[2 * K + 6] = 300.0f;
+    CHECK(tp_q8_quantize_rows(q, x, TP_F32, R, K) == TP_OK);
+    double worst = 0;
+    for (int r = 0; r < R; r++) {
+        tp_q8_dequantize_row(back, q + r * (K / TP_Q8_BLOCK), K);
+        for (int b = 0; b < K / TP_Q8_BLOCK; b++) {
+            const tp_q8_block *blk = &q[r * (K / TP_Q8_BLOCK) + b];
+            const float *xb = x + r * K + b * TP_Q8_BLOCK;
+            float amax = 0;
+            int qmax = 0;
+            for (int i = 0; i < TP_Q8_BLOCK; i++) amax = fmaxf(amax, fabsf(xb[i]));
+            for (int i = 0; i < TP_Q8_BLOCK; i++) qmax = abs(blk->q[i]) > qmax ? abs(blk->q[i]) : qmax;
+            CHECK(blk->d == tp_f16_from_f32(amax / 127.0f));
+            CHECK_MSG(amax == 0 ? qmax == 0 : qmax >= 126 && qmax <= 127, "row %d block %d: largest |q| %d", r,
+                      b, qmax);
+            double d = tp_f32_from_f16(blk->d);
+            for (int i = 0; i < TP_Q8_BLOCK; i++) {
+                double e = fabs((double)back[b * TP_Q8_BLOCK + i] - xb[i]);
+                CHECK_MSG(e <= d / 2 * (1 + 1e-6) + 1e-30, "row %d block %d [%d]: |x - d·q| %.3g > d/2 %.3g", r, b,
+                          i, e, d / 2);
+                if (amax > 0 && e / amax > worst) worst = e / amax;
+            }
+        }
+    }
+    printf("q8_0 round trip: max |x - d·q| / amax = %.3g (bound 1/254 = %.3g)\n", worst, 1.0 / 254);
+    /* bf16 and f16 sources quantize to the same blocks as their f32 values. */
+    uint16_t hb[K], hh[K];
+    float xr[K];
+    for (int i = 0; i < K; i++) xr[i] = tp_f32_from_f16(tp_f16_from_f32(x[i]));
+    for (int i = 0; i < K; i++) hh[i] = tp_f16_from_f32(xr[i]);
+    for (int i = 0; i < K; i++) { hb[i] = tp_bf16_from_f32(x[i]); }
+    tp_q8_block a[K / TP_Q8_BLOCK], b[K / TP_Q8_BLOCK];
+    CHECK(tp_q8_quantize_rows(a, hh, TP_F16, 1, K) == TP_OK && tp_q8_quantize_rows(b, xr, TP_F32, 1, K) == TP_OK);
+    CHECK(!memcmp(a, b, sizeof a));
+    for (int i = 0; i < K; i++) xr[i] = tp_f32_from_bf16(hb[i]);
+    CHECK(tp_q8_quantize_rows(a, hb, TP_BF16, 1, K) == TP_OK && tp_q8_quantize_rows(b, xr, TP_F32, 1, K) == TP_OK);
+    CHECK(!memcmp(a, b, sizeof a));
+    /* refusals: a row that is not whole blocks, a NaN, an integer source */
+    CHECK(tp_q8_quantize_rows(a, x, TP_F32, 1, 48) == TP_ERR_INVALID && strstr(tp_error(), "48"));
+    float bad[TP_Q8_BLOCK] = {0};
+    bad[3] = NAN;
+    CHECK(tp_q8_quantize_rows(a, bad, TP_F32, 1, TP_Q8_BLOCK) == TP_ERR_INVALID);
+    CHECK(tp_q8_quantize_rows(a, bad, TP_I32, 1, TP_Q8_BLOCK) == TP_ERR_UNSUPPORTED);
+    CHECK(tp_convert(a, TP_Q8_0, x, TP_F32, TP_Q8_BLOCK) == TP_ERR_UNSUPPORTED);
+    /* a q8_0 tensor's size is per block, and its rows must be whole blocks */
+    tp_tensor t;
+    CHECK(tp_tensor_init(&t, TP_Q8_0, 2, (int64_t[2]){3, 64}) == TP_OK && tp_tensor_nbytes(&t) == 3 * 2 * 34);
+    tp_tensor_release(&t);
+    CHECK(tp_tensor_init(&t, TP_Q8_0, 2, (int64_t[2]){3, 40}) == TP_ERR_INVALID);
+    tp_dtype dt;
+    CHECK(tp_dtype_parse("q8_0", &dt) == TP_OK && dt == TP_Q8_0 && !strcmp(tp_dtype_name(dt), "q8_0"));
+}
+
+/* A q8_0 weight [n, k] from random values; also its dequantized values. */
+static int make_weight(tp_tensor *W, float *wd, int64_t n, int64_t k)
+{
+    float *w = malloc((size_t)(n * k) * sizeof(float));
+    if (!w || tp_tensor_init(W, TP_Q8_0, 2, (int64_t[2]){n, k})) { free(w); return -1; }
+    fill(w, n * k, 0.05);
+    int st = tp_q8_quantize_rows(W->data, w, TP_F32, n, k) != TP_OK;
+    for (int64_t r = 0; r < n && wd; r++) tp_q8_dequantize_row(wd + r * k, (tp_q8_block *)W->data + r * (k / 32), k);
+    free(w);
+    return st;
+}
+
+static double worst_ref, worst_f32;
+
+/* The scalar path against the exact sum of the quantized products, every
+ * other path against the scalar path's bits, and the product against the
+ * f32 product of the unquantized... dequantized weights and x. */
+static void check_product(tp_threadpool *pool, int64_t T, int64_t n, int64_t k)
+{
+    int64_t nb = k / TP_Q8_BLOCK;
+    float *x = malloc((size_t)(T * k) * sizeof(float)), *wd = malloc((size_t)(n * k) * sizeof(float));
+    float *yr = malloc((size_t)(T * n) * sizeof(float)), *y = malloc((size_t)(T * n) * sizeof(float));
+    int8_t *xq = malloc((size_t)(T * k));
+    float *xd = malloc((size_t)(T * nb) * sizeof(float));
+    tp_tensor W = {0};
+    if (!x || !wd || !yr || !y || !xq || !xd || make_weight(&W, wd, n, k)) { CHECK(!"out of memory"); goto done; }
+    fill(x, T * k, 1.0);
+    if (T > 2) x[k + 3] = 40.0f;   /* one block with an outlier */
+    tp_q8_quantize_act(xq, xd, x, T, k);
+    tp_matmul_opts o = {TP_KERNEL_SCALAR, 0, 0, 0};
+    CHECK(tp_matmul_ex(yr, x, T, &W, NULL, pool, &o) == TP_OK);
+    const tp_q8_block *wb = W.data;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t r = 0; r < n; r++) {
+            double exact = 0, mag = 0, f32 = 0, f32mag = 0, xbound = 0;
+            for (int64_t b = 0; b < nb; b++) {
+                const tp_q8_block *w = &wb[r * nb + b];
+                const int8_t *a = xq + (t * nb + b) * TP_Q8_BLOCK;
+                double s = (double)tp_f32_from_f16(w->d) * xd[t * nb + b];
+                for (int l = 0; l < 8; l++) {
+                    long lane = 0;
+                    for (int i = 4 * l; i < 4 * l + 4; i++) lane += (long)w->q[i] * a[i];
+                    exact += s * (double)lane;
+                    mag += fabs(s * (double)lane);
+                }
+            }
+            for (int64_t i = 0; i < k; i++) {
+                f32 += (double)wd[r * k + i] * x[t * k + i];
+                f32mag += fabs((double)wd[r * k + i] * x[t * k + i]);
+                xbound += fabs((double)wd[r * k + i]) * xd[t * nb + i / TP_Q8_BLOCK] / 2;
+            }
+            /* nb + 3 roundings of at most 2^-24 each, and the scale's own */
+            double e = fabs(yr[t * n + r] - exact), bound = (double)(nb + 5) * 0x1p-24 * mag;
+            CHECK_MSG(e <= bound, "T=%lld n=%lld k=%lld [%lld, %lld]: scalar %.9g exact %.9g (bound %.3g)",
+                      (long long)T, (long long)n, (long long)k, (long long)t, (long long)r, yr[t * n + r], exact,
+                      bound);
+            if (mag > 0 && e / mag > worst_ref) worst_ref = e / mag;
+            /* against the f32 product with the same (dequantized) weights:
+             * x's quantization moves each value by at most half its
+             * block's d_x */
+            double ef = fabs(yr[t * n + r] - f32);
+            CHECK_MSG(ef <= xbound * (1 + 1e-5) + bound, "T=%lld [%lld, %lld]: q8 %.6g f32 %.6g (bound %.3g)",
+                      (long long)T, (long long)t, (long long)r, yr[t * n + r], f32, xbound);
+            if (!(T > 2 && t == 1) && f32mag > 0 && ef / f32mag > worst_f32) worst_f32 = ef / f32mag;
+        }
+    for (int pi = 1; pi < 3; pi++) {
+        if (!tp_kernel_path_supported(PATHS[pi])) continue;
+        tp_matmul_opts op = {PATHS[pi], 0, 0, 0};
+        memset(y, 0xff, (size_t)(T * n) * sizeof(float));
+        CHECK(tp_matmul_ex(y, x, T, &W, NULL, pool, &op) == TP_OK);
+        CHECK_MSG(!memcmp(y, yr, (size_t)(T * n) * sizeof(float)), "%s T=%lld n=%lld k=%lld: not the scalar bits",
+                  tp_kernel_path_name(PATHS[pi]), (long long)T, (long long)n, (long long)k);
+        /* each token alone (the GEMV) gives the same bits as in the batch */
+        for (int64_t t = 0; t < T; t += T > 4 ? 3 : 1) {
+            CHECK(tp_matmul_ex(y, x + t * k, 1, &W, NULL, pool, &op) == TP_OK);
+            CHECK_MSG(!memcmp(y, yr + t * n, (size_t)n * sizeof(float)), "%s T=%lld token %lld alone differs",
+                      tp_kernel_path_name(PATHS[pi]), (long long)T, (long long)t);
+        }
+    }
+done:
+    tp_tensor_release(&W);
+    free(x); free(wd); free(yr); free(y); free(xq); free(xd);
+}
+
+static void test_products(tp_threadpool *pool)
+{
+    static const int64_t Ts[] = {1, 2, 3, 4, 5, 7, 50, 97};
+    static const int64_t ns[] = {1, 3, 6, 9, 37};
+    static const int64_t ks[] = {32, 96, 320, 512, 544};   /* 1, 3, 10, 16, 17 blocks */
+    for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
+        for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
+            for (size_t c = 0; c < sizeof ks / sizeof *ks; c++) check_product(pool, Ts[a], ns[b], ks[c]);
+    printf("q8_0 products (%d threads): scalar vs exact %.2g of sum|terms|, vs f32 (no outlier) %.2g of sum|terms|\n",
+           tp_threadpool_size(pool), worst_ref, worst_f32);
+}
+
+/* Wider shapes through a pool: the rows split among threads (and the
+ * GEMM's chunks of tokens) give the bits of one thread. */
+static void test_threads(tp_threadpool *pool)
+{
+    int64_t T = 101, n = 203, k = 512;
+    float *x = malloc((size_t)(T * k) * sizeof(float)), *y1 = malloc((size_t)(T * n) * sizeof(float));
+    float *y3 = malloc((size_t)(T * n) * sizeof(float));
+    tp_tensor W = {0};
+    if (!x || !y1 || !y3 || make_weight(&W, NULL, n, k)) { CHECK(!"out of memory"); goto done; }
+    fill(x, T * k, 1.0);
+    for (int pi = 0; pi < 3; pi++) {
+        if (!tp_kernel_path_supported(PATHS[pi])) continue;
+        tp_matmul_opts o = {PATHS[pi], 0, 0, 0};
+        for (int64_t t = 1; t <= T; t += 100) {
+            CHECK(tp_matmul_ex(y1, x, t, &W, NULL, NULL, &o) == TP_OK);
+            CHECK(tp_matmul_ex(y3, x, t, &W, NULL, pool, &o) == TP_OK);
+            CHECK_MSG(!memcmp(y1, y3, (size_t)(t * n) * sizeof(float)), "%s T=%lld: 1 and %d threads differ",
+                      tp_kernel_path_name(PATHS[pi]), (long long)t, tp_threadpool_size(pool));
+        }
+    }
+done:
+    tp_tensor_release(&W);
+    free(x); free(y1); free(y3);
+}
+
+/* Inference only: the backward refuses q8_0 weights, naming the dtype;
+ * tp_row_to_f32 (an embedding lookup) dequantizes; a bias is added. */
+static void test_refusals(void)
+{
+    tp_tensor W = {0}, B = {0};
+    float wd[4 * 64], x[64], dy[4], dx[64], row[64], y[4];
+    CHECK(make_weight(&W, wd, 4, 64) == 0 && tp_tensor_init(&B, TP_F32, 1, (int64_t[1]){4}) == TP_OK);
+    fill(x, 64, 1.0);
+    fill(dy, 4, 1.0);
+    memset(dx, 0, sizeof dx);
+    CHECK(tp_matmul_backward(dx, NULL, NULL, dy, x, 1, &W, NULL) == TP_ERR_UNSUPPORTED &&
+          strstr(tp_error(), "q8_0"));
+    tp_row_to_f32(row, &W, 2);
+    CHECK(!memcmp(row, wd + 2 * 64, sizeof row));
+    ((float *)B.data)[1] = 10.0f;
+    float y0[4];
+    CHECK(tp_matmul(y0, x, 1, &W, NULL, NULL) == TP_OK && tp_matmul(y, x, 1, &W, &B, NULL) == TP_OK);
+    CHECK(y[1] == y0[1] + 10.0f && y[0] == y0[0]);
+    tp_tensor_release(&W);
+    tp_tensor_release(&B);
+}
+
+int main(void)
+{
+    tp_rng_seed(&rng, 8);
+    tp_threadpool *pool3 = NULL;
+    if (tp_threadpool_create(&pool3, 3)) { fprintf(stderr, "no pool: %s\n", tp_error()); return 1; }
+    print_skipped_paths("test_q8");
+    test_quantize();
+    test_products(NULL);
+    test_products(pool3);
+    test_threads(pool3);
+    test_refusals();
+    tp_threadpool_destroy(pool3);
+    return check_summary();
+}
