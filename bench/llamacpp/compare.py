@@ -23,7 +23,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# the speed targets of issue 17 (tensorpar / llama.cpp), by (test, dtype), for
+# the speed targets against llama.cpp (tensorpar / llama.cpp), by (test, dtype), for
 # TP=1xT and TP=Tx1 with T > 1; prefill's depends on the CPU class
 TARGET_DECODE = {"bf16": 1.3, "f32": 1.3, "q8_0": 1.1}
 TARGET_PREFILL_AVX2, TARGET_PREFILL_AVX512 = 1.5, 1.7
