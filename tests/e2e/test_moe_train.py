@@ -68,11 +68,8 @@ def tearDownModule():
 
 
 def make(name, arch, extra=()):
-    d = os.path.join(WORK, name)
-    if not os.path.exists(d):
-        run("make-model", "--arch", arch, "--preset", "tiny", "--dtype", "f32", "--qk-std", "0.25",
-            "--router-std", "0.3", "--seed", "3", *extra, "--out", d)
-    return d
+    return make_model(WORK, name, arch, "--preset", "tiny", "--dtype", "f32", "--qk-std", "0.25", "--router-std", "0.3",
+                      "--seed", "3", *extra)
 
 
 def read(path):
