@@ -38,7 +38,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
-from tpe2e import read_log, rel, run, tp_logits, vocab_size, write_token_rows  # noqa: E402
+from tpe2e import make_model, read_log, rel, run, tp_logits, vocab_size, write_token_rows  # noqa: E402
 import hf_reference as ref  # noqa: E402
 import hf_reference_grad as gref  # noqa: E402
 import hf_reference_train as tref  # noqa: E402
