@@ -18,8 +18,10 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 sys.path.insert(0, HERE)
-from tpe2e import read_log, rel, run, tp_logits, vocab_size, write_token_rows  # noqa: E402
+from tpe2e import rel, run, tp_logits  # noqa: E402
 import peft_reference as peft  # noqa: E402
+import lora_e2e  # noqa: E402
+from lora_e2e import SEQ_LEN, TRAIN, adapter_bytes, train  # noqa: E402
 
 TOL = 1e-5
 TOKENS = [1, 5, 9, 42, 7, 3, 11, 200, 17, 99, 4, 8, 300, 12, 6, 77]
@@ -129,33 +131,8 @@ class LoraMerge(unittest.TestCase):
             self.assertNotEqual(f.read(), saved[1])
 
 
-SEQ_LEN = 16
-TRAIN = dict(seq_len=SEQ_LEN, batch_size=2, grad_accum=2, steps=5, optim="adamw", lr=2e-3, lr_scheduler="linear",
-             warmup_steps=1, weight_decay=0.1, max_grad_norm=0.5)
-FLAGS = dict(seq_len="--seq-len", batch_size="--batch-size", grad_accum="--grad-accum", steps="--steps",
-             optim="--optim", lr="--lr", lr_scheduler="--lr-scheduler", warmup_steps="--warmup-steps",
-             weight_decay="--weight-decay", max_grad_norm="--max-grad-norm")
-
-
 def make_data(model, lines=24, seed=0):
-    rng = np.random.default_rng(seed)
-    return write_token_rows(os.path.join(WORK, f"data-{seed}.jsonl"), rng, lines, vocab_size(model),
-                            lambda i: int(rng.integers(3, SEQ_LEN + 5)))
-
-
-def train(model, data, out, tp, opts, *extra):
-    args = ["train", "--model", model, "--data", data, "--out", out, "--tp", tp, "--threads", 1, "--no-shuffle",
-            "--seed", 0, *extra]
-    for k, v in opts.items():
-        args += [FLAGS[k], v]
-    run(*args)
-    log = read_log(out)
-    return log, peft.ref.read_safetensors(os.path.join(out, "adapter_model.safetensors"))
-
-
-def adapter_bytes(d):
-    with open(os.path.join(d, "adapter_model.safetensors"), "rb") as f:
-        return f.read()
+    return lora_e2e.make_data(WORK, model, lines, seed)
 
 
 class LoraTraining(unittest.TestCase):
