@@ -135,6 +135,19 @@ def make_data(model, lines=24, seed=0):
     return lora_e2e.make_data(WORK, model, lines, seed)
 
 
+def init_tp1_tp2(test, model, data, name, *flags):
+    """New adapters after one step at lr 0, at TP = 1 and TP = 2 into
+    WORK/NAME-tp1 and -tp2, whose files must be the same bytes: the TP = 1
+    adapter's tensors."""
+    saved = {}
+    for tp in (1, 2):
+        out = os.path.join(WORK, f"{name}-tp{tp}")
+        train(model, data, out, tp, dict(seq_len=SEQ_LEN, batch_size=2, steps=1, lr=0.0), *flags)
+        saved[tp] = adapter_bytes(out)
+    test.assertEqual(saved[1], saved[2])
+    return peft.ref.read_safetensors(os.path.join(WORK, f"{name}-tp1", "adapter_model.safetensors"))
+
+
 class LoraTraining(unittest.TestCase):
     def test_five_steps_match_the_reference(self):
         model = make("qwen3-base", "qwen3")
@@ -217,14 +230,7 @@ class LoraTraining(unittest.TestCase):
     def test_init_is_peft_and_independent_of_tp(self):
         model = make("qwen3-base", "qwen3")
         data = make_data(model)
-        frozen = dict(seq_len=SEQ_LEN, batch_size=2, steps=1, lr=0.0)
-        saved = {}
-        for tp in (1, 2):
-            out = os.path.join(WORK, f"init-tp{tp}")
-            train(model, data, out, tp, frozen, "--lora-r", 8, "--lora-alpha", 16, "--lora-target", "q_proj,o_proj")
-            saved[tp] = adapter_bytes(out)
-        self.assertEqual(saved[1], saved[2])
-        t = peft.ref.read_safetensors(os.path.join(WORK, "init-tp1", "adapter_model.safetensors"))
+        t = init_tp1_tp2(self, model, data, "init", "--lora-r", 8, "--lora-alpha", 16, "--lora-target", "q_proj,o_proj")
         self.assertEqual(len(t), 8)   # 2 layers x 2 modules x (A, B)
         for k, v in t.items():
             if ".lora_B." in k:
@@ -237,12 +243,7 @@ class LoraTraining(unittest.TestCase):
         # PEFT's Embedding init: lora_embedding_A zeros, lora_embedding_B N(0, 1); the lm_head
         # Linear as any Linear; the same bytes at every TP size
         model_t = make("qwen3-tied", "qwen3", "--set", "tie_word_embeddings=true")
-        for tp in (1, 2):
-            out = os.path.join(WORK, f"init-emb-tp{tp}")
-            train(model_t, data, out, tp, frozen, "--lora-r", 8, "--lora-target", "embed_tokens,lm_head")
-            saved[tp] = adapter_bytes(out)
-        self.assertEqual(saved[1], saved[2])
-        e = peft.ref.read_safetensors(os.path.join(WORK, "init-emb-tp1", "adapter_model.safetensors"))
+        e = init_tp1_tp2(self, model_t, data, "init-emb", "--lora-r", 8, "--lora-target", "embed_tokens,lm_head")
         self.assertEqual(sorted(e), ["base_model.model.lm_head.lora_A.weight", "base_model.model.lm_head.lora_B.weight",
                                      "base_model.model.model.embed_tokens.lora_embedding_A",
                                      "base_model.model.model.embed_tokens.lora_embedding_B"])
@@ -309,16 +310,9 @@ class LoraModulesToSave(unittest.TestCase):
     def test_train_flag_and_round_trip(self):
         model = make("qwen3-base", "qwen3")
         data = make_data(model)
-        frozen = dict(seq_len=SEQ_LEN, batch_size=2, steps=1, lr=0.0)
-        saved = {}
-        for tp in (1, 2):
-            out = os.path.join(WORK, f"mts-flag-tp{tp}")
-            train(model, data, out, tp, frozen, "--lora-r", 2, "--lora-target", "v_proj",
-                  "--lora-modules-to-save", "lm_head")
-            saved[tp] = adapter_bytes(out)
-        self.assertEqual(saved[1], saved[2])
+        t = init_tp1_tp2(self, model, data, "mts-flag", "--lora-r", 2, "--lora-target", "v_proj",
+                         "--lora-modules-to-save", "lm_head")
         out = os.path.join(WORK, "mts-flag-tp1")
-        t = peft.ref.read_safetensors(os.path.join(out, "adapter_model.safetensors"))
         base = peft.ref.load_model_tensors(model)
         # lr 0: the copy is the base module as it was
         self.assertTrue(np.array_equal(t["base_model.model.lm_head.weight"], base["lm_head.weight"]))
@@ -412,14 +406,8 @@ class LoraBias(unittest.TestCase):
     def test_train_flag(self):
         model = make("qwen2-base", "qwen2")
         data = make_data(model)
-        saved = {}
-        for tp in (1, 2):
-            out = os.path.join(WORK, f"bias-flag-tp{tp}")
-            train(model, data, out, tp, dict(seq_len=SEQ_LEN, batch_size=2, steps=1, lr=0.0), "--lora-r", 2,
-                  "--lora-target", "q_proj,o_proj", "--lora-bias", "lora_only")
-            saved[tp] = adapter_bytes(out)
-        self.assertEqual(saved[1], saved[2])
-        t = peft.ref.read_safetensors(os.path.join(WORK, "bias-flag-tp1", "adapter_model.safetensors"))
+        t = init_tp1_tp2(self, model, data, "bias-flag", "--lora-r", 2, "--lora-target", "q_proj,o_proj",
+                         "--lora-bias", "lora_only")
         base = peft.ref.load_model_tensors(model)
         biases = sorted(k for k in t if k.endswith("bias"))
         # o_proj has no bias: lora_only trains the two q_proj biases, under the base layer's key
