@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake pkg-config clang libclang-rt-14-dev
+  build-essential cmake git pkg-config clang libclang-rt-14-dev
   libcjson-dev libopenblas-dev libpcre2-dev libutf8proc-dev
   libopenmpi-dev openmpi-bin
   libedit-dev python3-numpy python3-torch gnuplot-nox

@@ -82,6 +82,11 @@ tp_status tp_checkpoint_read_range(tp_checkpoint *ck, const char *name, int64_t 
 tp_status tp_checkpoint_expect(const tp_checkpoint *ck, const char *name,
                                int ndim, const int64_t *shape);
 
+/* tp_checkpoint_expect for a weight or optimizer state: the tensor must
+ * also be stored in a floating-point dtype. */
+tp_status tp_checkpoint_expect_weight(const tp_checkpoint *ck, const char *name,
+                                      int ndim, const int64_t *shape);
+
 /* Bytes of tensor data copied out of the files so far, counted in the stored
  * dtype (shard-on-read tests). */
 uint64_t tp_checkpoint_bytes_read(const tp_checkpoint *ck);

@@ -322,6 +322,19 @@ tp_status tp_cross_entropy(double *loss_sum, float *dlogits, const float *logits
 tp_status tp_cross_entropy_rows(double *row_loss, float *dlogits, const float *logits, const int64_t *labels,
                                 int64_t T, int64_t V, double inv_count, tp_threadpool *pool);
 double tp_cross_entropy_sum(const double *row_loss, int64_t T);
+/* The pieces of one row's loss, for a caller that sees the row's columns
+ * in parts (blocks of the vocabulary in order, or a rank's shard): each is
+ * the very arithmetic of tp_cross_entropy on those columns, so a row fed
+ * its blocks in column order gives tp_cross_entropy's bits.
+ *   tp_cross_entropy_max: the largest of mx and z[0..n) (take mx = z[0] and
+ *     the rest of the first block for tp_cross_entropy's scan);
+ *   tp_cross_entropy_sum_exp: sum + Σ expf(z_i − mx), added in order in
+ *     double; logsumexp is then mx + log(sum);
+ *   tp_cross_entropy_grad: dz_i = softmax_i / count for these columns, and
+ *     at column y (-1: none here) the label's term; dz may be z. */
+float tp_cross_entropy_max(const float *z, int64_t n, float mx);
+double tp_cross_entropy_sum_exp(const float *z, int64_t n, float mx, double sum);
+void tp_cross_entropy_grad(float *dz, const float *z, int64_t n, double lse, double inv_count, int64_t y);
 
 /* Causal attention for training: tp_attention's result (same arguments;
  * its own blocked kernel, portable C whose loops also have an AVX2 build)

@@ -114,10 +114,46 @@ struct tp_layer_modules {
  * reshard).  A failure stops the pass with its status.  Any hook may be
  * NULL. */
 typedef tp_status (*tp_module_hook_fn)(void *ctx, tp_model *m, int module);
+
+/* Row blocks (the optional tail of tp_module_hooks): a 2-D parameter too
+ * large to gather whole — ZeRO-3's embedding and lm_head, [vocab, hidden]
+ * — is left without data (local.data and grad.data NULL) and reached a
+ * block of rows at a time.  `module`, `j` name the parameter as its user
+ * sees it (a tied lm_head's weight: the hooks resolve the owner).
+ *   rows_block: rows per block, 0 when the parameter is not kept so;
+ *   rows_fetch: rows [row0, row0 + n) of the value into out (its dtype);
+ *   rows_grad:  dw [n, width] (f32), this sequence's gradient of those
+ *               rows, added into the parameter's gradient (dw may be
+ *               overwritten);
+ *   rows_lookup: y[t] = row ids[t] (f32), an embedding's forward;
+ *   rows_scatter: the lookup's gradient, row ids[t] += dy[t] in order of
+ *               t — after the rows_grad of a tied lm_head, whose rows it
+ *               adds to as the whole gradient would have.
+ * All but rows_block are collective over the ranks that share the
+ * parameter: every one makes the same calls, an idle one too
+ * (tp_model_head_blocks_idle, T = 0 lookups and scatters). */
+typedef struct tp_module_row_hooks {
+    int64_t (*rows_block)(void *ctx, const tp_model *m, int module, int j);
+    tp_status (*rows_fetch)(void *ctx, tp_model *m, int module, int j, int64_t row0, int64_t n, void *out);
+    tp_status (*rows_grad)(void *ctx, tp_model *m, int module, int j, int64_t row0, int64_t n, float *dw);
+    tp_status (*rows_lookup)(void *ctx, tp_model *m, int module, int j, const int64_t *ids, int64_t T, float *y);
+    tp_status (*rows_scatter)(void *ctx, tp_model *m, int module, int j, const int64_t *ids, int64_t T,
+                              const float *dy);
+} tp_module_row_hooks;
+
 typedef struct tp_module_hooks {
     tp_module_hook_fn pre_forward, post_forward, pre_backward, post_backward;
     void *ctx;
+    tp_module_row_hooks rows;   /* all NULL: no parameter is kept in blocks */
 } tp_module_hooks;
+
+/* Rows per block of parameter j of module (tp_module_row_hooks), 0 when
+ * it is held whole or gathered. */
+int64_t tp_module_rows_block(const tp_model *m, int module, int j);
+/* lm_head's blocked loss (tp_module_rows_block of its weight > 0) on a
+ * rank with no row of its own: the same fetches and (zero) gradients, so
+ * that its partners' collectives complete. */
+tp_status tp_model_head_blocks_idle(tp_model *m);
 
 /* The module table of the model described by cfg, without tensors (local
  * tensors empty, slices whole).  Free it with tp_module_table_free. */

@@ -72,6 +72,7 @@ int cmd_bench_load(int argc, char **argv);
 int cmd_bench_forward(int argc, char **argv);
 int cmd_bench_decode(int argc, char **argv);
 int cmd_bench_all(int argc, char **argv);
+int cmd_bench_model(int argc, char **argv);
 int cmd_bench_tokenize(int argc, char **argv);
 int cmd_bench_kernels(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);

@@ -15,6 +15,7 @@ static const bench benches[] = {
     {"load", cmd_bench_load, "per-rank load time, bytes read and peak memory, TP=1 against TP=N"},
     {"forward", cmd_bench_forward, "one prefill forward pass, TP=1 against TP=N"},
     {"decode", cmd_bench_decode, "decode tokens/s and weight bytes/s, TP=1 against TP=N"},
+    {"model", cmd_bench_model, "one prefill or decode configuration (TP size, threads, dtype) on its own"},
     {"kernels", cmd_bench_kernels, "the kernels on this CPU's (or TENSORPAR_ISA's) path: peaks, GEMM, GEMV"},
     {"all", cmd_bench_all, "machine limits, then the model: the speed targets' ratios and a chart"},
 };

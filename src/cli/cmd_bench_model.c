@@ -392,6 +392,79 @@ static int bench_pair(int argc, char **argv, bench_mode mode)
 int cmd_bench_forward(int argc, char **argv) { return bench_pair(argc, argv, MODE_FORWARD); }
 int cmd_bench_decode(int argc, char **argv) { return bench_pair(argc, argv, MODE_DECODE); }
 
+/* ---- bench model: one configuration ------------------------------------- */
+
+static void print_one(const job *j, bench_mode mode, const config *c, const figures *f, const tp_model_config *mc,
+                      int json)
+{
+    int64_t toks = mode == MODE_FORWARD ? j->seq : j->new_tokens;
+    double tps = (double)toks / f->seconds;
+    if (json) {
+        printf("{\"bench\": \"model\", \"mode\": \"%s\", \"isa\": \"%s\", \"tp\": %d, \"threads\": %d, "
+               "\"dtype\": \"%s\", \"seq\": %lld, \"new_tokens\": %lld, \"reps\": %d, \"seconds\": %.9g, "
+               "\"tokens_per_s\": %.4f, \"comm_share\": %.4f, \"weight_bytes_per_token\": %.0f}\n",
+               mode == MODE_FORWARD ? "prefill" : "decode", tp_isa_name(tp_isa_selected()), c->tp, c->threads,
+               dtype_label(c, mc), (long long)j->seq, (long long)(mode == MODE_DECODE ? j->new_tokens : 0), j->reps,
+               f->seconds, tps, f->comm_share, f->weight_bytes);
+        return;
+    }
+    if (mode == MODE_FORWARD)
+        printf("prefill of %lld tokens, %s weights, TP=%d x %d threads, median of %d; kernel path %s\n"
+               "%.4f s, %.1f tokens/s, comm share %.1f%%\n", (long long)j->seq, dtype_label(c, mc), c->tp,
+               c->threads, j->reps, tp_isa_name(tp_isa_selected()), f->seconds, tps, 100 * f->comm_share);
+    else
+        printf("decode of %lld tokens after a %lld-token prompt, %s weights, TP=%d x %d threads, median of %d; "
+               "kernel path %s\n%.2f tokens/s, %.2f weight GB/s, comm share %.1f%%\n", (long long)j->new_tokens,
+               (long long)j->seq, dtype_label(c, mc), c->tp, c->threads, j->reps, tp_isa_name(tp_isa_selected()),
+               tps, f->weight_bytes * tps / 1e9, 100 * f->comm_share);
+}
+
+/* bench model: a prefill or a decode at one TP size and thread count, in
+ * its own processes (as each configuration of bench forward/decode), for
+ * drivers that pair it with another engine (bench/llamacpp). */
+int cmd_bench_model(int argc, char **argv)
+{
+    const char *cmd = "bench model";
+    cli_option o[N_OWN + 1 + CLI_TP_N_OPTIONS];
+    o[0] = (cli_option){"--mode", "prefill|decode", "what to time (required)", 0, {0}};
+    memcpy(o + 1, pair_options, sizeof pair_options);
+    memcpy(o + 1 + N_OWN, cli_tp_options, sizeof cli_tp_options);
+    int n = N_OWN + 1 + CLI_TP_N_OPTIONS;
+    int rc = cli_parse(argc, argv, o, n,
+                       "tensorpar bench model --model DIR --mode prefill|decode [--seq 512] [--prompt 16] "
+                       "[--new-tokens 128] [--tp 1] [--threads T] [--reps R] [--dtype D] [--json]",
+                       "Times one configuration: a prefill of --seq tokens, or --new-tokens decode steps\n"
+                       "after a --prompt-token prefill, at TP = --tp (default 1) with --threads per rank,\n"
+                       "in its own processes (load, an untimed warm-up, then the median of --reps).",
+                       NULL, NULL);
+    if (rc) return rc == 1 ? 0 : 2;
+    const char *ms = cli_value(o, n, "--mode");
+    if (!ms || (strcmp(ms, "prefill") && strcmp(ms, "decode"))) {
+        tp_fail(TP_ERR_INVALID, "--mode must be prefill or decode");
+        return cli_usage_error(cmd);
+    }
+    bench_mode mode = strcmp(ms, "prefill") ? MODE_DECODE : MODE_FORWARD;
+    job j;
+    long long tp = 1, threads = 0;
+    if ((rc = read_common(o, n, cmd, &j, &tp, &threads, mode))) return rc;
+    if (j.report) {
+        tp_fail(TP_ERR_INVALID, "--report belongs to bench forward/decode");
+        return cli_usage_error(cmd);
+    }
+    tp_model_config mc;
+    if ((rc = load_config(j.dir, &mc, cmd))) return rc;
+    char tmpl[] = "/tmp/tp-bench-model-XXXXXX";
+    if (report_prefix(tmpl)) return cli_report(cmd);
+    j.report = tmpl;
+    config c = {(int)tp, threads ? (int)threads : default_threads((int)tp), cli_value(o, n, "--dtype")};
+    figures f;
+    int bad = measure(&j, mode, &c, &f);
+    remove(tmpl);
+    if (bad) return cli_report(cmd);
+    print_one(&j, mode, &c, &f, &mc, cli_flag(o, n, "--json"));
+    return 0;
+}
+
 /* ---- bench all ---------------------------------------------------------- */
 
 /* The machine drifts (a VM on a shared host: ~15 % between runs), so bench

@@ -240,11 +240,23 @@ static tp_status parse_moe(tp_model_config *c, const json_doc *d)
         return s;
     /* Mixtral's experts are intermediate_size wide and always renormalised. */
     if (c->arch == TP_ARCH_MIXTRAL) { c->moe_intermediate_size = c->intermediate_size; c->norm_topk_prob = 1; }
-    if (c->num_experts < 1 || c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_experts ||
-        c->moe_intermediate_size < 1 || c->decoder_sparse_step < 1)
-        return tp_fail(TP_ERR_FORMAT, "%s: %s needs num_experts >= 1, 1 <= num_experts_per_tok <= num_experts "
-                       "(got %lld of %lld), moe_intermediate_size >= 1 and decoder_sparse_step >= 1", d->path,
-                       c->model_type, (long long)c->num_experts_per_tok, (long long)c->num_experts);
+    /* each key on its own, so that the message names the one that is wrong */
+    const char *key = c->num_experts < 1 ? (c->arch == TP_ARCH_MIXTRAL ? "num_local_experts" : "num_experts")
+                    : c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_experts ? "num_experts_per_tok"
+                    : c->moe_intermediate_size < 1 ? "moe_intermediate_size"
+                    : c->decoder_sparse_step < 1 ? "decoder_sparse_step" : NULL;
+    if (key)
+        return tp_fail(TP_ERR_FORMAT, "%s: %s: key '%s' is out of range: needs num_experts >= 1, "
+                       "1 <= num_experts_per_tok <= num_experts (got %lld of %lld), moe_intermediate_size >= 1 "
+                       "(got %lld) and decoder_sparse_step >= 1 (got %lld)", d->path, c->model_type, key,
+                       (long long)c->num_experts_per_tok, (long long)c->num_experts,
+                       (long long)c->moe_intermediate_size, (long long)c->decoder_sparse_step);
+    /* Transformers would ignore an index past the last layer; it can only be
+     * a mistake (a config cut to fewer layers), so it is named instead. */
+    for (int i = 0; i < c->n_mlp_only; i++)
+        if (c->mlp_only_layers[i] >= c->num_hidden_layers)
+            return tp_fail(TP_ERR_FORMAT, "%s: key 'mlp_only_layers' holds layer %lld, but num_hidden_layers is %lld",
+                           d->path, (long long)c->mlp_only_layers[i], (long long)c->num_hidden_layers);
     return TP_OK;
 }
 

@@ -621,6 +621,18 @@ tp_status tp_checkpoint_expect(const tp_checkpoint *ck, const char *name, int nd
                    ck->files[t->file].path, name, found, want);
 }
 
+tp_status tp_checkpoint_expect_weight(const tp_checkpoint *ck, const char *name, int ndim, const int64_t *shape)
+{
+    tp_status s = tp_checkpoint_expect(ck, name, ndim, shape);
+    if (s != TP_OK) return s;
+    /* An integer tensor where a weight belongs is a damaged or foreign file:
+     * converting its bit patterns to floats would load nonsense silently. */
+    const tp_st_info *t = tp_checkpoint_find(ck, name);
+    if (tp_dtype_is_float(t->dtype)) return TP_OK;
+    return tp_fail(TP_ERR_FORMAT, "%s: tensor '%s' has dtype %s but the model expects a floating-point tensor",
+                   ck->files[t->file].path, name, tp_dtype_name(t->dtype));
+}
+
 /* ---- reading ----------------------------------------------------------- */
 
 /* Converts n elements at src (which may sit at any address in the map) into

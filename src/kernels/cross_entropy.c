@@ -27,13 +27,30 @@ typedef struct {
     double *row_loss;   /* [T]: summed in row order afterwards */
 } ce_job;
 
+float tp_cross_entropy_max(const float *z, int64_t n, float mx)
+{
+    for (int64_t i = 0; i < n; i++) if (z[i] > mx) mx = z[i];
+    return mx;
+}
+
+double tp_cross_entropy_sum_exp(const float *z, int64_t n, float mx, double sum)
+{
+    for (int64_t i = 0; i < n; i++) sum += expf(z[i] - mx);
+    return sum;
+}
+
+void tp_cross_entropy_grad(float *dz, const float *z, int64_t n, double lse, double inv_count, int64_t y)
+{
+    /* dz may be z: each element is read just before it is overwritten. */
+    float lsef = (float)lse, inv = (float)inv_count, zy = y >= 0 ? z[y] : 0;
+    for (int64_t i = 0; i < n; i++) dz[i] = expf(z[i] - lsef) * inv;
+    if (y >= 0) dz[y] = (float)((exp((double)zy - lse) - 1.0) * inv_count);   /* the label's term, in double */
+}
+
 static double logsumexp(const float *z, int64_t V)
 {
-    float mx = z[0];
-    for (int64_t i = 1; i < V; i++) if (z[i] > mx) mx = z[i];
-    double sum = 0;
-    for (int64_t i = 0; i < V; i++) sum += expf(z[i] - mx);
-    return mx + log(sum);
+    float mx = tp_cross_entropy_max(z + 1, V - 1, z[0]);
+    return mx + log(tp_cross_entropy_sum_exp(z, V, mx, 0));
 }
 
 static void ce_row(const ce_job *j, int64_t t)
@@ -48,11 +65,7 @@ static void ce_row(const ce_job *j, int64_t t)
     }
     double lse = logsumexp(z, j->V);
     j->row_loss[t] = lse - z[y];
-    if (!dz) return;
-    /* dz may be z: each element is read just before it is overwritten. */
-    float lsef = (float)lse, inv = (float)j->inv_count, zy = z[y];
-    for (int64_t i = 0; i < j->V; i++) dz[i] = expf(z[i] - lsef) * inv;
-    dz[y] = (float)((exp((double)zy - lse) - 1.0) * j->inv_count);   /* the label's term, in double */
+    if (dz) tp_cross_entropy_grad(dz, z, j->V, lse, j->inv_count, y);
 }
 
 static void ce_worker(void *p, int ti, int nt)

@@ -3,7 +3,10 @@
  * activations), Hugging Face's causal-LM loss, then the modules' backward
  * ops in reverse: lm_head, the final norm, each layer's MLP,
  * post_attention_layernorm, attention and input_layernorm, the embedding.
- * Gradients are added into tp_module_param.grad. */
+ * Gradients are added into tp_module_param.grad; a weight kept in row
+ * blocks (ZeRO-3's tables, tp_module_row_hooks) hands its gradient to the
+ * hooks instead, lm_head's and the loss then running a vocabulary block at
+ * a time (head_blocks.c). */
 #include "tensorpar/kernels.h"
 #include "tensorpar/models.h"
 #include "tensorpar/train.h"
@@ -87,7 +90,8 @@ static tp_status vp_head_backward(tp_model *m, const vp_head *h, const float *dl
 typedef enum {
     HEAD_GATHERED,      /* [T, V] on every rank (one rank, or a plan's own head) */
     HEAD_ROWS,          /* its column shard, whole rows moved to one rank each */
-    HEAD_VOCAB          /* --loss vocab-parallel */
+    HEAD_VOCAB,         /* --loss vocab-parallel */
+    HEAD_BLOCKS         /* its weight kept in row blocks (head_blocks.c) */
 } head_mode;
 
 /* The default loss under a head split by columns and gathered
@@ -95,18 +99,25 @@ typedef enum {
  * which gives the same bits without [T, V] on any rank. */
 static head_mode head_mode_of(const tp_model *m)
 {
+    if (tp_module_rows_block(m, m->lm_head, TP_MODULE_WEIGHT) > 0) return HEAD_BLOCKS;
     if (m->vocab_parallel_loss) return HEAD_VOCAB;
     if (m->tp && m->tp->mesh && m->tp->size > 1 && tp_module_output_gathers_columns(m, &m->modules[m->lm_head]))
         return HEAD_ROWS;
     return HEAD_GATHERED;
 }
 
+/* HEAD_BLOCKS computes the loss inside the backward: its inputs. */
+typedef struct {
+    const int64_t *labels;
+    double count, *loss_sum;
+} blocks_loss;
+
 /* dlogits back to every parameter: [T, V] through lm_head's own backward,
  * its column shard through its backward without the gather's (HEAD_ROWS),
  * or this rank's vocabulary shard [T, vp->cols] (HEAD_VOCAB); save holds
  * the forward's activations. */
 static tp_status backward(tp_model *m, tp_train_acts *save, tp_kv_cache *kv, const int64_t *tokens, int64_t T,
-                          const float *dlogits, head_mode mode, const vp_head *vp)
+                          float *dlogits, head_mode mode, const vp_head *vp, const blocks_loss *bl)
 {
     int64_t H = m->cfg.hidden_size;
     float *dx = calloc((size_t)(T * H), sizeof(float)), *dh = calloc((size_t)(T * H), sizeof(float));
@@ -116,7 +127,9 @@ static tp_status backward(tp_model *m, tp_train_acts *save, tp_kv_cache *kv, con
                           .dy = dlogits, .in = save->h_final, .rows = T};
     const tp_module *lm_head = &m->modules[m->lm_head];
     const tp_module *model = &m->modules[m->modules[m->embed_tokens].parent];
-    if (!st && mode == HEAD_VOCAB) st = vp_head_backward(m, vp, dlogits, save->h_final, T, dh);
+    if (!st && mode == HEAD_BLOCKS)
+        st = tp_head_blocks(m, save->h_final, bl->labels, T, bl->count, bl->loss_sum, dh, dlogits);
+    else if (!st && mode == HEAD_VOCAB) st = vp_head_backward(m, vp, dlogits, save->h_final, T, dh);
     else if (!st && mode == HEAD_ROWS) st = tp_module_linear_backward_local(m, lm_head, dlogits, save->h_final, T, dh);
     else if (!st) st = lm_head->ops->backward(m, lm_head, &b);
     if (!st) st = model->ops->backward(m, model, &b);
@@ -213,7 +226,8 @@ static tp_status step(tp_model *m, const int64_t *tokens, const int64_t *shifted
     tp_status st = mode == HEAD_VOCAB ? vp_head_of(m, &vp) : TP_OK;
     if (st) return st;
     int64_t cols = mode == HEAD_VOCAB ? vp.cols
-                 : mode == HEAD_ROWS ? tp_module_weight(&m->modules[m->lm_head])->shape[0] : V;
+                 : mode == HEAD_ROWS ? tp_module_weight(&m->modules[m->lm_head])->shape[0]
+                 : mode == HEAD_BLOCKS ? tp_module_rows_block(m, m->lm_head, TP_MODULE_WEIGHT) : V;
     struct tp_train_ws *ws = NULL;
     st = train_ws_get(m, T, (size_t)(T * (cols > 0 ? cols : 1)), &ws);
     if (st) return st;
@@ -221,8 +235,8 @@ static tp_status step(tp_model *m, const int64_t *tokens, const int64_t *shifted
     float *logits = ws->logits;
     tp_train_acts save;
     st = tp_train_acts_init(&save, m, T, &ws->acts);
-    if (!st) st = tp_model_forward_train(m, kv, tokens, T, mode == HEAD_VOCAB ? NULL : logits, mode == HEAD_ROWS,
-                                         &save);
+    int head_outside = mode == HEAD_VOCAB || mode == HEAD_BLOCKS;   /* run below on save.h_final */
+    if (!st) st = tp_model_forward_train(m, kv, tokens, T, head_outside ? NULL : logits, mode == HEAD_ROWS, &save);
     /* the logits become their own gradient */
     if (!st && mode == HEAD_GATHERED) st = tp_cross_entropy(loss_sum, logits, logits, shifted, T, V, count, m->pool);
     if (!st && mode == HEAD_ROWS)
@@ -232,7 +246,8 @@ static tp_status step(tp_model *m, const int64_t *tokens, const int64_t *shifted
         if (!st && cols > 0) st = tp_lora_apply(m, &m->modules[m->lm_head], save.h_final, T, logits);
         if (!st) st = tp_cross_entropy_vocab_parallel(loss_sum, logits, logits, shifted, T, V, count, vp.mesh, m->pool);
     }
-    if (!st) st = backward(m, &save, kv, tokens, T, logits, mode, &vp);
+    blocks_loss bl = {shifted, count, loss_sum};
+    if (!st) st = backward(m, &save, kv, tokens, T, logits, mode, &vp, &bl);
     tp_train_acts_free(&save);
     return st;
 }

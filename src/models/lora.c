@@ -47,7 +47,7 @@ tp_status tp_lora_read_into(tp_checkpoint *ck, const char *name, int64_t rows, i
                             int split, const int64_t local[2], float *dst)
 {
     int64_t shape[2] = {rows, cols};
-    tp_status s = tp_checkpoint_expect(ck, name, 2, shape);
+    tp_status s = tp_checkpoint_expect_weight(ck, name, 2, shape);
     if (s) return s;
     int dim = split ? sl->dim : -1;
     if (dim < 0) return tp_checkpoint_read(ck, name, TP_F32, dst);
@@ -274,7 +274,8 @@ tp_status tp_model_load_adapter(tp_model *m, const char *dir, int merge)
     struct tp_lora *l = NULL;
     s = tp_lora_new(m, &c, &l);
     if (!s) s = tp_checkpoint_open(&ck, path);
-    if (!s) s = attach(m, ck, &l->cfg, merge, l);
+    /* the adapter's directory, for the refusals that name only a key */
+    if (!s && (s = attach(m, ck, &l->cfg, merge, l))) s = tp_fail_context(s, "adapter %s", dir);
     if (ck) tp_checkpoint_close(ck);
     tp_lora_config_free(&c);
     if (s || merge) { tp_lora_free(l); return s; }

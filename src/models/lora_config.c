@@ -117,6 +117,10 @@ static tp_status parse(tp_lora_config *c, const cJSON *root, const char *path)
     if (!cJSON_IsNumber(r) || r->valuedouble < 1 || r->valuedouble != floor(r->valuedouble))
         return tp_fail(TP_ERR_FORMAT, "%s: 'r' must be a positive integer", path);
     c->r = (int64_t)r->valuedouble;
+    /* absent or null: PEFT's defaults; anything else must be a number */
+    if ((a && !cJSON_IsNull(a) && !cJSON_IsNumber(a)) || (d && !cJSON_IsNull(d) && !cJSON_IsNumber(d)))
+        return tp_fail(TP_ERR_FORMAT, "%s: '%s' must be a number", path,
+                       a && !cJSON_IsNull(a) && !cJSON_IsNumber(a) ? "lora_alpha" : "lora_dropout");
     c->alpha = cJSON_IsNumber(a) ? a->valuedouble : 8.0;   /* PEFT's default lora_alpha */
     c->dropout = cJSON_IsNumber(d) ? d->valuedouble : 0.0;
     if (!(c->dropout >= 0 && c->dropout < 1))   /* p = 1 would scale the kept (none) by 1 / 0 */

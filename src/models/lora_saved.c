@@ -60,7 +60,7 @@ static void key_of(const tp_module *mod, int j, int adapted, char *out, size_t n
 /* A 1-D tensor (a bias) whole, or the ranges of sl when split. */
 static tp_status read_vector(tp_checkpoint *ck, const char *key, const tp_module_param *p, float *dst)
 {
-    tp_status s = tp_checkpoint_expect(ck, key, 1, p->shape);
+    tp_status s = tp_checkpoint_expect_weight(ck, key, 1, p->shape);
     if (s || p->slice.dim < 0) return s ? s : tp_checkpoint_read(ck, key, TP_F32, dst);
     int64_t off = 0;
     for (int i = 0; i < p->slice.n && !s; off += p->slice.len[i], i++)
@@ -103,6 +103,17 @@ static tp_status wanted(const tp_model *m, const tp_lora_config *c, const tp_mod
     return TP_OK;
 }
 
+/* The refusal names what modules_to_save listed, so that the wrong entry
+ * can be found. */
+static tp_status no_saved_module(const tp_lora_config *c)
+{
+    char list[512] = "";
+    size_t k = 0;
+    for (int i = 0; i < c->n_save && k < sizeof list; i++)
+        k += (size_t)snprintf(list + k, sizeof list - k, "%s'%s'", i ? ", " : "", c->save[i]);
+    return tp_fail(TP_ERR_INVALID, "modules_to_save [%s] matches no module of the model", list);
+}
+
 tp_status tp_lora_saved_attach(tp_model *m, struct tp_lora *l, tp_checkpoint *ck, size_t *used)
 {
     if (!l->cfg.n_save && l->cfg.bias == TP_LORA_BIAS_NONE) return TP_OK;
@@ -127,7 +138,7 @@ tp_status tp_lora_saved_attach(tp_model *m, struct tp_lora *l, tp_checkpoint *ck
         l->saved[i] = (unsigned char)bits;
         modules += bits >> TP_MODULE_WEIGHT & 1;
     }
-    if (l->cfg.n_save && !modules) return tp_fail(TP_ERR_INVALID, "modules_to_save matches no module of the model");
+    if (l->cfg.n_save && !modules) return no_saved_module(&l->cfg);
     if (used) *used += found;
     return TP_OK;
 }

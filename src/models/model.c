@@ -98,7 +98,7 @@ static tp_status load_param(tp_checkpoint *ck, const tp_model_config *c, const t
     tp_param_desc stored = *param;
     const tp_param_desc *p = &stored;
     tp_checkpoint_name_of(c, param->name, stored.name, sizeof stored.name);
-    tp_status s = tp_checkpoint_expect(ck, p->name, p->ndim, p->shape);
+    tp_status s = tp_checkpoint_expect_weight(ck, p->name, p->ndim, p->shape);
     if (s) return s;
     if ((s = tp_tensor_init(p->slot, dt, sl->ndim, sl->local_shape))) return s;
     if (sl->dim < 0) return tp_checkpoint_read(ck, p->name, dt, p->slot->data);

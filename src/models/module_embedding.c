@@ -1,6 +1,8 @@
 /* The Embedding module: the rows of the token ids, under its TP style
  * (embedding_rowwise looks up the rows this rank holds and reduces).
- * Backward: the output gradient scattered into the rows of the ids. */
+ * Backward: the output gradient scattered into the rows of the ids.  A
+ * weight kept in row blocks (tp_module_row_hooks) is looked up and
+ * scattered into by the hooks. */
 #include "tp_module.h"
 
 #include "tensorpar/kernels.h"
@@ -40,7 +42,12 @@ tp_status tp_module_embedding(tp_model *m, const tp_module *emb, const int64_t *
     float *buf = tp_act_alloc(m, T * width);
     if (!buf) return tp_fail(TP_ERR_NOMEM, "out of memory");
     tp_param_slice whole = {.dim = -1};
-    lookup_local(emb, mt ? &mt->weight_slice : &whole, ids, T, buf);
+    int idx = (int)(emb - m->modules);
+    if (tp_module_rows_block(m, idx, TP_MODULE_WEIGHT) > 0)   /* kept in row blocks: the hooks look up */
+        s = m->hooks->rows.rows_lookup(m->hooks->ctx, m, idx, TP_MODULE_WEIGHT, ids, T, buf);
+    else
+        lookup_local(emb, mt ? &mt->weight_slice : &whole, ids, T, buf);
+    if (s) { tp_act_free(m, buf); return s; }
     if ((s = tp_lora_apply_embedding(m, emb, ids, T, buf))) { tp_act_free(m, buf); return s; }
     if (!mt || !mt->plan || !mt->plan->fwd.installed || !m->tp->mesh) {
         *y = (tp_act){buf, T, width, width, tp_replicate()};
@@ -100,6 +107,9 @@ static tp_status embedding_backward(tp_model *m, const tp_module *mod, tp_backwa
     int64_t row0, g[2] = {b->T, m->cfg.hidden_size};
     tp_dtensor gy;
     int styled = mt && mt->plan && mt->plan->fwd.installed && m->tp->mesh;
+    int idx = (int)(mod - m->modules);
+    if (!styled && tp_module_rows_block(m, idx, TP_MODULE_WEIGHT) > 0)
+        return m->hooks->rows.rows_scatter(m->hooks->ctx, m, idx, TP_MODULE_WEIGHT, b->tokens, b->T, b->dx);
     tp_status st = first_row(mod, &row0);
     if (!st) st = tp_module_grad(m, mod, TP_MODULE_WEIGHT, &dw);
     if (!st && styled) {

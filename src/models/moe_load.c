@@ -99,7 +99,7 @@ static tp_status read_gate_up_rows(tp_checkpoint *ck, const tp_model_config *c, 
         if (a >= hi || a + len <= lo) continue;
         int64_t from = a > lo ? a : lo, to = a + len < hi ? a + len : hi;
         tp_moe_expert_name(c, layer, e, part, name, sizeof name);
-        s = tp_checkpoint_expect(ck, name, 2, (int64_t[2]){I, H});
+        s = tp_checkpoint_expect_weight(ck, name, 2, (int64_t[2]){I, H});
         if (!s) s = tp_checkpoint_read_slice(ck, name, 0, from - lo, to - from, dt, dst);
         dst += (size_t)(to - from) * row;
     }
@@ -111,7 +111,7 @@ static tp_status read_down(tp_checkpoint *ck, const tp_model_config *c, int64_t 
 {
     char name[160];
     tp_moe_expert_name(c, layer, e, PART_DOWN, name, sizeof name);
-    tp_status s = tp_checkpoint_expect(ck, name, 2, (int64_t[2]){H, I});
+    tp_status s = tp_checkpoint_expect_weight(ck, name, 2, (int64_t[2]){H, I});
     if (s) return s;
     if (sl->dim != 2) return tp_checkpoint_read(ck, name, dt, dst);
     return tp_checkpoint_read_slice(ck, name, 1, sl->start[0], sl->len[0], dt, dst);

@@ -249,6 +249,13 @@ tp_status tp_model_forward_train(tp_model *m, tp_kv_cache *cache, const int64_t 
  * activations in *save as the training forward did (bitwise the same). */
 tp_status tp_layer_recompute(tp_model *m, const tp_module *layer, tp_kv_cache *cache, const int64_t *tokens,
                              int64_t T, tp_train_acts *save);
+/* lm_head's forward, the causal-LM loss and lm_head's backward in
+ * vocabulary blocks (head_blocks.c), for a head weight kept in row blocks
+ * (tp_module_rows_block > 0): h [T, H] the saved final norm output, labels
+ * shifted, *loss_sum as tp_cross_entropy's, dh += the input gradient, the
+ * weight's gradient through rows_grad; z scratch [T, block rows]. */
+tp_status tp_head_blocks(tp_model *m, const float *h, const int64_t *labels, int64_t T, double count,
+                         double *loss_sum, float *dh, float *z);
 /* Runs the children of a container backward, last first. */
 tp_status tp_module_run_children_backward(tp_model *m, const tp_module *mod, tp_backward_pass *b);
 /* The gradient buffer of parameter j of mod (a tied one: its owner's),

@@ -474,7 +474,7 @@ static tp_status read_run(void *ctx, int64_t local, int64_t global, int64_t coun
 static tp_status read_part(tp_checkpoint *ck, const char *name, const tp_module_param *p, int64_t start, int64_t len,
                            float *dst)
 {
-    tp_status s = tp_checkpoint_expect(ck, name, p->ndim, p->shape);
+    tp_status s = tp_checkpoint_expect_weight(ck, name, p->ndim, p->shape);
     run_reader r = {ck, name, dst, start};
     return s ? s : tp_slice_runs(p->ndim, p->shape, &p->slice, start, len, read_run, &r);
 }

@@ -2,38 +2,13 @@
  * parameter chunks, the gathers and reduce-scatters of ZeRO-3 driven by
  * the model's module hooks, and the dp reductions of a step. */
 #include "train/data_parallel.h"
+#include "train/dp_internal.h"
 #include "tensorpar/comm.h"
 #include "tensorpar/module.h"
 #include "tensorpar/lora.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-/* One owned parameter of the model under dp_shard. */
-typedef struct {
-    int module, j;                 /* m->modules[module].params[j] */
-    int unit;                      /* its decoder layer's module index, or -1: the root unit */
-    int64_t numel, start, len;     /* flat TP-local size; this rank's chunk */
-    tp_tensor value, grad;         /* the chunk [len] and its gradient (f32: a bf16 weight's master) */
-    tp_dtype dtype;                /* the model's weights: f32, or bf16 rounded from the masters */
-    void *full;                    /* the gathered whole (of dtype), or NULL */
-} dp_param;
-
-struct tp_dp {
-    tp_model *m;
-    const tp_mesh *grid, *rep, *shard;
-    int R, S, index;
-    /* dp_shard > 1 chunks the parameters (chunked).  Under LoRA training
-     * (frozen) the chunks are the frozen base's, gathered for compute but
-     * with no gradient and no optimizer state; the optimizer steps the
-     * small adapters, copies on every dp rank whose gradients are summed
-     * over the whole dp group.  opt_chunks: the optimizer steps chunks. */
-    int chunked, frozen, opt_chunks;
-    tp_module_hooks hooks;
-    dp_param *ps;
-    int n;
-    tp_train_param *train;         /* the chunks, for the optimizer */
-};
 
 int tp_dp_index(const tp_dp *dp) { return dp->index; }
 int tp_dp_count(const tp_dp *dp) { return dp->R * dp->S; }
@@ -132,12 +107,13 @@ static tp_status grad_end(tp_dp *dp, dp_param *p, int idle)
                                mp->suffix) : TP_OK;
 }
 
-/* Gather (and with grads, zeroed whole gradients) every parameter of unit u. */
-static tp_status unit_gather(tp_dp *dp, int u, int grads)
+/* Gather (and with grads, zeroed whole gradients) every parameter of unit
+ * u; those kept in row blocks only when whole (eval, not training rows). */
+static tp_status unit_gather(tp_dp *dp, int u, int grads, int whole)
 {
     grads = grads && !dp->frozen;
     for (int k = 0; k < dp->n; k++) {
-        if (dp->ps[k].unit != u) continue;
+        if (dp->ps[k].unit != u || (dp->ps[k].block && !whole)) continue;
         tp_status s = gather(dp, &dp->ps[k]);
         if (!s && grads) s = grad_begin(dp, &dp->ps[k]);
         if (s) return s;
@@ -150,7 +126,7 @@ static tp_status unit_release(tp_dp *dp, int u, int grads, int idle)
 {
     grads = grads && !dp->frozen;
     for (int k = 0; k < dp->n; k++) {
-        if (dp->ps[k].unit != u) continue;
+        if (dp->ps[k].unit != u || (dp->ps[k].block && !dp->ps[k].full)) continue;
         tp_status s = grads ? grad_end(dp, &dp->ps[k], idle) : TP_OK;
         release(dp, &dp->ps[k]);
         if (s) return s;
@@ -162,7 +138,7 @@ static int is_layer(const tp_model *m, int c) { return m->modules[c].type == TP_
 
 static tp_status pre_forward(void *ctx, tp_model *m, int c)
 {
-    return is_layer(m, c) ? unit_gather(ctx, c, 0) : TP_OK;
+    return is_layer(m, c) ? unit_gather(ctx, c, 0, 0) : TP_OK;
 }
 
 static tp_status post_forward(void *ctx, tp_model *m, int c)
@@ -172,7 +148,7 @@ static tp_status post_forward(void *ctx, tp_model *m, int c)
 
 static tp_status pre_backward(void *ctx, tp_model *m, int c)
 {
-    return is_layer(m, c) ? unit_gather(ctx, c, 1) : TP_OK;
+    return is_layer(m, c) ? unit_gather(ctx, c, 1, 0) : TP_OK;
 }
 
 static tp_status post_backward(void *ctx, tp_model *m, int c)
@@ -193,6 +169,7 @@ static tp_status chunk_one(tp_dp *dp, int i, int j, int shard_rank)
     dp_param *p = &dp->ps[dp->n];
     p->module = i, p->j = j, p->unit = unit_of(m, i), p->dtype = mp->local.dtype;
     p->numel = tp_tensor_numel(&mp->local);
+    p->block = tp_dp_block_rows(dp, i, j);
     tp_chunk_range(p->numel, dp->S, shard_rank, &p->start, &p->len);
     tp_status s = tp_tensor_init(&p->value, TP_F32, 1, &p->len);
     if (!s && !dp->frozen) s = tp_tensor_init(&p->grad, TP_F32, 1, &p->len);
@@ -231,6 +208,11 @@ static tp_status make_chunks(tp_dp *dp)
             if (dp->frozen && !tp_model_param_frozen(m, &m->modules[i], j)) continue;
             tp_status s = chunk_one(dp, (int)i, j, shard_rank);
             if (s) return s;
+            const dp_param *p = &dp->ps[dp->n - 1];
+            if (p->block)
+                tp_log(TP_LOG_DEBUG, "dp_shard: %s.%s kept in row blocks of %lld rows (%lld blocks)",
+                       m->modules[i].name, mp->suffix, (long long)p->block,
+                       (long long)((mp->local.shape[0] + p->block - 1) / p->block));
         }
     return TP_OK;
 }
@@ -258,7 +240,9 @@ tp_status tp_dp_new(tp_model *m, const tp_mesh *grid, tp_dp **out)
     dp->opt_chunks = dp->chunked && !dp->frozen;
     *out = dp;
     if (!dp->chunked) return TP_OK;
-    dp->hooks = (tp_module_hooks){pre_forward, post_forward, pre_backward, post_backward, dp};
+    dp->hooks = (tp_module_hooks){.pre_forward = pre_forward, .post_forward = post_forward,
+                                  .pre_backward = pre_backward, .post_backward = post_backward, .ctx = dp};
+    tp_dp_row_hooks(dp);
     tp_status s = make_chunks(dp);
     if (!s) m->hooks = &dp->hooks;
     return s;
@@ -304,6 +288,7 @@ tp_status tp_dp_free(tp_dp *dp, int finish)
     tp_status s = TP_OK;
     if (dp->chunked) {
         dp->m->hooks = NULL;
+        tp_dp_kept_free(dp);
         if (finish) s = unshard_all(dp);
         for (int k = 0; k < dp->n; k++) {
             if (dp->ps[k].full) release(dp, &dp->ps[k]);
@@ -319,7 +304,7 @@ tp_status tp_dp_free(tp_dp *dp, int finish)
 
 tp_status tp_dp_row_begin(tp_dp *dp)
 {
-    return dp->chunked ? unit_gather(dp, -1, 1) : TP_OK;
+    return dp->chunked ? unit_gather(dp, -1, 1, 0) : TP_OK;
 }
 
 tp_status tp_dp_row_end(tp_dp *dp)
@@ -332,23 +317,25 @@ tp_status tp_dp_row_idle(tp_dp *dp)
     if (!dp->chunked) return TP_OK;
     const tp_model *m = dp->m;
     int n = (int)m->cfg.num_hidden_layers;
-    tp_status s = TP_OK;
+    tp_status s = tp_dp_rows_idle_lookup(dp);
     for (int l = 0; !s && l < n; l++) {
         int u = unit_of(m, m->layers[l].input_layernorm);
-        s = unit_gather(dp, u, 0);
+        s = unit_gather(dp, u, 0, 0);
         if (!s) s = unit_release(dp, u, 0, 0);
     }
+    if (!s) s = tp_dp_rows_idle_head(dp);
     for (int l = n - 1; !s && l >= 0; l--) {
         int u = unit_of(m, m->layers[l].input_layernorm);
-        s = unit_gather(dp, u, 0);
+        s = unit_gather(dp, u, 0, 0);
         if (!s) s = unit_release(dp, u, 1, 1);
     }
+    if (!s) s = tp_dp_rows_idle_scatter(dp);
     return s;
 }
 
 tp_status tp_dp_root_gather(tp_dp *dp)
 {
-    return dp->chunked ? unit_gather(dp, -1, 0) : TP_OK;
+    return dp->chunked ? unit_gather(dp, -1, 0, 1) : TP_OK;
 }
 
 void tp_dp_root_release(tp_dp *dp)

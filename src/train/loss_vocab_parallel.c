@@ -13,9 +13,9 @@
  *                               in, the others 0, Partial;
  * S and z_y travel together as one [T, 2] Partial -> Replicate move, so a
  * call is two collectives whatever T is.  Then loss_t = M + log S − z_y and
- * dz_i = (exp(z_i − lse) − [i = y]) / count on this rank's columns, with the
- * very arithmetic of tp_cross_entropy (f32 exponentials, sums in double, the
- * label's term in double) — only the order in which S's terms are added
+ * dz_i = (exp(z_i − lse) − [i = y]) / count on this rank's columns, with
+ * tp_cross_entropy's own row pieces (tp_cross_entropy_max, _sum_exp, _grad:
+ * f32 exponentials, sums in double, the label's term in double) — only the order in which S's terms are added
  * differs, so the results agree to double rounding in S.
  *
  * Memory: besides the caller's [T, V_local] logits and dlogits (which may be
@@ -49,10 +49,7 @@ static void vp_local_max(void *p, int ti, int nt)
     int64_t b, e;
     tp_split_range(j->T, ti, nt, &b, &e);
     for (int64_t t = b; t < e; t++) {
-        const float *z = j->logits + t * j->Vl;
-        float mx = -INFINITY;
-        for (int64_t i = 0; i < j->Vl; i++) if (z[i] > mx) mx = z[i];
-        j->local_max[t] = mx;
+        j->local_max[t] = tp_cross_entropy_max(j->logits + t * j->Vl, j->Vl, -INFINITY);
     }
 }
 
@@ -82,10 +79,7 @@ static void vp_partial_sums(void *p, int ti, int nt)
         s[0] = s[1] = 0;
         if (j->labels[t] == TP_IGNORE_INDEX) continue;
         const float *z = j->logits + t * j->Vl;
-        float mx = row_max(j, t);
-        double sum = 0;
-        for (int64_t i = 0; i < j->Vl; i++) sum += expf(z[i] - mx);
-        s[0] = sum;
+        s[0] = tp_cross_entropy_sum_exp(z, j->Vl, row_max(j, t), 0);
         if (owns(j, t)) s[1] = z[j->labels[t] - j->v0];
     }
 }
@@ -108,13 +102,7 @@ static void vp_grad(void *p, int ti, int nt)
             memset(dz, 0, (size_t)j->Vl * sizeof(float));
             continue;
         }
-        double lse = row_lse(j, t);
-        float lsef = (float)lse, inv = (float)j->inv_count;
-        int own = owns(j, t);
-        float zy = own ? z[j->labels[t] - j->v0] : 0;
-        /* dz may be z: each element is read just before it is overwritten. */
-        for (int64_t i = 0; i < j->Vl; i++) dz[i] = expf(z[i] - lsef) * inv;
-        if (own) dz[j->labels[t] - j->v0] = (float)((exp((double)zy - lse) - 1.0) * j->inv_count);
+        tp_cross_entropy_grad(dz, z, j->Vl, row_lse(j, t), j->inv_count, owns(j, t) ? j->labels[t] - j->v0 : -1);
     }
 }
 

@@ -296,8 +296,8 @@ static tp_status teardown(trainer *t, int ok)
 {
     /* Under dp_shard the model gets its whole parameters back (what a
      * save reads). */
+    tp_optim_free(t->opt);   /* first: its moments need not outlive the chunks */
     tp_status s = tp_dp_free(t->dp, ok);
-    tp_optim_free(t->opt);
     for (int k = 0; t->masters && k < t->n_params; k++) tp_tensor_release(&t->masters[k]);
     free(t->masters);
     free(t->params);

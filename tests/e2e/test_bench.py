@@ -76,6 +76,27 @@ class BenchTest(unittest.TestCase):
         self.assertIn("TP=1 x 1", p.stdout)
         self.assertIn("TP=2 x 1", p.stdout)
 
+    def test_model_one_configuration(self):
+        """bench model times the one configuration asked for, and says which."""
+        p = run("bench", "model", "--model", MODEL, "--mode", "prefill", "--seq", "16", "--reps", "1", "--tp", "2",
+                "--threads", "1", "--dtype", "bf16", "--json")
+        j = json.loads(p.stdout)
+        self.assertEqual((j["bench"], j["mode"], j["tp"], j["threads"], j["dtype"], j["seq"]),
+                         ("model", "prefill", 2, 1, "bf16", 16))
+        self.assertEqual(j["isa"], chosen_isa())
+        for k in ("seconds", "tokens_per_s", "comm_share", "weight_bytes_per_token"):
+            positive(self, j, k)
+        self.assertAlmostEqual(j["tokens_per_s"] * j["seconds"], 16, delta=0.01)
+        p = run("bench", "model", "--model", MODEL, "--mode", "decode", "--new-tokens", "4", "--prompt", "1",
+                "--reps", "1", "--threads", "1", "--json")
+        j = json.loads(p.stdout)
+        self.assertEqual((j["mode"], j["tp"], j["threads"], j["new_tokens"], j["dtype"]), ("decode", 1, 1, 4, "f32"))
+        self.assertEqual(j["comm_share"], 0)
+        self.assertAlmostEqual(j["tokens_per_s"] * j["seconds"], 4, delta=0.01)
+        p = run("bench", "model", "--model", MODEL, "--mode", "both", check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--mode", p.stderr)
+
     def test_decode(self):
         p = run("bench", "decode", "--model", MODEL, "--new-tokens", "4", "--reps", "1", "--dtype", "bf16", "--json")
         j = json.loads(p.stdout)

@@ -336,7 +336,7 @@ class LoraModulesToSave(unittest.TestCase):
                  (make("qwen3-base", "qwen3"), {"targets": ["q_proj"], "modules_to_save": ["q_proj"]},
                   "is a LoRA target as well"),
                  (make("qwen3-base", "qwen3"), {"targets": ["q_proj"], "modules_to_save": ["nothing"]},
-                  "modules_to_save matches no module"),
+                  "modules_to_save ['nothing'] matches no module"),
                  (make("qwen3-base", "qwen3"), {"targets": ["q_proj"], "modules_to_save": ["input_layernorm"]},
                   "input_layernorm is not a Linear or an Embedding"),
                  (make("qwen3-base", "qwen3"), {"targets": ["q_proj"], "extra_config": {"modules_to_save": "lm_head"}},

@@ -94,7 +94,8 @@ static int find(const recorder *r, int kind, int c)
 static void test_order(tp_model *m, const int64_t *ids)
 {
     recorder r = {.fail_at = -1};
-    tp_module_hooks h = {pre_f, post_f, pre_b, post_b, &r};
+    tp_module_hooks h = {.pre_forward = pre_f, .post_forward = post_f, .pre_backward = pre_b,
+                         .post_backward = post_b, .ctx = &r};
     m->hooks = &h;
     double sum = 0;
     CHECK(tp_model_forward_backward(m, ids, NULL, T, 0, &sum, NULL) == TP_OK);
@@ -126,7 +127,8 @@ static void test_hide_and_fail(tp_model *m, const int64_t *ids)
     float *g = malloc(n * sizeof *g);
     memcpy(g, w->grad.data, n * sizeof *g);
     recorder r = {.hide = 1, .fail_at = -1};
-    tp_module_hooks h = {pre_f, post_f, pre_b, post_b, &r};
+    tp_module_hooks h = {.pre_forward = pre_f, .post_forward = post_f, .pre_backward = pre_b,
+                         .post_backward = post_b, .ctx = &r};
     m->hooks = &h;
     CHECK(tp_model_zero_grad(m) == TP_OK);
     CHECK(tp_model_forward_backward(m, ids, NULL, T, 0, &hidden, NULL) == TP_OK);

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# tensorpar side by side with llama.cpp (bench/README.md, "Side by side with
+# llama.cpp"), one command: builds llama.cpp from the source npm's
+# node-llama-cpp@3.22.1 ships (build.sh, cached), makes the model with
+# tensorpar make-model (cached), converts it to GGUF with our converter
+# (convert.py; one file per dtype, cached), then runs llama-bench pp/tg and
+# `tensorpar bench model` prefill/decode in interleaved rounds (compare.py),
+# writes the table into bench/README.md and draws the chart.
+#
+# usage: bash bench/llamacpp/run.sh [options]
+#   --rounds N        rounds (default 3; --quick 1)
+#   --threads LIST    thread counts (default 1,2): 1 pairs TP=1x1 with
+#                     llama.cpp -t 1; T > 1 pairs TP=1xT and TP=Tx1 with -t T
+#   --dtypes LIST     of bf16, f32, q8_0 (default bf16,f32,q8_0)
+#   --preset NAME     make-model preset (default llama-3.2-1b; --quick tiny)
+#   --arch ARCH       llama or qwen3 (default llama); the tokenizer is the
+#                     repository's Llama 3 or Qwen3 one
+#   --pp N, --tg N    prefill and decode tokens (default 512, 128)
+#   --quick           tiny model, 1 round: proves the plumbing, measures
+#                     nothing; the README is left alone
+#   --bin FILE        tensorpar binary (default build/tensorpar)
+#   --cache DIR       llama.cpp, models, GGUF files (default build-llamacpp)
+#   --no-readme       leave bench/README.md alone
+set -euo pipefail
+
+main() {
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+rounds="" threads=1,2 dtypes=bf16,f32,q8_0 preset="" arch=llama pp=512 tg=128 quick=0
+bin=$root/build/tensorpar cache=$root/build-llamacpp readme=1
+args="$*"
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --rounds) rounds=${2:?}; shift ;;
+        --threads) threads=${2:?}; shift ;;
+        --dtypes) dtypes=${2:?}; shift ;;
+        --preset) preset=${2:?}; shift ;;
+        --arch) arch=${2:?}; shift ;;
+        --pp) pp=${2:?}; shift ;;
+        --tg) tg=${2:?}; shift ;;
+        --quick) quick=1 ;;
+        --bin) bin=${2:?}; shift ;;
+        --cache) cache=${2:?}; shift ;;
+        --no-readme) readme=0 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; return 0 ;;
+        *) echo "run.sh: unknown option $1 (see --help)" >&2; return 2 ;;
+    esac
+    shift
+done
+[ $quick = 1 ] && { rounds=${rounds:-1}; preset=${preset:-tiny}; readme=0; }
+rounds=${rounds:-3} preset=${preset:-llama-3.2-1b}
+[[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --rounds must be a positive integer" >&2; return 2; }
+for d in ${dtypes//,/ }; do
+    case "$d" in bf16|f32|q8_0) ;; *) echo "run.sh: unknown dtype $d (bf16, f32, q8_0)" >&2; return 2 ;; esac
+done
+case "$arch" in llama) tok=llama3 ;; qwen3) tok=qwen3 ;;
+    *) echo "run.sh: --arch llama or qwen3" >&2; return 2 ;; esac
+[ -x "$bin" ] || { echo "run.sh: no tensorpar binary at $bin (build it, or --bin)" >&2; return 2; }
+mkdir -p "$cache"
+cache=$(cd "$cache" && pwd)
+
+llama_bin=$(bash "$here/build.sh" "$cache")
+
+# The checkpoint: bf16 as the presets store it; tensorpar converts to each
+# dtype at load, the converter to each GGUF file.
+model=$cache/models/$arch-$preset
+if [ ! -f "$model/config.json" ]; then
+    echo "== make-model $arch $preset -> $model" >&2
+    rm -rf "$model.tmp" && mkdir -p "$(dirname "$model")"
+    # tiny's MLP (160) would split into rows of 80 at TP=2, not whole Q8_0
+    # blocks of 32: 256 lets --quick run every configuration
+    sets=(); [ "$preset" = tiny ] && sets=(--set intermediate_size=256)
+    "$bin" make-model --arch "$arch" --preset "$preset" --dtype bf16 --tokenizer "$root/tests/data/tokenizers/$tok" \
+        "${sets[@]}" --out "$model.tmp" >&2
+    mv "$model.tmp" "$model"
+fi
+ggufs=()
+for d in ${dtypes//,/ }; do
+    g=$cache/models/$arch-$preset.$d.gguf
+    if [ ! -f "$g" ] || [ "$g" -ot "$here/convert.py" ] || [ "$g" -ot "$here/gguf.py" ]; then
+        echo "== convert -> $g" >&2
+        /usr/bin/python3 "$here/convert.py" "$model" "$g.tmp" --dtype "$d" --name "$arch-$preset"
+        mv "$g.tmp" "$g"
+    fi
+    ggufs+=(--gguf "$d=$g")
+done
+
+out=$cache/runs/$(date -u +%Y%m%d-%H%M%S)
+opts=()
+if [ $readme = 1 ]; then
+    opts+=(--readme "$root/bench/README.md" --png "$root/bench/llamacpp/vs-llamacpp-$arch-$preset.png")
+else
+    opts+=(--png "$out/vs-llamacpp.png")
+fi
+[ $quick = 1 ] && opts+=(--quick)
+echo "== rounds: $out" >&2
+/usr/bin/python3 "$here/compare.py" --tensorpar "$bin" --llama-bin "$llama_bin" --model "$model" "${ggufs[@]}" \
+    --rounds "$rounds" --threads "$threads" --dtypes "$dtypes" --pp "$pp" --tg "$tg" --out "$out" \
+    --args="$args" "${opts[@]}"
+}
+
+main "$@"

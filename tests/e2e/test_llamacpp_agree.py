@@ -1,0 +1,150 @@
+"""llama.cpp on our GGUF files agrees with tensorpar on the checkpoint they
+came from: for tiny llama and qwen3 models (the real Llama 3 and Qwen3
+tokenizers), llama.cpp's llama-simple, greedy, prints exactly the text of
+the prompt tokens and the tokens `tensorpar generate --greedy` picks — so
+the weights, the q/k row order, the rope, the norms and the vocabulary all
+came across.  The text is built here from tensorpar's token ids and
+tokenizer.json (byte-level BPE), so a vocabulary that llama.cpp reads
+differently fails too.
+
+Needs the llama.cpp build of bench/llamacpp/build.sh (in build-llamacpp/,
+or the folder of its binaries in TP_LLAMACPP_BIN); without it the test says
+it is skipped (CTest reports it so)."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from tpe2e import ROOT, TOKENIZERS, Checks, run
+
+CONVERT = os.path.join(ROOT, "bench", "llamacpp", "convert.py")
+LLAMA_BIN = os.environ.get("TP_LLAMACPP_BIN") or os.path.join(ROOT, "build-llamacpp", "build", "bin")
+SIMPLE = os.path.join(LLAMA_BIN, "llama-simple")
+PROMPT = "The quick brown fox jumps over the lazy dog because"
+NEW = 24
+TIE = 2e-3   # of the logit range: far above the roundings' effect, far below a typical top-2 gap
+ck = Checks()
+
+
+def byte_decoder():
+    """GPT-2's byte-level map, inverted: printable stand-in -> byte."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def pieces(model):
+    """id -> the bytes llama.cpp prints for it (special tokens as their text)."""
+    with open(os.path.join(model, "tokenizer.json"), encoding="utf-8") as f:
+        tj = json.load(f)
+    dec = byte_decoder()
+    out = {i: bytes(dec[c] for c in t) for t, i in tj["model"]["vocab"].items()}
+    for a in tj["added_tokens"]:
+        out[a["id"]] = a["content"].encode()
+    special = {a["id"] for a in tj["added_tokens"] if a["special"]}
+    return out, special
+
+
+# llama3 rope scaling with 16 original positions: all but the shortest
+# wavelength of the tiny preset's head (d = 16) are stretched, so a GGUF
+# whose rope_freqs llama.cpp read wrongly would part at once
+LLAMA3_ROPE = ["--set", 'rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, '
+               '"high_freq_factor": 4.0, "original_max_position_embeddings": 16}']
+
+
+def agree(arch, dtype, work, extra=(), label=""):
+    tag = f"{arch}{label} {dtype}"
+    model = os.path.join(work, f"{arch}{label.replace(' ', '-')}-{dtype}")
+    tok = os.path.join(TOKENIZERS, "llama3" if arch == "llama" else "qwen3")
+    run("make-model", "--arch", arch, "--preset", "tiny", "--dtype", "f32" if dtype == "q8_0" else dtype,
+        "--tokenizer", tok, "--seed", "7", "--qk-std", "0.3", *extra, "--out", model)
+    gguf = model + ".gguf"
+    p = subprocess.run([sys.executable, CONVERT, model, gguf, "--dtype", dtype], capture_output=True, text=True)
+    if p.returncode:
+        ck(False, f"{tag}: convert exited {p.returncode}: {p.stderr.strip()}")
+        return
+    ids = json.loads(run("tokenize", "--tokenizer", model, "--text", PROMPT, "--special").stdout)
+    gen = json.loads(run("generate", "--model", model, "--tokens", ",".join(map(str, ids)), "--greedy",
+                         "--max-new-tokens", NEW, "--dtype", dtype, "--threads", "1").stdout)
+    p = subprocess.run([SIMPLE, "-m", gguf, "-n", str(NEW), PROMPT], capture_output=True, timeout=300)
+    if p.returncode:
+        ck(False, f"{tag}: llama-simple exited {p.returncode}:\n{p.stderr.decode(errors='replace')[-2000:]}")
+        return
+    piece, special = pieces(model)
+    prompt = b"".join(piece[i] for i in ids)
+    got = p.stdout[:-1] if p.stdout.endswith(b"\n") else p.stdout
+    ck(got.startswith(prompt), f"{tag}: llama.cpp's prompt tokens print {got[:len(prompt) + 20]!r}, "
+                               f"tensorpar's {prompt!r} ({ids})")
+    want = prompt + b"".join(piece[i] for i in gen)
+    # llama.cpp stops at an end-of-generation token without printing it; a
+    # special token where its output ends is taken for one
+    stops = [k for k, i in enumerate(gen) if i in special]
+    if got == want or (stops and got == prompt + b"".join(piece[i] for i in gen[:stops[0]])):
+        print(f"{tag}: {len(gen)} tokens agree")
+        return
+    n = 0
+    while n < len(gen) and got.startswith(prompt + b"".join(piece[i] for i in gen[:n + 1])):
+        n += 1
+    # a near tie excuses a parting only after half the tokens agreed: a
+    # wrong conversion parts at once
+    gap = None if n < len(gen) // 2 else near_tie(model, dtype, ids + gen[:n],
+                                                  got[len(prompt) + len(b"".join(piece[i] for i in gen[:n])):], piece,
+                                                  work)
+    if gap is not None:
+        print(f"{tag}: {n} tokens agree, then a near tie (llama.cpp's token {gap:.2e} of the logit range below "
+              f"tensorpar's)")
+        return
+    ck(False, f"{tag}: llama.cpp and tensorpar part after {n} of {len(gen)} tokens:\n"
+              f"  llama.cpp {got[len(prompt):]!r}\n  tensorpar {want[len(prompt):]!r} ({gen})")
+
+
+def near_tie(model, dtype, seq, rest, piece, work):
+    """Where the two part: whether llama.cpp's next token (a token whose text
+    starts what llama.cpp printed next) is, in tensorpar's own logits, within
+    TIE of tensorpar's pick — two candidates that close swap under llama.cpp's
+    other roundings (bf16 activations in its bf16 products, an f16 KV
+    cache).  The gap as a share of the logit range, or None."""
+    import numpy as np
+    out = os.path.join(work, "logits.npy")
+    run("logits", "--model", model, "--tokens", ",".join(map(str, seq)), "--out", out, "--dtype", dtype,
+        "--threads", "1")
+    z = np.load(out)[-1]
+    top = int(np.argmax(z))
+    cands = [t for t in np.argsort(-z)[:16] if t != top and piece.get(int(t)) and rest.startswith(piece[int(t)])]
+    if not cands:
+        return None
+    gap = float(z[top] - z[cands[0]]) / float(z.max() - z.min())
+    return gap if gap <= TIE else None
+
+
+def has_q8_0():
+    return "q8_0" in run("generate", "--help").stdout
+
+
+def main():
+    if not os.path.exists(SIMPLE):
+        print(f"skipped: no llama.cpp build ({SIMPLE}; bash bench/llamacpp/build.sh makes it)")
+        return
+    with tempfile.TemporaryDirectory(prefix="tp-llamacpp-") as work:
+        for arch in ("llama", "qwen3"):
+            for dtype in ("f32", "bf16", "q8_0"):
+                if dtype == "q8_0" and not has_q8_0():
+                    print(f"{arch} q8_0: not compared (this tensorpar has no --dtype q8_0)")
+                    continue
+                agree(arch, dtype, work)
+        agree("llama", "f32", work, LLAMA3_ROPE, " llama3-rope")
+    if ck.failures:
+        sys.exit(f"{len(ck.failures)} failure(s)")
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
