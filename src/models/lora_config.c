@@ -69,6 +69,18 @@ tp_status tp_lora_config_set_bias(tp_lora_config *c, const char *bias, const cha
     return tp_fail(TP_ERR_UNSUPPORTED, "%s: bias '%s'; it must be \"none\", \"all\" or \"lora_only\"", where, bias);
 }
 
+/* A flag's comma-separated names ("q_proj,v_proj", empty items dropped)
+ * as the JSON list a config file would hold. */
+static cJSON *comma_list(const char *names)
+{
+    cJSON *list = cJSON_CreateArray();
+    char *copy = strdup(names ? names : "");
+    for (char *save = NULL, *t = copy ? strtok_r(copy, ",", &save) : NULL; t; t = strtok_r(NULL, ",", &save))
+        if (*t) cJSON_AddItemToArray(list, cJSON_CreateString(t));
+    free(copy);
+    return list;
+}
+
 /* modules_to_save: absent, null or a list of module names. */
 static tp_status read_saved(tp_lora_config *c, const cJSON *v, const char *path)
 {
@@ -79,11 +91,7 @@ static tp_status read_saved(tp_lora_config *c, const cJSON *v, const char *path)
 
 tp_status tp_lora_config_set_saved(tp_lora_config *c, const char *names)
 {
-    cJSON *list = cJSON_CreateArray();
-    char *copy = strdup(names ? names : "");
-    for (char *save = NULL, *t = copy ? strtok_r(copy, ",", &save) : NULL; t; t = strtok_r(NULL, ",", &save))
-        if (*t) cJSON_AddItemToArray(list, cJSON_CreateString(t));
-    free(copy);
+    cJSON *list = comma_list(names);
     tp_status s = read_saved(c, list, "--lora-modules-to-save");
     cJSON_Delete(list);
     return s;
@@ -165,11 +173,7 @@ tp_status tp_lora_config_make(tp_lora_config *c, int64_t r, double alpha, double
     c->r = r;
     c->alpha = alpha;
     c->dropout = dropout;
-    cJSON *list = cJSON_CreateArray();
-    char *copy = strdup(targets ? targets : "");
-    for (char *save = NULL, *t = copy ? strtok_r(copy, ",", &save) : NULL; t; t = strtok_r(NULL, ",", &save))
-        if (*t) cJSON_AddItemToArray(list, cJSON_CreateString(t));
-    free(copy);
+    cJSON *list = comma_list(targets);
     tp_status s = read_targets(c, list, "--lora-target");
     cJSON_Delete(list);
     if (s) tp_lora_config_free(c);

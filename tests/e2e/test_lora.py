@@ -135,6 +135,16 @@ def make_data(model, lines=24, seed=0):
     return lora_e2e.make_data(WORK, model, lines, seed)
 
 
+def same_run(test, tp, got_log, got, log, want):
+    """A TP = tp training run's log and adapter against the reference's."""
+    for g, w in zip(got_log, log):
+        test.assertLess(abs(g["loss"] - w["loss"]) / w["loss"], 1e-5, f"TP={tp} step {w['step']}")
+        test.assertLess(abs(g["grad_norm"] - w["grad_norm"]) / w["grad_norm"], 1e-4, f"TP={tp}")
+    test.assertEqual(set(got), set(want))
+    for k in want:
+        test.assertLess(rel(got[k], want[k]), 1e-4, f"TP={tp} {k}")
+
+
 def init_tp1_tp2(test, model, data, name, *flags):
     """New adapters after one step at lr 0, at TP = 1 and TP = 2 into
     WORK/NAME-tp1 and -tp2, whose files must be the same bytes: the TP = 1
@@ -160,12 +170,7 @@ class LoraTraining(unittest.TestCase):
         for tp in (1, 2):
             got_log, got = train(model, data, os.path.join(WORK, f"train-tp{tp}"), tp, TRAIN, "--adapter", start)
             self.assertEqual(len(got_log), len(log))
-            for g, w in zip(got_log, log):
-                self.assertLess(abs(g["loss"] - w["loss"]) / w["loss"], 1e-5, f"TP={tp} step {w['step']}")
-                self.assertLess(abs(g["grad_norm"] - w["grad_norm"]) / w["grad_norm"], 1e-4, f"TP={tp}")
-            self.assertEqual(set(got), set(want))
-            for k in want:
-                self.assertLess(rel(got[k], want[k]), 1e-4, f"TP={tp} {k}")
+            same_run(self, tp, got_log, got, log, want)
 
     def five_steps(self, model, targets, tps, seed, *extra_runs):
         """5 AdamW steps from a PEFT-layout adapter on `targets`: loss, grad norm
@@ -300,12 +305,7 @@ class LoraModulesToSave(unittest.TestCase):
         self.assertGreater(min(rel(want[k], first[k]) for k in want), 1e-4, "every tensor moves")
         for tp in (1, 2, 4):
             got_log, got = train(model, data, os.path.join(WORK, f"mts-tp{tp}"), tp, TRAIN, "--adapter", start)
-            for g, w in zip(got_log, log):
-                self.assertLess(abs(g["loss"] - w["loss"]) / w["loss"], 1e-5, f"TP={tp} step {w['step']}")
-                self.assertLess(abs(g["grad_norm"] - w["grad_norm"]) / w["grad_norm"], 1e-4, f"TP={tp}")
-            self.assertEqual(set(got), set(want))
-            for k in want:
-                self.assertLess(rel(got[k], want[k]), 1e-4, f"TP={tp} {k}")
+            same_run(self, tp, got_log, got, log, want)
 
     def test_train_flag_and_round_trip(self):
         model = make("qwen3-base", "qwen3")
