@@ -77,16 +77,8 @@ static tp_status gather_full(tp_model *m, const tp_module *mod, int j, const flo
     memset(out, 0, n * sizeof(float));
     int kv_rep = mod->tp ? mod->tp->kv_rep : 1;
     if (kv_rep <= 1 || m->tp->rank % kv_rep == 0) place_shard(out, local, p);
-    tp_placement part = tp_partial(), rep = tp_replicate();
-    tp_dtensor src, dst;
-    tp_status s = tp_dtensor_from_local(&src, m->tp->mesh, &part, TP_F32, p->ndim, p->shape, out);
-    if (s) return s;
-    s = tp_redistribute(&src, &rep, &dst);
-    tp_dtensor_release(&src);
-    if (s) return tp_fail_context(s, "gathering the %s of %s.%s", what, mod->name, p->suffix);
-    memcpy(out, dst.local.data, n * sizeof(float));
-    tp_dtensor_release(&dst);
-    return TP_OK;
+    tp_status s = tp_sum_partial(m, p->ndim, p->shape, out);
+    return s ? tp_fail_context(s, "gathering the %s of %s.%s", what, mod->name, p->suffix) : TP_OK;
 }
 
 tp_status tp_model_grad_full(tp_model *m, const tp_module *mod, int j, float *out)

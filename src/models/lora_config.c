@@ -33,6 +33,21 @@ static tp_status refuse_set(const cJSON *root, const char *key, const char *path
     return tp_fail(TP_ERR_UNSUPPORTED, "%s: '%s' is set; tensorpar's LoRA does not support it", path, key);
 }
 
+/* list, a JSON array that must hold only strings, copied into *names
+ * (*count: how many are copied so far, also after a failure). */
+static tp_status read_names(const cJSON *list, const char *path, const char *key, char ***names, int *count)
+{
+    int n = cJSON_GetArraySize(list);
+    if (n && !(*names = calloc((size_t)n, sizeof **names))) return tp_fail(TP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        const cJSON *e = cJSON_GetArrayItem(list, i);
+        if (!cJSON_IsString(e)) return tp_fail(TP_ERR_FORMAT, "%s: %s[%d] is not a string", path, key, i);
+        if (!((*names)[i] = strdup(e->valuestring))) return tp_fail(TP_ERR_NOMEM, "out of memory");
+        *count = i + 1;
+    }
+    return TP_OK;
+}
+
 static tp_status read_targets(tp_lora_config *c, const cJSON *t, const char *path)
 {
     if (cJSON_IsString(t)) {
@@ -43,16 +58,7 @@ static tp_status read_targets(tp_lora_config *c, const cJSON *t, const char *pat
     }
     if (!cJSON_IsArray(t) || cJSON_GetArraySize(t) == 0)
         return tp_fail(TP_ERR_FORMAT, "%s: target_modules must be a non-empty list of names or a regex", path);
-    int n = cJSON_GetArraySize(t);
-    c->targets = calloc((size_t)n, sizeof *c->targets);
-    if (!c->targets) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < n; i++) {
-        const cJSON *e = cJSON_GetArrayItem(t, i);
-        if (!cJSON_IsString(e)) return tp_fail(TP_ERR_FORMAT, "%s: target_modules[%d] is not a string", path, i);
-        if (!(c->targets[i] = strdup(e->valuestring))) return tp_fail(TP_ERR_NOMEM, "out of memory");
-        c->n_targets = i + 1;
-    }
-    return TP_OK;
+    return read_names(t, path, "target_modules", &c->targets, &c->n_targets);
 }
 
 tp_status tp_lora_config_set_bias(tp_lora_config *c, const char *bias, const char *where)
@@ -63,29 +69,29 @@ tp_status tp_lora_config_set_bias(tp_lora_config *c, const char *bias, const cha
     return tp_fail(TP_ERR_UNSUPPORTED, "%s: bias '%s'; it must be \"none\", \"all\" or \"lora_only\"", where, bias);
 }
 
-/* modules_to_save: absent, null or a list of module names. */
-static tp_status read_saved(tp_lora_config *c, const cJSON *v, const char *path)
-{
-    if (!v || cJSON_IsNull(v)) return TP_OK;
-    if (!cJSON_IsArray(v)) return tp_fail(TP_ERR_FORMAT, "%s: modules_to_save must be a list of names", path);
-    int n = cJSON_GetArraySize(v);
-    if (n && !(c->save = calloc((size_t)n, sizeof *c->save))) return tp_fail(TP_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < n; i++) {
-        const cJSON *e = cJSON_GetArrayItem(v, i);
-        if (!cJSON_IsString(e)) return tp_fail(TP_ERR_FORMAT, "%s: modules_to_save[%d] is not a string", path, i);
-        if (!(c->save[i] = strdup(e->valuestring))) return tp_fail(TP_ERR_NOMEM, "out of memory");
-        c->n_save = i + 1;
-    }
-    return TP_OK;
-}
-
-tp_status tp_lora_config_set_saved(tp_lora_config *c, const char *names)
+/* A flag's comma-separated names ("q_proj,v_proj", empty items dropped)
+ * as the JSON list a config file would hold. */
+static cJSON *comma_list(const char *names)
 {
     cJSON *list = cJSON_CreateArray();
     char *copy = strdup(names ? names : "");
     for (char *save = NULL, *t = copy ? strtok_r(copy, ",", &save) : NULL; t; t = strtok_r(NULL, ",", &save))
         if (*t) cJSON_AddItemToArray(list, cJSON_CreateString(t));
     free(copy);
+    return list;
+}
+
+/* modules_to_save: absent, null or a list of module names. */
+static tp_status read_saved(tp_lora_config *c, const cJSON *v, const char *path)
+{
+    if (!v || cJSON_IsNull(v)) return TP_OK;
+    if (!cJSON_IsArray(v)) return tp_fail(TP_ERR_FORMAT, "%s: modules_to_save must be a list of names", path);
+    return read_names(v, path, "modules_to_save", &c->save, &c->n_save);
+}
+
+tp_status tp_lora_config_set_saved(tp_lora_config *c, const char *names)
+{
+    cJSON *list = comma_list(names);
     tp_status s = read_saved(c, list, "--lora-modules-to-save");
     cJSON_Delete(list);
     return s;
@@ -167,11 +173,7 @@ tp_status tp_lora_config_make(tp_lora_config *c, int64_t r, double alpha, double
     c->r = r;
     c->alpha = alpha;
     c->dropout = dropout;
-    cJSON *list = cJSON_CreateArray();
-    char *copy = strdup(targets ? targets : "");
-    for (char *save = NULL, *t = copy ? strtok_r(copy, ",", &save) : NULL; t; t = strtok_r(NULL, ",", &save))
-        if (*t) cJSON_AddItemToArray(list, cJSON_CreateString(t));
-    free(copy);
+    cJSON *list = comma_list(targets);
     tp_status s = read_targets(c, list, "--lora-target");
     cJSON_Delete(list);
     if (s) tp_lora_config_free(c);

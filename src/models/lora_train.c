@@ -193,17 +193,8 @@ tp_status tp_model_lora_tensor(tp_model *m, size_t k, const char **name, tp_tens
 static tp_status all_reduce(tp_model *m, float *buf, int64_t T, int64_t w)
 {
     if (!m->tp || !m->tp->mesh || m->tp->size <= 1) return TP_OK;
-    tp_placement part = tp_partial(), rep = tp_replicate();
     int64_t shape[2] = {T, w};
-    tp_dtensor src, sum;
-    tp_status s = tp_dtensor_from_local(&src, m->tp->mesh, &part, TP_F32, 2, shape, buf);
-    if (s) return s;
-    s = tp_redistribute(&src, &rep, &sum);
-    tp_dtensor_release(&src);
-    if (s) return s;
-    memcpy(buf, sum.local.data, (size_t)(T * w) * sizeof(float));
-    tp_dtensor_release(&sum);
-    return TP_OK;
+    return tp_sum_partial(m, 2, shape, buf);
 }
 
 /* B's gradient under a KV head replicated over ranks: each rank holds its

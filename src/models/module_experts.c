@@ -58,17 +58,8 @@ static tp_status experts_forward(tp_model *m, const tp_module *mod, tp_forward_p
  * all-reduce of [T, H + k] (Partial -> Replicate, §9.2's two sums). */
 static tp_status sum_partials(tp_model *m, float *buf, int64_t T, int64_t width)
 {
-    tp_placement part = tp_partial(), rep = tp_replicate();
     int64_t shape[2] = {T, width};
-    tp_dtensor src, sum;
-    tp_status s = tp_dtensor_from_local(&src, m->tp->mesh, &part, TP_F32, 2, shape, buf);
-    if (s) return s;
-    s = tp_redistribute(&src, &rep, &sum);
-    tp_dtensor_release(&src);
-    if (s) return s;
-    memcpy(buf, sum.local.data, (size_t)(T * width) * sizeof(float));
-    tp_dtensor_release(&sum);
-    return TP_OK;
+    return tp_sum_partial(m, 2, shape, buf);
 }
 
 tp_status tp_moe_experts_backward(tp_model *m, const tp_module *mod, const tp_moe_routing *r, const float *x,

@@ -431,6 +431,24 @@ static tp_status add_param_grad(tp_model *m, const tp_module *lin, const tp_modu
     return s;
 }
 
+/* Partial -> Replicate in place: buf, this rank's addend of an f32 tensor
+ * of shape, becomes the sum over the model's mesh on every rank. */
+tp_status tp_sum_partial(tp_model *m, int ndim, const int64_t *shape, float *buf)
+{
+    tp_placement part = tp_partial(), rep = tp_replicate();
+    tp_dtensor src, sum;
+    tp_status s = tp_dtensor_from_local(&src, m->tp->mesh, &part, TP_F32, ndim, shape, buf);
+    if (s) return s;
+    s = tp_redistribute(&src, &rep, &sum);
+    tp_dtensor_release(&src);
+    if (s) return s;
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= shape[d];
+    memcpy(buf, sum.local.data, (size_t)n * sizeof(float));
+    tp_dtensor_release(&sum);
+    return TP_OK;
+}
+
 /* Under KV-head replication (P > num_key_value_heads) the kv_rep ranks of
  * a KV subgroup hold the same k/v head, each having computed its part from
  * its own query heads: the head's gradient is their sum, which every one
@@ -447,17 +465,8 @@ tp_status tp_sum_kv_rows(tp_model *m, const tp_param_slice *sl, int ndim, const 
     float *full = calloc((size_t)(shape[0] * inner), sizeof(float));
     if (!full) return tp_fail(TP_ERR_NOMEM, "out of memory");
     memcpy(full + row0 * inner, g, (size_t)(rows * inner) * sizeof(float));
-    tp_placement part = tp_partial(), rep = tp_replicate();
-    tp_dtensor src, sum;
-    tp_status s = tp_dtensor_from_local(&src, m->tp->mesh, &part, TP_F32, ndim, shape, full);
-    if (!s) {
-        s = tp_redistribute(&src, &rep, &sum);
-        tp_dtensor_release(&src);
-    }
-    if (!s) {
-        memcpy(g, (const float *)sum.local.data + row0 * inner, (size_t)(rows * inner) * sizeof(float));
-        tp_dtensor_release(&sum);
-    }
+    tp_status s = tp_sum_partial(m, ndim, shape, full);
+    if (!s) memcpy(g, full + row0 * inner, (size_t)(rows * inner) * sizeof(float));
     free(full);
     return s;
 }

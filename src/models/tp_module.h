@@ -382,6 +382,9 @@ tp_status tp_lora_zero_grad(tp_model *m);
  * gradient (lora_train.c). */
 tp_status tp_lora_backward_embedding(tp_model *m, const tp_module *emb, const int64_t *ids, const float *dy,
                                      int64_t T);
+/* Partial -> Replicate in place: buf, this rank's addend of an f32 tensor
+ * of shape, becomes the sum over m's mesh on every rank (module_linear.c). */
+tp_status tp_sum_partial(tp_model *m, int ndim, const int64_t *shape, float *buf);
 /* Under KV-head replication: g, this rank's rows sl (one range, dim 0) of a
  * [shape[0], shape[1]] gradient, becomes the sum of the same rows over the
  * ranks that hold them — the ranks of a KV subgroup (module_linear.c). */

@@ -41,5 +41,8 @@ tp_forward_desc tp_par_desc_passthrough(void);
 /* One that leaves both layouts to the module: input "converted to local",
  * output "returned local" (filled in by tp_plan_check_flow). */
 tp_forward_desc tp_par_desc_local(void);
+/* install_forward of the styles whose forward is tp_par_desc_local's: the
+ * module runs as it is and something else (or nothing) communicates. */
+tp_status tp_par_forward_local(const tp_style *st, const tp_module_ctx *mod, tp_forward_desc *d);
 
 #endif

@@ -460,22 +460,34 @@ static tp_status attention(flow *f, int64_t l)
     return mp ? stream(base, mp->style->name, base, y) : stream(y.mod, y.sty, base, y);
 }
 
+/* A gated MLP's gate_proj and up_proj: both fed whole, neither followed
+ * by a linear op, and alike (their elementwise product); *lg the layout
+ * they give, which down_proj takes. */
+static tp_status gate_up(flow *f, const char *g, const char *u, lay *lg)
+{
+    char a[40], b[40], o[300];
+    lay lu;
+    tp_status s;
+    if ((s = linear(f, g, REP, lg)) || (s = linear(f, u, REP, &lu)) ||
+        (s = not_linear(f, g, *lg, "the SiLU gate")) || (s = not_linear(f, u, lu, "the gated product")))
+        return s;
+    if (!lay_eq(*lg, lu))
+        return refuse(u, style_of(module_at(f, u), param_of(f, u, "weight")), "gate_proj gives %s%s and up_proj "
+                      "gives %s here; the elementwise product needs them alike", lay_str(*lg, a, sizeof a),
+                      origin(*lg, o, sizeof o), lay_str(lu, b, sizeof b));
+    return TP_OK;
+}
+
 static tp_status mlp(flow *f, int64_t l)
 {
-    char base[96], g[128], u[128], dn[128], a[40], b[40], o[300];
+    char base[96], g[128], u[128], dn[128];
     snprintf(base, sizeof base, "model.layers.%lld.mlp", (long long)l);
     snprintf(g, sizeof g, "%s.gate_proj", base);
     snprintf(u, sizeof u, "%s.up_proj", base);
     snprintf(dn, sizeof dn, "%s.down_proj", base);
-    lay lg, lu, ld, y;
+    lay lg, ld, y;
     tp_status s;
-    if ((s = linear(f, g, REP, &lg)) || (s = linear(f, u, REP, &lu)) ||
-        (s = not_linear(f, g, lg, "the SiLU gate")) || (s = not_linear(f, u, lu, "the gated product")))
-        return s;
-    if (!lay_eq(lg, lu))
-        return refuse(u, style_of(module_at(f, u), param_of(f, u, "weight")), "gate_proj gives %s%s and up_proj "
-                      "gives %s here; the elementwise product needs them alike", lay_str(lg, a, sizeof a),
-                      origin(lg, o, sizeof o), lay_str(lu, b, sizeof b));
+    if ((s = gate_up(f, g, u, &lg))) return s;
     if ((s = linear(f, dn, lg, &ld)) || (s = container(f, base, ld, &y))) return s;
     const tp_module_plan *mp = module_at(f, base);
     return mp ? stream(base, mp->style->name, base, y) : stream(y.mod, y.sty, base, y);
@@ -512,7 +524,7 @@ static tp_status expert_split(const tp_param_plan *gu, const tp_param_plan *dn, 
  * down_proj, or everything replicated); no rule on the container. */
 static tp_status shared_experts(flow *f, const char *block)
 {
-    char base[128], g[144], u[144], dn[144], a[40], b[40], o[300];
+    char base[128], g[144], u[144], dn[144], a[40];
     snprintf(base, sizeof base, "%s.shared_experts", block);
     snprintf(g, sizeof g, "%s.gate_proj", base);
     snprintf(u, sizeof u, "%s.up_proj", base);
@@ -520,15 +532,9 @@ static tp_status shared_experts(flow *f, const char *block)
     tp_module_plan *bp = module_at(f, base);
     if (bp) return refuse(base, bp->style->name, "tensorpar runs no rule on shared_experts itself; rules go on its "
                           "projections");
-    lay lg, lu, ld;
+    lay lg, ld;
     tp_status s;
-    if ((s = linear(f, g, REP, &lg)) || (s = linear(f, u, REP, &lu)) ||
-        (s = not_linear(f, g, lg, "the SiLU gate")) || (s = not_linear(f, u, lu, "the gated product")))
-        return s;
-    if (!lay_eq(lg, lu))
-        return refuse(u, style_of(module_at(f, u), param_of(f, u, "weight")), "gate_proj gives %s%s and up_proj "
-                      "gives %s here; the elementwise product needs them alike", lay_str(lg, a, sizeof a),
-                      origin(lg, o, sizeof o), lay_str(lu, b, sizeof b));
+    if ((s = gate_up(f, g, u, &lg))) return s;
     if ((s = linear(f, dn, lg, &ld))) return s;
     if (ld.k != L_REP)
         return refuse(dn, ld.sty ? ld.sty : "-", "its output is %s here, but the block adds it to the routed "

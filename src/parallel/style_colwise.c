@@ -52,13 +52,6 @@ COLWISE(tp_par_colwise, "colwise", ((tp_placement){TP_SHARD, -1, 0}));
 
 /* local_colwise (legacy, §2.19): colwise placements, no forward
  * transformation; the enclosing module communicates. */
-static tp_status local_forward(const tp_style *st, const tp_module_ctx *mod, tp_forward_desc *d)
-{
-    (void)st; (void)mod;
-    *d = tp_par_desc_local();
-    return TP_OK;
-}
-
 const tp_style tp_par_local_colwise = {
     .name = "local_colwise", .impl = "ColwiseParallel(local)", .inference_only = 1,
-    .shard_param = colwise_shard, .install_forward = local_forward};
+    .shard_param = colwise_shard, .install_forward = tp_par_forward_local};

@@ -25,16 +25,9 @@ static tp_status grouped_shard(const tp_style *st, const tp_module_ctx *mod, con
 }
 
 /* Parameter-only: the container's moe_tp_experts supplies the all-reduce. */
-static tp_status grouped_forward(const tp_style *st, const tp_module_ctx *mod, tp_forward_desc *d)
-{
-    (void)st; (void)mod;
-    *d = tp_par_desc_local();
-    return TP_OK;
-}
-
 const tp_style tp_par_grouped_gemm = {
     .name = "grouped_gemm", .impl = "MoEParamShard", .validate_param = grouped_validate,
-    .shard_param = grouped_shard, .install_forward = grouped_forward};
+    .shard_param = grouped_shard, .install_forward = tp_par_forward_local};
 
 /* Both checks of §2.18 at plan time; the router's own parameters stay
  * replicated and nothing moves in the forward. */

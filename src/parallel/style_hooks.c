@@ -50,6 +50,13 @@ tp_forward_desc tp_par_desc_local(void)
     return d;
 }
 
+tp_status tp_par_forward_local(const tp_style *st, const tp_module_ctx *mod, tp_forward_desc *d)
+{
+    (void)st; (void)mod;
+    *d = tp_par_desc_local();
+    return TP_OK;
+}
+
 /* ---- dispatch with defaults -------------------------------------------- */
 
 tp_status tp_style_validate_param(const tp_style *st, const tp_module_ctx *mod,

@@ -24,12 +24,5 @@ const tp_style tp_par_moe_tp_experts = {
  * that the surrounding all-reduce sums P copies back to one.  No model type
  * tensorpar builds has identity experts: a plan that names one is refused
  * by the flow check (no module runs it). */
-static tp_status identity_forward(const tp_style *st, const tp_module_ctx *mod, tp_forward_desc *d)
-{
-    (void)st; (void)mod;
-    *d = tp_par_desc_local();
-    return TP_OK;
-}
-
 const tp_style tp_par_moe_identity_expert = {
-    .name = "moe_identity_expert", .impl = "MoeIdentityParallel", .install_forward = identity_forward};
+    .name = "moe_identity_expert", .impl = "MoeIdentityParallel", .install_forward = tp_par_forward_local};

@@ -51,15 +51,8 @@ const tp_style tp_par_all_reduce = {
 
 /* local_params (§2.16, §10.5): the module's parameters are placed by their
  * own rules; its forward sees local shards and nothing moves. */
-static tp_status local_params_forward(const tp_style *st, const tp_module_ctx *mod, tp_forward_desc *d)
-{
-    (void)st; (void)mod;
-    *d = tp_par_desc_local();
-    return TP_OK;
-}
-
 const tp_style tp_par_local_params = {
-    .name = "local_params", .impl = "LocalParamsParallel", .install_forward = local_params_forward};
+    .name = "local_params", .impl = "LocalParamsParallel", .install_forward = tp_par_forward_local};
 
 /* Legacy gather (GatherParallel): output all-reduced, no backward. */
 const tp_style tp_par_gather = {

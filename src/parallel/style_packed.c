@@ -45,26 +45,19 @@ static tp_status packed_colwise_forward(const tp_style *st, const tp_module_ctx 
     return TP_OK;
 }
 
-/* Parameter-only styles: the module's forward runs as it is. */
-static tp_status no_forward(const tp_style *st, const tp_module_ctx *mod, tp_forward_desc *d)
-{
-    (void)st; (void)mod;
-    *d = tp_par_desc_local();
-    return TP_OK;
-}
-
 const tp_style tp_par_packed_colwise = {
     .name = "packed_colwise", .impl = "PackedColwiseParallel",
     .opt = {.input_layout = {TP_REPLICATE, 0, 0}, .has_input_layout = 1, .use_local_output = 1, .split_factor = 2},
     .validate_param = packed_validate, .shard_param = packed_colwise_shard,
     .install_forward = packed_colwise_forward};
 
+/* Parameter-only styles: the module's forward runs as it is. */
 const tp_style tp_par_packed_rowwise = {
     .name = "packed_rowwise", .impl = "PackedRowwiseParallel",
     .opt = {.split_factor = 2},
-    .validate_param = packed_validate, .shard_param = packed_rowwise_shard, .install_forward = no_forward};
+    .validate_param = packed_validate, .shard_param = packed_rowwise_shard, .install_forward = tp_par_forward_local};
 
 const tp_style tp_par_local_packed_rowwise = {
     .name = "local_packed_rowwise", .impl = "PackedRowwiseParallel(local)", .inference_only = 1,
     .opt = {.split_factor = 2},
-    .validate_param = packed_validate, .shard_param = packed_rowwise_shard, .install_forward = no_forward};
+    .validate_param = packed_validate, .shard_param = packed_rowwise_shard, .install_forward = tp_par_forward_local};

@@ -41,14 +41,7 @@ ROWWISE(tp_par_rowwise, "rowwise", ((tp_placement){TP_SHARD, -1, 0}));
 ROWWISE(tp_par_rowwise_split_input, "rowwise_split_input", ((tp_placement){TP_REPLICATE, 0, 0}));
 ROWWISE(tp_par_rowwise_rep, "rowwise_rep", ((tp_placement){TP_REPLICATE, 0, 0}));
 
-static tp_status local_forward(const tp_style *st, const tp_module_ctx *mod, tp_forward_desc *d)
-{
-    (void)st; (void)mod;
-    *d = tp_par_desc_local();
-    return TP_OK;
-}
-
 /* local_rowwise (legacy): weight Shard(-1), bias Replicate, no transformation. */
 const tp_style tp_par_local_rowwise = {
     .name = "local_rowwise", .impl = "RowwiseParallel(local)", .inference_only = 1,
-    .shard_param = rowwise_shard, .install_forward = local_forward};
+    .shard_param = rowwise_shard, .install_forward = tp_par_forward_local};

@@ -36,7 +36,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
-from tpe2e import rel, run, tp_logits  # noqa: E402
+from tpe2e import fails, generate, make_model, rel, run, tp_logits  # noqa: E402
 import hf_reference as ref  # noqa: E402
 
 TOL = 1e-5
@@ -58,11 +58,8 @@ def tearDownModule():
 
 
 def make(name, arch, *extra):
-    d = os.path.join(WORK, name)
-    if not os.path.exists(d):
-        run("make-model", "--arch", arch, "--preset", "tiny", "--qk-std", "0.25", "--router-std", "0.3", "--seed", "3",
-            *extra, "--out", d)
-    return d
+    return make_model(WORK, name, arch, "--preset", "tiny", "--qk-std", "0.25", "--router-std", "0.3", "--seed", "3",
+                      *extra)
 
 
 def logits(model, tp=1, *extra):
@@ -71,17 +68,6 @@ def logits(model, tp=1, *extra):
 
 def reference(model):
     return ref.reference_logits(model, [int(t) for t in TOKENS.split(",")])
-
-
-def generate(model, tp=1, *extra):
-    return json.loads(run("generate", "--model", model, "--tokens", "1,2,3", "--max-new-tokens", "24",
-                          "--greedy", "--tp", tp, *extra).stdout)
-
-
-def fails(*args):
-    p = run(*args, check=False)
-    assert p.returncode != 0, f"tensorpar {' '.join(map(str, args))} succeeded"
-    return p.stderr
 
 
 DENSE = ("--set", "first_k_dense_replace=2")

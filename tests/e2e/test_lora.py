@@ -18,8 +18,10 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 sys.path.insert(0, HERE)
-from tpe2e import read_log, rel, run, tp_logits, vocab_size, write_token_rows  # noqa: E402
+from tpe2e import rel, run, tp_logits  # noqa: E402
 import peft_reference as peft  # noqa: E402
+import lora_e2e  # noqa: E402
+from lora_e2e import SEQ_LEN, TRAIN, adapter_bytes, train  # noqa: E402
 
 TOL = 1e-5
 TOKENS = [1, 5, 9, 42, 7, 3, 11, 200, 17, 99, 4, 8, 300, 12, 6, 77]
@@ -129,33 +131,31 @@ class LoraMerge(unittest.TestCase):
             self.assertNotEqual(f.read(), saved[1])
 
 
-SEQ_LEN = 16
-TRAIN = dict(seq_len=SEQ_LEN, batch_size=2, grad_accum=2, steps=5, optim="adamw", lr=2e-3, lr_scheduler="linear",
-             warmup_steps=1, weight_decay=0.1, max_grad_norm=0.5)
-FLAGS = dict(seq_len="--seq-len", batch_size="--batch-size", grad_accum="--grad-accum", steps="--steps",
-             optim="--optim", lr="--lr", lr_scheduler="--lr-scheduler", warmup_steps="--warmup-steps",
-             weight_decay="--weight-decay", max_grad_norm="--max-grad-norm")
-
-
 def make_data(model, lines=24, seed=0):
-    rng = np.random.default_rng(seed)
-    return write_token_rows(os.path.join(WORK, f"data-{seed}.jsonl"), rng, lines, vocab_size(model),
-                            lambda i: int(rng.integers(3, SEQ_LEN + 5)))
+    return lora_e2e.make_data(WORK, model, lines, seed)
 
 
-def train(model, data, out, tp, opts, *extra):
-    args = ["train", "--model", model, "--data", data, "--out", out, "--tp", tp, "--threads", 1, "--no-shuffle",
-            "--seed", 0, *extra]
-    for k, v in opts.items():
-        args += [FLAGS[k], v]
-    run(*args)
-    log = read_log(out)
-    return log, peft.ref.read_safetensors(os.path.join(out, "adapter_model.safetensors"))
+def same_run(test, tp, got_log, got, log, want):
+    """A TP = tp training run's log and adapter against the reference's."""
+    for g, w in zip(got_log, log):
+        test.assertLess(abs(g["loss"] - w["loss"]) / w["loss"], 1e-5, f"TP={tp} step {w['step']}")
+        test.assertLess(abs(g["grad_norm"] - w["grad_norm"]) / w["grad_norm"], 1e-4, f"TP={tp}")
+    test.assertEqual(set(got), set(want))
+    for k in want:
+        test.assertLess(rel(got[k], want[k]), 1e-4, f"TP={tp} {k}")
 
 
-def adapter_bytes(d):
-    with open(os.path.join(d, "adapter_model.safetensors"), "rb") as f:
-        return f.read()
+def init_tp1_tp2(test, model, data, name, *flags):
+    """New adapters after one step at lr 0, at TP = 1 and TP = 2 into
+    WORK/NAME-tp1 and -tp2, whose files must be the same bytes: the TP = 1
+    adapter's tensors."""
+    saved = {}
+    for tp in (1, 2):
+        out = os.path.join(WORK, f"{name}-tp{tp}")
+        train(model, data, out, tp, dict(seq_len=SEQ_LEN, batch_size=2, steps=1, lr=0.0), *flags)
+        saved[tp] = adapter_bytes(out)
+    test.assertEqual(saved[1], saved[2])
+    return peft.ref.read_safetensors(os.path.join(WORK, f"{name}-tp1", "adapter_model.safetensors"))
 
 
 class LoraTraining(unittest.TestCase):
@@ -170,12 +170,7 @@ class LoraTraining(unittest.TestCase):
         for tp in (1, 2):
             got_log, got = train(model, data, os.path.join(WORK, f"train-tp{tp}"), tp, TRAIN, "--adapter", start)
             self.assertEqual(len(got_log), len(log))
-            for g, w in zip(got_log, log):
-                self.assertLess(abs(g["loss"] - w["loss"]) / w["loss"], 1e-5, f"TP={tp} step {w['step']}")
-                self.assertLess(abs(g["grad_norm"] - w["grad_norm"]) / w["grad_norm"], 1e-4, f"TP={tp}")
-            self.assertEqual(set(got), set(want))
-            for k in want:
-                self.assertLess(rel(got[k], want[k]), 1e-4, f"TP={tp} {k}")
+            same_run(self, tp, got_log, got, log, want)
 
     def five_steps(self, model, targets, tps, seed, *extra_runs):
         """5 AdamW steps from a PEFT-layout adapter on `targets`: loss, grad norm
@@ -240,14 +235,7 @@ class LoraTraining(unittest.TestCase):
     def test_init_is_peft_and_independent_of_tp(self):
         model = make("qwen3-base", "qwen3")
         data = make_data(model)
-        frozen = dict(seq_len=SEQ_LEN, batch_size=2, steps=1, lr=0.0)
-        saved = {}
-        for tp in (1, 2):
-            out = os.path.join(WORK, f"init-tp{tp}")
-            train(model, data, out, tp, frozen, "--lora-r", 8, "--lora-alpha", 16, "--lora-target", "q_proj,o_proj")
-            saved[tp] = adapter_bytes(out)
-        self.assertEqual(saved[1], saved[2])
-        t = peft.ref.read_safetensors(os.path.join(WORK, "init-tp1", "adapter_model.safetensors"))
+        t = init_tp1_tp2(self, model, data, "init", "--lora-r", 8, "--lora-alpha", 16, "--lora-target", "q_proj,o_proj")
         self.assertEqual(len(t), 8)   # 2 layers x 2 modules x (A, B)
         for k, v in t.items():
             if ".lora_B." in k:
@@ -260,12 +248,7 @@ class LoraTraining(unittest.TestCase):
         # PEFT's Embedding init: lora_embedding_A zeros, lora_embedding_B N(0, 1); the lm_head
         # Linear as any Linear; the same bytes at every TP size
         model_t = make("qwen3-tied", "qwen3", "--set", "tie_word_embeddings=true")
-        for tp in (1, 2):
-            out = os.path.join(WORK, f"init-emb-tp{tp}")
-            train(model_t, data, out, tp, frozen, "--lora-r", 8, "--lora-target", "embed_tokens,lm_head")
-            saved[tp] = adapter_bytes(out)
-        self.assertEqual(saved[1], saved[2])
-        e = peft.ref.read_safetensors(os.path.join(WORK, "init-emb-tp1", "adapter_model.safetensors"))
+        e = init_tp1_tp2(self, model_t, data, "init-emb", "--lora-r", 8, "--lora-target", "embed_tokens,lm_head")
         self.assertEqual(sorted(e), ["base_model.model.lm_head.lora_A.weight", "base_model.model.lm_head.lora_B.weight",
                                      "base_model.model.model.embed_tokens.lora_embedding_A",
                                      "base_model.model.model.embed_tokens.lora_embedding_B"])
@@ -322,26 +305,14 @@ class LoraModulesToSave(unittest.TestCase):
         self.assertGreater(min(rel(want[k], first[k]) for k in want), 1e-4, "every tensor moves")
         for tp in (1, 2, 4):
             got_log, got = train(model, data, os.path.join(WORK, f"mts-tp{tp}"), tp, TRAIN, "--adapter", start)
-            for g, w in zip(got_log, log):
-                self.assertLess(abs(g["loss"] - w["loss"]) / w["loss"], 1e-5, f"TP={tp} step {w['step']}")
-                self.assertLess(abs(g["grad_norm"] - w["grad_norm"]) / w["grad_norm"], 1e-4, f"TP={tp}")
-            self.assertEqual(set(got), set(want))
-            for k in want:
-                self.assertLess(rel(got[k], want[k]), 1e-4, f"TP={tp} {k}")
+            same_run(self, tp, got_log, got, log, want)
 
     def test_train_flag_and_round_trip(self):
         model = make("qwen3-base", "qwen3")
         data = make_data(model)
-        frozen = dict(seq_len=SEQ_LEN, batch_size=2, steps=1, lr=0.0)
-        saved = {}
-        for tp in (1, 2):
-            out = os.path.join(WORK, f"mts-flag-tp{tp}")
-            train(model, data, out, tp, frozen, "--lora-r", 2, "--lora-target", "v_proj",
-                  "--lora-modules-to-save", "lm_head")
-            saved[tp] = adapter_bytes(out)
-        self.assertEqual(saved[1], saved[2])
+        t = init_tp1_tp2(self, model, data, "mts-flag", "--lora-r", 2, "--lora-target", "v_proj",
+                         "--lora-modules-to-save", "lm_head")
         out = os.path.join(WORK, "mts-flag-tp1")
-        t = peft.ref.read_safetensors(os.path.join(out, "adapter_model.safetensors"))
         base = peft.ref.load_model_tensors(model)
         # lr 0: the copy is the base module as it was
         self.assertTrue(np.array_equal(t["base_model.model.lm_head.weight"], base["lm_head.weight"]))
@@ -435,14 +406,8 @@ class LoraBias(unittest.TestCase):
     def test_train_flag(self):
         model = make("qwen2-base", "qwen2")
         data = make_data(model)
-        saved = {}
-        for tp in (1, 2):
-            out = os.path.join(WORK, f"bias-flag-tp{tp}")
-            train(model, data, out, tp, dict(seq_len=SEQ_LEN, batch_size=2, steps=1, lr=0.0), "--lora-r", 2,
-                  "--lora-target", "q_proj,o_proj", "--lora-bias", "lora_only")
-            saved[tp] = adapter_bytes(out)
-        self.assertEqual(saved[1], saved[2])
-        t = peft.ref.read_safetensors(os.path.join(WORK, "bias-flag-tp1", "adapter_model.safetensors"))
+        t = init_tp1_tp2(self, model, data, "bias-flag", "--lora-r", 2, "--lora-target", "q_proj,o_proj",
+                         "--lora-bias", "lora_only")
         base = peft.ref.load_model_tensors(model)
         biases = sorted(k for k in t if k.endswith("bias"))
         # o_proj has no bias: lora_only trains the two q_proj biases, under the base layer's key

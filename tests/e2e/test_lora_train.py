@@ -21,15 +21,11 @@ sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 sys.path.insert(0, HERE)
 from tpe2e import read_log, rel, run, tp_logits, vocab_size, write_token_rows  # noqa: E402
 import peft_reference as peft  # noqa: E402
+import lora_e2e  # noqa: E402
+from lora_e2e import SEQ_LEN, TRAIN, adapter_bytes, train, train_args  # noqa: E402
 
 TOL = 1e-5
-SEQ_LEN = 16
 WORK = None
-TRAIN = dict(seq_len=SEQ_LEN, batch_size=2, grad_accum=2, steps=5, optim="adamw", lr=2e-3, lr_scheduler="linear",
-             warmup_steps=1, weight_decay=0.1, max_grad_norm=0.5)
-FLAGS = dict(seq_len="--seq-len", batch_size="--batch-size", grad_accum="--grad-accum", steps="--steps",
-             optim="--optim", lr="--lr", lr_scheduler="--lr-scheduler", warmup_steps="--warmup-steps",
-             weight_decay="--weight-decay", max_grad_norm="--max-grad-norm")
 
 
 def setUpModule():
@@ -49,27 +45,7 @@ def make(name="qwen3-base", arch="qwen3"):
 
 
 def make_data(model, lines=24, seed=0):
-    rng = np.random.default_rng(seed)
-    return write_token_rows(os.path.join(WORK, f"data-{seed}.jsonl"), rng, lines, vocab_size(model),
-                            lambda i: int(rng.integers(3, SEQ_LEN + 5)))
-
-
-def train_args(model, data, out, tp, opts, *extra):
-    args = ["train", "--model", model, "--data", data, "--out", out, "--tp", tp, "--threads", 1, "--no-shuffle",
-            "--seed", 0, *extra]
-    for k, v in opts.items():
-        args += [FLAGS[k], v]
-    return args
-
-
-def train(model, data, out, tp, opts, *extra):
-    run(*train_args(model, data, out, tp, opts, *extra))
-    return read_log(out), peft.ref.read_safetensors(os.path.join(out, "adapter_model.safetensors"))
-
-
-def adapter_bytes(d):
-    with open(os.path.join(d, "adapter_model.safetensors"), "rb") as f:
-        return f.read()
+    return lora_e2e.make_data(WORK, model, lines, seed)
 
 
 class LoraDropout(unittest.TestCase):

@@ -38,7 +38,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
-from tpe2e import read_log, rel, run, tp_logits, vocab_size, write_token_rows  # noqa: E402
+from tpe2e import make_model, read_log, rel, run, tp_logits, vocab_size, write_token_rows  # noqa: E402
 import hf_reference as ref  # noqa: E402
 import hf_reference_grad as gref  # noqa: E402
 import hf_reference_train as tref  # noqa: E402
@@ -68,11 +68,8 @@ def tearDownModule():
 
 
 def make(name, arch, extra=()):
-    d = os.path.join(WORK, name)
-    if not os.path.exists(d):
-        run("make-model", "--arch", arch, "--preset", "tiny", "--dtype", "f32", "--qk-std", "0.25",
-            "--router-std", "0.3", "--seed", "3", *extra, "--out", d)
-    return d
+    return make_model(WORK, name, arch, "--preset", "tiny", "--dtype", "f32", "--qk-std", "0.25", "--router-std", "0.3",
+                      "--seed", "3", *extra)
 
 
 def read(path):

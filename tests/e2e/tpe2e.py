@@ -116,6 +116,29 @@ def tp_logits(work, model, tp=1, *extra, tokens):
     return ranks[0]
 
 
+def make_model(work, name, arch, *args):
+    """`tensorpar make-model --arch ARCH ARGS` into work/name, once: later
+    calls with the same name reuse the folder."""
+    d = os.path.join(work, name)
+    if not os.path.exists(d):
+        run("make-model", "--arch", arch, *args, "--out", d)
+    return d
+
+
+def generate(model, tp=1, *extra, new=24):
+    """`tensorpar generate`, greedy from tokens 1,2,3: its JSON output."""
+    import json
+    return json.loads(run("generate", "--model", model, "--tokens", "1,2,3", "--max-new-tokens", new,
+                          "--greedy", "--tp", tp, *extra).stdout)
+
+
+def fails(*args):
+    """`tensorpar ARGS`, which must exit non-zero: its stderr."""
+    p = run(*args, check=False)
+    assert p.returncode != 0, f"tensorpar {' '.join(map(str, args))} succeeded"
+    return p.stderr
+
+
 def rel(a, b):
     """max |a - b| relative to max |b|."""
     import numpy as np
