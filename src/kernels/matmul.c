@@ -341,6 +341,12 @@ static void scalar_dw_worker(void *p, int ti, int nt)
     }
 }
 
+/* The depth of one summed piece of dx, as the packed GEMM's KC: dx adds
+ * its sum every SCALAR_KC rows of W, so a product split over row blocks
+ * that are multiples of it (lm_head in vocabulary blocks, head_blocks.c)
+ * adds the same pieces, in the same order, as the whole product. */
+#define SCALAR_KC 256
+
 /* dx[t, :] += Σ_o dy[t, o]·W[o, :]; threads split t. */
 static void scalar_dx_worker(void *p, int ti, int nt)
 {
@@ -348,20 +354,22 @@ static void scalar_dx_worker(void *p, int ti, int nt)
     float *sum = j->scratch + (size_t)ti * (size_t)j->k;
     int64_t t0, t1;
     tp_split_range(j->T, ti, nt, &t0, &t1);
-    for (int64_t t = t0; t < t1; t++) {
-        memset(sum, 0, (size_t)j->k * sizeof(float));
-        for (int64_t o = 0; o < j->n; o++) {
-            float g = j->dy[t * j->n + o];
-            if (j->wt == TP_F32) {
-                const float *w = (const float *)j->w + o * j->k;
-                for (int64_t i = 0; i < j->k; i++) sum[i] += g * w[i];
-            } else {
-                const uint16_t *w = (const uint16_t *)j->w + o * j->k;
-                for (int64_t i = 0; i < j->k; i++) sum[i] += g * tp_f32_from_bf16(w[i]);
+    for (int64_t t = t0; t < t1; t++)
+        for (int64_t o0 = 0; o0 < j->n; o0 += SCALAR_KC) {
+            int64_t o1 = o0 + SCALAR_KC < j->n ? o0 + SCALAR_KC : j->n;
+            memset(sum, 0, (size_t)j->k * sizeof(float));
+            for (int64_t o = o0; o < o1; o++) {
+                float g = j->dy[t * j->n + o];
+                if (j->wt == TP_F32) {
+                    const float *w = (const float *)j->w + o * j->k;
+                    for (int64_t i = 0; i < j->k; i++) sum[i] += g * w[i];
+                } else {
+                    const uint16_t *w = (const uint16_t *)j->w + o * j->k;
+                    for (int64_t i = 0; i < j->k; i++) sum[i] += g * tp_f32_from_bf16(w[i]);
+                }
             }
+            add_row(j->out + t * j->k, sum, j->k);
         }
-        add_row(j->out + t * j->k, sum, j->k);
-    }
 }
 
 static tp_status backward_scalar(float *dx, float *dw, const float *dy, const float *x, int64_t T,
