@@ -18,8 +18,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
-from tpe2e import read_log, run, write_token_rows  # noqa: E402
-import hf_reference as st_reader  # noqa: E402
+from tpe2e import assert_runs_close, read_log, run, write_token_rows  # noqa: E402
 
 TOL = 1e-5
 VOCAB = 700
@@ -69,13 +68,7 @@ class DpRowBlocks(unittest.TestCase):
         self.assertEqual(self.weights(a), self.weights(b), what)
 
     def assert_close(self, a, b, what):
-        for x, y in zip(read_log(a), read_log(b), strict=True):
-            self.assertLess(abs(x["loss"] - y["loss"]), TOL, f"{what}: step {x['step']}")
-        wa = st_reader.read_safetensors(os.path.join(a, "model.safetensors"), np.float32)
-        wb = st_reader.read_safetensors(os.path.join(b, "model.safetensors"), np.float32)
-        self.assertEqual(sorted(wa), sorted(wb), what)
-        for k in wa:
-            self.assertLess(float(np.abs(wa[k] - wb[k]).max()), TOL, f"{what}: {k}")
+        assert_runs_close(self, a, b, what, TOL)
 
     def test_blocks_are_used(self):
         """The debug log names the blocked tables: both for an untied model, the embedding (lm_head's owner)

@@ -16,7 +16,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
-from tpe2e import BIN, HAVE_MPI, job_env, make_train_models, read_log, run, write_token_rows  # noqa: E402
+from tpe2e import assert_runs_close, BIN, HAVE_MPI, job_env, make_train_models, read_log, run, write_token_rows  # noqa: E402
 import hf_reference as st_reader  # noqa: E402
 
 TOL = 1e-5
@@ -152,15 +152,7 @@ class TrainDataParallel(unittest.TestCase):
             self.assertEqual(a.read(), b.read())
 
     def assert_close_logs(self, a, b, what):
-        la, lb = read_log(a), read_log(b)
-        self.assertEqual([e["step"] for e in la], [e["step"] for e in lb], what)
-        for x, y in zip(la, lb):
-            self.assertLess(abs(x["loss"] - y["loss"]), TOL, f"{what}: step {x['step']}")
-        wa = st_reader.read_safetensors(os.path.join(a, "model.safetensors"), np.float32)
-        wb = st_reader.read_safetensors(os.path.join(b, "model.safetensors"), np.float32)
-        self.assertEqual(sorted(wa), sorted(wb), what)
-        for k in wa:
-            self.assertLess(float(np.abs(wa[k] - wb[k]).max()), TOL, f"{what}: {k}")
+        assert_runs_close(self, a, b, what, TOL)
 
     def test_checkpoints_with_dp_shard(self):
         """--dp-shard 2 x --tp 2 saves its chunks gathered: 2 + 2 resumed steps are bitwise the 4 steps at the

@@ -179,3 +179,20 @@ def make_train_models(work):
     run("make-model", "--arch", "qwen3", "--preset", "tiny", "--dtype", "f32", "--set", "tie_word_embeddings=true",
         "--out", qwen3)
     return llama, qwen3
+
+
+def assert_runs_close(tc, a, b, what, tol):
+    """Two training runs' output folders agree: the same logged steps, each loss within tol, and every
+    tensor of the saved model.safetensors within tol."""
+    import numpy as np
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+    import hf_reference as st_reader
+    la, lb = read_log(a), read_log(b)
+    tc.assertEqual([e["step"] for e in la], [e["step"] for e in lb], what)
+    for x, y in zip(la, lb):
+        tc.assertLess(abs(x["loss"] - y["loss"]), tol, f"{what}: step {x['step']}")
+    wa = st_reader.read_safetensors(os.path.join(a, "model.safetensors"), np.float32)
+    wb = st_reader.read_safetensors(os.path.join(b, "model.safetensors"), np.float32)
+    tc.assertEqual(sorted(wa), sorted(wb), what)
+    for k in wa:
+        tc.assertLess(float(np.abs(wa[k] - wb[k]).max()), tol, f"{what}: {k}")
