@@ -156,8 +156,8 @@ tp_status tp_parallelism_config_for_model(tp_parallelism_config *c, int model_tp
  * the job (cfg->world NULL: tp_comm_init from the environment), check the
  * world against them (§5.5), build the mesh ("dp_replicate", "fsdp", "tp")
  * (pp is 1), or take cfg->mesh, and load `dir` onto its "tp" sub-mesh, each
- * rank reading only its slices.  dtype: TP_F32, TP_BF16, TP_Q8_0 or TP_DTYPE_COUNT
- * ("as stored").  cfg NULL: a zero config (tp_size from WORLD_SIZE only
+ * rank reading only its slices.  dtype: TP_F32, TP_BF16, TP_Q8_0, TP_Q4_0 or
+ * TP_DTYPE_COUNT ("as stored").  cfg NULL: a zero config (tp_size from WORLD_SIZE only
  * with a plan, so one rank unless launched).  Expert parallelism is refused
  * (§5.2's checks pass first).  Collective over the world.  tp_model_free
  * then frees what this call made: the mesh and, when it joined the job,

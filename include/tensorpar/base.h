@@ -83,6 +83,7 @@ typedef enum {
     TP_F32 = 0, TP_BF16, TP_F16, TP_F64,
     TP_I64, TP_I32, TP_I16, TP_I8, TP_U8, TP_BOOL,
     TP_Q8_0,   /* weights only: blocks of 32 int8 with one f16 scale (below) */
+    TP_Q4_0,   /* weights only: blocks of 32 4-bit values with one f16 scale (below) */
     TP_DTYPE_COUNT
 } tp_dtype;
 
@@ -99,15 +100,28 @@ typedef struct {
 _Static_assert(sizeof(tp_q8_block) == 34, "tp_q8_block is llama.cpp's block_q8_0");
 #endif
 
-/* Bytes per element; 0 for TP_Q8_0, whose size is per block: use
+/* TP_Q4_0 is llama.cpp's Q4_0: per block of 32 values an f16 scale d and 16
+ * bytes, byte j holding value j in its low nibble and value j + 16 in its
+ * high one; value = (nibble - 8)·d.  d = -m/8, m the block's value of
+ * largest magnitude, so that m itself is exactly -8·d (kernels/quant_q4.c). */
+#define TP_Q4_BLOCK 32
+typedef struct {
+    uint16_t d;                     /* f16 scale */
+    uint8_t qs[TP_Q4_BLOCK / 2];
+} tp_q4_block;                      /* 18 bytes, 2-byte aligned */
+#ifndef __cplusplus
+_Static_assert(sizeof(tp_q4_block) == 18, "tp_q4_block is llama.cpp's block_q4_0");
+#endif
+
+/* Bytes per element; 0 for TP_Q8_0 and TP_Q4_0, whose size is per block: use
  * tp_dtype_row_bytes for a row of any dtype. */
 size_t tp_dtype_size(tp_dtype t);
 /* The bytes of n consecutive elements of one row: n·size, or for TP_Q8_0
- * (n/32)·34 (n a multiple of 32). */
+ * (n/32)·34 and for TP_Q4_0 (n/32)·18 (n a multiple of 32). */
 size_t tp_dtype_row_bytes(tp_dtype t, int64_t n);
 /* Lower-case name used in CLI options and messages: "f32", "bf16", ... */
 const char *tp_dtype_name(tp_dtype t);
-/* Parses "f32"/"float32", "bf16"/"bfloat16", "f16"/"float16", "q8_0". */
+/* Parses "f32"/"float32", "bf16"/"bfloat16", "f16"/"float16", "q8_0", "q4_0". */
 tp_status tp_dtype_parse(const char *s, tp_dtype *out);
 int tp_dtype_is_float(tp_dtype t);
 

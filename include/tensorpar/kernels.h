@@ -390,7 +390,7 @@ typedef struct {
 } tp_machine_peaks;
 tp_status tp_machine_peaks_measure(tp_machine_peaks *out, tp_threadpool *pool, int quick);
 
-/* Converts row `row` of an f32/bf16/q8_0 matrix [rows, n] to f32. */
+/* Converts row `row` of an f32/bf16/q8_0/q4_0 matrix [rows, n] to f32. */
 void tp_row_to_f32(float *dst, const tp_tensor *m, int64_t row);
 
 /* ---- 8-bit weights (kernels/quant_q8.c) -------------------------------
@@ -400,6 +400,16 @@ void tp_row_to_f32(float *dst, const tp_tensor *m, int64_t row);
 tp_status tp_q8_quantize_rows(tp_q8_block *dst, const void *src, tp_dtype st, int64_t rows, int64_t k);
 /* d·q for the k values of one row (k a multiple of 32). */
 void tp_q8_dequantize_row(float *dst, const tp_q8_block *src, int64_t k);
+
+/* ---- 4-bit weights (kernels/quant_q4.c) -------------------------------
+ * rows × k values of src (f32, bf16 or f16) into rows·k/32 Q4_0 blocks as
+ * llama.cpp's reference quantizer makes them: per block m = the value of
+ * largest magnitude (the first of equals), d = m/-8 stored as f16, nibble =
+ * min(15, floor(x·(1/d) + 8.5)) with 1/d of the unrounded d.  k must be a
+ * multiple of 32; a value that is not finite is refused. */
+tp_status tp_q4_quantize_rows(tp_q4_block *dst, const void *src, tp_dtype st, int64_t rows, int64_t k);
+/* (nibble - 8)·d for the k values of one row (k a multiple of 32). */
+void tp_q4_dequantize_row(float *dst, const tp_q4_block *src, int64_t k);
 
 #ifdef __cplusplus
 }

@@ -29,7 +29,7 @@ typedef struct tp_layer_modules tp_layer_modules; /* module.h */
 
 typedef struct tp_model {
     tp_model_config cfg;
-    tp_dtype weight_dtype;         /* f32, bf16 or q8_0 (the Linear weights; the
+    tp_dtype weight_dtype;         /* f32, bf16, q8_0 or q4_0 (the Linear weights; the
                                       embedding then stays as stored) */
     /* The model as a table of modules (module.h), in pre-order; lm_head
      * borrows embed_tokens' weight when tied. */
@@ -84,7 +84,7 @@ typedef struct tp_model {
 } tp_model;
 
 typedef struct {
-    /* TP_F32, TP_BF16, TP_Q8_0 (inference only: the Linear weights
+    /* TP_F32, TP_BF16, TP_Q8_0 or TP_Q4_0 (inference only: the Linear weights
      * quantized at load, each rank its own shard), or TP_DTYPE_COUNT for
      * "as stored" (f16 becomes f32). */
     tp_dtype weight_dtype;

@@ -121,9 +121,9 @@ tp_status tp_model_from_pretrained(tp_model **out, const char *dir, tp_dtype dty
     static const tp_dist_config none;
     *out = NULL;
     if (!cfg) cfg = &none;
-    if (dtype != TP_F32 && dtype != TP_BF16 && dtype != TP_Q8_0 && dtype != TP_DTYPE_COUNT)
-        return tp_fail(TP_ERR_INVALID, "tp_model_from_pretrained: dtype %s: f32, bf16, q8_0 or TP_DTYPE_COUNT (as stored)",
-                       tp_dtype_name(dtype));
+    if (dtype != TP_F32 && dtype != TP_BF16 && dtype != TP_Q8_0 && dtype != TP_Q4_0 && dtype != TP_DTYPE_COUNT)
+        return tp_fail(TP_ERR_INVALID, "tp_model_from_pretrained: dtype %s: f32, bf16, q8_0, q4_0 or TP_DTYPE_COUNT "
+                       "(as stored)", tp_dtype_name(dtype));
     pretrained_ctx *x = calloc(1, sizeof *x);
     if (!x) return tp_fail(TP_ERR_NOMEM, "out of memory");
     int world_size, rank;

@@ -12,6 +12,7 @@ static const struct { const char *name; size_t size; int is_float; } dtype_table
     [TP_F64] = {"f64", 8, 1},  [TP_I64] = {"i64", 8, 0},   [TP_I32] = {"i32", 4, 0},
     [TP_I16] = {"i16", 2, 0},  [TP_I8] = {"i8", 1, 0},     [TP_U8] = {"u8", 1, 0},
     [TP_BOOL] = {"bool", 1, 0},  [TP_Q8_0] = {"q8_0", 0, 0},
+    [TP_Q4_0] = {"q4_0", 0, 0},
 };
 
 size_t tp_dtype_size(tp_dtype t) { return (unsigned)t < TP_DTYPE_COUNT ? dtype_table[t].size : 0; }
@@ -21,6 +22,7 @@ int tp_dtype_is_float(tp_dtype t) { return (unsigned)t < TP_DTYPE_COUNT && dtype
 size_t tp_dtype_row_bytes(tp_dtype t, int64_t n)
 {
     if (t == TP_Q8_0) return (size_t)(n / TP_Q8_BLOCK) * sizeof(tp_q8_block);
+    if (t == TP_Q4_0) return (size_t)(n / TP_Q4_BLOCK) * sizeof(tp_q4_block);
     return (size_t)n * tp_dtype_size(t);
 }
 
@@ -28,11 +30,11 @@ tp_status tp_dtype_parse(const char *s, tp_dtype *out)
 {
     static const struct { const char *name; tp_dtype t; } names[] = {
         {"f32", TP_F32}, {"float32", TP_F32}, {"bf16", TP_BF16}, {"bfloat16", TP_BF16},
-        {"f16", TP_F16}, {"float16", TP_F16}, {"q8_0", TP_Q8_0},
+        {"f16", TP_F16}, {"float16", TP_F16}, {"q8_0", TP_Q8_0}, {"q4_0", TP_Q4_0},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(s, names[i].name)) { *out = names[i].t; return TP_OK; }
-    return tp_fail(TP_ERR_INVALID, "unknown dtype '%s' (expected f32, bf16, f16 or q8_0)", s);
+    return tp_fail(TP_ERR_INVALID, "unknown dtype '%s' (expected f32, bf16, f16, q8_0 or q4_0)", s);
 }
 
 static uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -124,8 +126,8 @@ tp_status tp_convert(void *dst, tp_dtype dt, const void *src, tp_dtype st, size_
 {
     if ((unsigned)dt >= TP_DTYPE_COUNT || (unsigned)st >= TP_DTYPE_COUNT)
         return tp_fail(TP_ERR_INVALID, "tp_convert: bad dtype");
-    /* Blocks are made by tp_q8_quantize_rows, which knows the rows. */
-    if (dt == TP_Q8_0 || st == TP_Q8_0)
+    /* Blocks are made by tp_q8/q4_quantize_rows, which know the rows. */
+    if (dt == TP_Q8_0 || st == TP_Q8_0 || dt == TP_Q4_0 || st == TP_Q4_0)
         return tp_fail(TP_ERR_UNSUPPORTED, "cannot convert %s to %s element by element", tp_dtype_name(st),
                        tp_dtype_name(dt));
     if (dt == st) { memcpy(dst, src, n * tp_dtype_size(st)); return TP_OK; }

@@ -52,8 +52,9 @@ tp_status tp_tensor_init(tp_tensor *t, tp_dtype dtype, int ndim, const int64_t *
         if (shape[i] < 0) return tp_fail(TP_ERR_INVALID, "negative tensor dimension");
         t->shape[i] = shape[i];
     }
-    if (dtype == TP_Q8_0 && (ndim == 0 || shape[ndim - 1] % TP_Q8_BLOCK))
-        return tp_fail(TP_ERR_INVALID, "a q8_0 tensor's rows must be a multiple of %d long", TP_Q8_BLOCK);
+    if ((dtype == TP_Q8_0 || dtype == TP_Q4_0) && (ndim == 0 || shape[ndim - 1] % TP_Q8_BLOCK))
+        return tp_fail(TP_ERR_INVALID, "a %s tensor's rows must be a multiple of %d long", tp_dtype_name(dtype),
+                       TP_Q8_BLOCK);
     size_t bytes = tp_tensor_nbytes(t);
     t->data = tp_alloc(bytes);
     if (!t->data) return TP_ERR_NOMEM;

@@ -88,9 +88,9 @@ static int check_value(const char *cmd, const cli_option *o, const char *val)
          * what is not offered. */
         return usage_error(cmd, "--dtype %s is not supported: weights are held as f32 or bf16 "
                            "(an f16 checkpoint is read and converted to f32); use --dtype f32 or bf16", val);
-    if (!strcmp(o->name, "--dtype") && !strcmp(val, "q8_0"))
-        return usage_error(cmd, "--dtype q8_0 is for inference only (logits, generate, chat, bench): this command "
-                           "needs f32 or bf16 weights");
+    if (!strcmp(o->name, "--dtype") && (!strcmp(val, "q8_0") || !strcmp(val, "q4_0")))
+        return usage_error(cmd, "--dtype %s is for inference only (logits, generate, chat, bench): this command "
+                           "needs f32 or bf16 weights", val);
     return usage_error(cmd, "option %s expects %s, got '%s'", o->name, o->metavar, val);
 }
 

@@ -267,7 +267,7 @@ static const cli_option pair_options[N_OWN] = {
     {"--new-tokens", "N", "decode: tokens generated one at a time (default 128)", 0, {0}},
     {"--threads", "T", "threads per rank (default: cores / ranks, for each TP size)", 0, {0}},
     {"--reps", "R", "repetitions; the median is reported (default 5)", 0, {0}},
-    {"--dtype", "f32|bf16|q8_0", "weight dtype in memory (default: as stored; f16 is converted to f32; q8_0: 8-bit Linear weights)", 0, {0}},
+    {"--dtype", "f32|bf16|q8_0|q4_0", "weight dtype in memory (default: as stored; f16 is converted to f32; q8_0/q4_0: 8-/4-bit Linear weights)", 0, {0}},
     {"--json", NULL, "print one JSON object", 0, {0}},
     {"--report", "FILE", "(internal) where a rank writes its figures", 0, {0}},
 };

@@ -694,9 +694,9 @@ static tp_status check_want(const tp_checkpoint *ck, const tp_st_info *t, tp_dty
                        ck->files[t->file].path, t->name, (int)want);
     /* q8_0 blocks are made from a read row by tp_q8_quantize_rows (the
      * model's load), never element by element here. */
-    if (want == TP_Q8_0)
-        return tp_fail(TP_ERR_UNSUPPORTED, "%s: tensor '%s': read as f32 or bf16 and quantize to q8_0",
-                       ck->files[t->file].path, t->name);
+    if (want == TP_Q8_0 || want == TP_Q4_0)
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: tensor '%s': read as f32 or bf16 and quantize to %s",
+                       ck->files[t->file].path, t->name, tp_dtype_name(want));
     return TP_OK;
 }
 

@@ -1,4 +1,4 @@
-/* Linear layers: y = x·Wᵀ + b, W f32, bf16 or q8_0 [out, in], x f32 [T, in].
+/* Linear layers: y = x·Wᵀ + b, W f32, bf16, q8_0 or q4_0 [out, in], x f32 [T, in].
  *
  * Dispatch by shape and path:
  *   T <= 4 (decode): a GEMV that streams W exactly once at memory bandwidth;
@@ -8,8 +8,10 @@
  *                    CPUs with AMX: the tile GEMM (gemm_amx.c, opts->amx).
  *   SCALAR:          the plain loops below — the reference the tests use.
  *   q8_0 weights:    gemm_q8.c, on every path (forward only).
+ *   q4_0 weights:    gemm_q4.c, likewise.
  * The bias is added in one pass at the end. */
 #include "kernels/kern_internal.h"
+#include "kernels/kern_q4.h"
 
 #include <cblas.h>
 #include <stdlib.h>
@@ -24,6 +26,8 @@ void tp_row_to_f32(float *dst, const tp_tensor *m, int64_t row)
         memcpy(dst, (const float *)m->data + row * n, (size_t)n * sizeof(float));
     } else if (m->dtype == TP_Q8_0) {
         tp_q8_dequantize_row(dst, (const tp_q8_block *)m->data + row * (n / TP_Q8_BLOCK), n);
+    } else if (m->dtype == TP_Q4_0) {
+        tp_q4_dequantize_row(dst, (const tp_q4_block *)m->data + row * (n / TP_Q4_BLOCK), n);
     } else {
         const uint16_t *src = (const uint16_t *)m->data + row * n;
         for (int64_t i = 0; i < n; i++) dst[i] = tp_f32_from_bf16(src[i]);
@@ -98,10 +102,10 @@ static tp_status add_bias(float *y, int64_t T, int64_t out, const tp_tensor *bia
 static tp_status check_weight(const tp_tensor *W, int64_t T, int backward)
 {
     if (W->ndim != 2) return tp_fail(TP_ERR_INTERNAL, "tp_matmul: weight must be 2-D");
-    if (W->dtype == TP_Q8_0 && backward)
-        return tp_fail(TP_ERR_UNSUPPORTED, "tp_matmul_backward: q8_0 weights are for inference only (train with "
-                       "f32 or bf16 weights)");
-    if (W->dtype != TP_F32 && W->dtype != TP_BF16 && W->dtype != TP_Q8_0)
+    if ((W->dtype == TP_Q8_0 || W->dtype == TP_Q4_0) && backward)
+        return tp_fail(TP_ERR_UNSUPPORTED, "tp_matmul_backward: %s weights are for inference only (train with "
+                       "f32 or bf16 weights)", tp_dtype_name(W->dtype));
+    if (W->dtype != TP_F32 && W->dtype != TP_BF16 && W->dtype != TP_Q8_0 && W->dtype != TP_Q4_0)
         return tp_fail(TP_ERR_UNSUPPORTED, "tp_matmul: weights of dtype %s", tp_dtype_name(W->dtype));
     if (W->shape[1] > INT32_MAX / 16 || T > INT32_MAX || W->shape[0] > INT32_MAX)
         return tp_fail(TP_ERR_UNSUPPORTED, "tp_matmul: matrix too large");
@@ -202,7 +206,9 @@ static int groupable(const tp_matmul_out *outs, int count, int64_t T, tp_kernel_
     if (count < 2 || count > GROUP_MAX) return 0;
     const tp_tensor *w0 = outs[0].w;
     int kind = gemm_kind(path, T, w0->dtype, bf16_dot, opts);
-    if (!kind || (kind == 1 && bf16_dot) || w0->shape[1] == 0 || w0->dtype == TP_Q8_0) return 0;
+    if (!kind || (kind == 1 && bf16_dot) || w0->shape[1] == 0 || w0->dtype == TP_Q8_0 ||
+        w0->dtype == TP_Q4_0)
+        return 0;
     for (int i = 0; i < count; i++)
         if (outs[i].w->dtype != w0->dtype || outs[i].w->shape[1] != w0->shape[1] || outs[i].w->shape[0] == 0)
             return 0;
@@ -258,6 +264,7 @@ tp_status tp_matmul_ex(float *y, const float *x, int64_t T, const tp_tensor *W,
     tp_kernel_path path = tp_kernel_resolve(opts->path);
     if (k == 0) memset(y, 0, (size_t)(T * n) * sizeof(float));
     else if (W->dtype == TP_Q8_0) st = tp_q8_matmul(y, x, T, W, path, pool);
+    else if (W->dtype == TP_Q4_0) st = tp_q4_matmul(y, x, T, W, path, pool);
     else if (path == TP_KERNEL_SCALAR) tp_matmul_scalar(y, x, T, W->data, W->dtype, n, k, pool);
     else st = matmul_simd(y, x, T, W, path, pool, opts);
     if (!st && bias && bias->data) st = add_bias(y, T, n, bias);

@@ -8,40 +8,51 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* q8_0 and q4_0: Linear weights quantized in blocks at load. */
+static int is_quantized(tp_dtype t)
+{
+    return t == TP_Q8_0 || t == TP_Q4_0;
+}
+
+static tp_status quantize_rows(tp_dtype dt, void *dst, const void *src, tp_dtype st, int64_t rows, int64_t k)
+{
+    return dt == TP_Q4_0 ? tp_q4_quantize_rows(dst, src, st, rows, k) : tp_q8_quantize_rows(dst, src, st, rows, k);
+}
+
 static tp_dtype choose_weight_dtype(const tp_model_config *cfg, const tp_model_options *opt)
 {
-    if (opt && (opt->weight_dtype == TP_F32 || opt->weight_dtype == TP_BF16 || opt->weight_dtype == TP_Q8_0))
+    if (opt && (opt->weight_dtype == TP_F32 || opt->weight_dtype == TP_BF16 || is_quantized(opt->weight_dtype)))
         return opt->weight_dtype;
     return cfg->dtype == TP_BF16 ? TP_BF16 : TP_F32;
 }
 
-/* What a q8_0 model keeps unquantized (the embedding, read a row at a
- * time) is held as stored: bf16 for a bf16 checkpoint, else f32. */
+/* What a q8_0 or q4_0 model keeps unquantized (the embedding, read a row
+ * at a time) is held as stored: bf16 for a bf16 checkpoint, else f32. */
 static tp_dtype unquantized_dtype(const tp_model *m)
 {
     return m->cfg.dtype == TP_BF16 ? TP_BF16 : TP_F32;
 }
 
-/* The Linear weights that q8_0 quantizes: attention, dense MLP, an untied
- * lm_head (as llama.cpp's Q8_0 does); not an MoE router (a small matrix
+/* The Linear weights that q8_0 and q4_0 quantize: attention, dense MLP, an
+ * untied lm_head (as llama.cpp's Q8_0 does); not an MoE router (a small matrix
  * whose error would move tokens between experts) nor the experts' stacked
  * tensors (their grouped GEMM takes f32/bf16 only, for now). */
 static int quantized(const tp_model *m, const tp_param_desc *p)
 {
     const tp_module *mod = p->module;
-    if (m->weight_dtype != TP_Q8_0 || p->kind != TP_PARAM_WEIGHT || p->ndim != 2 || mod->type != TP_MT_LINEAR)
+    if (!is_quantized(m->weight_dtype) || p->kind != TP_PARAM_WEIGHT || p->ndim != 2 || mod->type != TP_MT_LINEAR)
         return 0;
     return !(mod->parent >= 0 && m->modules[mod->parent].type == TP_MT_MOE);
 }
 
 /* Matrices keep the chosen weight dtype; norms and biases are tiny and are
- * kept in f32 (the conversion from bf16 is exact).  Under q8_0 what is not
+ * kept in f32 (the conversion from bf16 is exact).  Under q8_0/q4_0 what is not
  * quantized (the embedding, read a row at a time) is kept as stored. */
 static tp_dtype param_dtype(const tp_model *m, const tp_param_desc *p)
 {
     if (p->kind != TP_PARAM_WEIGHT && p->kind != TP_PARAM_EMBEDDING) return TP_F32;
-    if (m->weight_dtype != TP_Q8_0) return m->weight_dtype;
-    return quantized(m, p) ? TP_Q8_0 : unquantized_dtype(m);
+    if (!is_quantized(m->weight_dtype)) return m->weight_dtype;
+    return quantized(m, p) ? m->weight_dtype : unquantized_dtype(m);
 }
 
 /* Reads the ranges of a slice along dimension 1: each range arrives as a
@@ -65,20 +76,20 @@ static tp_status read_columns(tp_checkpoint *ck, const tp_param_desc *p, const t
     return TP_OK;
 }
 
-/* A Linear weight in q8_0: this rank's shard is read as stored (f32 or
- * bf16, shard-on-read as any other), then quantized a row at a time, so
+/* A Linear weight in q8_0 or q4_0 (dt): this rank's shard is read as
+ * stored (f32 or bf16, shard-on-read as any other), then quantized a row at a time, so
  * that each rank quantizes only its slice.  A row-parallel shard splits
  * the rows into pieces that must still be whole blocks. */
-static tp_status quantize_param(tp_tensor *slot, const char *name, int64_t full_k, tp_dtype src_dt)
+static tp_status quantize_param(tp_tensor *slot, const char *name, int64_t full_k, tp_dtype src_dt, tp_dtype dt)
 {
     int64_t rows = slot->shape[0], k = slot->shape[1];
     if (k % TP_Q8_BLOCK)
-        return tp_fail(TP_ERR_INVALID, "--dtype q8_0: %s has rows of %lld values on this rank (%lld in all), "
+        return tp_fail(TP_ERR_INVALID, "--dtype %s: %s has rows of %lld values on this rank (%lld in all), "
                        "not a multiple of the block of %d: use f32 or bf16, or a TP size that splits the rows "
-                       "into whole blocks", name, (long long)k, (long long)full_k, TP_Q8_BLOCK);
+                       "into whole blocks", tp_dtype_name(dt), name, (long long)k, (long long)full_k, TP_Q8_BLOCK);
     tp_tensor q;
-    tp_status s = tp_tensor_init(&q, TP_Q8_0, 2, slot->shape);
-    if (!s) s = tp_q8_quantize_rows(q.data, slot->data, src_dt, rows, k);
+    tp_status s = tp_tensor_init(&q, dt, 2, slot->shape);
+    if (!s) s = quantize_rows(dt, q.data, slot->data, src_dt, rows, k);
     if (s) { tp_tensor_release(&q); return tp_fail_context(s, "%s", name); }
     tp_tensor_release(slot);
     *slot = q;
@@ -90,9 +101,9 @@ static tp_status quantize_param(tp_tensor *slot, const char *name, int64_t full_
 static tp_status load_param(tp_checkpoint *ck, const tp_model_config *c, const tp_param_desc *param,
                             const tp_param_slice *sl, tp_dtype dt, tp_dtype read_dt)
 {
-    if (dt == TP_Q8_0) {
+    if (is_quantized(dt)) {
         tp_status s = load_param(ck, c, param, sl, read_dt, read_dt);
-        return s ? s : quantize_param(param->slot, param->name, param->shape[1], read_dt);
+        return s ? s : quantize_param(param->slot, param->name, param->shape[1], read_dt, dt);
     }
     if (param->module->type == TP_MT_EXPERTS) return tp_moe_load_experts(ck, c, param, sl, dt);
     tp_param_desc stored = *param;
@@ -163,23 +174,23 @@ static tp_status load_weights(tp_model *m, const char *dir, int show_progress)
     return s;
 }
 
-/* A tied lm_head gets a q8_0 copy of the embedding's shard: the product
+/* A tied lm_head gets a q8_0 (q4_0) copy of the embedding's shard: the product
  * over the vocabulary is the largest of a decode step, and the lookup
  * keeps the unquantized rows. */
-static tp_status quantize_tied_head(tp_module_param *head)
+static tp_status quantize_tied_head(tp_module_param *head, tp_dtype dt)
 {
     tp_tensor *t = &head->local;
     if (t->shape[1] % TP_Q8_BLOCK)
-        return quantize_param(t, "lm_head.weight (tied)", t->shape[1], t->dtype);
+        return quantize_param(t, "lm_head.weight (tied)", t->shape[1], t->dtype, dt);
     tp_tensor q;
-    tp_status s = tp_tensor_init(&q, TP_Q8_0, 2, t->shape);
-    if (!s) s = tp_q8_quantize_rows(q.data, t->data, t->dtype, t->shape[0], t->shape[1]);
+    tp_status s = tp_tensor_init(&q, dt, 2, t->shape);
+    if (!s) s = quantize_rows(dt, q.data, t->data, t->dtype, t->shape[0], t->shape[1]);
     if (s) { tp_tensor_release(&q); return tp_fail_context(s, "lm_head.weight (tied)"); }
     *t = q;   /* the embedding's buffer stays the embedding's */
     return TP_OK;
 }
 
-/* The load report of --dtype q8_0: what was quantized and what was not. */
+/* The load report of --dtype q8_0/q4_0: what was quantized and what was not. */
 static void log_q8(const tp_model *m)
 {
     uint64_t q8 = 0, other = 0;
@@ -187,12 +198,13 @@ static void log_q8(const tp_model *m)
     for (size_t i = 0; i < m->n_modules; i++)
         for (int j = 0; j < m->modules[i].n_params; j++) {
             const tp_tensor *t = &m->modules[i].params[j].local;
-            if (!t->data || (m->modules[i].params[j].tied_to >= 0 && t->dtype != TP_Q8_0)) continue;
-            if (t->dtype == TP_Q8_0) q8 += tp_tensor_nbytes(t), n++;
+            if (!t->data || (m->modules[i].params[j].tied_to >= 0 && t->dtype != m->weight_dtype)) continue;
+            if (t->dtype == m->weight_dtype) q8 += tp_tensor_nbytes(t), n++;
             else other += tp_tensor_nbytes(t);
         }
-    tp_log(TP_LOG_INFO, "q8_0: %d Linear weights quantized (%.1f MB on this rank); the embedding (%s), norms and "
-           "biases kept unquantized (%.1f MB)", n, (double)q8 / 1e6, tp_dtype_name(unquantized_dtype(m)),
+    tp_log(TP_LOG_INFO, "%s: %d Linear weights quantized (%.1f MB on this rank); the embedding (%s), norms and "
+           "biases kept unquantized (%.1f MB)", tp_dtype_name(m->weight_dtype), n, (double)q8 / 1e6,
+           tp_dtype_name(unquantized_dtype(m)),
            (double)other / 1e6);
 }
 
@@ -234,9 +246,12 @@ tp_status tp_model_load(tp_model **out, const char *model_dir, const tp_model_op
         head->local.owns_data = 0;
         head->slice = emb->slice;
         head->placement = emb->placement;
-        if (m->weight_dtype == TP_Q8_0 && (s = quantize_tied_head(head))) { tp_model_free(m); return s; }
+        if (is_quantized(m->weight_dtype) && (s = quantize_tied_head(head, m->weight_dtype))) {
+            tp_model_free(m);
+            return s;
+        }
     }
-    if (m->weight_dtype == TP_Q8_0) log_q8(m);
+    if (is_quantized(m->weight_dtype)) log_q8(m);
     if ((s = tp_act_arena_init(m))) { tp_model_free(m); return s; }
     if (m->tp) tp_plan_log_coverage(m->tp->res, m->tp->mesh ? tp_mesh_world_rank(m->tp->mesh) : 0);
     int threads = opt && opt->threads > 0 ? opt->threads : 1;

@@ -1,0 +1,67 @@
+/* y = x·Wᵀ with Q4_0 weights: the dispatch and the scalar path.
+ *
+ * As for q8_0 (gemm_q8.c): x is quantized per row into 8-bit blocks once
+ * per call, in the pool's scratch, and the threads split the rows of W.
+ * The scalar path computes exactly what the AVX2 code does, lane by lane
+ * (the order is described in kern_q4.h), so it is the reference for the
+ * bits.  The AVX-512 path runs the AVX2 kernels. */
+#include "kernels/kern_q4.h"
+
+#include <math.h>
+
+/* One (row, token) pair: the block dot products in 8 lanes of 4. */
+static float dot_row(const tp_q4_block *w, const int8_t *xq, const float *xd, int64_t nb)
+{
+    float acc[8] = {0};
+    int8_t q[TP_Q4_BLOCK];
+    for (int64_t b = 0; b < nb; b++) {
+        float s = tp_q8_scale(w[b].d) * xd[b];
+        const int8_t *x = xq + b * TP_Q4_BLOCK;
+        tp_q4_unpack(q, &w[b]);
+        for (int l = 0; l < 8; l++) {
+            int32_t lane = 0;
+            for (int i = 4 * l; i < 4 * l + 4; i++) lane += (int32_t)q[i] * (int32_t)x[i];
+            acc[l] = fmaf((float)lane, s, acc[l]);
+        }
+    }
+    return tp_q8_hsum8(acc);
+}
+
+static void scalar_worker(void *p, int ti, int nt)
+{
+    const tp_q4_job *j = p;
+    int64_t r0, r1;
+    tp_split_range(j->n, ti, nt, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t t = 0; t < j->T; t++)
+            j->y[t * j->n + r] = dot_row(j->w + r * j->nb, j->xq + t * j->nb * TP_Q4_BLOCK, j->xd + t * j->nb, j->nb);
+}
+
+void tp_q4_matmul_scalar(const tp_q4_job *j, tp_threadpool *pool)
+{
+    tp_parallel_run(pool, scalar_worker, (void *)j);
+}
+
+tp_status tp_q4_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, tp_kernel_path path,
+                       tp_threadpool *pool)
+{
+    int64_t n = W->shape[0], k = W->shape[1], nb = k / TP_Q4_BLOCK;
+    if (k % TP_Q4_BLOCK) return tp_fail(TP_ERR_INTERNAL, "tp_matmul: a q4_0 row of %lld values", (long long)k);
+    size_t qbytes = (size_t)(T * k + 63) / 64 * 64, bytes = qbytes + (size_t)(T * nb) * sizeof(float);
+    char *mem = tp_threadpool_scratch(pool, bytes), *own = NULL;
+    if (!mem) mem = own = tp_alloc(bytes);
+    if (!mem) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for the quantized input (%zu bytes)", bytes);
+    int8_t *xq = (int8_t *)mem;
+    float *xd = (float *)(mem + qbytes);
+    tp_q8_quantize_act(xq, xd, x, T, k);
+    tp_q4_job j = {y, xq, xd, W->data, T, n, nb};
+#if TP_KERNELS_X86
+    if (path != TP_KERNEL_SCALAR) tp_q4_matmul_avx2(&j, pool);
+    else tp_q4_matmul_scalar(&j, pool);
+#else
+    (void)path;
+    tp_q4_matmul_scalar(&j, pool);
+#endif
+    tp_free(own);
+    return TP_OK;
+}

@@ -1,0 +1,85 @@
+/* Q4_0 quantization of the weights at load: llama.cpp's block_q4_0 made as
+ * its reference quantizer (ggml-quants.c, quantize_row_q4_0_ref) makes it,
+ * so that a GGUF written by bench/llamacpp/convert.py and a tensorpar load
+ * of the same values hold the same blocks.  The activations of a q4_0
+ * product are quantized as for q8_0 (tp_q8_quantize_act). */
+#include "kernels/kern_q4.h"
+
+#include <math.h>
+#include <string.h>
+
+/* 32 values of src from element off on, as f32. */
+static void load_block(float *dst, const void *src, tp_dtype st, int64_t off)
+{
+    if (st == TP_F32) {
+        memcpy(dst, (const float *)src + off, TP_Q4_BLOCK * sizeof(float));
+    } else if (st == TP_BF16) {
+        const uint16_t *h = (const uint16_t *)src + off;
+        for (int i = 0; i < TP_Q4_BLOCK; i++) dst[i] = tp_f32_from_bf16(h[i]);
+    } else {
+        const uint16_t *h = (const uint16_t *)src + off;
+        for (int i = 0; i < TP_Q4_BLOCK; i++) dst[i] = tp_f32_from_f16(h[i]);
+    }
+}
+
+/* One nibble: x·id lies in [-8, 8], so x·id + 8.5 is positive and the
+ * conversion to int is the floor; 16 (the far end of the range) becomes
+ * 15.  Two statements, so that the product is rounded before the sum
+ * (C11 forbids contracting across them), as ggml's is. */
+static uint8_t nibble(float x, float id)
+{
+    float p = x * id;
+    float v = p + 8.5f;
+    int q = (int)v;
+    return (uint8_t)(q > 15 ? 15 : q);
+}
+
+/* The block's d: the value of largest magnitude (the first of equals, as
+ * ggml's strict comparison keeps it) over -8. */
+static float block_d(const float *x)
+{
+    float amax = 0.0f, m = 0.0f;
+    for (int i = 0; i < TP_Q4_BLOCK; i++)
+        if (amax < fabsf(x[i])) amax = fabsf(x[i]), m = x[i];
+    return m / -8.0f;
+}
+
+static void quantize_block(tp_q4_block *o, const float *x)
+{
+    float d = block_d(x);
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    o->d = tp_f16_from_f32(d);
+    for (int j = 0; j < TP_Q4_BLOCK / 2; j++)
+        o->qs[j] = (uint8_t)(nibble(x[j], id) | nibble(x[j + TP_Q4_BLOCK / 2], id) << 4);
+}
+
+tp_status tp_q4_quantize_rows(tp_q4_block *dst, const void *src, tp_dtype st, int64_t rows, int64_t k)
+{
+    if (st != TP_F32 && st != TP_BF16 && st != TP_F16)
+        return tp_fail(TP_ERR_UNSUPPORTED, "q4_0: cannot quantize %s values", tp_dtype_name(st));
+    if (k % TP_Q4_BLOCK)
+        return tp_fail(TP_ERR_INVALID, "q4_0: rows of %lld values do not divide into blocks of %d",
+                       (long long)k, TP_Q4_BLOCK);
+    int64_t nb = k / TP_Q4_BLOCK;
+    float x[TP_Q4_BLOCK];
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            load_block(x, src, st, r * k + b * TP_Q4_BLOCK);
+            float sum = 0.0f;
+            for (int i = 0; i < TP_Q4_BLOCK; i++) sum += x[i] * 0.0f;   /* NaN for an inf or a NaN */
+            if (sum != 0.0f)
+                return tp_fail(TP_ERR_INVALID, "q4_0: row %lld holds a value that is not finite", (long long)r);
+            quantize_block(&dst[r * nb + b], x);
+        }
+    return TP_OK;
+}
+
+void tp_q4_dequantize_row(float *dst, const tp_q4_block *src, int64_t k)
+{
+    int8_t q[TP_Q4_BLOCK];
+    for (int64_t b = 0; b < k / TP_Q4_BLOCK; b++) {
+        float d = tp_q8_scale(src[b].d);
+        tp_q4_unpack(q, &src[b]);
+        for (int i = 0; i < TP_Q4_BLOCK; i++) dst[b * TP_Q4_BLOCK + i] = d * (float)q[i];
+    }
+}
