@@ -1,6 +1,6 @@
 """GGUF version 3, the file format llama.cpp loads: a streaming writer, a
 reader of the header and tensor table, and the tensor encodings the
-harness uses (F32, BF16, Q8_0).
+harness uses (F32, BF16, Q8_0, Q4_0).
 
 Layout: "GGUF", version (u32), tensor count (u64), key-value count (u64);
 the key-values (a string key, a u32 value type, the value); one entry per
@@ -19,10 +19,10 @@ VERSION = 3
 ALIGNMENT = 32
 
 # ggml tensor types used here
-F32, F16, Q8_0, BF16 = 0, 1, 8, 30
-TYPE_NAMES = {F32: "F32", F16: "F16", Q8_0: "Q8_0", BF16: "BF16"}
+F32, F16, Q4_0, Q8_0, BF16 = 0, 1, 2, 8, 30
+TYPE_NAMES = {F32: "F32", F16: "F16", Q4_0: "Q4_0", Q8_0: "Q8_0", BF16: "BF16"}
 # general.file_type ("mostly" this type; 1-D tensors stay F32)
-FILE_TYPE = {F32: 0, F16: 1, Q8_0: 7, BF16: 32}
+FILE_TYPE = {F32: 0, F16: 1, Q4_0: 2, Q8_0: 7, BF16: 32}
 
 # value types of the key-values
 (UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY,
@@ -33,6 +33,9 @@ _SCALAR = {UINT8: "<B", INT8: "<b", UINT16: "<H", INT16: "<h", UINT32: "<I", INT
 # Q8_0: blocks of 32 values, one f16 scale then 32 int8
 QK8_0 = 32
 Q8_0_BLOCK_BYTES = 2 + QK8_0
+# Q4_0: blocks of 32 values, one f16 scale then 16 bytes of two nibbles each
+QK4_0 = 32
+Q4_0_BLOCK_BYTES = 2 + QK4_0 // 2
 
 
 def _pad(n, align=ALIGNMENT):
@@ -107,6 +110,39 @@ def dequantize_q8_0(raw, cols):
     return (q * d).reshape(-1, cols)
 
 
+def quantize_q4_0(x):
+    """Rows of f32 (the last dimension a multiple of 32) -> Q4_0 bytes, as
+    ggml's reference quantizer (quantize_row_q4_0_ref): per block m = the
+    value of largest magnitude (the first of equals), d = m / -8, nibble =
+    min(15, floor(x * (1/d) + 8.5)) in f32, d stored as f16; byte j holds
+    value j in its low nibble and value j + 16 in its high one.  Returns
+    uint8 [rows, cols / 32 * 18]."""
+    x = np.asarray(x, dtype=np.float32)
+    if x.shape[-1] % QK4_0:
+        raise ValueError(f"Q4_0 needs rows of a multiple of {QK4_0} values, not {x.shape[-1]}")
+    blocks = x.reshape(-1, QK4_0)
+    first = np.abs(blocks).argmax(axis=1)   # argmax keeps the first of equals
+    m = blocks[np.arange(len(blocks)), first]
+    m = np.where(m == 0, np.float32(0), m)   # ggml's m starts at +0: an all-zero block's d is -0
+    d = (m / np.float32(-8)).astype(np.float32)[:, None]
+    with np.errstate(divide="ignore"):
+        inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+    v = (blocks * inv).astype(np.float32) + np.float32(8.5)
+    q = np.minimum(15, np.floor(v)).astype(np.uint8)
+    packed = q[:, :QK4_0 // 2] | (q[:, QK4_0 // 2:] << 4)
+    out = np.concatenate([d.astype(np.float16).view(np.uint8), packed], axis=1)
+    return out.reshape(x.shape[:-1] + (x.shape[-1] // QK4_0 * Q4_0_BLOCK_BYTES,))
+
+
+def dequantize_q4_0(raw, cols):
+    """Q4_0 bytes -> f32 rows of cols values: (nibble - 8) * d."""
+    b = np.asarray(raw, dtype=np.uint8).reshape(-1, Q4_0_BLOCK_BYTES)
+    d = b[:, :2].copy().view(np.float16).astype(np.float32)
+    qs = b[:, 2:]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32) - 8
+    return (q * d).reshape(-1, cols)
+
+
 def nbytes(gtype, dims):
     """Bytes of a tensor of ggml type gtype with dimensions dims (innermost first)."""
     n = int(np.prod(dims, dtype=np.int64))
@@ -116,6 +152,8 @@ def nbytes(gtype, dims):
         return 2 * n
     if gtype == Q8_0:
         return n // QK8_0 * Q8_0_BLOCK_BYTES
+    if gtype == Q4_0:
+        return n // QK4_0 * Q4_0_BLOCK_BYTES
     raise ValueError(f"ggml type {gtype} is not handled here")
 
 
@@ -247,6 +285,8 @@ class Reader:
             return bf16_to_f32(raw.view(np.uint16)).reshape(shape)
         if gtype == Q8_0:
             return dequantize_q8_0(raw, dims[0]).reshape(shape)
+        if gtype == Q4_0:
+            return dequantize_q4_0(raw, dims[0]).reshape(shape)
         raise ValueError(f"{name}: ggml type {gtype} is not handled here")
 
     def close(self):
