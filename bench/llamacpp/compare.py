@@ -78,12 +78,13 @@ class Refused(Exception):
 
 
 def run_json(cmd, env, what):
-    """Runs cmd and returns its JSON; a refusal of the q8_0 dtype raises
-    Refused (with the line that says why), any other failure ends the run."""
+    """Runs cmd and returns its JSON; a refusal of the q8_0 or q4_0 dtype
+    raises Refused (with the line that says why), any other failure ends the
+    run."""
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode:
         err = (p.stderr or p.stdout).strip()
-        why = [ln for ln in err.splitlines() if "q8_0" in ln and "error" in ln]
+        why = [ln for ln in err.splitlines() if ("q8_0" in ln or "q4_0" in ln) and "error" in ln]
         if why:
             raise Refused(why[0].split("error: ", 1)[-1])
         sys.exit(f"{what} failed ({p.returncode}): {' '.join(cmd)}\n{err[-3000:]}")
@@ -181,7 +182,7 @@ def target(s, info):
         return None
     if s["test"] == "tg":
         return TARGET_DECODE.get(s["dtype"])
-    if s["dtype"] == "q8_0":
+    if s["dtype"] in ("q8_0", "q4_0"):
         return None
     big = "avx512_bf16" in info["machine"]["flags"] or "amx_bf16" in info["machine"]["flags"]
     return TARGET_PREFILL_AVX512 if big else TARGET_PREFILL_AVX2

@@ -1,7 +1,7 @@
 """Converts a Hugging Face checkpoint of tensorpar's make-model (config.json,
 model.safetensors or its shards, tokenizer.json) to GGUF, for llama.cpp.
 
-    /usr/bin/python3 bench/llamacpp/convert.py MODEL_DIR OUT.gguf --dtype f32|bf16|q8_0
+    /usr/bin/python3 bench/llamacpp/convert.py MODEL_DIR OUT.gguf --dtype f32|bf16|q8_0|q4_0
 
 Model types: llama and qwen3.  The weights are the checkpoint's: F32 keeps
 their f32 values (bf16 widened exactly), BF16 keeps bf16 values (f32 ones
@@ -9,6 +9,12 @@ rounded to nearest even), Q8_0 quantizes the f32 values in blocks of 32 as
 ggml's reference quantizer does.  As llama.cpp's own converter does, 1-D
 tensors (the norms) stay F32, and every 2-D weight, the embedding and the
 lm_head included, takes the chosen type.
+
+Q4_0 (ggml's reference quantizer too) holds what `tensorpar --dtype q4_0`
+holds, so that the two sides run the same weights: the embedding as stored
+(BF16, or F32), every other 2-D weight in Q4_0, and output.weight always
+written, from the embedding when the model ties them (tensorpar quantizes
+its own copy of a tied lm_head; llama.cpp reads output.weight when present).
 
 llama.cpp applies rotary embeddings to pairs of adjacent values for the
 llama architecture, where Hugging Face pairs value i with value i + d/2
@@ -33,10 +39,11 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gguf  # noqa: E402
 
-DTYPES = {"f32": gguf.F32, "bf16": gguf.BF16, "q8_0": gguf.Q8_0}
+DTYPES = {"f32": gguf.F32, "bf16": gguf.BF16, "q8_0": gguf.Q8_0, "q4_0": gguf.Q4_0}
 # llama.cpp's architecture name of each Hugging Face model type
 ARCH = {"llama": "llama", "qwen3": "qwen3"}
-ROWS_PER_CHUNK = 8192   # Q8_0 and BF16 are encoded this many rows at a time
+ROWS_PER_CHUNK = 8192   # Q8_0, Q4_0 and BF16 are encoded this many rows at a time
+QUANTIZE = {gguf.Q8_0: gguf.quantize_q8_0, gguf.Q4_0: gguf.quantize_q4_0}
 
 
 # ---- the checkpoint ----------------------------------------------------------
@@ -106,8 +113,9 @@ def llama_rope_rows(n_rows, n_head):
     return src.reshape(n_rows)
 
 
-def tensor_map(cfg, st):
-    """(GGUF name, checkpoint name, row order or None) for every tensor."""
+def tensor_map(cfg, st, tied_output=False):
+    """(GGUF name, checkpoint name, row order or None) for every tensor;
+    tied_output: output.weight from the embedding when the model ties them."""
     arch = cfg["model_type"]
     out = [("token_embd.weight", "model.embed_tokens.weight", None)]
     per_layer = [("attn_norm", "input_layernorm"), ("attn_q", "self_attn.q_proj"), ("attn_k", "self_attn.k_proj"),
@@ -126,6 +134,8 @@ def tensor_map(cfg, st):
     out.append(("output_norm.weight", "model.norm.weight", None))
     if not cfg.get("tie_word_embeddings", False) and "lm_head.weight" in st.where:
         out.append(("output.weight", "lm_head.weight", None))
+    elif tied_output and cfg.get("tie_word_embeddings", False):
+        out.append(("output.weight", "model.embed_tokens.weight", None))
     missing = [h for _, h, _ in out if h not in st.where]
     if missing:
         raise ValueError(f"the checkpoint lacks {', '.join(missing[:4])}")
@@ -149,7 +159,7 @@ def producer(st, hf, rows, gtype):
             return
         for r in range(0, src.shape[0], ROWS_PER_CHUNK):
             x = enc(rows_of(src, r))
-            yield gguf.quantize_q8_0(x) if gtype == gguf.Q8_0 else x
+            yield QUANTIZE[gtype](x) if gtype in QUANTIZE else x
     return make
 
 
@@ -310,11 +320,13 @@ def convert(model_dir, out, dtype, name=None):
     if rs and (rs.get("rope_type") or rs.get("type")) == "llama3":
         factors = llama3_rope_factors(cfg)
         w.add_tensor("rope_freqs.weight", gguf.F32, factors.shape, lambda: iter([factors]))
-    for g, hf, rows in tensor_map(cfg, st):
+    for g, hf, rows in tensor_map(cfg, st, tied_output=gtype == gguf.Q4_0):
         shape = st.shape(hf)
         t = gtype if len(shape) == 2 else gguf.F32
-        if t == gguf.Q8_0 and shape[-1] % gguf.QK8_0:
-            t = gguf.F32   # rows Q8_0 cannot hold (llama.cpp's converter falls back to F16)
+        if t == gguf.Q4_0 and g == "token_embd.weight":
+            t = gguf.BF16 if st.dtype(hf) == "BF16" else gguf.F32   # as tensorpar keeps it
+        if t in QUANTIZE and shape[-1] % gguf.QK8_0:
+            t = gguf.F32   # rows Q8_0/Q4_0 cannot hold (llama.cpp's converter falls back to F16)
         w.add_tensor(g, t, shape, producer(st, hf, rows, t))
     w.write(out)
 

@@ -11,7 +11,7 @@
 #   --rounds N        rounds (default 3; --quick 1)
 #   --threads LIST    thread counts (default 1,2): 1 pairs TP=1x1 with
 #                     llama.cpp -t 1; T > 1 pairs TP=1xT and TP=Tx1 with -t T
-#   --dtypes LIST     of bf16, f32, q8_0 (default bf16,f32,q8_0)
+#   --dtypes LIST     of bf16, f32, q8_0, q4_0 (default bf16,f32,q8_0)
 #   --preset NAME     make-model preset (default llama-3.2-1b; --quick tiny)
 #   --arch ARCH       llama or qwen3 (default llama); the tokenizer is the
 #                     repository's Llama 3 or Qwen3 one
@@ -51,7 +51,7 @@ done
 rounds=${rounds:-3} preset=${preset:-llama-3.2-1b}
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --rounds must be a positive integer" >&2; return 2; }
 for d in ${dtypes//,/ }; do
-    case "$d" in bf16|f32|q8_0) ;; *) echo "run.sh: unknown dtype $d (bf16, f32, q8_0)" >&2; return 2 ;; esac
+    case "$d" in bf16|f32|q8_0|q4_0) ;; *) echo "run.sh: unknown dtype $d (bf16, f32, q8_0, q4_0)" >&2; return 2 ;; esac
 done
 case "$arch" in llama) tok=llama3 ;; qwen3) tok=qwen3 ;;
     *) echo "run.sh: --arch llama or qwen3" >&2; return 2 ;; esac

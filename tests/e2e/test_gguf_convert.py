@@ -1,11 +1,13 @@
 """bench/llamacpp/convert.py, the GGUF converter of the llama.cpp harness,
 without llama.cpp: tiny llama and qwen3 checkpoints (f32 and bf16, the real
-Llama 3 and Qwen3 tokenizers) are converted to F32, BF16 and Q8_0, and the
+Llama 3 and Qwen3 tokenizers) are converted to F32, BF16, Q8_0 and Q4_0, and the
 files are read back — the fixed header bytes by hand, the rest with the
 harness's own GGUF reader — and compared with the checkpoint read here from
 the safetensors bytes: every key llama.cpp needs, every tensor's name,
 shape, type and values (F32 and BF16 exact, Q8_0 within half a step of its
-block), the llama q/k row order, the vocabulary, and the encodings against
+block, Q4_0 within half a step, a step where the top nibble was clamped;
+Q4_0's embedding as stored and its output.weight written for a tied model
+too, as tensorpar --dtype q4_0 holds them), the llama q/k row order, the vocabulary, and the encodings against
 values worked out by hand."""
 
 import json
@@ -23,6 +25,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench", "llamacpp"))
 import gguf  # noqa: E402
 
 CONVERT = os.path.join(ROOT, "bench", "llamacpp", "convert.py")
+DTYPES = {"f32": gguf.F32, "bf16": gguf.BF16, "q8_0": gguf.Q8_0, "q4_0": gguf.Q4_0}
 ck = Checks()
 
 
@@ -80,8 +83,8 @@ NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k":
          "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 
 
-def hf_name(g):
-    if g == "token_embd.weight":
+def hf_name(g, tied=False):
+    if g == "token_embd.weight" or (g == "output.weight" and tied):
         return "model.embed_tokens.weight"
     if g == "output_norm.weight":
         return "model.norm.weight"
@@ -91,20 +94,36 @@ def hf_name(g):
     return f"model.layers.{i}.{NAMES[part]}.weight"
 
 
-def check_tensors(r, w, arch, cfg, dtype, tag):
-    want = {gguf.F32: "f32", gguf.BF16: "bf16", gguf.Q8_0: "q8_0"}
-    expect = set(w) - ({"lm_head.weight"} if cfg.get("tie_word_embeddings") else set())
+def check_tensors(r, w, arch, cfg, dtype, tag, stored):
+    want = {gguf.F32: "f32", gguf.BF16: "bf16", gguf.Q8_0: "q8_0", gguf.Q4_0: "q4_0"}
+    tied = bool(cfg.get("tie_word_embeddings"))
+    expect = set(w) - ({"lm_head.weight"} if tied else set())
     seen = set()
+    if dtype == "q4_0":
+        ck("output.weight" in r.tensors, f"{tag}: no output.weight")
     for g, (gtype, dims, off) in r.tensors.items():
         ck(off % 32 == 0, f"{tag} {g}: offset {off} not aligned to 32")
-        hf = hf_name(g)
+        hf = hf_name(g, tied)
         seen.add(hf)
         src = w[hf]
         ck(tuple(reversed(dims)) == src.shape, f"{tag} {g}: dims {dims} for shape {src.shape}")
-        exp_type = gguf.F32 if src.ndim == 1 else {"f32": gguf.F32, "bf16": gguf.BF16, "q8_0": gguf.Q8_0}[dtype]
+        exp_type = gguf.F32 if src.ndim == 1 else DTYPES[dtype]
+        if dtype == "q4_0" and g == "token_embd.weight":
+            exp_type = gguf.BF16 if stored == "bf16" else gguf.F32
         ck(gtype == exp_type, f"{tag} {g}: type {gguf.TYPE_NAMES.get(gtype)}, expected {want[exp_type]}")
         got = hf_rows(g, r.array(g), arch, cfg)
-        if gtype == gguf.Q8_0:
+        if gtype == gguf.Q4_0:
+            # half a step of its block (d = max|x| / 8) from the value, a whole
+            # one where the nibble was clamped at 15 (x / d in [7.5, 8]), plus
+            # what storing d as f16 moves the extreme nibble (8 d 2^-11)
+            blocks = src.reshape(-1, 32)
+            step = np.abs(blocks).max(axis=1, keepdims=True) / 8
+            err = np.abs(got.reshape(-1, 32) - blocks)
+            ck(bool((err <= step * (1 + 8 * 2.0 ** -11) + 1e-12).all()),
+               f"{tag} {g}: Q4_0 error {float((err / np.maximum(step, 1e-30)).max()):.3f} steps")
+            ck(float((err <= step * (0.5 + 8 * 2.0 ** -11) + 1e-12).mean()) > 0.95,
+               f"{tag} {g}: Q4_0 over half a step too often")
+        elif gtype == gguf.Q8_0:
             # each value within half a step of its block (the step d = max|x| / 127),
             # plus what storing d as f16 moves the largest q (127 d 2^-11)
             blocks = src.reshape(-1, 32)
@@ -125,7 +144,7 @@ def check_kv(r, cfg, model, dtype, tag):
     arch = cfg["model_type"]
     kv = r.kv
     ck(kv.get("general.architecture") == arch, f"{tag}: architecture {kv.get('general.architecture')}")
-    ck(kv.get("general.file_type") == {"f32": 0, "bf16": 32, "q8_0": 7}[dtype], f"{tag}: file_type {kv.get('general.file_type')}")
+    ck(kv.get("general.file_type") == {"f32": 0, "bf16": 32, "q8_0": 7, "q4_0": 2}[dtype], f"{tag}: file_type {kv.get('general.file_type')}")
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     exp = {"block_count": cfg["num_hidden_layers"], "context_length": cfg["max_position_embeddings"],
            "embedding_length": cfg["hidden_size"], "feed_forward_length": cfg["intermediate_size"],
@@ -182,6 +201,22 @@ def check_encodings():
     exp = [int(np.sign(v) * np.floor(abs(float(v * (np.float32(1) / d))) + 0.5)) for v in y]
     ck(q[2:].view(np.int8).tolist() == exp, "Q8_0 values of [-2, 2]")
     ck(gguf.quantize_q8_0(np.zeros((1, 32), np.float32))[0].tobytes() == bytes(34), "Q8_0 of zeros")
+    # Q4_0 by hand: x[i] = i - 16, the largest magnitude x[0] = -16 (first of
+    # |-16| and 15), d = -16 / -8 = 2, nibble i = floor(x / 2 + 8.5) (16 -> 15);
+    # byte j holds nibble j low and nibble j + 16 high
+    x = np.arange(32, dtype=np.float32) - 16
+    q = gguf.quantize_q4_0(x[None, :])[0]
+    ck(q[:2].tobytes() == struct.pack("<e", 2.0), f"Q4_0 scale bytes {q[:2].tobytes()!r}")
+    nib = [min(15, (i + 1) // 2) for i in range(32)]
+    ck(q[2:].tolist() == [nib[j] | nib[j + 16] << 4 for j in range(16)], f"Q4_0 bytes {q[2:].tolist()}")
+    ck(gguf.dequantize_q4_0(q, 32)[0, [0, 1, 16, 31]].tolist() == [-16, -14, 0, 14], "Q4_0 values back")
+    # a positive extreme: d negative; zeros: d = -0, nibbles 8
+    y = np.zeros(32, dtype=np.float32)
+    y[3], y[9] = 4, -4
+    q = gguf.quantize_q4_0(y[None, :])[0]
+    ck(q[:2].tobytes() == struct.pack("<e", -0.5) and q[5] & 15 == 0 and q[11] & 15 == 15, "Q4_0 of +-4")
+    z = gguf.quantize_q4_0(np.zeros((1, 32), np.float32))[0]
+    ck(z.tobytes() == struct.pack("<e", -0.0) + bytes([0x88] * 16), f"Q4_0 of zeros {z.tobytes()!r}")
     # bf16: nearest, ties to even; NaN stays NaN
     v = np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, 1 + 2 ** -7 + 2 ** -9, -1.5, np.nan], dtype=np.float32)
     b = gguf.bf16_bits(v)
@@ -205,12 +240,14 @@ def main():
             with open(os.path.join(m, "config.json")) as f:
                 cfg = json.load(f)
             w = safetensors(os.path.join(m, "model.safetensors"))
-            for dtype in ("f32", "bf16", "q8_0"):
+            stored = os.path.basename(m).split("-")[1]
+            for dtype in ("f32", "bf16", "q8_0", "q4_0"):
                 out = os.path.join(work, os.path.basename(m) + f".{dtype}.gguf")
                 convert(m, out, dtype)
                 tag = f"{os.path.basename(m)} -> {dtype}"
                 scaled = bool(cfg.get("rope_scaling"))
-                n = len(w) - (cfg.get("tie_word_embeddings", False) and "lm_head.weight" in w) + scaled
+                tied = cfg.get("tie_word_embeddings", False)
+                n = len(w) - (tied and "lm_head.weight" in w) + scaled + (tied and dtype == "q4_0")
                 check_header_by_hand(out, n)
                 r = gguf.Reader(out)
                 if scaled:
@@ -222,7 +259,7 @@ def main():
                     ck(f[0] == gguf.F32 and f[1] == (8,) and v[0] == 1 and v[-1] == 8 and
                        bool((np.diff(v) >= 0).all()) and 1 < v[3] < 8, f"{tag}: rope_freqs {f[:2]} {v}")
                 check_kv(r, cfg, m, dtype, tag)
-                check_tensors(r, w, arch, cfg, dtype, tag)
+                check_tensors(r, w, arch, cfg, dtype, tag, stored)
                 r.close()
         # a model type the converter does not know is refused, naming it
         m = os.path.join(work, "mistral")
