@@ -47,14 +47,18 @@ tp_status tp_q4_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, 
 {
     int64_t n = W->shape[0], k = W->shape[1], nb = k / TP_Q4_BLOCK;
     if (k % TP_Q4_BLOCK) return tp_fail(TP_ERR_INTERNAL, "tp_matmul: a q4_0 row of %lld values", (long long)k);
-    size_t qbytes = (size_t)(T * k + 63) / 64 * 64, bytes = qbytes + (size_t)(T * nb) * sizeof(float);
+    size_t qbytes = (size_t)(T * k + 63) / 64 * 64, sbytes = (size_t)(T * nb) * 8 * sizeof(int32_t);
+    size_t bytes = qbytes + sbytes + (size_t)(T * nb) * sizeof(float);
     char *mem = tp_threadpool_scratch(pool, bytes), *own = NULL;
     if (!mem) mem = own = tp_alloc(bytes);
     if (!mem) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for the quantized input (%zu bytes)", bytes);
     int8_t *xq = (int8_t *)mem;
-    float *xd = (float *)(mem + qbytes);
+    int32_t *xs = (int32_t *)(mem + qbytes);
+    float *xd = (float *)(mem + qbytes + sbytes);
     tp_q8_quantize_act(xq, xd, x, T, k);
-    tp_q4_job j = {y, xq, xd, W->data, T, n, nb};
+    for (int64_t l = 0; l < T * nb * 8; l++)
+        xs[l] = 8 * ((int32_t)xq[4 * l] + xq[4 * l + 1] + xq[4 * l + 2] + xq[4 * l + 3]);
+    tp_q4_job j = {y, xq, xs, xd, W->data, T, n, nb};
 #if TP_KERNELS_X86
     if (path != TP_KERNEL_SCALAR) tp_q4_matmul_avx2(&j, pool);
     else tp_q4_matmul_scalar(&j, pool);

@@ -25,10 +25,13 @@ static inline void tp_q4_unpack(int8_t q[TP_Q4_BLOCK], const tp_q4_block *b)
     }
 }
 
-/* One product: W [n, nb·32] in q4_0, x [T, nb·32] quantized (xq, xd). */
+/* One product: W [n, nb·32] in q4_0, x [T, nb·32] quantized (xq, xd);
+ * xs [T, nb, 8]: 8 times the sum of each lane's 4 quants of x (the AVX2
+ * path multiplies the unsigned nibbles and takes 8·x away per lane). */
 typedef struct {
     float *y;
     const int8_t *xq;
+    const int32_t *xs;
     const float *xd;
     const tp_q4_block *w;
     int64_t T, n, nb;
