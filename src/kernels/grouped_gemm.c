@@ -43,23 +43,45 @@ static tp_tensor expert_view(const tp_tensor *w, int64_t e)
     return v;
 }
 
+static int64_t inter_of(const tp_grouped_experts_args *a)
+{
+    return a->bmm ? a->gate_up->shape[2] / 2 : a->gate_up->shape[1] / 2;
+}
+
+/* y [n, out] = x [n, in] times expert weight W: x · Wᵀ for a linear-style
+ * W [out, in]; x @ W for a bmm-style W [in, out], which is the product
+ * tp_matmul_backward_ex forms for an input gradient (dx += dy · W). */
+static tp_status expert_matmul(const tp_grouped_experts_args *a, float *y, const float *x, int64_t n,
+                               const tp_tensor *w)
+{
+    if (!a->bmm) return tp_matmul_ex(y, x, n, w, NULL, a->pool, a->opts);
+    memset(y, 0, (size_t)(n * w->shape[1]) * sizeof(float));
+    return tp_matmul_backward_ex(y, NULL, NULL, x, NULL, n, w, a->pool, a->opts);
+}
+
 /* One expert's rows: gather, the two GEMMs with SwiGLU between, scatter-add. */
 static tp_status run_expert(const tp_grouped_experts_args *a, int64_t e, const int64_t *slots, int64_t n,
                             float *scratch)
 {
-    int64_t H = a->H, k = a->k, I = a->gate_up->shape[1] / 2;
+    int64_t H = a->H, k = a->k, I = inter_of(a);
     float *xs = scratch, *gu = xs + n * H, *h = gu + n * 2 * I, *y = h + n * I;
-    for (int64_t r = 0; r < n; r++) memcpy(xs + r * H, a->x + (slots[r] / k) * H, (size_t)H * sizeof(float));
+    for (int64_t r = 0; r < n; r++) {
+        const float *xt = a->x + (slots[r] / k) * H;
+        float wt = a->weights[slots[r]];
+        if (!a->scale_input) memcpy(xs + r * H, xt, (size_t)H * sizeof(float));
+        else
+            for (int64_t i = 0; i < H; i++) xs[r * H + i] = xt[i] * wt;
+    }
     tp_tensor wgu = expert_view(a->gate_up, e), wd = expert_view(a->down, e);
-    tp_status s = tp_matmul_ex(gu, xs, n, &wgu, NULL, a->pool, a->opts);
+    tp_status s = expert_matmul(a, gu, xs, n, &wgu);
     if (s) return s;
     for (int64_t r = 0; r < n; r++) {
         memcpy(h + r * I, gu + r * 2 * I, (size_t)I * sizeof(float));
         tp_silu_mul(h + r * I, gu + r * 2 * I + I, I);
     }
-    if ((s = tp_matmul_ex(y, h, n, &wd, NULL, a->pool, a->opts))) return s;
+    if ((s = expert_matmul(a, y, h, n, &wd))) return s;
     for (int64_t r = 0; r < n; r++) {
-        float wt = a->weights[slots[r]], *o = a->out + (slots[r] / k) * H;
+        float wt = a->scale_input ? 1.0f : a->weights[slots[r]], *o = a->out + (slots[r] / k) * H;
         const float *yr = y + r * H;
         for (int64_t i = 0; i < H; i++) o[i] += wt * yr[i];
     }
@@ -69,8 +91,13 @@ static tp_status run_expert(const tp_grouped_experts_args *a, int64_t e, const i
 tp_status tp_grouped_experts(const tp_grouped_experts_args *a, float *scratch)
 {
     int64_t E = a->gate_up->shape[0], n = a->T * a->k;
-    if (a->gate_up->ndim != 3 || a->down->ndim != 3 || a->down->shape[0] != E ||
-        a->down->shape[1] != a->H || a->gate_up->shape[2] != a->H || a->down->shape[2] * 2 != a->gate_up->shape[1])
+    if (a->bmm && (a->gate_up->ndim != 3 || a->down->ndim != 3 || a->down->shape[0] != E ||
+                   a->down->shape[2] != a->H || a->gate_up->shape[1] != a->H ||
+                   a->down->shape[1] * 2 != a->gate_up->shape[2]))
+        return tp_fail(TP_ERR_INVALID, "grouped experts: gate_up_proj and down_proj shapes do not match [E, %lld, 2I] "
+                       "and [E, I, %lld]", (long long)a->H, (long long)a->H);
+    if (!a->bmm && (a->gate_up->ndim != 3 || a->down->ndim != 3 || a->down->shape[0] != E ||
+        a->down->shape[1] != a->H || a->gate_up->shape[2] != a->H || a->down->shape[2] * 2 != a->gate_up->shape[1]))
         return tp_fail(TP_ERR_INVALID, "grouped experts: gate_up_proj and down_proj shapes do not match [E, 2I, %lld] "
                        "and [E, %lld, I]", (long long)a->H, (long long)a->H);
     int64_t *start = malloc((size_t)(E + 1) * sizeof *start), *order = malloc((size_t)(n ? n : 1) * sizeof *order);
@@ -134,6 +161,8 @@ static tp_status expert_backward(const tp_grouped_experts_args *a, const tp_grou
 
 tp_status tp_grouped_experts_backward(const tp_grouped_experts_args *a, const tp_grouped_experts_grads *g)
 {
+    if (a->bmm || a->scale_input)
+        return tp_fail(TP_ERR_UNSUPPORTED, "grouped experts: the backward of bmm-style (Llama 4) experts is not built");
     int64_t E = a->gate_up->shape[0], n = a->T * a->k, H = a->H, I = a->gate_up->shape[1] / 2;
     int64_t *start = malloc((size_t)(E + 1) * sizeof *start), *order = malloc((size_t)(n ? n : 1) * sizeof *order);
     /* an expert has at most T rows (a token chooses it once) */

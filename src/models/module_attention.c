@@ -9,6 +9,7 @@
 
 #include "tensorpar/kernels.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,6 +57,45 @@ static tp_status project_qkv(tp_model *m, const tp_layer_modules *L, const float
         return tp_fail(TP_ERR_UNSUPPORTED, "k_proj and v_proj give %lld and %lld features on this rank; "
                        "shard them alike", (long long)a->k.width, (long long)a->v.width);
     return TP_OK;
+}
+
+/* ---- Llama 4 ---------------------------------------------------------------- */
+
+/* Llama4TextL2Norm: each head row x * rsqrt(mean(x²) + eps), no weight. */
+static void l2_norm_rows(float *x, int64_t rows, int64_t D, double eps)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        float *v = x + r * D, ss = 0.0f;
+        for (int64_t i = 0; i < D; i++) ss += v[i] * v[i];
+        float inv = 1.0f / sqrtf(ss / (float)D + (float)eps);
+        for (int64_t i = 0; i < D; i++) v[i] *= inv;
+    }
+}
+
+/* Llama 4's q and k: on RoPE layers the rotation of interleaved pairs (its
+ * complex product) and the L2 norm after it (use_qk_norm); on NoPE
+ * layers q times log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1
+ * (attn_temperature_tuning). */
+static void llama4_qk(const tp_model *m, int64_t layer, float *q, float *k, int64_t T, int64_t pos0, int64_t nq,
+                      int64_t nkv, const float *rope)
+{
+    const tp_model_config *c = &m->cfg;
+    int64_t D = c->head_dim;
+    if (tp_config_layer_uses_rope(c, layer)) {
+        tp_rope_apply_mla(q, T * nq, nq, D, 0, D, rope, 1.0f, 1);
+        tp_rope_apply_mla(k, T * nkv, nkv, D, 0, D, rope, 1.0f, 1);
+        if (c->l2_qk_norm) {
+            l2_norm_rows(q, T * nq, D, c->rms_norm_eps);
+            l2_norm_rows(k, T * nkv, D, c->rms_norm_eps);
+        }
+        return;
+    }
+    if (!c->attn_temperature_tuning) return;
+    for (int64_t t = 0; t < T; t++) {
+        float pos1 = (float)(pos0 + t) + 1.0f;
+        float scale = log1pf(floorf(pos1 / (float)c->floor_scale)) * (float)c->attn_scale + 1.0f;
+        for (int64_t i = 0; i < nq * D; i++) q[t * nq * D + i] *= scale;
+    }
 }
 
 /* ---- training: what the backward reads ---------------------------------- */
@@ -114,15 +154,19 @@ static tp_status attention_forward(tp_model *m, const tp_module *mod, tp_forward
             tp_par_rmsnorm(m, a.q.data, a.q.data, tp_module_weight(&m->modules[L->q_norm]), T * nq, D);
             tp_par_rmsnorm(m, a.k.data, a.k.data, tp_module_weight(&m->modules[L->k_norm]), T * nkv, D);
         }
-        tp_par_rope(m, a.q.data, T, nq, D, sc->rope);
-        tp_par_rope(m, a.k.data, T, nkv, D, sc->rope);
+        if (c->llama4) {
+            llama4_qk(m, layer, a.q.data, a.k.data, T, pos0, nq, nkv, sc->rope);
+        } else {
+            tp_par_rope(m, a.q.data, T, nq, D, sc->rope);
+            tp_par_rope(m, a.k.data, T, nkv, D, sc->rope);
+        }
         size_t row = (size_t)(nkv * D);
         memcpy(cache->k[layer] + (size_t)pos0 * row, a.k.data, (size_t)T * row * sizeof(float));
         memcpy(cache->v[layer] + (size_t)pos0 * row, a.v.data, (size_t)T * row * sizeof(float));
         if (sv) st = attend_train(m, f->save, sv, &a, cache, layer, sc->attn, T, pos0);
         else
             tp_attention(sc->attn, a.q.data, cache->k[layer], cache->v[layer], T, pos0, nq, nkv, D,
-                         c->sliding_window, m->pool);
+                         tp_config_layer_window(c, layer), m->pool);
         if (!st) st = tp_module_linear_to_stream(m, f, &m->modules[L->o_proj], mod, sc->attn, T, nq * D, &f->pending);
     }
     qkv_release(m, &a);

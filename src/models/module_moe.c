@@ -16,7 +16,7 @@ int64_t tp_moe_block_bound(const tp_model *m, const tp_module *moe)
 {
     const tp_layer_modules *L = &m->layers[moe->layer];
     const tp_module *experts = &m->modules[L->experts];
-    int64_t H = m->cfg.hidden_size, I = experts->params[0].local.shape[1] / 2;
+    int64_t H = m->cfg.hidden_size, I = tp_moe_experts_width(m, experts);
     /* logits; the output and the copy its all-reduce may make; the
      * kernel's scratch; a row of the stream for the norm */
     /* DeepSeek's shared experts beside the routed output: gate and up, the
@@ -41,7 +41,9 @@ static tp_status route(tp_model *m, const tp_module *mod, tp_forward_pass *f, in
     tp_status st = tp_matmul_ex(logits, f->sc.h, T, tp_module_weight(&m->modules[L->router]), NULL, m->pool,
                                 &m->matmul);
     const tp_module *gate = &m->modules[L->router];
-    if (!st && m->cfg.mla)
+    if (!st && m->cfg.llama4)
+        tp_moe_route_llama4(logits, T, E, k, ids, w);
+    else if (!st && m->cfg.mla)
         st = tp_moe_route_deepseek(&m->cfg, logits, T, gate->n_params > 1 ? gate->params[1].local.data : NULL, ids, w);
     else if (!st)
         tp_moe_route(logits, T, E, k, m->cfg.norm_topk_prob, ids, w);
@@ -151,7 +153,7 @@ static tp_status moe_backward(tp_model *m, const tp_module *mod, tp_backward_pas
 {
     /* DeepSeek's router and shared experts have no backward yet (its
      * attention refuses training first; this says so should it not). */
-    if (m->cfg.mla)
+    if (m->cfg.mla || m->cfg.llama4)
         return tp_fail(TP_ERR_UNSUPPORTED, "%s: training %s's MoE blocks is not supported yet", mod->name,
                        m->cfg.model_type);
     const tp_layer_modules *L = &m->layers[mod->layer];

@@ -148,7 +148,7 @@ static void test_experts_backward(void)
     CHECK(tp_threadpool_create(&pool, 2) == TP_OK);
     tp_matmul_opts opts;
     tp_matmul_opts_default(&opts);
-    tp_grouped_experts_args a = {NULL, x, c.T, c.H, c.k, ids, w, &tgu, &tdn, pool, &opts};
+    tp_grouped_experts_args a = {NULL, x, c.T, c.H, c.k, ids, w, &tgu, &tdn, pool, &opts, 0, 0};
     tp_grouped_experts_grads g = {dy, dx, dwt, dgu, ddn};
     CHECK(tp_grouped_experts_backward(&a, &g) == TP_OK);
     double err = 0, mx = 0;
