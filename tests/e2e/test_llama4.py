@@ -170,7 +170,7 @@ class Presets(unittest.TestCase):
         out = os.path.join(WORK, "scout-cfg")
         # the published layer lists cut to 4 layers (the fourth NoPE); small widths
         run("make-model", "--arch", "llama4_text", "--preset", "llama-4-scout", "--set", "num_hidden_layers=4",
-            "--set", "vocab_size=256", "--set", "hidden_size=64", "--set", "num_attention_heads=4",
+            "--set", "vocab_size=512", "--set", "hidden_size=64", "--set", "num_attention_heads=4",
             "--set", "num_key_value_heads=2", "--set", "head_dim=16", "--set", "intermediate_size=32",
             "--set", "intermediate_size_mlp=64", "--out", out)
         cfg = config(out)
