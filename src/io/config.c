@@ -491,11 +491,6 @@ static tp_status parse_llama4(tp_model_config *c, const json_doc *d)
 
 tp_status tp_config_check_training(const tp_model_config *c)
 {
-    /* Llama 4's attention (L2 q/k norm, chunks, temperature) and bmm-style
-     * experts have a forward only (docs/architecture.md). */
-    if (c->llama4)
-        return tp_fail(TP_ERR_UNSUPPORTED, "training is not supported for model type '%s' yet; its inference is "
-                       "(logits, generate, chat, bench)", c->model_type);
     /* Multi-head latent attention has no backward yet (module_mla.c). */
     if (c->mla)
         return tp_fail(TP_ERR_UNSUPPORTED, "training is not supported for model type '%s' (multi-head latent "

@@ -159,11 +159,58 @@ static tp_status expert_backward(const tp_grouped_experts_args *a, const tp_grou
     return TP_OK;
 }
 
+/* Llama 4's experts (bmm-style, the weight scaling the input): with xs =
+ * w · x, gu = xs @ Wgu, h = SiLU(g) · u, y = h @ Wd and the slot's output
+ * gradient dy: d Wd += hᵀ · dy, dh = dy · Wdᵀ, SwiGLU's backward, d Wgu +=
+ * xsᵀ · d[g | u], dxs = d[g | u] · Wguᵀ; then d w = dxs · x and dx += w ·
+ * dxs.  The products are tp_matmul_ex / tp_matmul_backward_ex with the bmm
+ * weight W [in, out] in the role of a Linear weight [out, in]. */
+static tp_status expert_backward_bmm(const tp_grouped_experts_args *a, const tp_grouped_experts_grads *g, int64_t e,
+                                     const int64_t *slots, int64_t n, float *scratch)
+{
+    int64_t H = a->H, k = a->k, I = inter_of(a);
+    float *xs = scratch, *gu = xs + n * H, *h = gu + n * 2 * I, *dyr = h + n * I;
+    float *dh = dyr + n * H, *dgu = dh + n * I, *dxs = dgu + n * 2 * I;
+    for (int64_t r = 0; r < n; r++) {
+        const float *xt = a->x + (slots[r] / k) * H;
+        float wt = a->scale_input ? a->weights[slots[r]] : 1.0f;
+        for (int64_t i = 0; i < H; i++) xs[r * H + i] = xt[i] * wt;
+        memcpy(dyr + r * H, g->dy + (slots[r] / k) * H, (size_t)H * sizeof(float));
+    }
+    tp_tensor wgu = expert_view(a->gate_up, e), wd = expert_view(a->down, e);
+    tp_status s = expert_matmul(a, gu, xs, n, &wgu);
+    for (int64_t r = 0; !s && r < n; r++) {
+        memcpy(h + r * I, gu + r * 2 * I, (size_t)I * sizeof(float));
+        tp_silu_mul(h + r * I, gu + r * 2 * I + I, I);
+    }
+    float *dwd = g->d_down ? g->d_down + e * H * I : NULL, *dwgu = g->d_gate_up ? g->d_gate_up + e * 2 * I * H : NULL;
+    if (!s && dwd) s = tp_matmul_backward_ex(NULL, dwd, NULL, h, dyr, n, &wd, a->pool, a->opts);
+    if (!s) s = tp_matmul_ex(dh, dyr, n, &wd, NULL, a->pool, a->opts);
+    if (s) return s;
+    memset(dgu, 0, (size_t)(n * 2 * I) * sizeof(float));
+    for (int64_t r = 0; r < n; r++)
+        tp_silu_mul_backward(dgu + r * 2 * I, dgu + r * 2 * I + I, dh + r * I, gu + r * 2 * I, gu + r * 2 * I + I, I);
+    if (dwgu && (s = tp_matmul_backward_ex(NULL, dwgu, NULL, xs, dgu, n, &wgu, a->pool, a->opts))) return s;
+    if ((s = tp_matmul_ex(dxs, dgu, n, &wgu, NULL, a->pool, a->opts))) return s;
+    for (int64_t r = 0; r < n; r++) {
+        const float *xt = a->x + (slots[r] / k) * H;
+        float *dx = g->dx + (slots[r] / k) * H, wt = a->scale_input ? a->weights[slots[r]] : 1.0f;
+        double dot = 0;
+        for (int64_t i = 0; i < H; i++) {
+            dot += (double)dxs[r * H + i] * xt[i];
+            dx[i] += wt * dxs[r * H + i];
+        }
+        g->dweights[slots[r]] = a->scale_input ? (float)dot : 0.0f;
+    }
+    return TP_OK;
+}
+
 tp_status tp_grouped_experts_backward(const tp_grouped_experts_args *a, const tp_grouped_experts_grads *g)
 {
-    if (a->bmm || a->scale_input)
-        return tp_fail(TP_ERR_UNSUPPORTED, "grouped experts: the backward of bmm-style (Llama 4) experts is not built");
-    int64_t E = a->gate_up->shape[0], n = a->T * a->k, H = a->H, I = a->gate_up->shape[1] / 2;
+    if (a->bmm != a->scale_input)
+        return tp_fail(TP_ERR_UNSUPPORTED, "grouped experts: the backward takes bmm-style experts with the input "
+                       "scaled (Llama 4) or linear-style ones with the output scaled, not a mix");
+    int64_t E = a->gate_up->shape[0], n = a->T * a->k, H = a->H, I = inter_of(a);
     int64_t *start = malloc((size_t)(E + 1) * sizeof *start), *order = malloc((size_t)(n ? n : 1) * sizeof *order);
     /* an expert has at most T rows (a token chooses it once) */
     float *scratch = malloc((size_t)(a->T ? a->T : 1) * (size_t)(4 * H + 8 * I) * sizeof(float));
@@ -173,7 +220,9 @@ tp_status tp_grouped_experts_backward(const tp_grouped_experts_args *a, const tp
     if (!s && start[E] < 0) s = tp_fail(TP_ERR_NOMEM, "out of memory routing %lld tokens", (long long)a->T);
     if (!s) memset(g->dweights, 0, (size_t)n * sizeof(float));
     for (int64_t e = 0; !s && e < E; e++)
-        if (start[e + 1] > start[e]) s = expert_backward(a, g, e, order + start[e], start[e + 1] - start[e], scratch);
+        if (start[e + 1] > start[e])
+            s = (a->bmm ? expert_backward_bmm : expert_backward)(a, g, e, order + start[e], start[e + 1] - start[e],
+                                                                 scratch);
     free(start);
     free(order);
     free(scratch);

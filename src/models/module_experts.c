@@ -82,7 +82,9 @@ tp_status tp_moe_experts_backward(tp_model *m, const tp_module *mod, const tp_mo
     tp_dtensor gy;
     int have = 0;
     const tp_module_plan *block = split(mod) ? tp_module_block(m, mod) : NULL;
-    if (split(mod) && !block)
+    /* §10.6: Llama 4's experts sum their own partial gradients */
+    int sum = block || (split(mod) && m->cfg.llama4);
+    if (split(mod) && !sum)
         return tp_fail(TP_ERR_INVALID, "%s: its experts are split, but no rule (moe_tp_experts) sums their "
                        "gradients", mod->name);
     tp_status st = tp_module_block_output_backward(m, block, dy, T, H, &gy, &have);
@@ -98,7 +100,7 @@ tp_status tp_moe_experts_backward(tp_model *m, const tp_module *mod, const tp_mo
     /* [dx | dw] side by side per token would need a strided copy; the sum
      * runs on the two blocks laid end to end as [T, H + k] rows instead —
      * an element-wise sum, so any shape of the same size is the same sum. */
-    if (!st && block) st = sum_partials(m, buf, T, H + k);
+    if (!st && sum) st = sum_partials(m, buf, T, H + k);
     if (!st) {
         for (int64_t i = 0; i < T * H; i++) dx[i] += buf[i];
         memcpy(dw, buf + T * H, (size_t)(T * k) * sizeof(float));
