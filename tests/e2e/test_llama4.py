@@ -17,7 +17,7 @@
   experts (and its share of the attention and dense MLP, which the EP plan
   also splits).
 * The Llama-4-Scout-17B-16E preset's text_config, as published.
-* Refusals: the multimodal model type llama4, training.
+* Refusals: the multimodal model type llama4 (training: test_llama4_train.py).
 
 q/k weights are drawn with std 0.25 (--qk-std) so that attention is
 decisive, routers with std 0.3 (--router-std) so that the top-k choices are."""
@@ -198,16 +198,6 @@ class Messages(unittest.TestCase):
         err = fails("logits", "--model", make("tiny"), "--tokens", "1", "--out", os.path.join(WORK, "e.npy"),
                     "--tp", 3, "--ep")
         self.assertIn("4 % 3", err)
-
-    def test_train_refuses(self):
-        model = make("tiny")
-        data = os.path.join(WORK, "rows.jsonl")
-        with open(data, "w") as f:
-            f.write(json.dumps({"input_ids": [1, 2, 3, 4, 5, 6, 7, 8]}) + "\n")
-        out = os.path.join(WORK, "trained")
-        err = fails("train", "--model", model, "--data", data, "--out", out, "--seq-len", 8)
-        self.assertIn("training is not supported for model type 'llama4_text'", err)
-        self.assertFalse(os.path.exists(out))
 
 
 if __name__ == "__main__":

@@ -174,6 +174,29 @@ class Llama4Reference:
         return float(loss), {n: t.grad.numpy() for n, t in self.t.items() if t.grad is not None}
 
 
+def reference_grads(model_dir, tokens):
+    """(loss, {name: gradient}) of one sequence, by autograd."""
+    return Llama4Reference(model_dir, requires_grad=True).loss_and_grads(tokens)
+
+
+def reference_train(model_dir, data_path, **opts):
+    """hf_reference_train.py's Trainer steps (data, loss normalisation,
+    AdamW / SGD, clipping, schedule) on this model: (log, {name: float64
+    parameters after the last step})."""
+    import hf_reference_train as tr
+    o = dict(tr.DEFAULTS)
+    unknown = set(opts) - set(o)
+    if unknown:
+        raise TypeError(f"unknown options {sorted(unknown)}")
+    o.update(opts)
+    r = Llama4Reference(model_dir, requires_grad=True)
+    if r.tied:
+        r.t.pop("lm_head.weight", None)
+    seqs = tr.read_sequences(data_path, o["seq_len"])
+    log = tr.train_steps(r.t, seqs, o, lambda s, step, row: r.logits_t(s), int(r.cfg["vocab_size"]))
+    return log, {k: v.detach().numpy().copy() for k, v in r.t.items()}
+
+
 def reference_logits(model_dir, tokens):
     return Llama4Reference(model_dir).forward(tokens)
 
