@@ -10,7 +10,7 @@
   Variants: top-2, no q/k L2 norm, no temperature tuning, no chunks,
   llama3 rope scaling, the layer lists derived from interleave_moe_layer_step
   and no_rope_layer_interval, bf16 weights.  Each feature moves the logits.
-* TP 2 and 4 (§7.6: packed_rowwise gate_up_proj, colwise down_proj on the
+* TP 2, 3 and 4 (§7.6: packed_rowwise gate_up_proj, colwise down_proj on the
   bmm-style experts, which sum their own output, §10.6) and EP 2 and 4
   (§7.6's EP plan, ep_router) give the TP = 1 logits, bitwise the same on
   every rank, and the same greedy tokens.  Under EP each rank reads only its
@@ -121,6 +121,15 @@ class Parallel(unittest.TestCase):
             base = logits(model)
             for extra in ((2,), (4,), (2, "--ep"), (4, "--ep")):
                 self.assertLessEqual(rel(logits(model, *extra), base), TOL, f"{model} {extra}")
+
+    def test_tp3(self):
+        """6 heads and a vocabulary of 510 so that 3 divides them; the experts' I = 160 splits unevenly, alike
+        in gate_up_proj's two packed halves and in down_proj."""
+        model = make("tp3", "--set", "num_attention_heads=6", "--set", "num_key_value_heads=6",
+                     "--set", "vocab_size=510")
+        base = logits(model)
+        self.assertLessEqual(rel(base, reference(model)), TOL)
+        self.assertLessEqual(rel(logits(model, 3), base), TOL)
 
     def test_long_prompt(self):
         """80 tokens: ten chunks; temperature floors up to 20."""

@@ -8,7 +8,7 @@
   and the NoPE layer's temperature; the sigmoid router whose score scales the
   experts' input (its gradient comes through the experts' input gradient);
   the bmm-style experts [E, H, 2I] / [E, I, H]; the shared expert; the dense
-  layer.  Top-1 (the preset) and top-2.  TP = 2, 4 (§7.6: packed_rowwise /
+  layer.  Top-1 (the preset) and top-2.  TP = 2, 3, 4 (§7.6: packed_rowwise /
   colwise experts summing their own output, §10.6) and EP = 2, 4
   (grouped_gemm, ep_router) equal TP = 1 within 1e-5.
 * 3 AdamW steps of `tensorpar train` equal hf_reference_train.py's Trainer
@@ -97,6 +97,17 @@ def train(model, out, opts, *extra):
 
 
 class Grads(unittest.TestCase):
+    def test_tp3(self):
+        """Uneven slices of I (160 over 3 ranks) in both expert tensors."""
+        model = make("tp3", "--set", "num_attention_heads=6", "--set", "num_key_value_heads=6",
+                     "--set", "vocab_size=510")
+        base = engine_grads(model, "tp3")
+        base.pop("loss")
+        g = engine_grads(model, "tp3-3", "--tp", 3)
+        g.pop("loss")
+        e, k = worst(g, base)
+        self.assertLessEqual(e, TOL, f"tp=3: {k} vs TP = 1: {e:.3e}")
+
     def test_reference_and_splits(self):
         for name, extra in (("tiny", ()), ("top2", ("--set", "num_experts_per_tok=2"))):
             model = make(name, *extra)
