@@ -143,6 +143,10 @@ class Parallel(unittest.TestCase):
         model = make("tiny")
         want = generate(model)
         self.assertEqual(len(want), 24)
+        # through the KV cache across three chunk boundaries: the reference's greedy tokens
+        ids, gap = ref.greedy_generate(ref.reference_model(model), [1, 2, 3], 24)
+        self.assertGreater(gap, 1e-4)   # decisive: rounding cannot flip a choice
+        self.assertEqual(want, ids)
         for extra in ((2,), (4,), (2, "--ep"), (4, "--ep")):
             self.assertEqual(generate(model, *extra), want, f"{extra}")
 
