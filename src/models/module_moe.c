@@ -1,5 +1,7 @@
 /* A sparse MoE block (qwen3_moe's Qwen3MoeSparseMoeBlock, Mixtral's
- * MixtralSparseMoeBlock) in place of a layer's MLP: the router `gate`
+ * MixtralSparseMoeBlock, DeepSeek's, Llama 4's Llama4TextMoe with its
+ * sigmoid `router`, input-scaled experts and `shared_expert`) in place of
+ * a layer's MLP: the router `gate`
  * (replicated: every rank routes every token alike), its top-k choice
  * (moe_router.c), under expert parallelism ep_router's remap to this
  * rank's experts (§2.18), then the experts (module_experts.c), whose output
