@@ -310,6 +310,8 @@ def check_config(cfg):
         if mt == "deepseek_v2" and (method != "greedy" and cfg.int("n_group", 1) > 1):
             raise ConvertError(f"{cfg.path}: topk_method {method!r}: llama.cpp ranks expert groups by their two "
                                f"best scores, DeepSeek-V2 by its best")
+        if cfg.d.get("rope_interleave") is False:
+            raise ConvertError(f"{cfg.path}: rope_interleave false: llama.cpp's deepseek2 rotates adjacent pairs")
         if cfg.get("scoring_func", "softmax" if mt == "deepseek_v2" else "sigmoid") != (
                 "softmax" if mt == "deepseek_v2" else "sigmoid"):
             raise ConvertError(f"{cfg.path}: scoring_func {cfg.get('scoring_func')!r} is not handled for {mt}")
