@@ -98,13 +98,19 @@ static void pack_a_rows(float *d, const tp_gemm_operand *a, int64_t i0, int rows
  * Read along the contiguous direction: by rows when cs = 1, else (A = dyᵀ,
  * rs = 1) one p at a time across all the panels, so that the reads walk
  * memory in order rather than a page per p. */
-static void pack_a(float *dst, const tp_gemm_operand *a, int64_t i0, int64_t mc, int64_t p0, int64_t kc, int mr)
+static void pack_a(const tp_gemm_ukernel *uk, float *dst, const tp_gemm_operand *a, int64_t i0, int64_t mc,
+                   int64_t p0, int64_t kc)
 {
     const float *src = a->p;
+    int mr = uk->mr;
     if (a->cs == 1) {
         for (int64_t ib = 0; ib < mc; ib += mr) {
             float *d = dst + ib * kc;
             int rows = (int)min64(mr, mc - ib);
+            if (uk->pack_a && rows == mr) {
+                uk->pack_a(d, a, i0 + ib, p0, kc);
+                continue;
+            }
             pack_a_rows(d, a, i0 + ib, rows, p0, kc, mr);
             for (int i = rows; i < mr; i++)
                 for (int64_t p = 0; p < kc; p++) d[p * mr + i] = 0.0f;
@@ -223,7 +229,7 @@ static void gemm_worker(void *p, int ti, int nt)
             pack_b(uk, bp, j->b, pc, kc, jc, nc);
             for (int64_t ic = m0; ic < m1; ic += j->mc) {
                 int64_t mc = min64(j->mc, m1 - ic);
-                pack_a(ap, j->a, ic, mc, pc, kc, uk->mr);
+                pack_a(uk, ap, j->a, ic, mc, pc, kc);
                 macro_kernel(j, ap, bp, ic, mc, jc, nc, kc, j->accumulate || pc > 0);
             }
         }
@@ -248,7 +254,12 @@ tp_status tp_gemm_packed(const tp_gemm_ukernel *uk, float *c, int64_t ldc, int a
     int64_t my_n = j.split_m ? n : (nblk + nt - 1) / nt * uk->nr;
     int64_t my_m = j.split_m ? (mblk + nt - 1) / nt * uk->mr : m;
     j.kc = min64(uk->kc, k);
-    j.mc = min64(uk->mc, round_up(my_m, uk->mr));
+    /* MC: as many blocks as uk->mc gives to the nearest, evened out — 512
+     * rows in blocks of 168 left a last block of 8 that read every B
+     * micro-panel again for 2 tiles. */
+    int64_t mblocks = (my_m + uk->mc / 2) / uk->mc;
+    if (mblocks < 1) mblocks = 1;
+    j.mc = round_up((my_m + mblocks - 1) / mblocks, uk->mr);
     j.nc = min64(uk->nc, round_up(my_n, uk->nr));
     j.a_bytes = (size_t)round_up(j.mc * j.kc * (int64_t)sizeof(float), 64);
     j.stride = j.a_bytes + (size_t)round_up(j.nc * j.kc * (int64_t)sizeof(float), 64);
