@@ -174,8 +174,12 @@ TAVX2 static void pack_a(float *dst, const tp_gemm_operand *a, int64_t i0, int64
 
 /* Blocks for a core with 32 KiB L1d and 512 KiB - 2 MiB L2: the B
  * micro-panel KC×NR×4 = 16 KiB, the A block MC×KC×4 = 168 KiB, a B panel
- * KC×NC×4 = 2 MiB. */
-const tp_gemm_ukernel tp_gemm_ukernel_avx2 = {MR, NR, 168, 256, 2048, ukernel, pack_bt, pack_a};
+ * KC×NC×4 = 2 MiB; with A packed whole (a prefill's 512 rows), B panels of
+ * 256 columns, 256 KiB: with the A block that is L2 on Zen 2 (512 KiB).
+ * There, with both cores busy, the micro-kernel ran at 0.82-0.93 of the
+ * FMA peak on 2 MiB panels (read from the shared L3) and 0.95 on 256 KiB
+ * ones (alone on one core: 0.92-0.94 and 0.95). */
+const tp_gemm_ukernel tp_gemm_ukernel_avx2 = {MR, NR, 168, 256, 2048, ukernel, pack_bt, pack_a, 256};
 
 /* ---- GEMM: y = x·Wᵀ through the packed driver ------------------------- */
 

@@ -105,7 +105,14 @@ typedef struct {
     tp_gemm_ukernel_fn fn;
     tp_gemm_pack_bt_fn pack_bt;   /* NULL: the generic packing */
     tp_gemm_pack_a_fn pack_a;     /* NULL: the generic packing */
+    /* > 0: where a thread's rows of A, packed for one KC block, take at most
+     * TP_GEMM_A_WHOLE_BYTES, A is packed once per KC block and B walked in
+     * panels of nc_l2 columns, small enough to stay in L2 beside an A block
+     * (gemm_packed.c); 0: the loop order above with nc. */
+    int64_t nc_l2;
 } tp_gemm_ukernel;
+
+#define TP_GEMM_A_WHOLE_BYTES ((size_t)1 << 20)
 
 /* C[m, n] (ldc apart) = A·B, or += with accumulate.  Bitwise the same
  * result for any number of threads in pool. */
