@@ -96,12 +96,23 @@ typedef void (*tp_gemm_ukernel_fn)(int64_t kc, const float *a, const float *b, f
  * B[p0+p, j0+j] for p < kc, j < nr — the same values as the generic
  * packing, with the path's own instructions. */
 typedef void (*tp_gemm_pack_bt_fn)(float *dst, const tp_gemm_operand *b, int64_t p0, int64_t kc, int64_t j0);
+/* Packs one full micro-panel of A read along p (a->cs = 1, f32): dst[p·mr +
+ * i] = A[i0+i, p0+p] for p < kc, i < mr — likewise the generic values. */
+typedef void (*tp_gemm_pack_a_fn)(float *dst, const tp_gemm_operand *a, int64_t i0, int64_t p0, int64_t kc);
 typedef struct {
     int mr, nr;            /* register tile */
     int64_t mc, kc, nc;    /* cache blocks: A in L2, B micro-panel in L1, B panel in L2/L3 */
     tp_gemm_ukernel_fn fn;
     tp_gemm_pack_bt_fn pack_bt;   /* NULL: the generic packing */
+    tp_gemm_pack_a_fn pack_a;     /* NULL: the generic packing */
+    /* > 0: where a thread's rows of A, packed for one KC block, take at most
+     * TP_GEMM_A_WHOLE_BYTES, A is packed once per KC block and B walked in
+     * panels of nc_l2 columns, small enough to stay in L2 beside an A block
+     * (gemm_packed.c); 0: the loop order above with nc. */
+    int64_t nc_l2;
 } tp_gemm_ukernel;
+
+#define TP_GEMM_A_WHOLE_BYTES ((size_t)1 << 20)
 
 /* C[m, n] (ldc apart) = A·B, or += with accumulate.  Bitwise the same
  * result for any number of threads in pool. */
