@@ -18,7 +18,8 @@
   that splits its attention heads.
 * 5 AdamW steps equal hf_reference_train.py (losses within 1e-5, parameters
   within 1e-4) at TP = 1, 2 and EP = 2; the saved model reloads to the
-  reference's logits; --gradient-checkpointing gives the same bits.
+  reference's logits; --gradient-checkpointing gives the same bits;
+  --dp-replicate 2 and --dp-shard 2 (with TP 2 / EP inside) take the TP = 1 steps.
 * Saving (lr 0) writes the per-expert and shared-expert tensors under the
   checkpoint's names: byte-identical at TP = 1, 2 and EP = 2, and equal to
   the source checkpoint.
@@ -205,6 +206,23 @@ class Train(unittest.TestCase):
             train(model, b, opts, "--gradient-checkpointing", *extra)
             self.assertEqual(file_bytes(os.path.join(a, "model.safetensors")),
                              file_bytes(os.path.join(b, "model.safetensors")), f"{extra}")
+
+    def test_data_parallel(self):
+        """--dp-replicate 2 and --dp-shard 2 (with TP 2 in EP mode inside) at half the per-replica
+        batch take the TP = 1 steps."""
+        model = make(*MODELS[3])
+        opts = dict(ADAMW, steps=3)
+        base_log = train(model, os.path.join(WORK, "dp-base"), opts)
+        base = read(os.path.join(WORK, "dp-base", "model.safetensors"))
+        half = dict(opts, batch_size=1)
+        for case, args in (("dp-replicate", ("--dp-replicate", 2)),
+                           ("dp-shard+ep", ("--dp-shard", 2, "--tp", 2, "--ep"))):
+            out = os.path.join(WORK, f"dp-{case}")
+            log = train(model, out, half, *args)
+            for g, w in zip(log, base_log):
+                self.assertLessEqual(abs(g["loss"] - w["loss"]) / w["loss"], TOL, f"{case}: step {w['step']}")
+            e, k = worst(read(os.path.join(out, "model.safetensors")), base)
+            self.assertLessEqual(e, PARAM_TOL, f"{case}: {k} vs TP = 1: {e:.3e}")
 
     def test_save_is_the_checkpoint(self):
         """lr 0: nothing moves, so the saved file holds the source checkpoint's tensors under their
