@@ -216,8 +216,9 @@ typedef struct {
 
 static void mla_grads_free(mla_grads *g)
 {
-    float **p = &g->dattn;
-    for (size_t i = 0; i < sizeof *g / sizeof *p; i++) free(p[i]);
+    free(g->dattn); free(g->dout); free(g->dQ); free(g->dK); free(g->dV);
+    free(g->dq); free(g->dkv); free(g->dkva); free(g->dpe);
+    free(g->dlat); free(g->dlat_raw); free(g->dqa); free(g->dqa_raw); free(g->dw);
 }
 
 static tp_status mla_grads_alloc(const tp_model_config *c, int64_t T, int64_t nh, mla_grads *g)
@@ -239,10 +240,9 @@ static tp_status mla_grads_alloc(const tp_model_config *c, int64_t T, int64_t nh
     g->dqa = calloc((size_t)(T * r), sizeof(float));
     g->dqa_raw = calloc((size_t)(T * r), sizeof(float));
     g->dw = calloc((size_t)wide, sizeof(float));
-    float **p = &g->dattn;
-    for (size_t i = 0; i < sizeof *g / sizeof *p; i++)
-        if (!p[i]) return tp_fail(TP_ERR_NOMEM, "out of memory for the MLA backward of %lld tokens", (long long)T);
-    return TP_OK;
+    int ok = g->dattn && g->dout && g->dQ && g->dK && g->dV && g->dq && g->dkv && g->dkva && g->dpe && g->dlat &&
+             g->dlat_raw && g->dqa && g->dqa_raw && g->dw;
+    return ok ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory for the MLA backward of %lld tokens", (long long)T);
 }
 
 /* From the padded kernel gradients to those of q [T, nh * qk] (unscaled,
