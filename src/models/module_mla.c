@@ -254,7 +254,8 @@ static void unpad_grads(const tp_model_config *c, int64_t T, int64_t nh, float q
     int64_t Dp = tp_mla_head_dim(c);
     for (int64_t t = 0; t < T; t++)
         for (int64_t h = 0; h < nh; h++) {
-            const float *dQ = g->dQ + (t * nh + h) * Dp, *dK = g->dK + (t * nh + h) * Dp, *dV = g->dV + (t * nh + h) * Dp;
+            int64_t at = (t * nh + h) * Dp;
+            const float *dQ = g->dQ + at, *dK = g->dK + at, *dV = g->dV + at;
             float *dq = g->dq + (t * nh + h) * qk, *dkv = g->dkv + (t * nh + h) * (nope + vd);
             for (int64_t i = 0; i < qk; i++) dq[i] = dQ[i] * qscale;
             memcpy(dkv, dK, (size_t)nope * sizeof(float));
@@ -284,7 +285,8 @@ static tp_status kv_a_grad(tp_model *m, const tp_layer_modules *L, const tp_save
     const tp_model_config *c = &m->cfg;
     int64_t R = c->kv_lora_rank, rd = c->qk_rope_head_dim, W = R + rd;
     tp_status st = tp_module_linear_backward(m, &m->modules[L->kv_b_proj], g->dkv, sv->kv_latn, T, g->dlat);
-    if (!st) st = latent_norm_backward(m, &m->modules[L->kv_a_layernorm], g->dlat_raw, g->dw, g->dlat, sv->kv_lat, T, R);
+    if (!st)
+        st = latent_norm_backward(m, &m->modules[L->kv_a_layernorm], g->dlat_raw, g->dw, g->dlat, sv->kv_lat, T, R);
     if (!st && sv->nq < c->num_attention_heads) {
         int64_t shape[2] = {T, rd};
         st = tp_sum_partial(m, 2, shape, g->dpe);

@@ -220,5 +220,6 @@ void tp_moe_route_deepseek_backward(const tp_model_config *c, const float *logit
                                     const float *dw, float *dlogits)
 {
     int64_t E = c->num_experts, k = c->num_experts_per_tok;
-    for (int64_t t = 0; t < T; t++) deepseek_backward_token(c, logits + t * E, ids + t * k, dw + t * k, dlogits + t * E);
+    for (int64_t t = 0; t < T; t++)
+        deepseek_backward_token(c, logits + t * E, ids + t * k, dw + t * k, dlogits + t * E);
 }
