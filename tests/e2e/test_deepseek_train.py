@@ -17,7 +17,8 @@
   EP = 2, 4 equal TP = 1 within 1e-5; so does deepseek_v3 with a user plan
   that splits its attention heads.
 * 5 AdamW steps equal hf_reference_train.py (losses within 1e-5, parameters
-  within 1e-4) at TP = 1, 2 and EP = 2; the saved model reloads to the
+  within 1e-4) at TP = 1, 2 and EP = 2, replicated parameters identical on
+  every rank (--check-replicas); the saved model reloads to the
   reference's logits; --gradient-checkpointing gives the same bits;
   --dp-replicate 2 and --dp-shard 2 (with TP 2 / EP inside) take the TP = 1 steps.
 * Saving (lr 0) writes the per-expert and shared-expert tensors under the
@@ -172,7 +173,10 @@ class Train(unittest.TestCase):
             base = None
             for tp, ep in ((1, False), (2, False), (2, True)):
                 out = os.path.join(WORK, f"train-{name}-{tp}-{ep}")
-                got_log = train(model, out, ADAMW, "--tp", tp, *(["--ep"] if ep else []))
+                # --check-replicas: the replicated parameters (kv_a_proj_with_mqa, the latent norms, routers,
+                # V3's whole attention) stay bitwise identical on every rank after each step
+                got_log = train(model, out, ADAMW, "--tp", tp, *(["--ep"] if ep else []),
+                                *(["--check-replicas"] if tp > 1 else []))
                 case = f"{name} tp={tp} ep={ep}"
                 self.assertEqual(len(got_log), len(log), case)
                 for g, w in zip(got_log, log):
