@@ -140,6 +140,12 @@ tp_status tp_moe_experts_backward(tp_model *m, const tp_module *experts, const t
 /* 1 when the experts of this sparse block are split on the expert
  * dimension (grouped_gemm): each rank holds whole experts. */
 int tp_moe_expert_parallel(const tp_model *m, const tp_module *experts);
+/* The intermediate width I of this rank's expert tensors (either layout). */
+int64_t tp_moe_experts_width(const tp_model *m, const tp_module *experts);
+/* Llama 4's routing (Llama4Router) of T tokens from the logits [T, E]: the
+ * k largest logits (ties: the lower id), each weight the sigmoid of its
+ * logit (the other experts' sigmoid(-inf) = 0 leave them out). */
+void tp_moe_route_llama4(const float *logits, int64_t T, int64_t E, int64_t k, int32_t *ids, float *w);
 /* Floats per token a sparse block's forward takes from the arena. */
 int64_t tp_moe_block_bound(const tp_model *m, const tp_module *moe);
 
@@ -174,8 +180,7 @@ typedef struct {
     float *q_raw, *k_raw;          /* before q_norm/k_norm (NULL without them)  */
     float *q, *k, *v;              /* after norm and rope [T, heads * D]         */
     float *attn, *lse;             /* attention output [T, nq * D], lse [T, nq]  */
-    float *gate, *up, *act;        /* [T, I]: before SwiGLU, and silu(gate)·up (MLP, or
-                                      DeepSeek's shared experts)                 */
+    float *gate, *up, *act;        /* [T, I]: before SwiGLU, and silu(gate)·up   */
     /* MLA (module_mla.c): q, k, v above are the padded [T, nh * Dp] rows the
      * attention kernel read, attn o_proj's input [T, nh * v_head_dim] */
     float *o_pad;                  /* the kernel's output [T, nh * Dp]           */

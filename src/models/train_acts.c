@@ -18,15 +18,15 @@ static size_t bound_floats(const tp_model *m, int64_t T)
 {
     const tp_model_config *c = &m->cfg;
     int64_t H = c->hidden_size, D = c->head_dim, nq = c->num_attention_heads, nkv = c->num_key_value_heads;
-    int64_t layer = 4 * H + (nq + 2 * nkv) * D + nq * D + nq + 3 * c->intermediate_size;
-    if (c->qk_norm) layer += (nq + nkv) * D;
+    int64_t I = c->llama4 && c->intermediate_size_mlp > c->intermediate_size ? c->intermediate_size_mlp
+                                                                             : c->intermediate_size;
+    int64_t layer = 4 * H + (nq + 2 * nkv) * D + nq * D + nq + 3 * I;
+    if (c->qk_norm || c->llama4) layer += (nq + nkv) * D;   /* q, k before their norms */
     if (c->mla) {
         /* padded q, k, v and the kernel's output, o_proj's input, lse, the
-         * two latents before and after their norms (module_mla.c); the
-         * shared experts' gate, up and product beside the dense MLP's */
-        int64_t Dp = tp_mla_head_dim(c), shared = c->n_shared_experts * c->moe_intermediate_size;
+         * two latents before and after their norms (module_mla.c) */
+        int64_t Dp = tp_mla_head_dim(c);
         layer += 4 * nq * Dp + nq * c->v_head_dim + nq + 2 * (c->q_lora_rank + c->kv_lora_rank);
-        if (shared > c->intermediate_size) layer += 3 * (shared - c->intermediate_size);
     }
     /* Gradient checkpointing keeps each layer's input and one layer's
      * working set (module_container.c). */
