@@ -15,7 +15,8 @@
 * TP = 2, 4 (§7.7: q/q_b/kv_b colwise, kv_a_proj_with_mqa mla_kv_a_proj,
   the rope key's gradient summed once; §7.8: V3's attention replicated) and
   EP = 2, 4 equal TP = 1 within 1e-5; so does deepseek_v3 with a user plan
-  that splits its attention heads.
+  that splits its attention heads, and sequence_parallel stream norms with
+  colwise_gather_output on lm_head.
 * 5 AdamW steps equal hf_reference_train.py (losses within 1e-5, parameters
   within 1e-4) at TP = 1, 2 and EP = 2, replicated parameters identical on
   every rank (--check-replicas); the saved model reloads to the
@@ -160,6 +161,24 @@ class Grads(unittest.TestCase):
             g.pop("loss")
             e, k = worst(g, base)
             self.assertLessEqual(e, TOL, f"v3 user plan tp={tp}: {k} vs TP = 1: {e:.3e}")
+
+
+    def test_sequence_parallel_plan(self):
+        """Rules over the built-in plan: sequence_parallel stream norms (each rank norms its tokens,
+        the norm weights' gradients summed once) and colwise_gather_output on lm_head, around MLA and
+        the MoE block with shared experts, at TP = 2 and 4."""
+        path = os.path.join(WORK, "sp.json")
+        with open(path, "w") as f:
+            json.dump({"model.layers.*.input_layernorm": "sequence_parallel",
+                       "model.layers.*.post_attention_layernorm": "sequence_parallel",
+                       "model.norm": "sequence_parallel", "lm_head": "colwise_gather_output"}, f)
+        model = make(*MODELS[1])
+        base = engine_grads(model, "sp-1")
+        for tp in (2, 4):
+            g = engine_grads(model, f"sp-{tp}", "--tp", tp, "--tp-plan", path)
+            self.assertLessEqual(abs(float(g.pop("loss")) - float(base["loss"])) / float(base["loss"]), TOL)
+            e, k = worst(g, {k: v for k, v in base.items() if k != "loss"})
+            self.assertLessEqual(e, TOL, f"sequence_parallel tp={tp}: {k} vs TP = 1: {e:.3e}")
 
 
 class Train(unittest.TestCase):
