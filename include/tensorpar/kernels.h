@@ -272,6 +272,10 @@ tp_status tp_rmsnorm_backward(float *dx, float *dw, const float *dy, const float
  * dx[T, n_heads, head_dim] becomes the gradient before the rotation, i.e.
  * rotated by −θ.  Covers every inv_freq schedule (default, linear, llama3). */
 void tp_rope_backward(float *dx, int64_t T, int64_t n_heads, int64_t head_dim, const float *table);
+/* The gradient of tp_rope_apply_mla (same arguments), in place: each pair
+ * turned back by −θ and times the same scale. */
+void tp_rope_backward_mla(float *dx, int64_t rows, int64_t per_t, int64_t stride, int64_t off, int64_t head_dim,
+                          const float *table, float scale, int interleaved);
 
 /* SwiGLU: for y = silu(a)·b (tp_silu_mul), da += dy·b·silu'(a), db += dy·silu(a).
  * a is the gate as it was before the in-place forward. */
