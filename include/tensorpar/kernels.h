@@ -370,6 +370,22 @@ typedef struct {
 extern const tp_bench_dims tp_bench_dims_qwen3_06b;   /* tp_kernel_bench's */
 tp_status tp_kernel_bench_dims(FILE *out, tp_threadpool *pool, int quick, const tp_bench_dims *d);
 
+/* The experts of an MoE prefill (bench_moe.c): the grouped kernel
+ * (tp_grouped_experts, T tokens routed uniformly at random to k of E
+ * experts) against one dense GEMM pair over the same T·k rows, bf16
+ * weights, alternated and timed side by side; GFLOP/s of each and the
+ * median of the repetitions' ratios grouped / dense.  Prints a summary to
+ * out (NULL: none).  quick as tp_kernel_bench. */
+typedef struct {
+    const char *name;
+    int64_t hidden, intermediate, experts, top_k, tokens;   /* intermediate: one expert's width */
+} tp_bench_moe_dims;
+typedef struct {
+    double grouped_gflops, dense_gflops, ratio;
+} tp_bench_moe_result;
+tp_status tp_kernel_bench_moe(FILE *out, tp_threadpool *pool, int quick, const tp_bench_moe_dims *d,
+                              tp_bench_moe_result *res);
+
 /* The machine's own limits, the first part of tp_kernel_bench, measured
  * with the instructions of the process's kernel path: the compute peak
  * (registers only; FMA on the AVX-512 and AVX2 paths, the baseline's
