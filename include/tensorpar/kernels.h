@@ -171,10 +171,15 @@ typedef struct {
 
 /* SwiGLU experts (h = SiLU(x·gateᵀ) ⊙ x·upᵀ, y = h·downᵀ): the slots
  * sorted by expert, one GEMM pair per expert with at least one row (never a
- * per-token loop for a prompt).  scratch holds tp_grouped_experts_scratch
- * floats. */
+ * per-token loop for a prompt).  With at least two such experts per thread
+ * the pool's threads take whole experts each (one parallel region for the
+ * block), else each expert's GEMMs are split over the threads; the bits are
+ * the same.  scratch holds tp_grouped_experts_scratch(T, H, I, k, threads
+ * of a->pool) floats. */
 tp_status tp_grouped_experts(const tp_grouped_experts_args *a, float *scratch);
-int64_t tp_grouped_experts_scratch(int64_t T, int64_t H, int64_t I);
+int64_t tp_grouped_experts_scratch(int64_t T, int64_t H, int64_t I, int64_t k, int threads);
+/* Pools larger than this split each expert's GEMMs instead. */
+#define TP_GROUPED_MAX_THREADS 64
 
 /* The experts' backward on the forward's arguments (out unused): dy [T, H]
  * the output gradient; dx [T, H] += the input gradient; dweights [T, k]
