@@ -227,15 +227,17 @@ static double mla_weights(const tp_model_config *c)
 }
 
 /* The weights one token multiplies in layer l's MLP: a dense MLP's three
- * matrices, or a sparse block's router [E, H], the k experts it routes to
- * (not all E: the grouped kernel runs each expert on its own rows only)
- * and DeepSeek's shared experts. */
+ * matrices (Llama 4's intermediate_size_mlp wide), or a sparse block's
+ * router [E, H], the k experts it routes to (not all E: the grouped kernel
+ * runs each expert on its own rows only) and its shared experts
+ * (DeepSeek's n_shared_experts, Llama 4's one). */
 static double mlp_weights_per_token(const tp_model_config *c, int64_t l)
 {
     double H = (double)c->hidden_size;
-    if (!tp_config_layer_is_sparse(c, l)) return 3 * H * (double)c->intermediate_size;
-    double I = (double)c->moe_intermediate_size;
-    return H * (double)c->num_experts + 3 * H * I * ((double)c->num_experts_per_tok + (double)c->n_shared_experts);
+    if (!tp_config_layer_is_sparse(c, l))
+        return 3 * H * (double)(c->llama4 ? c->intermediate_size_mlp : c->intermediate_size);
+    double I = (double)c->moe_intermediate_size, shared = c->llama4 ? 1 : (double)c->n_shared_experts;
+    return H * (double)c->num_experts + 3 * H * I * ((double)c->num_experts_per_tok + shared);
 }
 
 /* The FLOPs of one prefill of T tokens (all ranks together): 2 per weight

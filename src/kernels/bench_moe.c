@@ -137,7 +137,7 @@ tp_status tp_kernel_bench_moe(FILE *out, tp_threadpool *pool, int quick, const t
         for (int64_t i = 0; i < T * H; i++) x[i] = (float)tp_rng_normal(&rng);
         for (int64_t r = 0; r < n; r++) memcpy(b.xd + r * H, x + (r / k) * H, (size_t)H * sizeof(float));
         route(ids, wts, T, k, E, &rng);
-        b.g = (tp_grouped_experts_args){y, x, T, H, k, ids, wts, &gate_up, &down, pool, &opts};
+        b.g = (tp_grouped_experts_args){y, x, T, H, k, ids, wts, &gate_up, &down, pool, &opts, 0, 0};
         /* expert 0's matrices as the dense side's weights */
         b.wgu = (tp_tensor){.dtype = TP_BF16, .ndim = 2, .shape = {2 * I, H}, .data = gate_up.data};
         b.wd = (tp_tensor){.dtype = TP_BF16, .ndim = 2, .shape = {H, I}, .data = down.data};

@@ -87,7 +87,7 @@ static tp_status model_tensors(const tp_model *m, tp_save_tensor **out, size_t *
     for (size_t i = 0; i < m->n_modules; i++) {
         const tp_module *mod = &m->modules[i];
         /* the stacked experts go back to the checkpoint's per-expert tensors (§6.1) */
-        if (mod->type == TP_MT_EXPERTS) { k += tp_moe_save_tensors(m, mod, dt, t + k); continue; }
+        if (mod->type == TP_MT_EXPERTS && !m->cfg.llama4) { k += tp_moe_save_tensors(m, mod, dt, t + k); continue; }
         for (int j = 0; j < mod->n_params; j++) {
             const tp_module_param *p = &mod->params[j];
             if (p->tied_to >= 0 || !p->local.data) continue;

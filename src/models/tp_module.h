@@ -135,6 +135,12 @@ tp_status tp_moe_experts_backward(tp_model *m, const tp_module *experts, const t
 /* 1 when the experts of this sparse block are split on the expert
  * dimension (grouped_gemm): each rank holds whole experts. */
 int tp_moe_expert_parallel(const tp_model *m, const tp_module *experts);
+/* The intermediate width I of this rank's expert tensors (either layout). */
+int64_t tp_moe_experts_width(const tp_model *m, const tp_module *experts);
+/* Llama 4's routing (Llama4Router) of T tokens from the logits [T, E]: the
+ * k largest logits (ties: the lower id), each weight the sigmoid of its
+ * logit (the other experts' sigmoid(-inf) = 0 leave them out). */
+void tp_moe_route_llama4(const float *logits, int64_t T, int64_t E, int64_t k, int32_t *ids, float *w);
 /* Floats per token a sparse block's forward takes from the arena. */
 int64_t tp_moe_block_bound(const tp_model *m, const tp_module *moe);
 
