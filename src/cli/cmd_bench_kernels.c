@@ -48,7 +48,8 @@ int cmd_bench_kernels(int argc, char **argv)
         {"--seq", "N", "--moe: tokens of the prefill (default 512)", 0, {0}},
     };
     int n = (int)(sizeof o / sizeof o[0]);
-    int rc = cli_parse(argc, argv, o, n, "tensorpar bench kernels [--threads N] [--shapes PRESET] [--moe [--seq N]] [--quick|--smoke]",
+    int rc = cli_parse(argc, argv, o, n,
+                       "tensorpar bench kernels [--threads N] [--shapes PRESET] [--moe [--seq N]] [--quick|--smoke]",
                        "Measures the kernels on the path TENSORPAR_ISA (or the CPU) gives; prints which.", NULL, NULL);
     if (rc) return rc == 1 ? 0 : 2;
     long long threads = 2, seq = 512;

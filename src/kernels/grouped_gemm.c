@@ -280,8 +280,9 @@ tp_status tp_grouped_experts(const tp_grouped_experts_args *a, float *scratch)
     int64_t *start = malloc((size_t)(E + 1) * sizeof *start), *order = malloc((size_t)(n ? n : 1) * sizeof *order);
     int64_t *active = malloc((size_t)(E ? E : 1) * sizeof *active), n_active = 0;
     expert_job *j = calloc(1, sizeof *j);
-    tp_status s = start && order && active && j ? TP_OK
-                                                : tp_fail(TP_ERR_NOMEM, "out of memory routing %lld tokens", (long long)a->T);
+    tp_status s = start && order && active && j
+                      ? TP_OK
+                      : tp_fail(TP_ERR_NOMEM, "out of memory routing %lld tokens", (long long)a->T);
     if (!s) s = sort_slots(a->ids, n, E, start, order);
     for (int64_t e = 0; !s && e < E; e++)
         if (start[e + 1] > start[e]) active[n_active++] = e;
