@@ -209,6 +209,23 @@ if __name__ == "__main__":
     unittest.main()
 
 
+class MoeKernelBenchTest(unittest.TestCase):
+    def test_kernels_moe(self):
+        """bench kernels --moe runs the grouped kernel and the dense GEMM on
+        the preset's expert shapes and prints both rates and their ratio."""
+        p = run("bench", "kernels", "--moe", "--shapes", "tiny", "--smoke", "--seq", "16")
+        self.assertIn("hidden 64, expert width 40, 8 experts, top-2", p.stdout)
+        self.assertIn("32 rows over 8 experts", p.stdout)   # 16 tokens x top-2
+        rates = [float(v) for v in re.findall(r"([0-9.]+) GFLOP/s", p.stdout)]
+        ratio = float(re.search(r"grouped / dense ([0-9.]+)", p.stdout).group(1))
+        self.assertEqual(len(rates), 2)
+        self.assertGreater(min(rates), 0)
+        self.assertGreater(ratio, 0)
+        p = run("bench", "kernels", "--moe", "--shapes", "no-such-preset", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("no-such-preset", p.stderr)
+
+
 class MoeAccountingTest(unittest.TestCase):
     """bench decode's bytes per token and bench forward's FLOPs of a
     qwen3_moe model (layer 0 dense, layer 1 sparse: decoder_sparse_step 2),
