@@ -147,8 +147,45 @@ TAVX2 static void transpose8_store(float *dst, __m256 r0, __m256 r1, __m256 r2, 
     _mm256_storeu_ps(dst + 7 * NR, _mm256_permute2f128_ps(s3, s7, 0x31));
 }
 
+/* 8 quants of a q8_0 block times its scale d: d·q, exact in f32. */
+TAVX2 static __m256 dequant8(const int8_t *q, __m256 d)
+{
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q))), d);
+}
+
+/* q8_0 rows (b->cs = k, whole blocks; p0 and kc multiples of 32): per 8
+ * rows, one block of each at a time — its scale read once — as 4
+ * transposes of 8 × 8 dequantized values.  The values are the generic
+ * packing's (gemm_packed.c load_q8). */
+TAVX2 static void pack_bt_q8(float *dst, const tp_gemm_operand *b, int64_t p0, int64_t kc, int64_t j0)
+{
+    const int64_t nb = b->cs / TP_Q8_BLOCK;
+    for (int h = 0; h < NR; h += 8) {
+        const tp_q8_block *row = (const tp_q8_block *)b->p + (j0 + h) * nb + p0 / TP_Q8_BLOCK;
+        for (int64_t p = 0; p < kc; p += TP_Q8_BLOCK) {
+            const tp_q8_block *blk = row + p / TP_Q8_BLOCK;
+            __m256 d[8];
+            for (int r = 0; r < 8; r++) {
+                /* the same block of the next panel's rows, as pack_bt does */
+                _mm_prefetch((const char *)((uintptr_t)blk + (uintptr_t)((NR + r) * nb) * sizeof *blk), _MM_HINT_T0);
+                d[r] = _mm256_set1_ps(tp_q8_scale(blk[r * nb].d));
+            }
+            for (int e = 0; e < TP_Q8_BLOCK; e += 8)
+                transpose8_store(dst + (p + e) * NR + h, dequant8(blk[0].q + e, d[0]),
+                                 dequant8(blk[nb].q + e, d[1]), dequant8(blk[2 * nb].q + e, d[2]),
+                                 dequant8(blk[3 * nb].q + e, d[3]), dequant8(blk[4 * nb].q + e, d[4]),
+                                 dequant8(blk[5 * nb].q + e, d[5]), dequant8(blk[6 * nb].q + e, d[6]),
+                                 dequant8(blk[7 * nb].q + e, d[7]));
+        }
+    }
+}
+
 TAVX2 static void pack_bt(float *dst, const tp_gemm_operand *b, int64_t p0, int64_t kc, int64_t j0)
 {
+    if (b->dt == TP_Q8_0) {
+        pack_bt_q8(dst, b, p0, kc, j0);
+        return;
+    }
     int64_t cs = b->cs, esz = b->dt == TP_F32 ? 4 : 2, line = 64 / esz;
     const char *w = b->p;
     for (int h = 0; h < NR; h += 8) {

@@ -17,7 +17,11 @@
  *   forward  y = x·Wᵀ :  A = x (rs k, cs 1), B = Wᵀ (rs 1, cs k)
  *   dx += dy·W        :  A = dy (rs n, cs 1), B = W (rs k, cs 1)
  *   dW += dyᵀ·x       :  A = dyᵀ (rs 1, cs n), B = x (rs k, cs 1)
- * B may be bf16; it is widened to f32 while packing, so products stay exact. */
+ * B may be bf16; it is widened to f32 while packing, so products stay exact.
+ * B may also be q8_0 blocks (rows of W whole blocks of 32: element e of the
+ * row-major matrix is quant e % 32 of block e / 32): each element is
+ * dequantized while packing to d·q, exact in f32 (an 11-bit scale times an
+ * 8-bit integer), the value tp_q8_dequantize_row gives. */
 #include "kernels/kern_internal.h"
 
 #include <string.h>
@@ -43,8 +47,15 @@ static float widen(uint16_t h)
     return f;
 }
 
+static float load_q8(const void *p, int64_t off)
+{
+    const tp_q8_block *blk = (const tp_q8_block *)p + off / TP_Q8_BLOCK;
+    return tp_q8_scale(blk->d) * (float)blk->q[off % TP_Q8_BLOCK];
+}
+
 static float load_b(const tp_gemm_operand *b, int64_t off)
 {
+    if (b->dt == TP_Q8_0) return load_q8(b->p, off);
     return b->dt == TP_F32 ? ((const float *)b->p)[off] : widen(((const uint16_t *)b->p)[off]);
 }
 
@@ -53,6 +64,8 @@ static float load_b(const tp_gemm_operand *b, int64_t off)
 static __m128 load4_b(const tp_gemm_operand *b, int64_t off)
 {
     if (b->dt == TP_F32) return _mm_loadu_ps((const float *)b->p + off);
+    if (b->dt == TP_Q8_0)
+        return _mm_setr_ps(load_q8(b->p, off), load_q8(b->p, off + 1), load_q8(b->p, off + 2), load_q8(b->p, off + 3));
     __m128i h = _mm_loadl_epi64((const __m128i *)((const uint16_t *)b->p + off));
     return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), h));
 }
