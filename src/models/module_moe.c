@@ -25,7 +25,8 @@ int64_t tp_moe_block_bound(const tp_model *m, const tp_module *moe)
      * copies their hooks may make, down_proj's output and its copy */
     int64_t S = L->shared_experts >= 0 ? tp_module_weight(&m->modules[L->shared_gate])->shape[0] : 0;
     int64_t shared = L->shared_experts >= 0 ? 4 * S + 2 * H : 0;
-    return m->cfg.num_experts + 2 * H + tp_grouped_experts_scratch(1, H, I) + H + shared;
+    int64_t kernel = tp_grouped_experts_scratch(1, H, I, m->cfg.num_experts_per_tok, tp_threadpool_size(m->pool));
+    return m->cfg.num_experts + 2 * H + kernel + H + shared;
 }
 
 static tp_status route(tp_model *m, const tp_module *mod, tp_forward_pass *f, int32_t *ids, float *w)
