@@ -53,7 +53,13 @@ from tensormap import ARCH, Piece, pieces  # noqa: E402
 
 DTYPES = {"f32": gguf.F32, "bf16": gguf.BF16, "q8_0": gguf.Q8_0, "q4_0": gguf.Q4_0}
 ROWS_PER_CHUNK = 8192   # Q8_0, Q4_0 and BF16 are encoded this many rows at a time
-QUANTIZE = {gguf.Q8_0: gguf.quantize_q8_0, gguf.Q4_0: gguf.quantize_q4_0}
+QUANTIZED = (gguf.Q8_0, gguf.Q4_0)
+
+
+def quantize(gtype, x):
+    """x's rows in gtype's blocks (looked up at the call, so that a test may
+    replace gguf's quantizer)."""
+    return gguf.quantize_q8_0(x) if gtype == gguf.Q8_0 else gguf.quantize_q4_0(x)
 
 
 # ---- tensors ---------------------------------------------------------------
@@ -64,8 +70,8 @@ def _encoder(st, src, gtype):
     if gtype == gguf.BF16:
         return st.bf16_source(src)
     a, to_f32 = st.f32_source(src)
-    if gtype in QUANTIZE:
-        return a, lambda x: QUANTIZE[gtype](to_f32(x))
+    if gtype in QUANTIZED:
+        return a, lambda x: quantize(gtype, to_f32(x))
     return a, to_f32
 
 
@@ -79,11 +85,11 @@ def producer(st, piece, gtype):
 
     def make():
         for s in piece.srcs[:1] if piece.view else piece.srcs:
-            src, enc = _encoder(st, s, gguf.F32 if piece.view and gtype in QUANTIZE else gtype)
+            src, enc = _encoder(st, s, gguf.F32 if piece.view and gtype in QUANTIZED else gtype)
             if piece.view:
                 # rearranged whole (small, per-layer tensors); values only move
                 x = piece.view(enc(np.asarray(src)))
-                yield QUANTIZE[gtype](x) if gtype in QUANTIZE else x
+                yield quantize(gtype, x) if gtype in QUANTIZED else x
             elif src.ndim < 2:
                 yield enc(np.asarray(src))
             else:
@@ -100,7 +106,7 @@ def piece_type(st, piece, gtype, experts_stored):
         return gguf.BF16 if st.dtype(piece.srcs[0]) == "BF16" else gguf.F32
     if gtype == gguf.Q4_0 and piece.name == "token_embd.weight":
         return gguf.BF16 if st.dtype(piece.srcs[0]) == "BF16" else gguf.F32   # as tensorpar keeps it
-    if gtype in QUANTIZE and piece.shape[-1] % gguf.QK8_0:
+    if gtype in QUANTIZED and piece.shape[-1] % gguf.QK8_0:
         return gguf.F32   # rows Q8_0/Q4_0 cannot hold (llama.cpp's converter falls back to F16)
     return gtype
 
