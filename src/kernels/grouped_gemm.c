@@ -7,7 +7,7 @@
  * k GEMVs (one row per selected expert).  Each row of Y_e is added to its
  * token's output scaled by the slot's weight, experts in ascending order,
  * so every token's sum has one fixed order on any thread count. */
-#include "tensorpar/kernels.h"
+#include "kernels/kern_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -17,10 +17,7 @@ int64_t tp_grouped_experts_scratch(int64_t T, int64_t H, int64_t I)
     return T * (H + 2 * I + I + H);
 }
 
-/* Slot indices (t·k + j) grouped by expert: experts[e]'s slots are
- * order[start[e] .. start[e + 1]).  Ids outside [0, E) (the EP sentinel)
- * are left out. */
-static tp_status sort_slots(const int32_t *ids, int64_t n, int64_t E, int64_t *start, int64_t *order)
+tp_status tp_grouped_sort_slots(const int32_t *ids, int64_t n, int64_t E, int64_t *start, int64_t *order)
 {
     memset(start, 0, (size_t)(E + 1) * sizeof *start);
     for (int64_t i = 0; i < n; i++)
@@ -75,7 +72,7 @@ tp_status tp_grouped_experts(const tp_grouped_experts_args *a, float *scratch)
                        "and [E, %lld, I]", (long long)a->H, (long long)a->H);
     int64_t *start = malloc((size_t)(E + 1) * sizeof *start), *order = malloc((size_t)(n ? n : 1) * sizeof *order);
     tp_status s = start && order ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory routing %lld tokens", (long long)a->T);
-    if (!s) s = sort_slots(a->ids, n, E, start, order);
+    if (!s) s = tp_grouped_sort_slots(a->ids, n, E, start, order);
     memset(a->out, 0, (size_t)(a->T * a->H) * sizeof(float));
     for (int64_t e = 0; !s && e < E; e++)
         if (start[e + 1] > start[e]) s = run_expert(a, e, order + start[e], start[e + 1] - start[e], scratch);
@@ -140,7 +137,7 @@ tp_status tp_grouped_experts_backward(const tp_grouped_experts_args *a, const tp
     float *scratch = malloc((size_t)(a->T ? a->T : 1) * (size_t)(4 * H + 8 * I) * sizeof(float));
     tp_status s = start && order && scratch ? TP_OK
                                             : tp_fail(TP_ERR_NOMEM, "out of memory for the experts' backward");
-    if (!s) sort_slots(a->ids, n, E, start, order);
+    if (!s) tp_grouped_sort_slots(a->ids, n, E, start, order);
     if (!s && start[E] < 0) s = tp_fail(TP_ERR_NOMEM, "out of memory routing %lld tokens", (long long)a->T);
     if (!s) memset(g->dweights, 0, (size_t)n * sizeof(float));
     for (int64_t e = 0; !s && e < E; e++)

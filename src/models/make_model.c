@@ -20,13 +20,15 @@ static double init_std(const tp_param_desc *p, const tp_make_options *o)
     if (strstr(p->name, "q_b_proj.weight") || strstr(p->name, "kv_b_proj.weight") ||
         strstr(p->name, "kv_a_proj_with_mqa.weight"))
         return o->qk_std;
-    if (o->router_std > 0 && strstr(p->name, ".gate.weight")) return o->router_std;   /* MoE routers */
+    if (o->router_std > 0 && (strstr(p->name, ".gate.weight") || strstr(p->name, ".mlp.router.weight")))
+        return o->router_std;   /* MoE routers */
     return o->std;
 }
 
 static tp_status fill_param(const tp_param_desc *p, size_t index, const tp_make_options *o, void **data)
 {
-    int64_t n = p->shape[0] * (p->ndim == 2 ? p->shape[1] : 1);
+    int64_t n = 1;
+    for (int d = 0; d < p->ndim; d++) n *= p->shape[d];
     float *f = malloc((size_t)n * sizeof(float));
     if (!f) return tp_fail(TP_ERR_NOMEM, "out of memory generating %s", p->name);
     tp_rng rng;
@@ -35,6 +37,9 @@ static tp_status fill_param(const tp_param_desc *p, size_t index, const tp_make_
      * a missing norm multiplication moves the logits visibly. */
     double std = p->kind == TP_PARAM_NORM ? 0.05 : init_std(p, o);
     double mean = p->kind == TP_PARAM_NORM ? 1.0 : 0.0;
+    /* gpt_oss's attention sinks: logits of the order of the scores, some
+     * above and some below, so that each moves the softmax visibly */
+    if (strstr(p->name, ".self_attn.sinks")) std = 0.5, mean = 0.0;
     for (int64_t i = 0; i < n; i++) f[i] = (float)(mean + std * tp_rng_normal(&rng));
     if (o->dtype == TP_F32) { *data = f; return TP_OK; }
     void *conv = malloc((size_t)n * tp_dtype_size(o->dtype));
@@ -47,7 +52,9 @@ static tp_status fill_param(const tp_param_desc *p, size_t index, const tp_make_
 
 static uint64_t param_bytes(const tp_param_desc *p, tp_dtype dt)
 {
-    return (uint64_t)p->shape[0] * (uint64_t)(p->ndim == 2 ? p->shape[1] : 1) * tp_dtype_size(dt);
+    uint64_t n = 1;
+    for (int d = 0; d < p->ndim; d++) n *= (uint64_t)p->shape[d];
+    return n * tp_dtype_size(dt);
 }
 
 static void shard_name(char *buf, size_t cap, int k, int K)

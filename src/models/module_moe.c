@@ -16,7 +16,7 @@ int64_t tp_moe_block_bound(const tp_model *m, const tp_module *moe)
 {
     const tp_layer_modules *L = &m->layers[moe->layer];
     const tp_module *experts = &m->modules[L->experts];
-    int64_t H = m->cfg.hidden_size, I = experts->params[0].local.shape[1] / 2;
+    int64_t H = m->cfg.hidden_size, I = tp_moe_expert_width(m, experts);
     /* logits; the output and the copy its all-reduce may make; the
      * kernel's scratch; a row of the stream for the norm */
     /* DeepSeek's shared experts beside the routed output: gate and up, the
@@ -24,6 +24,13 @@ int64_t tp_moe_block_bound(const tp_model *m, const tp_module *moe)
     int64_t S = L->shared_experts >= 0 ? tp_module_weight(&m->modules[L->shared_gate])->shape[0] : 0;
     int64_t shared = L->shared_experts >= 0 ? 4 * S + 2 * H : 0;
     return m->cfg.num_experts + 2 * H + tp_grouped_experts_scratch(1, H, I) + H + shared;
+}
+
+/* gpt_oss's router is a Linear with a bias (DeepSeek V3's second
+ * parameter is the choice's correction, not added to the logits). */
+static const tp_tensor *router_bias(const tp_model *m, const tp_module *router)
+{
+    return m->cfg.arch == TP_ARCH_GPT_OSS ? &router->params[1].local : NULL;
 }
 
 static tp_status route(tp_model *m, const tp_module *mod, tp_forward_pass *f, int32_t *ids, float *w)
@@ -38,10 +45,12 @@ static tp_status route(tp_model *m, const tp_module *mod, tp_forward_pass *f, in
     float *logits = tp_act_alloc(m, T * E);
     if (!logits) return tp_fail(TP_ERR_NOMEM, "out of memory for the router of %lld tokens", (long long)T);
     /* f32 logits over all experts from the replicated router weight */
-    tp_status st = tp_matmul_ex(logits, f->sc.h, T, tp_module_weight(&m->modules[L->router]), NULL, m->pool,
-                                &m->matmul);
     const tp_module *gate = &m->modules[L->router];
-    if (!st && m->cfg.mla)
+    tp_status st = tp_matmul_ex(logits, f->sc.h, T, tp_module_weight(gate), router_bias(m, gate), m->pool,
+                                &m->matmul);
+    if (!st && m->cfg.arch == TP_ARCH_GPT_OSS)
+        tp_moe_route_topk_softmax(logits, T, E, k, ids, w);
+    else if (!st && m->cfg.mla)
         st = tp_moe_route_deepseek(&m->cfg, logits, T, gate->n_params > 1 ? gate->params[1].local.data : NULL, ids, w);
     else if (!st)
         tp_moe_route(logits, T, E, k, m->cfg.norm_topk_prob, ids, w);
@@ -129,11 +138,13 @@ static tp_status reroute(tp_model *m, const tp_module *mod, const float *x, int6
     r->lids = malloc((size_t)(T * k) * sizeof(int32_t));
     if (!r->logits || !r->dlogits || !r->w || !r->lw || !r->dw || !r->ids || !r->lids)
         return tp_fail(TP_ERR_NOMEM, "out of memory routing %lld tokens", (long long)T);
-    tp_status st = tp_matmul_ex(r->logits, x, T, tp_module_weight(&m->modules[L->router]), NULL, m->pool,
+    const tp_module *router = &m->modules[L->router];
+    tp_status st = tp_matmul_ex(r->logits, x, T, tp_module_weight(router), router_bias(m, router), m->pool,
                                 &m->matmul);
     if (st) return st;
     memcpy(r->dlogits, r->logits, (size_t)(T * E) * sizeof(float));   /* tp_moe_route overwrites its input */
-    tp_moe_route(r->dlogits, T, E, k, m->cfg.norm_topk_prob, r->ids, r->w);
+    if (m->cfg.arch == TP_ARCH_GPT_OSS) tp_moe_route_topk_softmax(r->dlogits, T, E, k, r->ids, r->w);
+    else tp_moe_route(r->dlogits, T, E, k, m->cfg.norm_topk_prob, r->ids, r->w);
     memcpy(r->lids, r->ids, (size_t)(T * k) * sizeof(int32_t));
     memcpy(r->lw, r->w, (size_t)(T * k) * sizeof(float));
     if (tp_moe_expert_parallel(m, &m->modules[L->experts]))
@@ -165,7 +176,8 @@ static tp_status moe_backward(tp_model *m, const tp_module *mod, tp_backward_pas
         st = tp_moe_experts_backward(m, &m->modules[L->experts], &view, x, b->dx, T, b->dh, r.dw);
     }
     if (!st) {
-        tp_moe_route_backward(r.logits, T, E, k, m->cfg.norm_topk_prob, r.ids, r.dw, r.dlogits);
+        if (m->cfg.arch == TP_ARCH_GPT_OSS) tp_moe_route_topk_softmax_backward(r.logits, T, E, k, r.ids, r.dw, r.dlogits);
+        else tp_moe_route_backward(r.logits, T, E, k, m->cfg.norm_topk_prob, r.ids, r.dw, r.dlogits);
         st = tp_module_linear_backward(m, &m->modules[L->router], r.dlogits, x, T, b->dh);
     }
     moe_bwd_free(&r);

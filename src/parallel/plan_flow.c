@@ -546,11 +546,31 @@ static tp_status shared_experts(flow *f, const char *block)
  * routes every token), with ep_router exactly when the experts are split
  * on the expert dimension, and split experts summed by the rule on
  * mlp.experts (moe_tp_experts: Partial -> Replicate). */
+/* gpt_oss's expert biases go with their weights: whole, or split on the
+ * expert dimension alike (a bias split otherwise would not line up). */
+static tp_status expert_biases(flow *f, const char *ex, const tp_param_plan *gu)
+{
+    static const char *const names[2] = {"gate_up_proj_bias", "down_proj_bias"};
+    char a[48];
+    for (int i = 0; i < 2; i++) {
+        const tp_param_plan *b = param_of(f, ex, names[i]);
+        if (b && !placed(b, gu->placement.kind, 0))
+            return refuse(b->name, b->style ? b->style->name : NULL, "gpt_oss's expert biases are split like the "
+                          "expert weights (whole, or grouped_gemm on all four tensors); gate_up_proj is %s",
+                          tp_placement_str(gu->placement, a, sizeof a));
+    }
+    if (!placed(gu, TP_REPLICATE, 0) && !placed(gu, TP_SHARD, 0))
+        return refuse(gu->name, gu->style ? gu->style->name : NULL, "gpt_oss's experts keep Transformers' layout "
+                      "[E, H, 2I]; tensorpar runs them whole or split on the expert dimension (grouped_gemm) only");
+    return TP_OK;
+}
+
 static tp_status moe_block(flow *f, int64_t l)
 {
     char base[96], gate[128], ex[128];
+    int oss = f->r->cfg.arch == TP_ARCH_GPT_OSS;
     snprintf(base, sizeof base, "model.layers.%lld.mlp", (long long)l);
-    snprintf(gate, sizeof gate, "%s.gate", base);
+    snprintf(gate, sizeof gate, oss ? "%s.router" : "%s.gate", base);
     snprintf(ex, sizeof ex, "%s.experts", base);
     const tp_param_plan *rw = param_of(f, gate, "weight");
     const tp_param_plan *gu = param_of(f, ex, "gate_up_proj"), *dn = param_of(f, ex, "down_proj");
@@ -561,7 +581,8 @@ static tp_status moe_block(flow *f, int64_t l)
                           "mlp.gate, mlp.experts and the expert tensors");
     if (!placed(rw, TP_REPLICATE, 0))
         return refuse(gate, style_of(rp, rw), "the router must stay replicated: every rank routes every token");
-    tp_status s = expert_split(gu, dn, &split, &ep);
+    tp_status s = oss ? expert_biases(f, ex, gu) : TP_OK;
+    if (!s) s = expert_split(gu, dn, &split, &ep);
     if (s) return s;
     int remaps = rp && !strcmp(rp->style->impl, "EpRouterParallel");
     if (rp && !remaps)
