@@ -9,9 +9,9 @@ static tp_status grouped_validate(const tp_style *st, const tp_module_ctx *mod, 
                                   const char *qualified_name)
 {
     /* 3-D weights, and 2-D biases [E, width] (gpt_oss, §2.17) */
-    if (p->ndim < 2 || p->ndim > 3)
+    if (p->ndim != 3 && !(p->ndim == 2 && p->kind == TP_PARAM_BIAS))
         return tp_fail(TP_ERR_INVALID, "Tensor parallel style '%s' cannot shard `%s`: it splits the expert dimension "
-                       "of expert tensors (3-D weights, 2-D biases), and this one has %d dimensions", st->name,
+                       "of 3-D expert tensors (and their 2-D biases), and this one has %d dimensions", st->name,
                        qualified_name, p->ndim);
     int64_t E = p->shape[0], P = mod->tp_size;
     if (E % P == 0) return TP_OK;

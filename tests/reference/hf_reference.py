@@ -549,6 +549,9 @@ def reference_model(model_dir):
     if load_config(model_dir).get("model_type") in ("deepseek_v2", "deepseek_v3"):
         import hf_deepseek
         return hf_deepseek.DeepseekReference(model_dir)
+    if load_config(model_dir).get("model_type") == "gpt_oss":
+        import hf_gpt_oss
+        return hf_gpt_oss.GptOssReference(model_dir)
     return HFReference(model_dir)
 
 
