@@ -225,6 +225,37 @@ static tp_status core_backward(tp_model *m, const tp_layer_modules *L, const tp_
     return st;
 }
 
+/* The sinks' gradient from that of the attention output dout: with the
+ * sink's probability P_s = e^(s − lse') of each row (lse' the row's
+ * log-sum-exp with the sink) and D = dout·out, ds = −Σ_rows P_s·D (the
+ * softmax's backward on the sink's column, whose value column is zero).
+ * A rank adds only its own heads' sums, so replicated sinks need the
+ * heads whole. */
+static tp_status sinks_backward(tp_model *m, const tp_module *mod, const tp_saved_layer *sv, const float *dout,
+                                int64_t T)
+{
+    const tp_module_param *p = &mod->params[0];
+    int64_t D = m->cfg.head_dim, nq = sv->nq;
+    if (p->placement.kind == TP_REPLICATE && nq != m->cfg.num_attention_heads)
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s.sinks: training with the query heads split needs the sinks split with "
+                       "them (colwise with local_params on self_attn, §2.16); here they are replicated", mod->name);
+    float *g;
+    tp_status st = tp_module_grad(m, mod, 0, &g);
+    if (st) return st;
+    const float *sk = p->local.data;
+    for (int64_t h = 0; h < nq; h++) {
+        double sum = 0;
+        for (int64_t t = 0; t < T; t++) {
+            const float *o = sv->attn + (t * nq + h) * D, *d = dout + (t * nq + h) * D;
+            double dot = 0;
+            for (int64_t i = 0; i < D; i++) dot += (double)d[i] * o[i];
+            sum += exp((double)sk[h] - sv->lse[t * nq + h]) * dot;
+        }
+        g[h] += (float)-sum;
+    }
+    return TP_OK;
+}
+
 /* b->dx is the gradient of the attention's output: through the block's
  * rule (if any), o_proj, the
  * attention, rope, the q/k norms and q/k/v, whose input gradients (all
@@ -244,6 +275,7 @@ static tp_status attention_backward(tp_model *m, const tp_module *mod, tp_backwa
     if (!st) st = tp_module_linear_backward(m, &m->modules[L->o_proj], have ? gy.local.data : b->dx, sv->attn, T,
                                             g.dattn);
     if (have) tp_dtensor_release(&gy);
+    if (!st && m->cfg.arch == TP_ARCH_GPT_OSS) st = sinks_backward(m, mod, sv, g.dattn, T);
     if (!st) st = core_backward(m, L, sv, b->saved->rope, T, &g);
     if (!st) {
         memset(b->dh, 0, (size_t)(T * m->cfg.hidden_size) * sizeof(float));

@@ -126,9 +126,9 @@ static tp_status add_attention(table *t, const tp_model_config *c, tp_layer_modu
     if (c->qk_norm && ((s = add_norm(t, a, l, D, &L->q_norm, "q_norm")) || (s = add_norm(t, a, l, D, &L->k_norm, "k_norm"))))
         return s;
     /* gpt_oss: one learned sink logit per query head, a bare parameter of
-     * self_attn (kind NORM: no Linear of its own, kept in f32) */
+     * self_attn that the attention's own code reads */
     if (c->arch == TP_ARCH_GPT_OSS)
-        return tp_module_add_param(&t->v[a], "sinks", TP_PARAM_NORM, 1, &c->num_attention_heads);
+        return tp_module_add_param(&t->v[a], "sinks", TP_PARAM_OTHER, 1, &c->num_attention_heads);
     return TP_OK;
 }
 

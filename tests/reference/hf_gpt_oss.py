@@ -232,6 +232,19 @@ def grads(model_dir, rows):
     return float(loss), {n: t.grad.numpy() if t.grad is not None else np.zeros(tuple(t.shape)) for n, t in P.items()}
 
 
+def reference_train(model_dir, data_path, **opts):
+    """hf_reference_train's Trainer steps (its optimizer groups, schedule and
+    loss normalisation) on this forward; returns (log, {name: float64 NumPy})."""
+    import hf_reference_train as tref
+    o = dict(tref.DEFAULTS)
+    o.update(opts)
+    cfg = config(model_dir)
+    params = load_params(model_dir, requires_grad=True)
+    seqs = tref.read_sequences(data_path, o["seq_len"])
+    log = tref.train_steps(params, seqs, o, lambda s, step, row: forward(cfg, params, list(s)), cfg["vocab_size"])
+    return log, {k: v.detach().numpy().copy() for k, v in params.items()}
+
+
 if __name__ == "__main__":
     import argparse
     ap = argparse.ArgumentParser(description="torch float64 reference of HF gpt_oss logits")
