@@ -575,8 +575,9 @@ static tp_status expert_biases(flow *f, const char *ex, const tp_param_plan *gu)
         const tp_param_plan *b = param_of(f, ex, names[i]);
         if (b && !placed(b, gu->placement.kind, 0))
             return refuse(b->name, b->style ? b->style->name : NULL, "gpt_oss's expert biases are split like the "
-                          "expert weights (whole, or grouped_gemm on all four tensors); gate_up_proj is %s",
-                          tp_placement_str(gu->placement, a, sizeof a));
+                          "expert weights (whole, or grouped_gemm on all four tensors); gate_up_proj is %s "
+                          "(style '%s')", tp_placement_str(gu->placement, a, sizeof a),
+                          gu->style ? gu->style->name : "-");
     }
     return TP_OK;
 }
@@ -605,8 +606,9 @@ static tp_status moe_block(flow *f, int64_t l)
         return refuse(gate, rp->style->name, "the router runs its own GEMM on its replicated weight; the only rule "
                       "it takes is ep_router");
     if (ep && !remaps)
-        return refuse(gate, style_of(rp, rw), "the experts are split on the expert dimension (grouped_gemm), so "
-                      "the router must map its choices to each rank's own experts (ep_router)");
+        return refuse(gate, style_of(rp, rw), "the experts are split on the expert dimension (grouped_gemm; %s "
+                      "has style '%s'), so the router must map its choices to each rank's own experts (ep_router)",
+                      gu->name, gu->style ? gu->style->name : "-");
     if (!ep && remaps)
         return refuse(gate, rp->style->name, "it maps the router's choices to each rank's own experts, but the "
                       "experts are not split on the expert dimension (grouped_gemm on both expert tensors)");

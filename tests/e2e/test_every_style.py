@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """End-to-end: every registered style on every module kind of the built-in
-models (qwen3_moe's router, experts and expert tensors among them), at TP = 2
+models (qwen3_moe's router, experts and expert tensors among them; gpt_oss's sinks,
+router, expert tensors and biases), at TP = 2
 and 3 (tp-semantics.md §2, §4.7).
 
 Each case is the model type's built-in plan with one module kind's rule set
@@ -52,6 +53,8 @@ MODELS = [
     ("qwen2", {"num_key_value_heads": 2}),
     ("qwen3", {"num_key_value_heads": 6, "tie_word_embeddings": True}),
     ("qwen3_moe", {"num_key_value_heads": 6, "moe_intermediate_size": 48}),
+    # sinks, the biased router and experts in Transformers' layout; a window shorter than TOKENS
+    ("gpt_oss", {"num_key_value_heads": 6, "intermediate_size": 48, "sliding_window": 4}),
 ]
 
 
@@ -95,6 +98,11 @@ def module_kinds(arch):
     mlp = [f"model.layers.*.mlp.{n}" for n in ("gate_proj", "up_proj", "down_proj")]
     if arch == "qwen3_moe":   # every layer sparse: the router, the experts and their tensors
         mlp = [f"model.layers.*.mlp.{n}" for n in ("gate", "experts", "experts.gate_up_proj", "experts.down_proj")]
+    if arch == "gpt_oss":     # the sinks; the router, the experts, their tensors and biases
+        attn.append("model.layers.*.self_attn.sinks")
+        mlp = [f"model.layers.*.mlp.{n}" for n in ("router", "experts", "experts.gate_up_proj",
+                                                   "experts.gate_up_proj_bias", "experts.down_proj",
+                                                   "experts.down_proj_bias")]
     norms = ["model.layers.*.input_layernorm", "model.layers.*.post_attention_layernorm", "model.norm"]
     if arch in ("qwen3", "qwen3_moe"):
         norms += ["model.layers.*.self_attn.q_norm", "model.layers.*.self_attn.k_norm"]
