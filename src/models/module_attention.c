@@ -241,7 +241,7 @@ static tp_status sinks_backward(tp_model *m, const tp_module *mod, const tp_save
                        "them (colwise with local_params on self_attn, §2.16); here they are replicated", mod->name);
     float *g;
     tp_status st = tp_module_grad(m, mod, 0, &g);
-    if (st) return st;
+    if (st || !g) return st;   /* NULL: frozen (a LoRA run) */
     const float *sk = p->local.data;
     for (int64_t h = 0; h < nq; h++) {
         double sum = 0;

@@ -16,7 +16,8 @@
 * Saving keeps Transformers' names and layout: with lr 0 the saved file
   holds the checkpoint's values, byte-identical at TP = 1, EP = 2 and EP 4.
 * Training with the heads split and the sinks replicated is refused (each
-  rank would add only its heads' gradients).
+  rank would add only its heads' gradients).  LoRA on the attention trains
+  with the sinks and experts frozen.
 
 Routers are drawn with std 0.3 so that the top-k choices are decisive."""
 
@@ -156,6 +157,16 @@ class Train(unittest.TestCase):
                 e, k = worst(got, base)
                 self.assertLessEqual(e, PARAM_TOL, f"EP 2: {k} vs TP = 1: {e:.3e}")
             base = got
+
+    def test_lora_leaves_the_sinks_frozen(self):
+        """LoRA on the attention: the base (sinks, experts) frozen, the adapter written and usable."""
+        model = make("tiny")
+        out = os.path.join(WORK, "lora")
+        log = train(model, out, dict(ADAMW, steps=2), "--lora-r", 4, "--lora-target", "q_proj,v_proj,o_proj")
+        self.assertEqual(len(log), 2)
+        names = read(os.path.join(out, "adapter_model.safetensors"))
+        self.assertTrue(names and all("lora_" in k and "sinks" not in k for k in names), sorted(names))
+        run("logits", "--model", model, "--adapter", out, "--tokens", "1,2,3", "--out", os.path.join(WORK, "la.npy"))
 
     def test_save_lr0_byte_identical(self):
         model = make("tiny")
