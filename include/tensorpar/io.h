@@ -119,7 +119,7 @@ tp_status tp_safetensors_header(const char *path, const tp_st_entry *entries, si
 /* ---- Hugging Face config.json ----------------------------------------- */
 
 typedef enum { TP_ARCH_LLAMA, TP_ARCH_MISTRAL, TP_ARCH_QWEN2, TP_ARCH_QWEN3, TP_ARCH_QWEN3_MOE, TP_ARCH_MIXTRAL,
-               TP_ARCH_DEEPSEEK_V2, TP_ARCH_DEEPSEEK_V3, TP_ARCH_GPT_OSS } tp_arch;
+               TP_ARCH_DEEPSEEK_V2, TP_ARCH_DEEPSEEK_V3, TP_ARCH_LLAMA4_TEXT, TP_ARCH_GPT_OSS } tp_arch;
 
 typedef enum { TP_ROPE_DEFAULT, TP_ROPE_LLAMA3, TP_ROPE_LINEAR, TP_ROPE_YARN } tp_rope_kind;
 
@@ -146,7 +146,9 @@ typedef struct {
 
 #define TP_MAX_EOS 8
 #define TP_MAX_MLP_ONLY 64
-#define TP_MAX_LAYER_TYPES 256
+/* Per-layer flags (Llama 4's moe_layers and no_rope_layers) for up to this
+ * many layers. */
+#define TP_MAX_LAYER_FLAGS 256
 
 typedef struct {
     tp_arch arch;
@@ -212,13 +214,26 @@ typedef struct {
      * clamped SwiGLU (up + 1)·g·σ(swiglu_alpha·g) with g ≤ swiglu_limit and
      * |up| ≤ swiglu_limit. */
     int n_layer_types;
-    unsigned char layer_sliding[TP_MAX_LAYER_TYPES];
+    unsigned char layer_sliding[TP_MAX_LAYER_FLAGS];
     double swiglu_alpha, swiglu_limit;
+    /* Llama 4 (llama4_text; llama4 = 1).  Its MoE layers (moe_layers, or
+     * every interleave_moe_layer_step-th) have num_experts bmm-style experts
+     * of moe_intermediate_size (= intermediate_size), a sigmoid top-k
+     * router that scales the experts' input, and a shared expert of that
+     * width; the dense layers' MLP is intermediate_size_mlp wide.  RoPE
+     * layers (rope_layer[l], no_rope_layers) rotate interleaved pairs,
+     * L2-normalise q and k when l2_qk_norm (use_qk_norm) and attend within
+     * chunks of attention_chunk_size (0: whole); NoPE layers scale q by
+     * log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1 when
+     * attn_temperature_tuning. */
+    int llama4, l2_qk_norm, attn_temperature_tuning;
+    int64_t intermediate_size_mlp, interleave_moe_layer_step, attention_chunk_size, no_rope_layer_interval;
+    double floor_scale, attn_scale;
+    int n_moe_layers;        /* moe_layers given: the list's length (else -1) */
+    unsigned char moe_layer[TP_MAX_LAYER_FLAGS];
+    int n_rope_layers;       /* no_rope_layers given: its length (else -1)   */
+    unsigned char rope_layer[TP_MAX_LAYER_FLAGS];
 } tp_model_config;
-
-/* The attention window of decoder layer l (0: none): gpt_oss's per-layer
- * types, else sliding_window for every layer. */
-int64_t tp_config_layer_window(const tp_model_config *cfg, int64_t l);
 
 /* Refuses a config tensorpar cannot train as Transformers would: an MoE
  * model with output_router_logits (its loss adds the router's auxiliary
@@ -227,6 +242,12 @@ tp_status tp_config_check_training(const tp_model_config *c);
 
 /* 1 when decoder layer l of cfg has a sparse MoE block instead of an MLP. */
 int tp_config_layer_is_sparse(const tp_model_config *cfg, int64_t l);
+/* 1 when decoder layer l rotates q and k (all but Llama 4's NoPE layers). */
+int tp_config_layer_uses_rope(const tp_model_config *cfg, int64_t l);
+/* The attention window of layer l as tp_attention takes it: the
+ * sliding window (> 0; gpt_oss: on its sliding_attention layers only),
+ * Llama 4's chunk on RoPE layers (as -chunk), or 0. */
+int64_t tp_config_layer_window(const tp_model_config *cfg, int64_t l);
 
 tp_status tp_arch_parse(const char *s, tp_arch *out);
 const char *tp_arch_name(tp_arch a);

@@ -167,6 +167,11 @@ typedef struct {
     const tp_tensor *down;         /* [E, H, I] */
     tp_threadpool *pool;
     const tp_matmul_opts *opts;
+    /* Llama 4 (Llama4TextExperts): bmm-style tensors, gate_up [E, H, 2I]
+     * ([gate | up] along the last dimension) and down [E, I, H], used as
+     * x @ W; and the weight scales each slot's input, expert(w · x), not
+     * its output. */
+    int bmm, scale_input;
 } tp_grouped_experts_args;
 
 /* SwiGLU experts (h = SiLU(x·gateᵀ) ⊙ x·upᵀ, y = h·downᵀ): the slots
@@ -268,7 +273,9 @@ double tp_yarn_mscale(double scale, double mscale);
  * cache holding keys/values for positions 0..pos0+T-1.
  * q[T, n_heads, d]; k, v: [*, n_kv, d] with row stride n_kv*d;
  * out[T, n_heads, d].  Query head h reads KV head h / (n_heads / n_kv).
- * window > 0 limits each query to keys with pos_q - pos_k < window. */
+ * window > 0 limits each query to keys with pos_q - pos_k < window;
+ * window < 0 to keys of the query's chunk of -window positions
+ * (pos_k / -window = pos_q / -window: Llama 4's chunked attention). */
 void tp_attention(float *out, const float *q, const float *k, const float *v,
                   int64_t T, int64_t pos0, int64_t n_heads, int64_t n_kv, int64_t d,
                   int64_t window, tp_threadpool *pool);

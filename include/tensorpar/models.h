@@ -2,7 +2,8 @@
  * layout: Llama (GQA, RoPE with llama3/linear scaling), Mistral (sliding
  * window), Qwen2 (q/k/v biases), Qwen3 (per-head q/k RMSNorm), and the
  * mixture-of-experts Qwen3-MoE and Mixtral (a router and stacked experts in
- * place of the MLP; inference only).
+ * place of the MLP), DeepSeek-V2/V3 (latent attention) and Llama 4's text
+ * model (chunked attention, NoPE layers, sigmoid-routed bmm-style experts).
  *
  * A model is loaded from a model directory (config.json + safetensors).  The
  * forward pass takes token ids and a KV cache and returns f32 logits;

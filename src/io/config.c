@@ -16,6 +16,7 @@ static const struct { const char *name; tp_arch arch; } arch_names[] = {
     {"qwen3_moe", TP_ARCH_QWEN3_MOE}, {"mixtral", TP_ARCH_MIXTRAL},
     {"deepseek_v2", TP_ARCH_DEEPSEEK_V2}, {"deepseek_v3", TP_ARCH_DEEPSEEK_V3},
     {"gpt_oss", TP_ARCH_GPT_OSS},
+    {"llama4_text", TP_ARCH_LLAMA4_TEXT},
 };
 #define N_ARCH (sizeof arch_names / sizeof arch_names[0])
 
@@ -23,8 +24,15 @@ tp_status tp_arch_parse(const char *s, tp_arch *out)
 {
     for (size_t i = 0; i < N_ARCH; i++)
         if (!strcmp(s, arch_names[i].name)) { *out = arch_names[i].arch; return TP_OK; }
+    /* The multimodal Llama 4 nests its text model under text_config and
+     * language_model.*; tensorpar runs the text model only (docs/llama4.md). */
+    if (!strcmp(s, "llama4"))
+        return tp_fail(TP_ERR_UNSUPPORTED, "model type 'llama4' (Llama4ForConditionalGeneration, text and vision) is "
+                       "not supported; tensorpar runs its text model, model type 'llama4_text' (Llama4ForCausalLM: "
+                       "the text_config as config.json, the language_model.model.* tensors as model.*)");
     return tp_fail(TP_ERR_UNSUPPORTED,
-                   "model type '%s' is not supported (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, deepseek_v2, deepseek_v3, gpt_oss)", s);
+                   "model type '%s' is not supported (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, "
+                   "deepseek_v2, deepseek_v3, llama4_text, gpt_oss)", s);
 }
 
 const char *tp_arch_name(tp_arch a)
@@ -46,6 +54,7 @@ static const char *architecture_class(tp_arch a)
     case TP_ARCH_DEEPSEEK_V2: return "DeepseekV2ForCausalLM";
     case TP_ARCH_DEEPSEEK_V3: return "DeepseekV3ForCausalLM";
     case TP_ARCH_GPT_OSS: return "GptOssForCausalLM";
+    case TP_ARCH_LLAMA4_TEXT: return "Llama4ForCausalLM";
     }
     return "?";
 }
@@ -112,6 +121,17 @@ static void set_defaults(tp_model_config *c, tp_arch arch)
                                             .original_max_position_embeddings = 4096, .yarn_factor = 32.0,
                                             .yarn_original = 4096, .yarn_truncate = 0};
         break;
+    case TP_ARCH_LLAMA4_TEXT:   /* Llama4TextConfig */
+        c->llama4 = 1;
+        c->vocab_size = 202048; c->hidden_size = 5120; c->intermediate_size = 8192; c->intermediate_size_mlp = 16384;
+        c->num_hidden_layers = 48; c->num_attention_heads = 40; c->num_key_value_heads = 8; c->head_dim = 128;
+        c->max_position_embeddings = 4096 * 32; c->rms_norm_eps = 1e-5; c->rope_theta = 500000.0;
+        c->bos_token_id = 1; c->eos_token_ids[0] = 2; c->n_eos = 1;
+        c->num_experts = 16; c->num_experts_per_tok = 1; c->interleave_moe_layer_step = 1;
+        c->l2_qk_norm = 1; c->no_rope_layer_interval = 4; c->attention_chunk_size = 8192;
+        c->attn_temperature_tuning = 1; c->floor_scale = 8192; c->attn_scale = 0.1;
+        c->n_moe_layers = c->n_rope_layers = -1;
+        break;
     }
     if (arch == TP_ARCH_DEEPSEEK_V2 || arch == TP_ARCH_DEEPSEEK_V3) {
         c->mla = 1;
@@ -123,17 +143,27 @@ static void set_defaults(tp_model_config *c, tp_arch arch)
 int tp_config_layer_is_sparse(const tp_model_config *c, int64_t l)
 {
     if (c->num_experts <= 0) return 0;
+    if (c->llama4) return l >= 0 && l < TP_MAX_LAYER_FLAGS && c->moe_layer[l];
     if (c->mla) return l >= c->first_k_dense_replace;   /* DeepseekV2DecoderLayer's rule */
     for (int i = 0; i < c->n_mlp_only; i++)
         if (c->mlp_only_layers[i] == l) return 0;
     return c->decoder_sparse_step > 0 && (l + 1) % c->decoder_sparse_step == 0;
 }
 
+int tp_config_layer_uses_rope(const tp_model_config *c, int64_t l)
+{
+    return !c->llama4 || (l >= 0 && l < TP_MAX_LAYER_FLAGS && c->rope_layer[l]);
+}
+
 int64_t tp_config_layer_window(const tp_model_config *c, int64_t l)
 {
-    if (c->arch != TP_ARCH_GPT_OSS) return c->sliding_window;
-    int sliding = l < c->n_layer_types ? c->layer_sliding[l] : (l + 1) % 2;   /* GptOssConfig's default */
-    return sliding ? c->sliding_window : 0;
+    if (c->arch == TP_ARCH_GPT_OSS) {
+        int sliding = l < c->n_layer_types ? c->layer_sliding[l] : (l + 1) % 2;   /* GptOssConfig's default */
+        return sliding ? c->sliding_window : 0;
+    }
+    if (!c->llama4) return c->sliding_window;
+    /* Llama4TextConfig: layer_types "chunked_attention" on the RoPE layers */
+    return tp_config_layer_uses_rope(c, l) && c->attention_chunk_size > 0 ? -c->attention_chunk_size : 0;
 }
 
 /* ---- typed getters that name the file and key on error ----------------- */
@@ -365,9 +395,9 @@ static tp_status get_layer_types(tp_model_config *c, const json_doc *d)
     c->n_layer_types = 0;
     if (!v || cJSON_IsNull(v)) return TP_OK;
     int n = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : -1;
-    if (n < 0 || n > TP_MAX_LAYER_TYPES || n != c->num_hidden_layers)
+    if (n < 0 || n > TP_MAX_LAYER_FLAGS || n != c->num_hidden_layers)
         return tp_fail(TP_ERR_FORMAT, "%s: key 'layer_types' must be a list of one type per layer (%lld layers, "
-                       "at most %d)", d->path, (long long)c->num_hidden_layers, TP_MAX_LAYER_TYPES);
+                       "at most %d)", d->path, (long long)c->num_hidden_layers, TP_MAX_LAYER_FLAGS);
     for (int i = 0; i < n; i++) {
         cJSON *t = cJSON_GetArrayItem(v, i);
         int sliding = cJSON_IsString(t) && !strcmp(t->valuestring, "sliding_attention");
@@ -426,6 +456,103 @@ static tp_status parse_mla(tp_model_config *c, const json_doc *d)
         return tp_fail(TP_ERR_UNSUPPORTED, "%s: key 'attention_bias' = true is not supported for %s", d->path,
                        c->model_type);
     return c->first_k_dense_replace < c->num_hidden_layers ? parse_deepseek_moe(c, d) : TP_OK;
+}
+
+/* A list of 0/1 or layer indices (Llama 4's no_rope_layers, moe_layers):
+ * *n its length, -1 when null or absent; at most TP_MAX_LAYER_FLAGS. */
+static tp_status get_int_list(const json_doc *d, const char *key, int64_t *vals, int *n)
+{
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(d->root, key);
+    *n = -1;
+    if (!v || cJSON_IsNull(v)) return TP_OK;
+    if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) > TP_MAX_LAYER_FLAGS)
+        return tp_fail(TP_ERR_FORMAT, "%s: key '%s' must be a list of at most %d integers", d->path, key,
+                       TP_MAX_LAYER_FLAGS);
+    int k = 0;
+    cJSON *e;
+    cJSON_ArrayForEach(e, v) {
+        if (!json_int(e, &vals[k]) || vals[k] < 0)
+            return tp_fail(TP_ERR_FORMAT, "%s: key '%s' holds something other than a non-negative integer", d->path,
+                           key);
+        k++;
+    }
+    *n = k;
+    return TP_OK;
+}
+
+/* attn_temperature_tuning: true/false, or a number (the published configs
+ * say 4), which Transformers takes for its truth value. */
+static tp_status get_truth(const json_doc *d, const char *key, int *out)
+{
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(d->root, key);
+    if (v && cJSON_IsNumber(v)) { *out = v->valuedouble != 0; return TP_OK; }
+    return get_bool(d, key, out);
+}
+
+/* Llama4TextConfig's keys and __post_init__'s derived lists: moe_layers
+ * (default every interleave_moe_layer_step-th layer, indices past the
+ * last layer ignored as Transformers does), no_rope_layers (1: RoPE; an
+ * empty or absent list: a NoPE layer every no_rope_layer_interval-th),
+ * layer_types (must be what no_rope_layers implies). */
+static tp_status parse_llama4(tp_model_config *c, const json_doc *d)
+{
+    int64_t vals[TP_MAX_LAYER_FLAGS];
+    int64_t L = c->num_hidden_layers;
+    tp_status s;
+    cJSON *chunk = cJSON_GetObjectItemCaseSensitive(d->root, "attention_chunk_size");
+    if (chunk && cJSON_IsNull(chunk)) c->attention_chunk_size = 0;
+    else if ((s = get_size(d, "attention_chunk_size", &c->attention_chunk_size))) return s;
+    if ((s = get_size(d, "num_local_experts", &c->num_experts)) ||
+        (s = get_size(d, "num_experts_per_tok", &c->num_experts_per_tok)) ||
+        (s = get_positive(d, "intermediate_size_mlp", &c->intermediate_size_mlp)) ||
+        (s = get_positive(d, "interleave_moe_layer_step", &c->interleave_moe_layer_step)) ||
+        (s = get_positive(d, "no_rope_layer_interval", &c->no_rope_layer_interval)) ||
+        (s = get_bool(d, "use_qk_norm", &c->l2_qk_norm)) ||
+        (s = get_truth(d, "attn_temperature_tuning", &c->attn_temperature_tuning)) ||
+        (s = get_double(d, "floor_scale", &c->floor_scale)) || (s = get_double(d, "attn_scale", &c->attn_scale)) ||
+        (s = get_bool(d, "output_router_logits", &c->output_router_logits)))
+        return s;
+    if (L > TP_MAX_LAYER_FLAGS)
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: llama4_text with more than %d layers is not supported", d->path,
+                       TP_MAX_LAYER_FLAGS);
+    if (c->num_experts < 1 || c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_experts)
+        return tp_fail(TP_ERR_FORMAT, "%s: llama4_text needs num_local_experts >= 1 and 1 <= num_experts_per_tok <= "
+                       "num_local_experts (got %lld of %lld)", d->path, (long long)c->num_experts_per_tok,
+                       (long long)c->num_experts);
+    if (!(c->floor_scale > 0) || c->attention_chunk_size < 0)
+        return tp_fail(TP_ERR_FORMAT, "%s: llama4_text needs a positive floor_scale and attention_chunk_size",
+                       d->path);
+    c->moe_intermediate_size = c->intermediate_size;   /* Llama4TextExperts: intermediate_size wide */
+    if (c->attention_bias)
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: key 'attention_bias' = true is not supported for llama4_text", d->path);
+    memset(c->moe_layer, 0, sizeof c->moe_layer);
+    if ((s = get_int_list(d, "moe_layers", vals, &c->n_moe_layers))) return s;
+    for (int64_t l = 0; l < L; l++) c->moe_layer[l] = c->n_moe_layers < 0 && (l + 1) % c->interleave_moe_layer_step == 0;
+    for (int i = 0; i < c->n_moe_layers; i++)
+        if (vals[i] < L) c->moe_layer[vals[i]] = 1;
+    memset(c->rope_layer, 0, sizeof c->rope_layer);
+    if ((s = get_int_list(d, "no_rope_layers", vals, &c->n_rope_layers))) return s;
+    if (c->n_rope_layers == 0) c->n_rope_layers = -1;   /* an empty list: the default, as `if no_rope_layers` */
+    if (c->n_rope_layers >= 0 && c->n_rope_layers < L)
+        return tp_fail(TP_ERR_FORMAT, "%s: key 'no_rope_layers' has %d entries for %lld layers", d->path,
+                       c->n_rope_layers, (long long)L);
+    for (int64_t l = 0; l < L; l++)
+        c->rope_layer[l] = c->n_rope_layers < 0 ? (l + 1) % c->no_rope_layer_interval != 0 : vals[l] != 0;
+    cJSON *types = cJSON_GetObjectItemCaseSensitive(d->root, "layer_types"), *e;
+    if (types && !cJSON_IsNull(types)) {
+        int64_t l = 0;
+        int ok = cJSON_IsArray(types) && cJSON_GetArraySize(types) >= L;
+        cJSON_ArrayForEach(e, types) {
+            if (!ok || l >= L) break;
+            const char *want = c->rope_layer[l++] ? "chunked_attention" : "full_attention";
+            ok = cJSON_IsString(e) && !strcmp(e->valuestring, want);
+        }
+        if (!ok)
+            return tp_fail(TP_ERR_UNSUPPORTED, "%s: key 'layer_types' must be \"chunked_attention\" on the RoPE layers "
+                           "and \"full_attention\" on the NoPE layers (no_rope_layers), as Llama4TextConfig derives "
+                           "it", d->path);
+    }
+    return TP_OK;
 }
 
 tp_status tp_config_check_training(const tp_model_config *c)
@@ -533,6 +660,8 @@ static tp_status parse_config(tp_model_config *c, const json_doc *d)
         if ((s = parse_moe(c, d))) return s;
     } else if (arch == TP_ARCH_GPT_OSS) {
         if ((s = parse_gpt_oss(c, d))) return s;
+    } else if (arch == TP_ARCH_LLAMA4_TEXT) {
+        if ((s = parse_llama4(c, d))) return s;
     } else {
         c->num_experts = 0;
     }
@@ -724,12 +853,45 @@ static void gpt_oss_json(cJSON *o, const tp_model_config *c)
     if (c->swiglu_alpha != 1.702) cJSON_AddNumberToObject(o, "swiglu_alpha", c->swiglu_alpha);
 }
 
+static void layer_list_json(cJSON *o, const char *key, const unsigned char *flags, int64_t L, int as_flags)
+{
+    cJSON *a = cJSON_AddArrayToObject(o, key);
+    for (int64_t l = 0; l < L && l < TP_MAX_LAYER_FLAGS; l++) {
+        if (as_flags) cJSON_AddItemToArray(a, cJSON_CreateNumber(flags[l]));
+        else if (flags[l]) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)l));
+    }
+}
+
+/* Llama4TextConfig's own keys; the layer lists only when the config gave
+ * them (else null: derived from the step and interval again). */
+static void llama4_json(cJSON *o, const tp_model_config *c)
+{
+    if (c->attention_chunk_size > 0) cJSON_AddNumberToObject(o, "attention_chunk_size", (double)c->attention_chunk_size);
+    else cJSON_AddNullToObject(o, "attention_chunk_size");
+    cJSON_AddNumberToObject(o, "attn_scale", c->attn_scale);
+    cJSON_AddBoolToObject(o, "attn_temperature_tuning", c->attn_temperature_tuning);
+    cJSON_AddNumberToObject(o, "floor_scale", c->floor_scale);
+    cJSON_AddNumberToObject(o, "interleave_moe_layer_step", (double)c->interleave_moe_layer_step);
+    cJSON_AddNumberToObject(o, "intermediate_size_mlp", (double)c->intermediate_size_mlp);
+    if (c->n_moe_layers >= 0) layer_list_json(o, "moe_layers", c->moe_layer, c->num_hidden_layers, 0);
+    else cJSON_AddNullToObject(o, "moe_layers");
+    if (c->n_rope_layers >= 0) layer_list_json(o, "no_rope_layers", c->rope_layer, c->num_hidden_layers, 1);
+    else cJSON_AddNullToObject(o, "no_rope_layers");
+    cJSON_AddNumberToObject(o, "no_rope_layer_interval", (double)c->no_rope_layer_interval);
+    cJSON_AddNumberToObject(o, "num_experts_per_tok", (double)c->num_experts_per_tok);
+    cJSON_AddNumberToObject(o, "num_local_experts", (double)c->num_experts);
+    cJSON_AddBoolToObject(o, "output_router_logits", c->output_router_logits);
+    cJSON_AddNumberToObject(o, "router_aux_loss_coef", 0.001);
+    cJSON_AddNumberToObject(o, "router_jitter_noise", 0.0);
+    cJSON_AddBoolToObject(o, "use_qk_norm", c->l2_qk_norm);
+}
+
 static cJSON *config_json(const tp_model_config *c)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON *archs = cJSON_AddArrayToObject(o, "architectures");
     cJSON_AddItemToArray(archs, cJSON_CreateString(architecture_class(c->arch)));
-    if (c->arch == TP_ARCH_LLAMA || c->arch == TP_ARCH_QWEN3 || c->arch == TP_ARCH_QWEN3_MOE || c->mla ||
+    if (c->arch == TP_ARCH_LLAMA || c->arch == TP_ARCH_QWEN3 || c->arch == TP_ARCH_QWEN3_MOE || c->mla || c->llama4 ||
         c->arch == TP_ARCH_GPT_OSS)
         cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias);
     cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
@@ -738,7 +900,7 @@ static cJSON *config_json(const tp_model_config *c)
     cJSON_AddItemToObject(o, "eos_token_id", eos_json(c->eos_token_ids, c->n_eos));
     /* head_dim is written when it is not implied, so that a later --set of
      * hidden_size or num_attention_heads re-derives it. */
-    if (!c->mla && (c->arch == TP_ARCH_QWEN3 || c->arch == TP_ARCH_QWEN3_MOE || c->arch == TP_ARCH_GPT_OSS ||
+    if (!c->mla && (c->arch == TP_ARCH_QWEN3 || c->arch == TP_ARCH_QWEN3_MOE || c->llama4 || c->arch == TP_ARCH_GPT_OSS ||
                     c->head_dim * c->num_attention_heads != c->hidden_size))
         cJSON_AddNumberToObject(o, "head_dim", (double)c->head_dim);
     cJSON_AddStringToObject(o, "hidden_act", "silu");
@@ -755,7 +917,8 @@ static cJSON *config_json(const tp_model_config *c)
     cJSON_AddItemToObject(o, "rope_scaling", rope_scaling_json(&c->rope_scaling));
     cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
     if (c->arch == TP_ARCH_GPT_OSS) gpt_oss_json(o, c);
-    else if (c->num_experts > 0 && !c->mla) moe_json(o, c);
+    else if (c->num_experts > 0 && !c->mla && !c->llama4) moe_json(o, c);
+    if (c->llama4) llama4_json(o, c);
     if (c->mla) mla_json(o, c);
     if (c->arch == TP_ARCH_MISTRAL || c->arch == TP_ARCH_MIXTRAL) {
         if (c->sliding_window > 0) cJSON_AddNumberToObject(o, "sliding_window", (double)c->sliding_window);
@@ -784,8 +947,10 @@ tp_status tp_config_save(const tp_model_config *c, const char *model_dir)
 /* The config.json keys parse_config reads: the only ones --set can change
  * (another key would be written and then ignored, which hides typos). */
 static const char *const settable_keys[] = {
-    "attention_bias", "bos_token_id", "decoder_sparse_step", "eos_token_id", "first_k_dense_replace", "head_dim",
-    "hidden_act", "hidden_size", "intermediate_size", "kv_lora_rank", "layer_types", "max_position_embeddings", "mlp_bias",
+    "attention_bias", "attention_chunk_size", "attn_scale", "attn_temperature_tuning", "bos_token_id",
+    "decoder_sparse_step", "floor_scale", "interleave_moe_layer_step", "intermediate_size_mlp", "layer_types",
+    "moe_layers", "no_rope_layer_interval", "no_rope_layers", "use_qk_norm", "eos_token_id", "first_k_dense_replace", "head_dim",
+    "hidden_act", "hidden_size", "intermediate_size", "kv_lora_rank", "max_position_embeddings", "mlp_bias",
     "mlp_only_layers", "moe_intermediate_size", "norm_topk_prob", "num_attention_heads", "num_experts",
     "num_experts_per_tok", "num_hidden_layers", "num_key_value_heads", "num_local_experts", "n_group",
     "n_routed_experts", "n_shared_experts", "q_lora_rank", "routed_scaling_factor", "topk_group", "topk_method",
@@ -797,7 +962,7 @@ static const char *const settable_keys[] = {
 
 static tp_status unknown_key(const char *key)
 {
-    char known[1024] = "";
+    char known[1536] = "";
     size_t used = 0;
     for (size_t i = 0; i < N_SETTABLE && used < sizeof known; i++)
         used += (size_t)snprintf(known + used, sizeof known - used, "%s%s", i ? ", " : "", settable_keys[i]);

@@ -58,6 +58,7 @@ typedef struct {
 /* The first key position that query position pos may see. */
 static int64_t first_key(const attn_job *j, int64_t pos)
 {
+    if (j->window < 0) return pos / -j->window * -j->window;   /* Llama 4's chunk: its first position */
     return j->window > 0 && pos - j->window + 1 > 0 ? pos - j->window + 1 : 0;
 }
 
@@ -487,6 +488,7 @@ static size_t grad_scratch(int64_t d, int64_t grp)
 
 static int64_t key_lo(int64_t pos, int64_t window)
 {
+    if (window < 0) return pos / -window * -window;
     return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
 }
 
@@ -757,6 +759,10 @@ static void grad_kv_item(const grad_job *j, int64_t g, int64_t p0, int64_t nk, f
     pack_t(vt, j, j->v, g, p0, nk);
     int64_t t_lo = p0 - j->pos0 > 0 ? p0 - j->pos0 : 0, t_hi = j->T;   /* [t_lo, t_hi) */
     if (j->window > 0 && p0 + nk - 1 + j->window - j->pos0 < t_hi) t_hi = p0 + nk - 1 + j->window - j->pos0;
+    /* a chunk's keys are seen only by the queries of their chunk */
+    int64_t chunk_end = j->window < 0 ? ((p0 + nk - 1) / -j->window + 1) * -j->window : 0;
+    if (j->window < 0 && chunk_end - j->pos0 < t_hi) t_hi = chunk_end - j->pos0;
+    if (t_hi < t_lo) t_hi = t_lo;
     int64_t rows = (t_hi - t_lo) * grp;
     for (int64_t r0 = 0; r0 < rows; r0 += RB) {
         row_step st = step_rows(j, g, t_lo, r0, rows);

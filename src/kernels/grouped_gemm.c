@@ -7,7 +7,8 @@
  * k GEMVs (one row per selected expert).  Each row of Y_e is added to its
  * token's output scaled by the slot's weight, experts in ascending order,
  * so every token's sum has one fixed order on any thread count. */
-#include "kernels/kern_internal.h"
+#include "kern_internal.h"
+#include "tensorpar/kernels.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -40,23 +41,168 @@ static tp_tensor expert_view(const tp_tensor *w, int64_t e)
     return v;
 }
 
+static int64_t inter_of(const tp_grouped_experts_args *a)
+{
+    return a->bmm ? a->gate_up->shape[2] / 2 : a->gate_up->shape[1] / 2;
+}
+
+/* ---- x @ W for a few rows (decode) ------------------------------------------
+ * The packed GEMM packs all of W for every call, which for one row costs
+ * more than the product (3.4x a GEMV at H 2048, I 1024, bf16); a few rows
+ * instead stream W once, row by row, each thread over its own columns:
+ * every output element is one thread's sum in the order of W's rows,
+ * whatever the thread count. */
+#define XW_ROWS 4
+
+typedef struct {
+    float *y;
+    const float *x;
+    int64_t n, in, out;
+    const tp_tensor *w;
+    int avx2;           /* the AVX2 + FMA path may run */
+} xw_job;
+
+static inline float bf16_value(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* y += Σ_q a[q] · w_q over n columns for 4 rows w_q of W, stride apart:
+ * one pass over y for four rows (restrict lets the compiler vectorize). */
+static void axpy4_bf16(float *restrict y, const uint16_t *restrict w, int64_t stride, const float *a, int64_t n)
+{
+    const uint16_t *w1 = w + stride, *w2 = w1 + stride, *w3 = w2 + stride;
+    for (int64_t c = 0; c < n; c++)
+        y[c] += a[0] * bf16_value(w[c]) + a[1] * bf16_value(w1[c]) + a[2] * bf16_value(w2[c]) +
+                a[3] * bf16_value(w3[c]);
+}
+
+static void axpy4_f32(float *restrict y, const float *restrict w, int64_t stride, const float *a, int64_t n)
+{
+    const float *w1 = w + stride, *w2 = w1 + stride, *w3 = w2 + stride;
+    for (int64_t c = 0; c < n; c++) y[c] += a[0] * w[c] + a[1] * w1[c] + a[2] * w2[c] + a[3] * w3[c];
+}
+
+#if TP_KERNELS_X86
+#include <immintrin.h>
+
+#define TAVX2 __attribute__((target("avx2,fma")))
+
+TAVX2 static inline __m256 widen_bf16(const uint16_t *w)
+{
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)w));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+TAVX2 static void axpy4_bf16_avx2(float *y, const uint16_t *w, int64_t stride, const float *a, int64_t n)
+{
+    const uint16_t *w1 = w + stride, *w2 = w1 + stride, *w3 = w2 + stride;
+    __m256 a0 = _mm256_set1_ps(a[0]), a1 = _mm256_set1_ps(a[1]), a2 = _mm256_set1_ps(a[2]);
+    __m256 a3 = _mm256_set1_ps(a[3]);
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) {
+        __m256 acc = _mm256_mul_ps(a0, widen_bf16(w + c));
+        acc = _mm256_fmadd_ps(a1, widen_bf16(w1 + c), acc);
+        acc = _mm256_fmadd_ps(a2, widen_bf16(w2 + c), acc);
+        acc = _mm256_fmadd_ps(a3, widen_bf16(w3 + c), acc);
+        _mm256_storeu_ps(y + c, _mm256_add_ps(_mm256_loadu_ps(y + c), acc));
+    }
+    axpy4_bf16(y + c, w + c, stride, a, n - c);
+}
+
+TAVX2 static void axpy4_f32_avx2(float *y, const float *w, int64_t stride, const float *a, int64_t n)
+{
+    const float *w1 = w + stride, *w2 = w1 + stride, *w3 = w2 + stride;
+    __m256 a0 = _mm256_set1_ps(a[0]), a1 = _mm256_set1_ps(a[1]), a2 = _mm256_set1_ps(a[2]);
+    __m256 a3 = _mm256_set1_ps(a[3]);
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) {
+        __m256 acc = _mm256_mul_ps(a0, _mm256_loadu_ps(w + c));
+        acc = _mm256_fmadd_ps(a1, _mm256_loadu_ps(w1 + c), acc);
+        acc = _mm256_fmadd_ps(a2, _mm256_loadu_ps(w2 + c), acc);
+        acc = _mm256_fmadd_ps(a3, _mm256_loadu_ps(w3 + c), acc);
+        _mm256_storeu_ps(y + c, _mm256_add_ps(_mm256_loadu_ps(y + c), acc));
+    }
+    axpy4_f32(y + c, w + c, stride, a, n - c);
+}
+#endif
+
+static void axpy4(const xw_job *j, float *y, int64_t row, int64_t c0, const float *a, int64_t n)
+{
+    int64_t off = row * j->out + c0;
+#if TP_KERNELS_X86
+    if (j->avx2 && j->w->dtype == TP_BF16) { axpy4_bf16_avx2(y, (const uint16_t *)j->w->data + off, j->out, a, n); return; }
+    if (j->avx2) { axpy4_f32_avx2(y, (const float *)j->w->data + off, j->out, a, n); return; }
+#endif
+    if (j->w->dtype == TP_BF16) axpy4_bf16(y, (const uint16_t *)j->w->data + off, j->out, a, n);
+    else axpy4_f32(y, (const float *)j->w->data + off, j->out, a, n);
+}
+
+static void xw_worker(void *p, int ti, int nt)
+{
+    const xw_job *j = p;
+    int64_t c0, c1;
+    tp_split_range((j->out + 15) / 16, ti, nt, &c0, &c1);   /* blocks of 16 columns */
+    c0 *= 16, c1 = c1 * 16 < j->out ? c1 * 16 : j->out;
+    if (c1 <= c0) return;
+    for (int64_t r = 0; r < j->n; r++) {
+        float *yr = j->y + r * j->out + c0;
+        memset(yr, 0, (size_t)(c1 - c0) * sizeof(float));
+        for (int64_t i = 0; i < j->in; i += 4) {
+            /* a last group of fewer than 4 rows takes the 4 last rows of W
+             * (in >= 4), the ones already added with weight 0 */
+            int64_t base = j->in - i < 4 ? j->in - 4 : i;
+            float a[4];
+            for (int q = 0; q < 4; q++) a[q] = base + q >= i ? j->x[r * j->in + base + q] : 0.0f;
+            axpy4(j, yr, base, c0, a, c1 - c0);
+        }
+    }
+}
+
+/* y [n, out] = x [n, in] times expert weight W: x · Wᵀ for a linear-style
+ * W [out, in]; x @ W for a bmm-style W [in, out]: the loop above for a few
+ * rows, else the product tp_matmul_backward_ex forms for an input gradient
+ * (dx += dy · W). */
+static tp_status expert_matmul(const tp_grouped_experts_args *a, float *y, const float *x, int64_t n,
+                               const tp_tensor *w)
+{
+    if (!a->bmm) return tp_matmul_ex(y, x, n, w, NULL, a->pool, a->opts);
+    if (n <= XW_ROWS && w->shape[0] >= 4 && (w->dtype == TP_F32 || w->dtype == TP_BF16)) {
+        xw_job j = {y, x, n, w->shape[0], w->shape[1], w,
+                    tp_kernel_resolve(a->opts ? a->opts->path : TP_KERNEL_AUTO) >= TP_KERNEL_AVX2};
+        tp_parallel_run(a->pool, xw_worker, &j);
+        return TP_OK;
+    }
+    memset(y, 0, (size_t)(n * w->shape[1]) * sizeof(float));
+    return tp_matmul_backward_ex(y, NULL, NULL, x, NULL, n, w, a->pool, a->opts);
+}
+
 /* One expert's rows: gather, the two GEMMs with SwiGLU between, scatter-add. */
 static tp_status run_expert(const tp_grouped_experts_args *a, int64_t e, const int64_t *slots, int64_t n,
                             float *scratch)
 {
-    int64_t H = a->H, k = a->k, I = a->gate_up->shape[1] / 2;
+    int64_t H = a->H, k = a->k, I = inter_of(a);
     float *xs = scratch, *gu = xs + n * H, *h = gu + n * 2 * I, *y = h + n * I;
-    for (int64_t r = 0; r < n; r++) memcpy(xs + r * H, a->x + (slots[r] / k) * H, (size_t)H * sizeof(float));
+    for (int64_t r = 0; r < n; r++) {
+        const float *xt = a->x + (slots[r] / k) * H;
+        float wt = a->weights[slots[r]];
+        if (!a->scale_input) memcpy(xs + r * H, xt, (size_t)H * sizeof(float));
+        else
+            for (int64_t i = 0; i < H; i++) xs[r * H + i] = xt[i] * wt;
+    }
     tp_tensor wgu = expert_view(a->gate_up, e), wd = expert_view(a->down, e);
-    tp_status s = tp_matmul_ex(gu, xs, n, &wgu, NULL, a->pool, a->opts);
+    tp_status s = expert_matmul(a, gu, xs, n, &wgu);
     if (s) return s;
     for (int64_t r = 0; r < n; r++) {
         memcpy(h + r * I, gu + r * 2 * I, (size_t)I * sizeof(float));
         tp_silu_mul(h + r * I, gu + r * 2 * I + I, I);
     }
-    if ((s = tp_matmul_ex(y, h, n, &wd, NULL, a->pool, a->opts))) return s;
+    if ((s = expert_matmul(a, y, h, n, &wd))) return s;
     for (int64_t r = 0; r < n; r++) {
-        float wt = a->weights[slots[r]], *o = a->out + (slots[r] / k) * H;
+        float wt = a->scale_input ? 1.0f : a->weights[slots[r]], *o = a->out + (slots[r] / k) * H;
         const float *yr = y + r * H;
         for (int64_t i = 0; i < H; i++) o[i] += wt * yr[i];
     }
@@ -66,8 +212,13 @@ static tp_status run_expert(const tp_grouped_experts_args *a, int64_t e, const i
 tp_status tp_grouped_experts(const tp_grouped_experts_args *a, float *scratch)
 {
     int64_t E = a->gate_up->shape[0], n = a->T * a->k;
-    if (a->gate_up->ndim != 3 || a->down->ndim != 3 || a->down->shape[0] != E ||
-        a->down->shape[1] != a->H || a->gate_up->shape[2] != a->H || a->down->shape[2] * 2 != a->gate_up->shape[1])
+    if (a->bmm && (a->gate_up->ndim != 3 || a->down->ndim != 3 || a->down->shape[0] != E ||
+                   a->down->shape[2] != a->H || a->gate_up->shape[1] != a->H ||
+                   a->down->shape[1] * 2 != a->gate_up->shape[2]))
+        return tp_fail(TP_ERR_INVALID, "grouped experts: gate_up_proj and down_proj shapes do not match [E, %lld, 2I] "
+                       "and [E, I, %lld]", (long long)a->H, (long long)a->H);
+    if (!a->bmm && (a->gate_up->ndim != 3 || a->down->ndim != 3 || a->down->shape[0] != E ||
+        a->down->shape[1] != a->H || a->gate_up->shape[2] != a->H || a->down->shape[2] * 2 != a->gate_up->shape[1]))
         return tp_fail(TP_ERR_INVALID, "grouped experts: gate_up_proj and down_proj shapes do not match [E, 2I, %lld] "
                        "and [E, %lld, I]", (long long)a->H, (long long)a->H);
     int64_t *start = malloc((size_t)(E + 1) * sizeof *start), *order = malloc((size_t)(n ? n : 1) * sizeof *order);
@@ -129,9 +280,58 @@ static tp_status expert_backward(const tp_grouped_experts_args *a, const tp_grou
     return TP_OK;
 }
 
+/* Llama 4's experts (bmm-style, the weight scaling the input): with xs =
+ * w · x, gu = xs @ Wgu, h = SiLU(g) · u, y = h @ Wd and the slot's output
+ * gradient dy: d Wd += hᵀ · dy, dh = dy · Wdᵀ, SwiGLU's backward, d Wgu +=
+ * xsᵀ · d[g | u], dxs = d[g | u] · Wguᵀ; then d w = dxs · x and dx += w ·
+ * dxs.  The products are tp_matmul_ex / tp_matmul_backward_ex with the bmm
+ * weight W [in, out] in the role of a Linear weight [out, in]. */
+static tp_status expert_backward_bmm(const tp_grouped_experts_args *a, const tp_grouped_experts_grads *g, int64_t e,
+                                     const int64_t *slots, int64_t n, float *scratch)
+{
+    int64_t H = a->H, k = a->k, I = inter_of(a);
+    float *xs = scratch, *gu = xs + n * H, *h = gu + n * 2 * I, *dyr = h + n * I;
+    float *dh = dyr + n * H, *dgu = dh + n * I, *dxs = dgu + n * 2 * I;
+    for (int64_t r = 0; r < n; r++) {
+        const float *xt = a->x + (slots[r] / k) * H;
+        float wt = a->scale_input ? a->weights[slots[r]] : 1.0f;
+        for (int64_t i = 0; i < H; i++) xs[r * H + i] = xt[i] * wt;
+        memcpy(dyr + r * H, g->dy + (slots[r] / k) * H, (size_t)H * sizeof(float));
+    }
+    tp_tensor wgu = expert_view(a->gate_up, e), wd = expert_view(a->down, e);
+    tp_status s = expert_matmul(a, gu, xs, n, &wgu);
+    for (int64_t r = 0; !s && r < n; r++) {
+        memcpy(h + r * I, gu + r * 2 * I, (size_t)I * sizeof(float));
+        tp_silu_mul(h + r * I, gu + r * 2 * I + I, I);
+    }
+    float *dwd = g->d_down ? g->d_down + e * H * I : NULL, *dwgu = g->d_gate_up ? g->d_gate_up + e * 2 * I * H : NULL;
+    if (!s && dwd) s = tp_matmul_backward_ex(NULL, dwd, NULL, h, dyr, n, &wd, a->pool, a->opts);
+    if (!s) s = tp_matmul_ex(dh, dyr, n, &wd, NULL, a->pool, a->opts);
+    if (s) return s;
+    memset(dgu, 0, (size_t)(n * 2 * I) * sizeof(float));
+    for (int64_t r = 0; r < n; r++)
+        tp_silu_mul_backward(dgu + r * 2 * I, dgu + r * 2 * I + I, dh + r * I, gu + r * 2 * I, gu + r * 2 * I + I, I);
+    if (dwgu && (s = tp_matmul_backward_ex(NULL, dwgu, NULL, xs, dgu, n, &wgu, a->pool, a->opts))) return s;
+    if ((s = tp_matmul_ex(dxs, dgu, n, &wgu, NULL, a->pool, a->opts))) return s;
+    for (int64_t r = 0; r < n; r++) {
+        const float *xt = a->x + (slots[r] / k) * H;
+        float *dx = g->dx + (slots[r] / k) * H, wt = a->scale_input ? a->weights[slots[r]] : 1.0f;
+        double dot = 0;
+        for (int64_t i = 0; i < H; i++) {
+            dot += (double)dxs[r * H + i] * xt[i];
+            dx[i] += wt * dxs[r * H + i];
+        }
+        g->dweights[slots[r]] = a->scale_input ? (float)dot : 0.0f;
+    }
+    return TP_OK;
+}
+
 tp_status tp_grouped_experts_backward(const tp_grouped_experts_args *a, const tp_grouped_experts_grads *g)
 {
-    int64_t E = a->gate_up->shape[0], n = a->T * a->k, H = a->H, I = a->gate_up->shape[1] / 2;
+    if (a->bmm != a->scale_input)
+        return tp_fail(TP_ERR_UNSUPPORTED, "grouped experts: the backward takes bmm-style experts with the input "
+                       "scaled (Llama 4) or linear-style ones with the output scaled, not a mix");
+    int64_t E = a->gate_up->shape[0], n = a->T * a->k, H = a->H, I = inter_of(a);
     int64_t *start = malloc((size_t)(E + 1) * sizeof *start), *order = malloc((size_t)(n ? n : 1) * sizeof *order);
     /* an expert has at most T rows (a token chooses it once) */
     float *scratch = malloc((size_t)(a->T ? a->T : 1) * (size_t)(4 * H + 8 * I) * sizeof(float));
@@ -141,7 +341,9 @@ tp_status tp_grouped_experts_backward(const tp_grouped_experts_args *a, const tp
     if (!s && start[E] < 0) s = tp_fail(TP_ERR_NOMEM, "out of memory routing %lld tokens", (long long)a->T);
     if (!s) memset(g->dweights, 0, (size_t)n * sizeof(float));
     for (int64_t e = 0; !s && e < E; e++)
-        if (start[e + 1] > start[e]) s = expert_backward(a, g, e, order + start[e], start[e + 1] - start[e], scratch);
+        if (start[e + 1] > start[e])
+            s = (a->bmm ? expert_backward_bmm : expert_backward)(a, g, e, order + start[e], start[e + 1] - start[e],
+                                                                 scratch);
     free(start);
     free(order);
     free(scratch);

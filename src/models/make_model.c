@@ -20,15 +20,22 @@ static double init_std(const tp_param_desc *p, const tp_make_options *o)
     if (strstr(p->name, "q_b_proj.weight") || strstr(p->name, "kv_b_proj.weight") ||
         strstr(p->name, "kv_a_proj_with_mqa.weight"))
         return o->qk_std;
-    if (o->router_std > 0 && (strstr(p->name, ".gate.weight") || strstr(p->name, ".mlp.router.weight")))
-        return o->router_std;   /* MoE routers */
+    /* MoE routers (Llama 4's feed_forward.router) */
+    if (o->router_std > 0 && (strstr(p->name, ".gate.weight") || strstr(p->name, ".router.weight")))
+        return o->router_std;
     return o->std;
+}
+
+static int64_t numel(const tp_param_desc *p)
+{
+    int64_t n = 1;
+    for (int i = 0; i < p->ndim; i++) n *= p->shape[i];
+    return n;
 }
 
 static tp_status fill_param(const tp_param_desc *p, size_t index, const tp_make_options *o, void **data)
 {
-    int64_t n = 1;
-    for (int d = 0; d < p->ndim; d++) n *= p->shape[d];
+    int64_t n = numel(p);
     float *f = malloc((size_t)n * sizeof(float));
     if (!f) return tp_fail(TP_ERR_NOMEM, "out of memory generating %s", p->name);
     tp_rng rng;
@@ -52,9 +59,7 @@ static tp_status fill_param(const tp_param_desc *p, size_t index, const tp_make_
 
 static uint64_t param_bytes(const tp_param_desc *p, tp_dtype dt)
 {
-    uint64_t n = 1;
-    for (int d = 0; d < p->ndim; d++) n *= (uint64_t)p->shape[d];
-    return n * tp_dtype_size(dt);
+    return (uint64_t)numel(p) * tp_dtype_size(dt);
 }
 
 static void shard_name(char *buf, size_t cap, int k, int K)

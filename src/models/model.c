@@ -94,7 +94,8 @@ static tp_status load_param(tp_checkpoint *ck, const tp_model_config *c, const t
         tp_status s = load_param(ck, c, param, sl, read_dt, read_dt);
         return s ? s : quantize_param(param->slot, param->name, param->shape[1], read_dt);
     }
-    if (param->module->type == TP_MT_EXPERTS && tp_moe_stored_per_expert(c))
+    /* gpt_oss's expert tensors are whole or split by expert only: read as any parameter */
+    if (param->module->type == TP_MT_EXPERTS && c->arch != TP_ARCH_GPT_OSS)
         return tp_moe_load_experts(ck, c, param, sl, dt);
     tp_param_desc stored = *param;
     const tp_param_desc *p = &stored;

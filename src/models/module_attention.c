@@ -105,6 +105,108 @@ static tp_status attend_sinks(tp_model *m, const qkv_acts *a, tp_kv_cache *cache
     return st;
 }
 
+/* ---- Llama 4 ---------------------------------------------------------------- */
+
+/* Llama4TextL2Norm: each head row x * rsqrt(mean(x²) + eps), no weight. */
+static void l2_norm_rows(float *x, int64_t rows, int64_t D, double eps)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        float *v = x + r * D, ss = 0.0f;
+        for (int64_t i = 0; i < D; i++) ss += v[i] * v[i];
+        float inv = 1.0f / sqrtf(ss / (float)D + (float)eps);
+        for (int64_t i = 0; i < D; i++) v[i] *= inv;
+    }
+}
+
+/* Llama 4's q and k: on RoPE layers the rotation of interleaved pairs (its
+ * complex product) and the L2 norm after it (use_qk_norm); on NoPE
+ * layers q times log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1
+ * (attn_temperature_tuning). */
+static float temperature(const tp_model_config *c, int64_t pos)
+{
+    return log1pf(floorf(((float)pos + 1.0f) / (float)c->floor_scale)) * (float)c->attn_scale + 1.0f;
+}
+
+/* sv (training): q and k after the rotation and before the L2 norm. */
+static tp_status llama4_qk(const tp_model *m, int64_t layer, float *q, float *k, int64_t T, int64_t pos0,
+                           int64_t nq, int64_t nkv, const float *rope, tp_train_acts *save, tp_saved_layer *sv)
+{
+    const tp_model_config *c = &m->cfg;
+    int64_t D = c->head_dim;
+    if (tp_config_layer_uses_rope(c, layer)) {
+        tp_rope_apply_mla(q, T * nq, nq, D, 0, D, rope, 1.0f, 1);
+        tp_rope_apply_mla(k, T * nkv, nkv, D, 0, D, rope, 1.0f, 1);
+        if (sv && c->l2_qk_norm &&
+            (!(sv->q_raw = tp_train_save(save, q, T * nq * D)) || !(sv->k_raw = tp_train_save(save, k, T * nkv * D))))
+            return TP_ERR_NOMEM;
+        if (c->l2_qk_norm) {
+            l2_norm_rows(q, T * nq, D, c->rms_norm_eps);
+            l2_norm_rows(k, T * nkv, D, c->rms_norm_eps);
+        }
+        return TP_OK;
+    }
+    if (!c->attn_temperature_tuning) return TP_OK;
+    for (int64_t t = 0; t < T; t++) {
+        float scale = temperature(c, pos0 + t);
+        for (int64_t i = 0; i < nq * D; i++) q[t * nq * D + i] *= scale;
+    }
+    return TP_OK;
+}
+
+/* The backward of l2_norm_rows, in place: d (the output's gradient)
+ * becomes the input's, x the input: dx = r·dy − x·r³·(dy·x)/D. */
+static void l2_norm_backward(float *d, const float *x, int64_t rows, int64_t D, double eps)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *v = x + r * D;
+        float *g = d + r * D, ss = 0.0f, dot = 0.0f;
+        for (int64_t i = 0; i < D; i++) ss += v[i] * v[i], dot += g[i] * v[i];
+        float inv = 1.0f / sqrtf(ss / (float)D + (float)eps), c = inv * inv * inv * dot / (float)D;
+        for (int64_t i = 0; i < D; i++) g[i] = inv * g[i] - v[i] * c;
+    }
+}
+
+/* The backward of the interleaved rotation, in place: each pair turned
+ * back by its angle. */
+static void rope_interleaved_backward(float *d, int64_t T, int64_t heads, int64_t D, const float *table)
+{
+    int64_t half = D / 2;
+    for (int64_t t = 0; t < T; t++) {
+        const float *c = table + t * D, *s = c + half;
+        for (int64_t h = 0; h < heads; h++) {
+            float *v = d + (t * heads + h) * D;
+            for (int64_t i = 0; i < half; i++) {
+                float a = v[2 * i], b = v[2 * i + 1];
+                v[2 * i] = a * c[i] + b * s[i];
+                v[2 * i + 1] = b * c[i] - a * s[i];
+            }
+        }
+    }
+}
+
+/* From the gradients of q and k as attention read them to those of the
+ * projections' outputs: the L2 norm and the rotation, or the temperature. */
+static void llama4_qk_backward(const tp_model *m, int64_t layer, const tp_saved_layer *sv, float *dq, float *dk,
+                               int64_t T, const float *rope)
+{
+    const tp_model_config *c = &m->cfg;
+    int64_t D = c->head_dim, nq = sv->nq, nkv = sv->nkv;
+    if (tp_config_layer_uses_rope(c, layer)) {
+        if (c->l2_qk_norm) {
+            l2_norm_backward(dq, sv->q_raw, T * nq, D, c->rms_norm_eps);
+            l2_norm_backward(dk, sv->k_raw, T * nkv, D, c->rms_norm_eps);
+        }
+        rope_interleaved_backward(dq, T, nq, D, rope);
+        rope_interleaved_backward(dk, T, nkv, D, rope);
+        return;
+    }
+    if (!c->attn_temperature_tuning) return;
+    for (int64_t t = 0; t < T; t++) {
+        float scale = temperature(c, t);   /* a training forward starts at position 0 */
+        for (int64_t i = 0; i < nq * D; i++) dq[t * nq * D + i] *= scale;
+    }
+}
+
 /* ---- training: what the backward reads ---------------------------------- */
 
 static tp_status save_raw(tp_train_acts *s, tp_saved_layer *sv, const tp_layer_modules *L, const qkv_acts *a,
@@ -164,9 +266,14 @@ static tp_status attention_forward(tp_model *m, const tp_module *mod, tp_forward
             tp_par_rmsnorm(m, a.q.data, a.q.data, tp_module_weight(&m->modules[L->q_norm]), T * nq, D);
             tp_par_rmsnorm(m, a.k.data, a.k.data, tp_module_weight(&m->modules[L->k_norm]), T * nkv, D);
         }
-        tp_par_rope(m, a.q.data, T, nq, D, sc->rope);
-        tp_par_rope(m, a.k.data, T, nkv, D, sc->rope);
+        if (c->llama4) {
+            st = llama4_qk(m, layer, a.q.data, a.k.data, T, pos0, nq, nkv, sc->rope, f->save, sv);
+        } else {
+            tp_par_rope(m, a.q.data, T, nq, D, sc->rope);
+            tp_par_rope(m, a.k.data, T, nkv, D, sc->rope);
+        }
         size_t row = (size_t)(nkv * D);
+        if (st) { qkv_release(m, &a); return st; }
         memcpy(cache->k[layer] + (size_t)pos0 * row, a.k.data, (size_t)T * row * sizeof(float));
         memcpy(cache->v[layer] + (size_t)pos0 * row, a.v.data, (size_t)T * row * sizeof(float));
         if (sv) st = attend_train(m, f->save, sv, &a, cache, layer, sc->attn, T, pos0, sinks);
@@ -211,12 +318,13 @@ static tp_status head_norm_backward(tp_model *m, const tp_module *norm, float *d
 /* From the gradient of the attention output to those of q, k and v as the
  * projections gave them: attention, rope and (Qwen3) the q/k norms. */
 static tp_status core_backward(tp_model *m, const tp_layer_modules *L, const tp_saved_layer *sv,
-                               const float *rope, int64_t T, attn_grads *g)
+                               const float *rope, int64_t T, attn_grads *g, int64_t layer)
 {
     int64_t D = m->cfg.head_dim, nq = sv->nq, nkv = sv->nkv;
     tp_status st = tp_attention_backward(g->dq, g->dk, g->dv, g->dattn, sv->q, sv->k, sv->v, sv->attn, sv->lse, T,
-                                         0, nq, nkv, D, tp_config_layer_window(&m->cfg, m->modules[L->layer].layer), m->pool);
+                                         0, nq, nkv, D, tp_config_layer_window(&m->cfg, layer), m->pool);
     if (st) return st;
+    if (m->cfg.llama4) { llama4_qk_backward(m, layer, sv, g->dq, g->dk, T, rope); return TP_OK; }
     tp_rope_backward(g->dq, T, nq, D, rope);
     tp_rope_backward(g->dk, T, nkv, D, rope);
     if (L->q_norm < 0) return TP_OK;
@@ -276,7 +384,7 @@ static tp_status attention_backward(tp_model *m, const tp_module *mod, tp_backwa
                                             g.dattn);
     if (have) tp_dtensor_release(&gy);
     if (!st && m->cfg.arch == TP_ARCH_GPT_OSS) st = sinks_backward(m, mod, sv, g.dattn, T);
-    if (!st) st = core_backward(m, L, sv, b->saved->rope, T, &g);
+    if (!st) st = core_backward(m, L, sv, b->saved->rope, T, &g, mod->layer);
     if (!st) {
         memset(b->dh, 0, (size_t)(T * m->cfg.hidden_size) * sizeof(float));
         st = tp_module_linear_backward(m, &m->modules[L->q_proj], g.dq, sv->h_attn, T, b->dh);

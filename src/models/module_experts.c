@@ -19,12 +19,6 @@ static const tp_module_param *gate_up(const tp_module *experts) { return &expert
  * gate_up_proj, gate_up_proj_bias, down_proj, down_proj_bias). */
 static int oss(const tp_model *m) { return m->cfg.arch == TP_ARCH_GPT_OSS; }
 
-int64_t tp_moe_expert_width(const tp_model *m, const tp_module *experts)
-{
-    const tp_tensor *gu = &gate_up(experts)->local;
-    return (oss(m) ? gu->shape[2] : gu->shape[1]) / 2;
-}
-
 static tp_oss_experts_args oss_args(tp_model *m, const tp_module *mod, float *out, const float *x, int64_t T,
                                     int64_t k, const int32_t *ids, const float *w)
 {
@@ -47,20 +41,33 @@ static int split(const tp_module *experts)
     return 0;
 }
 
+int64_t tp_moe_experts_width(const tp_model *m, const tp_module *experts)
+{
+    const tp_tensor *gu = &gate_up(experts)->local;
+    return (m->cfg.llama4 || oss(m) ? gu->shape[2] : gu->shape[1]) / 2;
+}
+
 /* f->sc.h [T, H] and the routing in f->moe_ids / moe_w -> f->pending. */
 static tp_status experts_forward(tp_model *m, const tp_module *mod, tp_forward_pass *f)
 {
-    int64_t T = f->T, H = m->cfg.hidden_size, I = tp_moe_expert_width(m, mod);
+    int64_t T = f->T, H = m->cfg.hidden_size, I = tp_moe_experts_width(m, mod);
     float *out = tp_act_alloc(m, T * H), *scratch = tp_act_alloc(m, tp_grouped_experts_scratch(T, H, I));
     if (!out || !scratch) return tp_fail(TP_ERR_NOMEM, "out of memory for the experts of %lld tokens", (long long)T);
     tp_grouped_experts_args a = {out, f->sc.h, T, H, f->moe_k, f->moe_ids, f->moe_w, &gate_up(mod)->local,
-                                 &mod->params[1].local, m->pool, &m->matmul};
+                                 &mod->params[1].local, m->pool, &m->matmul, m->cfg.llama4, m->cfg.llama4};
     tp_oss_experts_args b = oss_args(m, mod, out, f->sc.h, T, f->moe_k, f->moe_ids, f->moe_w);
     tp_status st = oss(m) ? tp_oss_experts(&b, scratch) : tp_grouped_experts(&a, scratch);
     tp_act_free(m, scratch);
     if (st) { tp_act_free(m, out); return st; }
     tp_act y = {out, T, H, H, split(mod) ? tp_partial() : tp_replicate()};
-    if (y.pl.kind == TP_PARTIAL) {
+    /* §10.6: Llama 4's experts carry no container rule and sum their own
+     * partial output (TP: over slices of I; EP: over each rank's experts). */
+    if (y.pl.kind == TP_PARTIAL && m->cfg.llama4 && !tp_module_block(m, mod)) {
+        int64_t shape[2] = {T, H};
+        st = tp_sum_partial(m, 2, shape, out);
+        if (!st) y.pl = tp_replicate();
+    }
+    if (!st && y.pl.kind == TP_PARTIAL) {
         if (!tp_module_block(m, mod))
             st = tp_fail(TP_ERR_INVALID, "%s: its experts are split, but no rule (moe_tp_experts) sums their "
                          "outputs", mod->name);
@@ -88,7 +95,9 @@ tp_status tp_moe_experts_backward(tp_model *m, const tp_module *mod, const tp_mo
     tp_dtensor gy;
     int have = 0;
     const tp_module_plan *block = split(mod) ? tp_module_block(m, mod) : NULL;
-    if (split(mod) && !block)
+    /* §10.6: Llama 4's experts sum their own partial gradients */
+    int sum = block || (split(mod) && m->cfg.llama4);
+    if (split(mod) && !sum)
         return tp_fail(TP_ERR_INVALID, "%s: its experts are split, but no rule (moe_tp_experts) sums their "
                        "gradients", mod->name);
     tp_status st = tp_module_block_output_backward(m, block, dy, T, H, &gy, &have);
@@ -98,7 +107,7 @@ tp_status tp_moe_experts_backward(tp_model *m, const tp_module *mod, const tp_mo
     if (!st) st = tp_module_grad(m, mod, 0, &g.d_gate_up);
     if (!st && !oss(m)) st = tp_module_grad(m, mod, 1, &g.d_down);
     tp_grouped_experts_args a = {NULL, x, T, H, k, r->ids, r->w, &gate_up(mod)->local, &mod->params[1].local,
-                                 m->pool, &m->matmul};
+                                 m->pool, &m->matmul, m->cfg.llama4, m->cfg.llama4};
     if (!st && oss(m)) {
         tp_oss_experts_args b = oss_args(m, mod, NULL, x, T, k, r->ids, r->w);
         tp_oss_experts_grads og = {g.dy, g.dx, g.dweights, g.d_gate_up, NULL, NULL, NULL};
@@ -113,7 +122,7 @@ tp_status tp_moe_experts_backward(tp_model *m, const tp_module *mod, const tp_mo
     /* [dx | dw] side by side per token would need a strided copy; the sum
      * runs on the two blocks laid end to end as [T, H + k] rows instead —
      * an element-wise sum, so any shape of the same size is the same sum. */
-    if (!st && block) st = sum_partials(m, buf, T, H + k);
+    if (!st && sum) st = sum_partials(m, buf, T, H + k);
     if (!st) {
         for (int64_t i = 0; i < T * H; i++) dx[i] += buf[i];
         memcpy(dw, buf + T * H, (size_t)(T * k) * sizeof(float));

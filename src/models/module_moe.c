@@ -1,5 +1,7 @@
 /* A sparse MoE block (qwen3_moe's Qwen3MoeSparseMoeBlock, Mixtral's
- * MixtralSparseMoeBlock) in place of a layer's MLP: the router `gate`
+ * MixtralSparseMoeBlock, DeepSeek's, Llama 4's Llama4TextMoe with its
+ * sigmoid `router`, input-scaled experts and `shared_expert`) in place of
+ * a layer's MLP: the router `gate`
  * (replicated: every rank routes every token alike), its top-k choice
  * (moe_router.c), under expert parallelism ep_router's remap to this
  * rank's experts (§2.18), then the experts (module_experts.c), whose output
@@ -16,7 +18,7 @@ int64_t tp_moe_block_bound(const tp_model *m, const tp_module *moe)
 {
     const tp_layer_modules *L = &m->layers[moe->layer];
     const tp_module *experts = &m->modules[L->experts];
-    int64_t H = m->cfg.hidden_size, I = tp_moe_expert_width(m, experts);
+    int64_t H = m->cfg.hidden_size, I = tp_moe_experts_width(m, experts);
     /* logits; the output and the copy its all-reduce may make; the
      * kernel's scratch; a row of the stream for the norm */
     /* DeepSeek's shared experts beside the routed output: gate and up, the
@@ -50,6 +52,8 @@ static tp_status route(tp_model *m, const tp_module *mod, tp_forward_pass *f, in
                                 &m->matmul);
     if (!st && m->cfg.arch == TP_ARCH_GPT_OSS)
         tp_moe_route_topk_softmax(logits, T, E, k, ids, w);
+    else if (!st && m->cfg.llama4)
+        tp_moe_route_llama4(logits, T, E, k, ids, w);
     else if (!st && m->cfg.mla)
         st = tp_moe_route_deepseek(&m->cfg, logits, T, gate->n_params > 1 ? gate->params[1].local.data : NULL, ids, w);
     else if (!st)
@@ -152,6 +156,81 @@ static tp_status reroute(tp_model *m, const tp_module *mod, const float *x, int6
     return TP_OK;
 }
 
+/* ---- Llama 4 (Llama4TextMoe) ---------------------------------------------- */
+
+/* The shared expert's backward from the block input x and the block
+ * output's gradient dy (replicated): its gate and up recomputed through
+ * their styles, then down_proj, SwiGLU, gate and up, whose input
+ * gradients (colwise: summed by their styles) are added into dh. */
+static tp_status shared_expert_backward(tp_model *m, const tp_layer_modules *L, const float *x, const float *dy,
+                                        int64_t T, float *dh)
+{
+    int64_t H = m->cfg.hidden_size;
+    tp_act gu[2];
+    const tp_module *lins[2] = {&m->modules[L->shared_gate], &m->modules[L->shared_up]};
+    tp_status st = tp_module_linear_group(m, lins, 2, x, T, H, gu);
+    if (st) return st;
+    int64_t n = T * gu[0].width;
+    float *act = malloc((size_t)n * sizeof(float)), *dact = calloc((size_t)n, sizeof(float));
+    float *dg = calloc((size_t)n, sizeof(float)), *du = calloc((size_t)n, sizeof(float));
+    if (!act || !dact || !dg || !du) st = tp_fail(TP_ERR_NOMEM, "out of memory for the shared expert's backward");
+    if (!st) {
+        memcpy(act, gu[0].data, (size_t)n * sizeof(float));
+        tp_silu_mul(act, gu[1].data, n);
+        st = tp_module_linear_backward(m, &m->modules[L->shared_down], dy, act, T, dact);
+    }
+    if (!st) {
+        tp_silu_mul_backward(dg, du, dact, gu[0].data, gu[1].data, n);
+        st = tp_module_linear_backward(m, &m->modules[L->shared_gate], dg, x, T, dh);
+    }
+    if (!st) st = tp_module_linear_backward(m, &m->modules[L->shared_up], du, x, T, dh);
+    free(act); free(dact); free(dg); free(du);
+    tp_act_release(m, &gu[1]);
+    tp_act_release(m, &gu[0]);
+    return st;
+}
+
+/* Llama 4's block backward: the routing again from the saved input, the
+ * experts (their input scaled by the sigmoid scores: the score gradient
+ * comes from the experts' input gradient, summed over the ranks with it),
+ * the sigmoid of the chosen logits (the others' scores are constant 0),
+ * the router Linear and the shared expert; every input gradient into dh. */
+static tp_status llama4_moe_backward(tp_model *m, const tp_module *mod, tp_backward_pass *b)
+{
+    const tp_layer_modules *L = &m->layers[mod->layer];
+    const float *x = b->saved->layers[mod->layer].h_mlp;
+    int64_t T = b->T, E = m->cfg.num_experts, k = m->cfg.num_experts_per_tok;
+    moe_bwd r = {0};
+    r.logits = malloc((size_t)(T * E) * sizeof(float));
+    r.dlogits = calloc((size_t)(T * E), sizeof(float));
+    r.w = malloc((size_t)(T * k) * sizeof(float));
+    r.lw = malloc((size_t)(T * k) * sizeof(float));
+    r.dw = malloc((size_t)(T * k) * sizeof(float));
+    r.ids = malloc((size_t)(T * k) * sizeof(int32_t));
+    r.lids = malloc((size_t)(T * k) * sizeof(int32_t));
+    tp_status st = r.logits && r.dlogits && r.w && r.lw && r.dw && r.ids && r.lids
+                       ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory routing %lld tokens", (long long)T);
+    if (!st) st = tp_matmul_ex(r.logits, x, T, tp_module_weight(&m->modules[L->router]), NULL, m->pool, &m->matmul);
+    if (!st) {
+        tp_moe_route_llama4(r.logits, T, E, k, r.ids, r.w);
+        memcpy(r.lids, r.ids, (size_t)(T * k) * sizeof(int32_t));
+        memcpy(r.lw, r.w, (size_t)(T * k) * sizeof(float));
+        if (tp_moe_expert_parallel(m, &m->modules[L->experts]))
+            tp_ep_router_remap(r.lids, r.lw, T, k, E, m->tp->rank, m->tp->size);
+        memset(b->dh, 0, (size_t)(T * m->cfg.hidden_size) * sizeof(float));
+        tp_moe_routing view = {r.lids, r.lw, k};
+        st = tp_moe_experts_backward(m, &m->modules[L->experts], &view, x, b->dx, T, b->dh, r.dw);
+    }
+    if (!st) {
+        for (int64_t i = 0; i < T * k; i++)
+            r.dlogits[(i / k) * E + r.ids[i]] += r.dw[i] * r.w[i] * (1.0f - r.w[i]);
+        st = tp_module_linear_backward(m, &m->modules[L->router], r.dlogits, x, T, b->dh);
+    }
+    if (!st) st = shared_expert_backward(m, L, x, b->dx, T, b->dh);
+    moe_bwd_free(&r);
+    return st;
+}
+
 /* b->dx, the gradient of the block's output: through the experts (their
  * weights, their input, the slots' weights; summed over the ranks), the
  * router's top-k and softmax, and the router Linear, whose input gradient
@@ -162,6 +241,7 @@ static tp_status moe_backward(tp_model *m, const tp_module *mod, tp_backward_pas
 {
     /* DeepSeek's router and shared experts have no backward yet (its
      * attention refuses training first; this says so should it not). */
+    if (m->cfg.llama4) return llama4_moe_backward(m, mod, b);
     if (m->cfg.mla)
         return tp_fail(TP_ERR_UNSUPPORTED, "%s: training %s's MoE blocks is not supported yet", mod->name,
                        m->cfg.model_type);

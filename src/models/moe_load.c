@@ -37,7 +37,8 @@ void tp_checkpoint_name_of(const tp_model_config *c, const char *param, char *ou
 
 int tp_moe_stored_per_expert(const tp_model_config *c)
 {
-    return c->arch != TP_ARCH_GPT_OSS;   /* gpt_oss stores the 3-D tensors themselves */
+    /* gpt_oss and Llama 4 store the 3-D tensors themselves */
+    return c->arch != TP_ARCH_GPT_OSS && !c->llama4;
 }
 
 /* Appends the stored tensors of one model parameter to d (room assumed). */
@@ -122,9 +123,36 @@ static tp_status read_down(tp_checkpoint *ck, const tp_model_config *c, int64_t 
     return tp_checkpoint_read_slice(ck, name, 1, sl->start[0], sl->len[0], dt, dst);
 }
 
+/* Llama 4 stores its experts stacked, as the model holds them: this
+ * rank's ranges along sl->dim, each read on its own (only its bytes) and
+ * put at its place in every row of the dimensions before it. */
+static tp_status load_stacked(tp_checkpoint *ck, const tp_param_desc *p, const tp_param_slice *sl, tp_dtype dt)
+{
+    tp_status s = tp_checkpoint_expect_weight(ck, p->name, p->ndim, p->shape);
+    if (!s) s = tp_tensor_init(p->slot, dt, sl->ndim, sl->local_shape);
+    if (s || sl->dim < 0) return s ? s : tp_checkpoint_read(ck, p->name, dt, p->slot->data);
+    int d = sl->dim;
+    size_t es = tp_dtype_size(dt), outer = 1, inner = 1, off = 0, local = (size_t)sl->local_shape[d];
+    for (int i = 0; i < d; i++) outer *= (size_t)p->shape[i];
+    for (int i = d + 1; i < p->ndim; i++) inner *= (size_t)p->shape[i];
+    for (int i = 0; i < sl->n && !s; i++) {
+        size_t len = (size_t)sl->len[i];
+        char *tmp = malloc(outer * len * inner * es + 1);
+        if (!tmp) return tp_fail(TP_ERR_NOMEM, "out of memory reading %s", p->name);
+        s = tp_checkpoint_read_slice(ck, p->name, d, sl->start[i], sl->len[i], dt, tmp);
+        for (size_t o = 0; !s && o < outer; o++)
+            memcpy((char *)p->slot->data + ((o * local + off) * inner) * es, tmp + o * len * inner * es,
+                   len * inner * es);
+        free(tmp);
+        off += len;
+    }
+    return s;
+}
+
 tp_status tp_moe_load_experts(tp_checkpoint *ck, const tp_model_config *c, const tp_param_desc *p,
                               const tp_param_slice *sl, tp_dtype dt)
 {
+    if (c->llama4) return load_stacked(ck, p, sl, dt);
     if (sl->dim == 2 && sl->n != 1)
         return tp_fail(TP_ERR_UNSUPPORTED, "%s: a split of the inner dimension into %d ranges", p->name, sl->n);
     tp_status s = tp_tensor_init(p->slot, dt, sl->ndim, sl->local_shape);

@@ -45,6 +45,23 @@ void tp_moe_route(float *logits, int64_t T, int64_t E, int64_t k, int renorm, in
     }
 }
 
+void tp_moe_route_llama4(const float *logits, int64_t T, int64_t E, int64_t k, int32_t *ids, float *w)
+{
+    for (int64_t t = 0; t < T; t++) {
+        const float *z = logits + t * E;
+        for (int64_t j = 0; j < k; j++) {
+            int64_t best = -1;
+            for (int64_t e = 0; e < E; e++) {
+                int taken = 0;
+                for (int64_t i = 0; i < j && !taken; i++) taken = ids[t * k + i] == e;
+                if (!taken && (best < 0 || z[e] > z[best])) best = e;
+            }
+            ids[t * k + j] = (int32_t)best;
+            w[t * k + j] = 1.0f / (1.0f + expf(-z[best]));
+        }
+    }
+}
+
 /* ---- DeepSeek (DeepseekV2Moe.route_tokens_to_experts, DeepseekV3TopkRouter) ----
  * torch.topk's order within the k does not matter: the experts' sum is
  * over the chosen set. */

@@ -132,10 +132,13 @@ static tp_status add_attention(table *t, const tp_model_config *c, tp_layer_modu
     return TP_OK;
 }
 
+/* The feed-forward block's name: Llama 4 calls it feed_forward. */
+static const char *ffn_name(const tp_model_config *c) { return c->llama4 ? "feed_forward" : "mlp"; }
+
 static tp_status add_mlp(table *t, const tp_model_config *c, tp_layer_modules *L, int64_t l)
 {
-    int64_t H = c->hidden_size, I = c->intermediate_size;
-    tp_status s = add_module(t, L->layer, TP_MT_MLP, l, &L->mlp, "mlp");
+    int64_t H = c->hidden_size, I = c->llama4 ? c->intermediate_size_mlp : c->intermediate_size;
+    tp_status s = add_module(t, L->layer, TP_MT_MLP, l, &L->mlp, ffn_name(c));
     if (!s) s = add_linear(t, L->mlp, l, 0, I, H, &L->gate_proj, "gate_proj");
     if (!s) s = add_linear(t, L->mlp, l, 0, I, H, &L->up_proj, "up_proj");
     if (!s) s = add_linear(t, L->mlp, l, 0, H, I, &L->down_proj, "down_proj");
@@ -186,6 +189,24 @@ static tp_status add_gpt_oss_moe(table *t, const tp_model_config *c, tp_layer_mo
     return s;
 }
 
+/* Llama 4's feed_forward in Llama4TextMoe's order: the bmm-style experts
+ * (gate_up_proj [E, H, 2I] used as x @ W, down_proj [E, I, H]), the
+ * router [E, H] and the shared expert, a dense MLP of width I. */
+static tp_status add_llama4_moe(table *t, const tp_model_config *c, tp_layer_modules *L, int64_t l)
+{
+    int64_t H = c->hidden_size, I = c->moe_intermediate_size, E = c->num_experts;
+    tp_status s = add_module(t, L->layer, TP_MT_MOE, l, &L->mlp, "feed_forward");
+    if (!s) s = add_module(t, L->mlp, TP_MT_EXPERTS, l, &L->experts, "experts");
+    if (!s) s = tp_module_add_param(&t->v[L->experts], "gate_up_proj", TP_PARAM_WEIGHT, 3, (int64_t[3]){E, H, 2 * I});
+    if (!s) s = tp_module_add_param(&t->v[L->experts], "down_proj", TP_PARAM_WEIGHT, 3, (int64_t[3]){E, I, H});
+    if (!s) s = add_linear(t, L->mlp, l, 0, E, H, &L->router, "router");
+    if (!s) s = add_module(t, L->mlp, TP_MT_MLP, l, &L->shared_experts, "shared_expert");
+    if (!s) s = add_linear(t, L->shared_experts, l, 0, I, H, &L->shared_gate, "gate_proj");
+    if (!s) s = add_linear(t, L->shared_experts, l, 0, I, H, &L->shared_up, "up_proj");
+    if (!s) s = add_linear(t, L->shared_experts, l, 0, H, I, &L->shared_down, "down_proj");
+    return s;
+}
+
 /* model.layers.l: input_layernorm, self_attn, post_attention_layernorm,
  * mlp — the order of the checkpoint's tensors and of the forward pass. */
 static tp_status add_layer(table *t, const tp_model_config *c, int model, int64_t l, tp_layer_modules *L)
@@ -198,7 +219,8 @@ static tp_status add_layer(table *t, const tp_model_config *c, int model, int64_
     if (!s) s = add_attention(t, c, L, l);
     if (!s) s = add_norm(t, L->layer, l, c->hidden_size, &L->post_attention_layernorm, "post_attention_layernorm");
     if (!s && c->arch == TP_ARCH_GPT_OSS) s = add_gpt_oss_moe(t, c, L, l);
-    else if (!s) s = tp_config_layer_is_sparse(c, l) ? add_moe(t, c, L, l) : add_mlp(t, c, L, l);
+    else if (!s) s = !tp_config_layer_is_sparse(c, l) ? add_mlp(t, c, L, l)
+                    : c->llama4 ? add_llama4_moe(t, c, L, l) : add_moe(t, c, L, l);
     return s;
 }
 

@@ -35,6 +35,10 @@ static const preset presets[] = {
     /* openai/gpt-oss-20b as published, its experts dequantized to bf16 (use with --set num_hidden_layers=2) */
     {"gpt-oss-20b", 2880, 2880, 24, 64, 8, 64, 201088, 131072, 1e-5, 150000.0, 0, 0, TP_BF16, -1, 200002, 32, 4,
      2880},
+    /* meta-llama/Llama-4-Scout-17B-16E's text_config (use with --set num_hidden_layers=2; the Llama 4 keys in
+     * set_llama4) */
+    {"llama-4-scout", 5120, 8192, 48, 40, 8, 128, 202048, 262144, 1e-5, 500000.0, 0, 0, TP_BF16, 200000, 200001,
+     16, 1, 8192},
 };
 
 /* gpt_oss: attention biases, sinks, alternating sliding / full layers,
@@ -58,6 +62,42 @@ static void set_gpt_oss(tp_model_config *c, const preset *p)
                                         .original_max_position_embeddings = 4096, .yarn_factor = 32.0,
                                         .yarn_original = 4096, .yarn_truncate = 0};
     if (real) c->rope_theta = 150000.0;
+}
+
+/* Llama 4's keys: Llama-4-Scout-17B-16E's (every layer MoE, every fourth
+ * NoPE, chunks of 8192, llama3 rope factor 8 over 8192 positions), or for
+ * the other shapes three layers — 0 dense with RoPE, 1 MoE with RoPE, 2
+ * MoE without — 4 experts top-1 of the dense width, chunks of 8 positions
+ * and a temperature floor of 4, so that short test prompts reach every
+ * path. */
+static void set_llama4(tp_model_config *c, const preset *p)
+{
+    int real = p->experts > 0;
+    c->llama4 = 1;
+    c->num_experts = real ? p->experts : 4;
+    c->num_experts_per_tok = real ? p->top_k : 1;
+    c->moe_intermediate_size = c->intermediate_size;
+    c->intermediate_size_mlp = real ? 16384 : c->intermediate_size * 2;
+    c->interleave_moe_layer_step = 1;
+    c->no_rope_layer_interval = 4;
+    c->l2_qk_norm = 1;
+    c->attn_temperature_tuning = 1;
+    c->attn_scale = 0.1;
+    c->floor_scale = real ? 8192 : 4;
+    c->attention_chunk_size = real ? 8192 : 8;
+    if (!real) c->num_hidden_layers = 3;
+    c->n_moe_layers = c->n_rope_layers = (int)c->num_hidden_layers;
+    for (int64_t l = 0; l < c->num_hidden_layers; l++) {
+        c->moe_layer[l] = real || l > 0;
+        c->rope_layer[l] = real ? (l + 1) % 4 != 0 : l < 2;
+    }
+    if (real) {
+        c->eos_token_ids[1] = 200007, c->eos_token_ids[2] = 200008, c->n_eos = 3;
+        tp_rope_scaling *rs = &c->rope_scaling;
+        rs->kind = TP_ROPE_LLAMA3;
+        rs->factor = 8.0, rs->low_freq_factor = 1.0, rs->high_freq_factor = 4.0;
+        rs->original_max_position_embeddings = 8192;
+    }
 }
 
 /* The multi-head latent attention and MoE blocks of a deepseek_v2 /
@@ -121,7 +161,7 @@ tp_status tp_preset_config(tp_model_config *c, tp_arch arch, const char *name)
         if (!strcmp(presets[i].name, name)) p = &presets[i];
     if (!p)
         return tp_fail(TP_ERR_INVALID, "unknown preset '%s' (presets: tiny, small, qwen3-0.6b, llama-3.2-1b, llama-3-8b, "
-                       "qwen3-30b-a3b, mixtral-8x7b, deepseek-v2-lite, deepseek-v3, gpt-oss-20b)", name);
+                       "qwen3-30b-a3b, mixtral-8x7b, deepseek-v2-lite, deepseek-v3, llama-4-scout, gpt-oss-20b)", name);
     memset(c, 0, sizeof *c);
     c->arch = arch;
     snprintf(c->model_type, sizeof c->model_type, "%s", tp_arch_name(arch));
@@ -145,6 +185,7 @@ tp_status tp_preset_config(tp_model_config *c, tp_arch arch, const char *name)
     if (arch == TP_ARCH_QWEN3_MOE || arch == TP_ARCH_MIXTRAL) set_moe(c, p);
     if (arch == TP_ARCH_DEEPSEEK_V2 || arch == TP_ARCH_DEEPSEEK_V3) set_mla(c, p);
     if (arch == TP_ARCH_GPT_OSS) set_gpt_oss(c, p);
+    if (arch == TP_ARCH_LLAMA4_TEXT) set_llama4(c, p);
     if (p->llama3_rope) {
         c->rope_scaling.kind = TP_ROPE_LLAMA3;
         c->rope_scaling.factor = 32.0;

@@ -91,7 +91,7 @@ size_t tp_moe_save_tensors(const tp_model *m, const tp_module *experts, tp_dtype
 /* Reads this rank's slice sl of an expert tensor p (gate_up_proj or
  * down_proj) from the per-expert tensors of the checkpoint into p->slot. */
 /* 1 when the checkpoint stores an experts module as per-expert tensors
- * (qwen3_moe, mixtral, deepseek); 0 for gpt_oss, whose checkpoint holds
+ * (qwen3_moe, mixtral, deepseek); 0 for gpt_oss and llama4_text, whose checkpoints hold
  * the 3-D tensors as the model does (loaded and saved as any parameter). */
 int tp_moe_stored_per_expert(const tp_model_config *c);
 tp_status tp_moe_load_experts(tp_checkpoint *ck, const tp_model_config *c, const tp_param_desc *p,
@@ -123,9 +123,6 @@ tp_status tp_moe_route_deepseek(const tp_model_config *c, float *logits, int64_t
  * (overwritten) those of the router's logits. */
 void tp_moe_route_backward(const float *logits, int64_t T, int64_t E, int64_t k, int renorm, const int32_t *ids,
                            const float *dw, float *dlogits);
-/* The width I of each expert as this rank holds it (gate_up_proj's
- * [E, 2I, H], or gpt_oss's [E, H, 2I]). */
-int64_t tp_moe_expert_width(const tp_model *m, const tp_module *experts);
 /* gpt_oss's routing (GptOssTopKRouter) from the logits [T, E] of the
  * router Linear (with its bias): the k largest logits, softmaxed over those
  * k; and its backward, dlogits [T, E] overwritten (k <= 256). */
@@ -148,6 +145,12 @@ tp_status tp_moe_experts_backward(tp_model *m, const tp_module *experts, const t
 /* 1 when the experts of this sparse block are split on the expert
  * dimension (grouped_gemm): each rank holds whole experts. */
 int tp_moe_expert_parallel(const tp_model *m, const tp_module *experts);
+/* The intermediate width I of this rank's expert tensors (either layout). */
+int64_t tp_moe_experts_width(const tp_model *m, const tp_module *experts);
+/* Llama 4's routing (Llama4Router) of T tokens from the logits [T, E]: the
+ * k largest logits (ties: the lower id), each weight the sigmoid of its
+ * logit (the other experts' sigmoid(-inf) = 0 leave them out). */
+void tp_moe_route_llama4(const float *logits, int64_t T, int64_t E, int64_t k, int32_t *ids, float *w);
 /* Floats per token a sparse block's forward takes from the arena. */
 int64_t tp_moe_block_bound(const tp_model *m, const tp_module *moe);
 

@@ -18,8 +18,10 @@ static size_t bound_floats(const tp_model *m, int64_t T)
 {
     const tp_model_config *c = &m->cfg;
     int64_t H = c->hidden_size, D = c->head_dim, nq = c->num_attention_heads, nkv = c->num_key_value_heads;
-    int64_t layer = 4 * H + (nq + 2 * nkv) * D + nq * D + nq + 3 * c->intermediate_size;
-    if (c->qk_norm) layer += (nq + nkv) * D;
+    int64_t I = c->llama4 && c->intermediate_size_mlp > c->intermediate_size ? c->intermediate_size_mlp
+                                                                             : c->intermediate_size;
+    int64_t layer = 4 * H + (nq + 2 * nkv) * D + nq * D + nq + 3 * I;
+    if (c->qk_norm || c->llama4) layer += (nq + nkv) * D;   /* q, k before their norms */
     /* Gradient checkpointing keeps each layer's input and one layer's
      * working set (module_container.c). */
     if (m->gradient_checkpointing) return (size_t)(T * (2 * H * c->num_hidden_layers + layer + 2 * H + D));

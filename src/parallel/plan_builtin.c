@@ -74,6 +74,33 @@ static const rule deepseek_v3_plan[] = {
     {"layers.*.mlp.down_proj", "rowwise"}, {NULL, NULL},
 };
 
+/* §7.6: llama4 (text model).  The bmm-style experts split I: gate_up_proj
+ * [E, H, 2I] on its packed last dimension, down_proj [E, I, H] on dim 1;
+ * no rule on the container, whose module sums its own output (§10.6). */
+static const rule llama4_plan[] = {
+    {"layers.*.self_attn.q_proj", "colwise"}, {"layers.*.self_attn.k_proj", "colwise"},
+    {"layers.*.self_attn.v_proj", "colwise"}, {"layers.*.self_attn.o_proj", "rowwise"},
+    {"layers.*.feed_forward.shared_expert.gate_proj", "colwise"},
+    {"layers.*.feed_forward.shared_expert.up_proj", "colwise"},
+    {"layers.*.feed_forward.shared_expert.down_proj", "rowwise"},
+    {"layers.*.feed_forward.experts.gate_up_proj", "packed_rowwise"},
+    {"layers.*.feed_forward.experts.down_proj", "colwise"},
+    {"layers.*.feed_forward.gate_proj", "colwise"}, {"layers.*.feed_forward.up_proj", "colwise"},
+    {"layers.*.feed_forward.down_proj", "rowwise"}, {NULL, NULL},
+};
+
+/* §7.6: Llama 4's EP plan also splits the attention and the dense layers;
+ * the shared expert stays replicated. */
+static const rule llama4_ep_plan[] = {
+    {"layers.*.self_attn.q_proj", "colwise"}, {"layers.*.self_attn.k_proj", "colwise"},
+    {"layers.*.self_attn.v_proj", "colwise"}, {"layers.*.self_attn.o_proj", "rowwise"},
+    {"layers.*.feed_forward.experts.gate_up_proj", "grouped_gemm"},
+    {"layers.*.feed_forward.experts.down_proj", "grouped_gemm"},
+    {"layers.*.feed_forward.gate_proj", "colwise"}, {"layers.*.feed_forward.up_proj", "colwise"},
+    {"layers.*.feed_forward.down_proj", "rowwise"}, {"layers.*.feed_forward.router", "ep_router"},
+    {NULL, NULL},
+};
+
 /* §7.4, §7.5, §7.7, §7.8: the EP plan of the MoE types covers the experts
  * only; the attention (and DeepSeek's shared experts) stay replicated. */
 static const rule moe_ep_plan[] = {
@@ -101,6 +128,7 @@ static const rule *base_plan(tp_arch a)
     case TP_ARCH_DEEPSEEK_V2: return deepseek_v2_plan;
     case TP_ARCH_DEEPSEEK_V3: return deepseek_v3_plan;
     case TP_ARCH_GPT_OSS: return NULL;
+    case TP_ARCH_LLAMA4_TEXT: return llama4_plan;
     }
     return NULL;
 }
@@ -109,6 +137,7 @@ static const rule *ep_plan(tp_arch a)
 {
     /* §7.7, §7.8: deepseek_v2 and deepseek_v3 share it */
     if (a == TP_ARCH_GPT_OSS) return gpt_oss_ep_plan;
+    if (a == TP_ARCH_LLAMA4_TEXT) return llama4_ep_plan;
     return a == TP_ARCH_QWEN3_MOE || a == TP_ARCH_MIXTRAL || a == TP_ARCH_DEEPSEEK_V2 || a == TP_ARCH_DEEPSEEK_V3
                ? moe_ep_plan : NULL;
 }
@@ -125,6 +154,7 @@ const char *tp_arch_class_name(tp_arch a)
     case TP_ARCH_DEEPSEEK_V2: return "DeepseekV2ForCausalLM";
     case TP_ARCH_DEEPSEEK_V3: return "DeepseekV3ForCausalLM";
     case TP_ARCH_GPT_OSS: return "GptOssForCausalLM";
+    case TP_ARCH_LLAMA4_TEXT: return "Llama4ForCausalLM";
     }
     return "CausalLM";
 }

@@ -494,10 +494,13 @@ static tp_status gate_up(flow *f, const char *g, const char *u, lay *lg)
     return TP_OK;
 }
 
+/* The feed-forward block's name (Llama 4: feed_forward). */
+static const char *ffn(const flow *f) { return f->r->cfg.llama4 ? "feed_forward" : "mlp"; }
+
 static tp_status mlp(flow *f, int64_t l)
 {
     char base[96], g[128], u[128], dn[128];
-    snprintf(base, sizeof base, "model.layers.%lld.mlp", (long long)l);
+    snprintf(base, sizeof base, "model.layers.%lld.%s", (long long)l, ffn(f));
     snprintf(g, sizeof g, "%s.gate_proj", base);
     snprintf(u, sizeof u, "%s.up_proj", base);
     snprintf(dn, sizeof dn, "%s.down_proj", base);
@@ -515,13 +518,16 @@ static int placed(const tp_param_plan *p, tp_placement_kind kind, int dim)
 }
 
 /* The experts' tensors: both whole, slices of I (gate_up StridedShard(1,
- * 2) with down Shard(2)), or whole experts (both Shard(0)); 1 for EP. */
-static tp_status expert_split(const tp_param_plan *gu, const tp_param_plan *dn, int *split, int *ep)
+ * 2) with down Shard(2); Llama 4's bmm-style [E, H, 2I] and [E, I, H]:
+ * StridedShard(2, 2) with Shard(1)), or whole experts (both Shard(0)); 1
+ * for EP. */
+static tp_status expert_split(const tp_param_plan *gu, const tp_param_plan *dn, int bmm, int *split, int *ep)
 {
     char a[48], b[48], sa[64], sb[64];
-    int gu_rep = placed(gu, TP_REPLICATE, 0), gu_i = placed(gu, TP_STRIDED_SHARD, 1) && gu->placement.split == 2;
+    int gu_rep = placed(gu, TP_REPLICATE, 0);
+    int gu_i = placed(gu, TP_STRIDED_SHARD, bmm ? 2 : 1) && gu->placement.split == 2;
     int whole = gu_rep && placed(dn, TP_REPLICATE, 0);
-    int tp = gu_i && placed(dn, TP_SHARD, 2);
+    int tp = gu_i && placed(dn, TP_SHARD, bmm ? 1 : 2);
     *ep = placed(gu, TP_SHARD, 0) && placed(dn, TP_SHARD, 0);
     *split = !whole;
     if (whole || tp || *ep) return TP_OK;
@@ -530,9 +536,10 @@ static tp_status expert_split(const tp_param_plan *gu, const tp_param_plan *dn, 
     snprintf(sa, sizeof sa, gu->style ? "style '%s'" : "no rule", gu->style ? gu->style->name : "");
     snprintf(sb, sizeof sb, dn->style ? "style '%s'" : "no rule", dn->style ? dn->style->name : "");
     return refuse(odd->name, odd->style ? odd->style->name : NULL, "gate_up_proj is %s (%s) and down_proj %s (%s); "
-                  "the experts take both whole, slices of I (packed_colwise on gate_up_proj, rowwise on down_proj) "
-                  "or whole experts (grouped_gemm on both)", tp_placement_str(gu->placement, a, sizeof a), sa,
-                  tp_placement_str(dn->placement, b, sizeof b), sb);
+                  "the experts take both whole, slices of I (%s) or whole experts (grouped_gemm on both)",
+                  tp_placement_str(gu->placement, a, sizeof a), sa, tp_placement_str(dn->placement, b, sizeof b), sb,
+                  bmm ? "packed_rowwise on gate_up_proj, colwise on down_proj"
+                      : "packed_colwise on gate_up_proj, rowwise on down_proj");
 }
 
 /* DeepSeek's shared experts: a dense MLP beside the routed experts whose
@@ -541,7 +548,7 @@ static tp_status expert_split(const tp_param_plan *gu, const tp_param_plan *dn, 
 static tp_status shared_experts(flow *f, const char *block)
 {
     char base[128], g[144], u[144], dn[144], a[40];
-    snprintf(base, sizeof base, "%s.shared_experts", block);
+    snprintf(base, sizeof base, "%s.%s", block, f->r->cfg.llama4 ? "shared_expert" : "shared_experts");
     snprintf(g, sizeof g, "%s.gate_proj", base);
     snprintf(u, sizeof u, "%s.up_proj", base);
     snprintf(dn, sizeof dn, "%s.down_proj", base);
@@ -585,9 +592,9 @@ static tp_status expert_biases(flow *f, const char *ex, const tp_param_plan *gu)
 static tp_status moe_block(flow *f, int64_t l)
 {
     char base[96], gate[128], ex[128];
-    int oss = f->r->cfg.arch == TP_ARCH_GPT_OSS;
-    snprintf(base, sizeof base, "model.layers.%lld.mlp", (long long)l);
-    snprintf(gate, sizeof gate, oss ? "%s.router" : "%s.gate", base);
+    int llama4 = f->r->cfg.llama4, oss = f->r->cfg.arch == TP_ARCH_GPT_OSS;
+    snprintf(base, sizeof base, "model.layers.%lld.%s", (long long)l, ffn(f));
+    snprintf(gate, sizeof gate, "%s.%s", base, llama4 || oss ? "router" : "gate");
     snprintf(ex, sizeof ex, "%s.experts", base);
     const tp_param_plan *rw = param_of(f, gate, "weight");
     const tp_param_plan *gu = param_of(f, ex, "gate_up_proj"), *dn = param_of(f, ex, "down_proj");
@@ -599,7 +606,7 @@ static tp_status moe_block(flow *f, int64_t l)
     if (!placed(rw, TP_REPLICATE, 0))
         return refuse(gate, style_of(rp, rw), "the router must stay replicated: every rank routes every token");
     tp_status s = oss ? expert_biases(f, ex, gu) : TP_OK;
-    if (!s) s = expert_split(gu, dn, &split, &ep);
+    if (!s) s = expert_split(gu, dn, llama4, &split, &ep);
     if (s) return s;
     int remaps = rp && !strcmp(rp->style->impl, "EpRouterParallel");
     if (rp && !remaps)
@@ -613,13 +620,14 @@ static tp_status moe_block(flow *f, int64_t l)
         return refuse(gate, rp->style->name, "it maps the router's choices to each rank's own experts, but the "
                       "experts are not split on the expert dimension (grouped_gemm on both expert tensors)");
     int sums = xp && xp->fwd.local_output.kind == TP_PARTIAL && xp->fwd.output.kind == TP_REPLICATE;
-    if (split && !sums)
+    /* §10.6: Llama 4's experts module sums its own split output */
+    if (split && !sums && !llama4)
         return refuse(ex, xsty, "its experts are split, so each rank's output is a partial sum; the container "
                       "needs a rule that sums it (moe_tp_experts)");
     if (xp && !sums)
         return refuse(ex, xp->style->name, "the experts' container takes only a rule that sums the ranks' partial "
                       "outputs (moe_tp_experts)");
-    return f->r->cfg.mla && f->r->cfg.n_shared_experts > 0 ? shared_experts(f, base) : TP_OK;
+    return (f->r->cfg.mla && f->r->cfg.n_shared_experts > 0) || llama4 ? shared_experts(f, base) : TP_OK;
 }
 
 /* The lookup's layout follows from the table's placement. */

@@ -33,6 +33,7 @@ import numpy as np
 DENSE_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED_ARCHS = DENSE_ARCHS + ("qwen3_moe", "mixtral")
 # deepseek_v2 and deepseek_v3: hf_deepseek.py, through reference_model.
+# llama4_text: hf_llama4.py (PyTorch), through reference_model.
 
 
 class ReferenceError(Exception):
@@ -552,6 +553,9 @@ def reference_model(model_dir):
     if load_config(model_dir).get("model_type") == "gpt_oss":
         import hf_gpt_oss
         return hf_gpt_oss.GptOssReference(model_dir)
+    if load_config(model_dir).get("model_type") == "llama4_text":
+        import hf_llama4   # torch, float64 (autograd for gradients)
+        return hf_llama4.Llama4Reference(model_dir)
     return HFReference(model_dir)
 
 

@@ -73,6 +73,34 @@ static void test_deepseek(void)
           c.norm_topk_prob && c.routed_scaling_factor == 2.5 && tp_config_layer_is_sparse(&c, 3));
 }
 
+static void expect_error(const char *json, const char *needle);
+
+/* llama4_text: Llama4TextConfig's defaults and derived layer lists; the
+ * published attn_temperature_tuning 4 read as true; moe_layers past the
+ * last layer ignored; the writer and --set keep the lists. */
+static void test_llama4(void)
+{
+    tp_model_config c;
+    CHECK(load_text("{\"model_type\": \"llama4_text\", \"hidden_size\": 64, \"num_attention_heads\": 4,"
+                    " \"num_key_value_heads\": 2, \"head_dim\": 16, \"num_hidden_layers\": 8,"
+                    " \"interleave_moe_layer_step\": 2, \"no_rope_layers\": [], \"attn_temperature_tuning\": 4,"
+                    " \"attention_chunk_size\": null}", &c) == TP_OK);
+    CHECK(c.llama4 && c.num_experts == 16 && c.num_experts_per_tok == 1 && c.moe_intermediate_size == 8192 &&
+          c.intermediate_size_mlp == 16384 && c.l2_qk_norm && c.attn_temperature_tuning && c.floor_scale == 8192);
+    CHECK(!tp_config_layer_is_sparse(&c, 0) && tp_config_layer_is_sparse(&c, 1) && tp_config_layer_is_sparse(&c, 7));
+    CHECK(tp_config_layer_uses_rope(&c, 2) && !tp_config_layer_uses_rope(&c, 3) && !tp_config_layer_uses_rope(&c, 7));
+    CHECK(tp_config_layer_window(&c, 0) == 0);   /* no chunks */
+    CHECK(tp_config_set_all(&c, (const char *[]){"attention_chunk_size=32", "moe_layers=[0, 5, 20]",
+                                                 "no_rope_layers=[1, 0, 1, 1, 1, 1, 1, 1, 1]"}, 3) == TP_OK);
+    CHECK(tp_config_layer_is_sparse(&c, 0) && tp_config_layer_is_sparse(&c, 5) && !tp_config_layer_is_sparse(&c, 1));
+    CHECK(!tp_config_layer_uses_rope(&c, 1) && tp_config_layer_window(&c, 0) == -32 &&
+          tp_config_layer_window(&c, 1) == 0);
+    CHECK(tp_config_set(&c, "num_hidden_layers=4") == TP_OK);   /* the lists outlive a cut */
+    CHECK(tp_config_layer_is_sparse(&c, 0) && !tp_config_layer_is_sparse(&c, 3) && !tp_config_layer_uses_rope(&c, 1));
+    CHECK(tp_config_set(&c, "num_hidden_layers=12") != TP_OK && strstr(tp_error(), "no_rope_layers"));
+    CHECK(tp_config_set(&c, "layer_types=[\"full_attention\"]") != TP_OK && strstr(tp_error(), "layer_types"));
+}
+
 static void expect_error(const char *json, const char *needle)
 {
     tp_model_config c;
@@ -98,6 +126,9 @@ static void test_errors(void)
                  " \"num_hidden_layers\": 2, \"first_k_dense_replace\": 2, \"num_key_value_heads\": 2}",
                  "num_key_value_heads");
     expect_error("{\"model_type\": \"deepseek_v2\", \"attention_bias\": true}", "attention_bias");
+    expect_error("{\"model_type\": \"llama4\", \"text_config\": {}}", "'llama4_text'");
+    expect_error("{\"model_type\": \"llama4_text\", \"num_local_experts\": 2, \"num_experts_per_tok\": 3}",
+                 "num_experts_per_tok");
     expect_error("{\"model_type\": \"deepseek_v3\", \"hidden_size\": 64, \"num_attention_heads\": 4,"
                  " \"num_hidden_layers\": 4, \"n_routed_experts\": 16, \"n_group\": 16, \"topk_group\": 16}",
                  "two best experts");
@@ -219,6 +250,7 @@ int main(void)
     test_parse();
     test_deepseek();
     test_gpt_oss();
+    test_llama4();
     test_set_and_roundtrip();
     test_fuzz_regressions();
     test_set_all();

@@ -46,6 +46,51 @@ static void naive(double *out, const float *x, int64_t T, int64_t H, int64_t I, 
     free(h);
 }
 
+/* Llama 4's form of the same experts: bmm-style tensors (the transposes
+ * of gu and dn) and the weight scaling each slot's input, expert(w · x),
+ * against the per-token loop run on the scaled input one slot at a time. */
+static void check_bmm(const tp_grouped_experts_args *lin, const float *gu, const float *dn, int64_t E, int64_t I,
+                      float *scratch, double *want)
+{
+    int64_t T = lin->T, H = lin->H, k = lin->k;
+    tp_dtype dt = lin->gate_up->dtype;
+    float *gt = malloc((size_t)(E * 2 * I * H) * sizeof *gt), *dt_ = malloc((size_t)(E * H * I) * sizeof *dt_);
+    for (int64_t e = 0; e < E; e++)
+        for (int64_t h = 0; h < H; h++) {
+            for (int64_t i = 0; i < 2 * I; i++) gt[(e * H + h) * 2 * I + i] = gu[(e * 2 * I + i) * H + h];
+            for (int64_t i = 0; i < I; i++) dt_[(e * I + i) * H + h] = dn[(e * H + h) * I + i];
+        }
+    tp_tensor tgu, tdn;
+    tp_tensor_init(&tgu, dt, 3, (int64_t[3]){E, H, 2 * I});
+    tp_tensor_init(&tdn, dt, 3, (int64_t[3]){E, I, H});
+    tp_convert(tgu.data, dt, gt, TP_F32, (size_t)(E * 2 * I * H));
+    tp_convert(tdn.data, dt, dt_, TP_F32, (size_t)(E * H * I));
+    float *out = malloc((size_t)(T * H) * sizeof *out), *xs = malloc((size_t)H * sizeof *xs), one = 1.0f;
+    double *y = malloc((size_t)H * sizeof *y);
+    tp_grouped_experts_args a = *lin;
+    a.out = out, a.gate_up = &tgu, a.down = &tdn, a.bmm = 1, a.scale_input = 1;
+    CHECK(tp_grouped_experts(&a, scratch) == TP_OK);
+    memset(want, 0, (size_t)(T * H) * sizeof *want);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < k; j++) {
+            for (int64_t c = 0; c < H; c++) xs[c] = lin->x[t * H + c] * lin->weights[t * k + j];
+            naive(y, xs, 1, H, I, 1, &lin->ids[t * k + j], &one, gu, dn, E);
+            for (int64_t c = 0; c < H; c++) want[t * H + c] += y[c];
+        }
+    double err = 0, mx = 0;
+    for (int64_t i = 0; i < T * H; i++) {
+        err = fmax(err, fabs(out[i] - want[i]));
+        mx = fmax(mx, fabs(want[i]));
+    }
+    CHECK_MSG(mx > 0 && err <= 1e-5 * mx, "bmm T=%lld E=%lld k=%lld: max err %g of %g", (long long)T, (long long)E,
+              (long long)k, err, mx);
+    a.H = H + 1;
+    CHECK(tp_grouped_experts(&a, scratch) != TP_OK);
+    tp_tensor_release(&tgu);
+    tp_tensor_release(&tdn);
+    free(gt); free(dt_); free(out); free(xs); free(y);
+}
+
 static void check_grouped(int64_t T, int64_t E, int64_t k, tp_dtype dt)
 {
     int64_t H = 24, I = 10;
@@ -77,7 +122,7 @@ static void check_grouped(int64_t T, int64_t E, int64_t k, tp_dtype dt)
     tp_threadpool_create(&pool, 2);
     tp_matmul_opts opts;
     tp_matmul_opts_default(&opts);
-    tp_grouped_experts_args a = {out, x, T, H, k, ids, w, &tgu, &tdn, pool, &opts};
+    tp_grouped_experts_args a = {out, x, T, H, k, ids, w, &tgu, &tdn, pool, &opts, 0, 0};
     CHECK(tp_grouped_experts(&a, scratch) == TP_OK);
     naive(want, x, T, H, I, k, ids, w, gu, dn, E);
     double err = 0, mx = 0;
@@ -91,6 +136,7 @@ static void check_grouped(int64_t T, int64_t E, int64_t k, tp_dtype dt)
     tp_grouped_experts_args bad = a;
     bad.H = H + 1;
     CHECK(tp_grouped_experts(&bad, scratch) != TP_OK);
+    check_bmm(&a, gu, dn, E, I, scratch, want);
     tp_threadpool_destroy(pool);
     tp_tensor_release(&tgu);
     tp_tensor_release(&tdn);

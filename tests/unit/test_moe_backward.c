@@ -3,7 +3,8 @@
  * the chosen probabilities, renormalised or not; the choice itself held
  * fixed, as torch.topk passes no gradient through it) and the grouped
  * experts' (input, slot weights, stacked weight gradients; a skipped slot
- * gets none). */
+ * gets none), in both layouts: linear-style with the weight on the output,
+ * Llama 4's bmm-style with the weight on the input. */
 #include "check.h"
 #include "models/tp_module.h"
 #include "tensorpar/kernels.h"
@@ -125,7 +126,18 @@ typedef struct {
     int64_t T, H, I, E, k;
     double *x, *w, *gu, *dn, *dy;   /* float64 copies of the operands */
     int32_t *ids;
+    int bmm;   /* Llama 4: gu [E, H, 2I], dn [E, I, H], the weight scaling the input */
 } experts_case;
+
+static double gu_at(const experts_case *c, int64_t e, int64_t row, int64_t q)
+{
+    return c->bmm ? c->gu[(e * c->H + q) * 2 * c->I + row] : c->gu[(e * 2 * c->I + row) * c->H + q];
+}
+
+static double dn_at(const experts_case *c, int64_t e, int64_t o, int64_t i)
+{
+    return c->bmm ? c->dn[(e * c->I + i) * c->H + o] : c->dn[(e * c->H + o) * c->I + i];
+}
 
 /* Σ dy ⊙ out in float64, slots outside [0, E) skipped. */
 static double experts_loss(const experts_case *c)
@@ -135,17 +147,18 @@ static double experts_loss(const experts_case *c)
         int32_t e = c->ids[s];
         if (e < 0 || e >= c->E) continue;
         const double *x = c->x + (s / c->k) * c->H, *dy = c->dy + (s / c->k) * c->H;
+        double in = c->bmm ? c->w[s] : 1.0, out = c->bmm ? 1.0 : c->w[s];
         for (int64_t o = 0; o < c->H; o++) {
             double y = 0;
             for (int64_t i = 0; i < c->I; i++) {
                 double g = 0, u = 0;
                 for (int64_t q = 0; q < c->H; q++) {
-                    g += c->gu[(e * 2 * c->I + i) * c->H + q] * x[q];
-                    u += c->gu[(e * 2 * c->I + c->I + i) * c->H + q] * x[q];
+                    g += gu_at(c, e, i, q) * in * x[q];
+                    u += gu_at(c, e, c->I + i, q) * in * x[q];
                 }
-                y += c->dn[(e * c->H + o) * c->I + i] * g / (1 + exp(-g)) * u;
+                y += dn_at(c, e, o, i) * g / (1 + exp(-g)) * u;
             }
-            L += dy[o] * c->w[s] * y;
+            L += dy[o] * out * y;
         }
     }
     return L;
@@ -178,9 +191,9 @@ static double *fill(uint64_t *seed, int64_t n, double scale)
     return v;
 }
 
-static void test_experts_backward(void)
+static void check_experts_backward(int bmm)
 {
-    experts_case c = {.T = 5, .H = 6, .I = 4, .E = 3, .k = 2};
+    experts_case c = {.T = 5, .H = 6, .I = 4, .E = 3, .k = 2, .bmm = bmm};
     uint64_t seed = 11;
     int64_t nx = c.T * c.H, ns = c.T * c.k, ngu = c.E * 2 * c.I * c.H, ndn = c.E * c.H * c.I;
     c.x = fill(&seed, nx, 1.0); c.w = fill(&seed, ns, 1.0); c.dy = fill(&seed, nx, 1.0);
@@ -193,11 +206,15 @@ static void test_experts_backward(void)
     float *dgu = calloc((size_t)ngu, sizeof *dgu), *ddn = calloc((size_t)ndn, sizeof *ddn);
     tp_tensor tgu = {.data = gu, .dtype = TP_F32, .ndim = 3, .shape = {c.E, 2 * c.I, c.H}};
     tp_tensor tdn = {.data = dn, .dtype = TP_F32, .ndim = 3, .shape = {c.E, c.H, c.I}};
+    if (bmm) {
+        tgu.shape[1] = c.H, tgu.shape[2] = 2 * c.I;
+        tdn.shape[1] = c.I, tdn.shape[2] = c.H;
+    }
     tp_threadpool *pool;
     CHECK(tp_threadpool_create(&pool, 2) == TP_OK);
     tp_matmul_opts opts;
     tp_matmul_opts_default(&opts);
-    tp_grouped_experts_args a = {NULL, x, c.T, c.H, c.k, ids, w, &tgu, &tdn, pool, &opts};
+    tp_grouped_experts_args a = {NULL, x, c.T, c.H, c.k, ids, w, &tgu, &tdn, pool, &opts, bmm, bmm};
     tp_grouped_experts_grads g = {dy, dx, dwt, dgu, ddn};
     CHECK(tp_grouped_experts_backward(&a, &g) == TP_OK);
     double err = 0, mx = 0;
@@ -205,7 +222,7 @@ static void test_experts_backward(void)
     for (int64_t i = 0; i < ns; i++) fd_check(&c, &c.w[i], dwt[i], &err, &mx);
     for (int64_t i = 0; i < ngu; i++) fd_check(&c, &c.gu[i], dgu[i], &err, &mx);
     for (int64_t i = 0; i < ndn; i++) fd_check(&c, &c.dn[i], ddn[i], &err, &mx);
-    CHECK_MSG(mx > 1e-2 && err <= 1e-5 * mx, "grouped experts backward: err %g of %g", err, mx);
+    CHECK_MSG(mx > 1e-2 && err <= 1e-5 * mx, "grouped experts backward (bmm %d): err %g of %g", bmm, err, mx);
     CHECK(dwt[5] == 0.0f);   /* the skipped slot */
     /* the weight gradients accumulate: a second backward doubles them */
     float before = dgu[7];
@@ -214,6 +231,12 @@ static void test_experts_backward(void)
     tp_threadpool_destroy(pool);
     free(x); free(w); free(dy); free(gu); free(dn); free(dx); free(dwt); free(dgu); free(ddn);
     free(c.x); free(c.w); free(c.dy); free(c.gu); free(c.dn);
+}
+
+static void test_experts_backward(void)
+{
+    check_experts_backward(0);
+    check_experts_backward(1);   /* Llama 4's bmm-style experts, input scaled */
 }
 
 int main(void)
