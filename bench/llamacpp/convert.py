@@ -3,154 +3,97 @@ model.safetensors or its shards, tokenizer.json) to GGUF, for llama.cpp.
 
     /usr/bin/python3 bench/llamacpp/convert.py MODEL_DIR OUT.gguf --dtype f32|bf16|q8_0
 
-Model types: llama and qwen3.  The weights are the checkpoint's: F32 keeps
-their f32 values (bf16 widened exactly), BF16 keeps bf16 values (f32 ones
-rounded to nearest even), Q8_0 quantizes the f32 values in blocks of 32 as
-ggml's reference quantizer does.  As llama.cpp's own converter does, 1-D
-tensors (the norms) stay F32, and every 2-D weight, the embedding and the
-lm_head included, takes the chosen type.
+Model types: llama, qwen3, qwen3_moe, mixtral, deepseek_v2 and deepseek_v3
+(tensormap.py says which tensors each becomes).  The weights are the
+checkpoint's: F32 keeps their f32 values (bf16 widened exactly), BF16 keeps
+bf16 values (f32 ones rounded to nearest even), Q8_0 quantizes the f32
+values in blocks of 32 as ggml's reference quantizer does.  As llama.cpp's
+own converter does, norms, biases and MoE routers stay F32, and every other
+matrix, the embedding, the lm_head and the stacked experts included, takes
+the chosen type (F32 where a row is not whole Q8_0 blocks).  With
+--experts stored the experts keep the checkpoint's type instead (BF16 for a
+bf16 checkpoint, else F32), as tensorpar's --dtype q8_0 keeps them.
 
 llama.cpp applies rotary embeddings to pairs of adjacent values for the
-llama architecture, where Hugging Face pairs value i with value i + d/2
-within each head; so the rows of q_proj and k_proj are reordered per head
-(row h * d/2 + j becomes row 2j + h).  qwen3 keeps Hugging Face's pairing
-in llama.cpp ("neox" rope), so its rows stay.
+llama architecture (llama and mixtral), where Hugging Face pairs value i
+with value i + d/2 within each head; so the rows of q_proj and k_proj are
+reordered per head (row h * d/2 + j becomes row 2j + h).  qwen3 and
+qwen3_moe keep Hugging Face's pairing in llama.cpp ("neox" rope), and
+DeepSeek's rotary part is interleaved in both, so their rows stay.
 
 The tokenizer goes in as llama.cpp's "gpt2" (byte-level BPE) vocabulary:
 the tokens in id order, padded with unused "[PADn]" entries to the model's
 vocab_size, their types (normal, or control/user-defined for added tokens),
 the merges, bos/eos and whether a BOS is prepended (as Hugging Face would:
-a TemplateProcessing post-processor or add_bos_token)."""
+a TemplateProcessing post-processor or add_bos_token).
+
+Damaged or unexpected input (a truncated safetensors file, a dtype or shape
+that config.json does not make, a missing key) is refused before anything
+is written, naming the file, tensor or key; the output is written to a
+temporary file beside OUT and renamed over it only when whole, so a failed
+conversion leaves no GGUF behind."""
 import argparse
 import json
 import math
 import os
-import struct
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gguf  # noqa: E402
+from checkpoint import Config, ConvertError, Safetensors  # noqa: E402
+from tensormap import ARCH, pieces  # noqa: E402
 
 DTYPES = {"f32": gguf.F32, "bf16": gguf.BF16, "q8_0": gguf.Q8_0}
-# llama.cpp's architecture name of each Hugging Face model type
-ARCH = {"llama": "llama", "qwen3": "qwen3"}
 ROWS_PER_CHUNK = 8192   # Q8_0 and BF16 are encoded this many rows at a time
 
 
-# ---- the checkpoint ----------------------------------------------------------
-
-class Safetensors:
-    """The tensors of model.safetensors or of the shards its index names,
-    mapped, read as f32 (or their raw bf16 bits) one tensor at a time."""
-
-    def __init__(self, model_dir):
-        index = os.path.join(model_dir, "model.safetensors.index.json")
-        if os.path.exists(index):
-            with open(index) as f:
-                files = sorted(set(json.load(f)["weight_map"].values()))
-        else:
-            files = ["model.safetensors"]
-        self.where = {}
-        for fn in files:
-            path = os.path.join(model_dir, fn)
-            with open(path, "rb") as f:
-                (n,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(n))
-            for name, e in header.items():
-                if name != "__metadata__":
-                    self.where[name] = (path, 8 + n, e)
-
-    def names(self):
-        return list(self.where)
-
-    def shape(self, name):
-        return tuple(self.where[name][2]["shape"])
-
-    def dtype(self, name):
-        return self.where[name][2]["dtype"]
-
-    def _raw(self, name, np_dtype):
-        path, base, e = self.where[name]
-        start, end = e["data_offsets"]
-        count = (end - start) // np.dtype(np_dtype).itemsize
-        return np.memmap(path, dtype=np_dtype, mode="r", offset=base + start, shape=(count,)).reshape(e["shape"])
-
-    def f32_source(self, name):
-        """(the stored array, a function turning a slice of it into f32)."""
-        dt = self.dtype(name)
-        if dt == "F32":
-            return self._raw(name, np.float32), lambda a: np.ascontiguousarray(a, dtype=np.float32)
-        if dt == "BF16":
-            return self._raw(name, np.uint16), gguf.bf16_to_f32
-        if dt == "F16":
-            return self._raw(name, np.float16), lambda a: a.astype(np.float32)
-        raise ValueError(f"{name}: dtype {dt} is not handled")
-
-    def bf16_source(self, name):
-        """(the stored array, a function turning a slice of it into bf16 bits):
-        the stored bits when stored as bf16, else rounded to nearest even."""
-        if self.dtype(name) == "BF16":
-            return self._raw(name, np.uint16), np.ascontiguousarray
-        src, to_f32 = self.f32_source(name)
-        return src, lambda a: gguf.bf16_bits(to_f32(a))
-
 # ---- tensors ---------------------------------------------------------------
 
-def llama_rope_rows(n_rows, n_head):
-    """The source row of each GGUF row of a llama q_proj/k_proj: within each
-    head of d rows, GGUF row 2j + h is Hugging Face row h * d/2 + j."""
-    d = n_rows // n_head
-    src = np.arange(n_rows).reshape(n_head, 2, d // 2).swapaxes(1, 2)
-    return src.reshape(n_rows)
+def _encoder(st, src, gtype):
+    """(the stored array of src, a function turning a slice of it into what
+    the file holds: f32 values, bf16 bits or Q8_0 bytes)."""
+    if gtype == gguf.BF16:
+        return st.bf16_source(src)
+    a, to_f32 = st.f32_source(src)
+    if gtype == gguf.Q8_0:
+        return a, lambda x: gguf.quantize_q8_0(to_f32(x))
+    return a, to_f32
 
 
-def tensor_map(cfg, st):
-    """(GGUF name, checkpoint name, row order or None) for every tensor."""
-    arch = cfg["model_type"]
-    out = [("token_embd.weight", "model.embed_tokens.weight", None)]
-    per_layer = [("attn_norm", "input_layernorm"), ("attn_q", "self_attn.q_proj"), ("attn_k", "self_attn.k_proj"),
-                 ("attn_v", "self_attn.v_proj"), ("attn_output", "self_attn.o_proj"),
-                 ("ffn_norm", "post_attention_layernorm"), ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"),
-                 ("ffn_down", "mlp.down_proj")]
-    if arch == "qwen3":
-        per_layer += [("attn_q_norm", "self_attn.q_norm"), ("attn_k_norm", "self_attn.k_norm")]
-    heads, kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
-    for i in range(cfg["num_hidden_layers"]):
-        for g, h in per_layer:
-            rows = None
-            if arch == "llama" and g in ("attn_q", "attn_k"):
-                rows = llama_rope_rows(st.shape(f"model.layers.{i}.{h}.weight")[0], heads if g == "attn_q" else kv_heads)
-            out.append((f"blk.{i}.{g}.weight", f"model.layers.{i}.{h}.weight", rows))
-    out.append(("output_norm.weight", "model.norm.weight", None))
-    if not cfg.get("tie_word_embeddings", False) and "lm_head.weight" in st.where:
-        out.append(("output.weight", "lm_head.weight", None))
-    missing = [h for _, h, _ in out if h not in st.where]
-    if missing:
-        raise ValueError(f"the checkpoint lacks {', '.join(missing[:4])}")
-    return out
-
-
-def producer(st, hf, rows, gtype):
-    """A function yielding the GGUF bytes of checkpoint tensor hf, a block of
-    rows at a time (the embedding of a 1B model is 1 GB in f32)."""
+def producer(st, piece, gtype):
+    """A function yielding the GGUF bytes of a piece in order, a block of rows
+    of one source at a time (the embedding of a 1B model is 1 GB in f32,
+    the experts of a layer of Qwen3-30B-A3B 0.6 GB)."""
     def rows_of(a, r):
-        a = a[r:r + ROWS_PER_CHUNK] if rows is None else a[rows[r:r + ROWS_PER_CHUNK]]
-        return np.asarray(a)
+        rows = piece.rows
+        return np.asarray(a[r:r + ROWS_PER_CHUNK] if rows is None else a[rows[r:r + ROWS_PER_CHUNK]])
 
     def make():
-        if gtype == gguf.BF16:
-            src, enc = st.bf16_source(hf)
-        else:
-            src, enc = st.f32_source(hf)
-        if src.ndim < 2:
-            yield enc(np.asarray(src))
-            return
-        for r in range(0, src.shape[0], ROWS_PER_CHUNK):
-            x = enc(rows_of(src, r))
-            yield gguf.quantize_q8_0(x) if gtype == gguf.Q8_0 else x
+        for s in piece.srcs[:1] if piece.view else piece.srcs:
+            src, enc = _encoder(st, s, gguf.F32 if piece.view and gtype == gguf.Q8_0 else gtype)
+            if piece.view:
+                # rearranged whole (small, per-layer tensors); values only move
+                x = piece.view(enc(np.asarray(src)))
+                yield gguf.quantize_q8_0(x) if gtype == gguf.Q8_0 else x
+            elif src.ndim < 2:
+                yield enc(np.asarray(src))
+            else:
+                for r in range(0, src.shape[0], ROWS_PER_CHUNK):
+                    yield enc(rows_of(src, r))
     return make
+
+
+def piece_type(st, piece, gtype, experts_stored):
+    """The ggml type a piece takes in the file."""
+    if piece.kind == "f32" or len(piece.shape) < 2:
+        return gguf.F32
+    if piece.kind == "expert" and experts_stored:
+        return gguf.BF16 if st.dtype(piece.srcs[0]) == "BF16" else gguf.F32
+    if gtype == gguf.Q8_0 and piece.shape[-1] % gguf.QK8_0:
+        return gguf.F32   # rows Q8_0 cannot hold (llama.cpp's converter falls back to F16)
+    return gtype
 
 
 def llama3_rope_factors(cfg):
@@ -158,9 +101,9 @@ def llama3_rope_factors(cfg):
     the rotary frequencies from the tensor rope_freqs (Hugging Face's
     _compute_llama3_parameters: 1 for short wavelengths, factor for long
     ones, a smooth blend between)."""
-    rs = cfg["rope_scaling"]
-    d = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    base, factor = cfg["rope_theta"], rs.get("factor", 8.0)
+    rs = cfg.get("rope_scaling")
+    d = cfg.head_dim()
+    base, factor = cfg.float("rope_theta", 10000.0), rs.get("factor", 8.0)
     lo, hi = rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
     old = rs.get("original_max_position_embeddings", 8192)
     out = []
@@ -216,20 +159,36 @@ def pre_tokenizer_name(tok_json):
         return "llama-bpe"
     if "\\\\p{N}|" in text:
         return "qwen2"
-    raise ValueError("unknown pre-tokenizer (neither Llama 3's nor Qwen2's split pattern)")
+    raise ConvertError("unknown pre-tokenizer (neither Llama 3's nor Qwen2's split pattern)")
+
+
+def read_json(path, required=True):
+    """A JSON object from path ({} when absent and not required); an error
+    naming the file when it cannot be read or parsed."""
+    if not required and not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except OSError as e:
+        raise ConvertError(f"{path}: {e.strerror}") from None
+    except ValueError as e:
+        raise ConvertError(f"{path}: not JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise ConvertError(f"{path}: not a JSON object")
+    return d
 
 
 def add_tokenizer(w, model_dir, cfg):
-    with open(os.path.join(model_dir, "tokenizer.json"), encoding="utf-8") as f:
-        tj = json.load(f)
-    ct = {}
-    p = os.path.join(model_dir, "tokenizer_config.json")
-    if os.path.exists(p):
-        with open(p, encoding="utf-8") as f:
-            ct = json.load(f)
-    if tj["model"]["type"] != "BPE":
-        raise ValueError(f"tokenizer model {tj['model']['type']}: only byte-level BPE is handled")
-    n = cfg["vocab_size"]
+    path = os.path.join(model_dir, "tokenizer.json")
+    tj = read_json(path)
+    ct = read_json(os.path.join(model_dir, "tokenizer_config.json"), required=False)
+    model = tj.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("vocab"), dict) or "merges" not in model:
+        raise ConvertError(f"{path}: no model with vocab and merges")
+    if model.get("type") != "BPE":
+        raise ConvertError(f"{path}: tokenizer model {model.get('type')!r}: only byte-level BPE is handled")
+    n = cfg.int("vocab_size")
     tokens, types = [f"[PAD{i}]" for i in range(n)], [5] * n   # 5: unused
     for t, i in tj["model"]["vocab"].items():
         if i < n:
@@ -250,7 +209,7 @@ def add_tokenizer(w, model_dir, cfg):
         bos = cfg.get("bos_token_id")
     if eos is None:
         e = cfg.get("eos_token_id")
-        eos = e[0] if isinstance(e, list) else e
+        eos = e[0] if isinstance(e, list) and e else e
     if bos is not None:
         w.add("tokenizer.ggml.bos_token_id", gguf.UINT32, bos)
     if eos is not None:
@@ -263,43 +222,105 @@ def add_tokenizer(w, model_dir, cfg):
 
 # ---- the file ---------------------------------------------------------------
 
+def u32(w, key, v):
+    w.add(key, gguf.UINT32, int(v))
+
+
 def add_hparams(w, cfg, gtype, name):
-    a = ARCH[cfg["model_type"]]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    mt = cfg.get("model_type")
+    a = ARCH[mt]
     w.add("general.architecture", gguf.STRING, a)
     w.add("general.name", gguf.STRING, name)
     w.add("general.file_type", gguf.UINT32, gguf.FILE_TYPE[gtype])
-    u32 = [("block_count", "num_hidden_layers"), ("context_length", "max_position_embeddings"),
-           ("embedding_length", "hidden_size"), ("feed_forward_length", "intermediate_size"),
-           ("attention.head_count", "num_attention_heads"), ("attention.head_count_kv", "num_key_value_heads"),
-           ("vocab_size", "vocab_size")]
-    for k, h in u32:
-        v = cfg.get(h, cfg["num_attention_heads"] if h == "num_key_value_heads" else None)
-        w.add(f"{a}.{k}", gguf.UINT32, int(v))
-    w.add(f"{a}.attention.key_length", gguf.UINT32, head_dim)
-    w.add(f"{a}.attention.value_length", gguf.UINT32, head_dim)
-    w.add(f"{a}.rope.dimension_count", gguf.UINT32, head_dim)
-    w.add(f"{a}.rope.freq_base", gguf.FLOAT32, float(cfg.get("rope_theta", 10000.0)))
-    w.add(f"{a}.attention.layer_norm_rms_epsilon", gguf.FLOAT32, float(cfg["rms_norm_eps"]))
+    heads = cfg.int("num_attention_heads")
+    for k, v in (("block_count", cfg.int("num_hidden_layers")), ("context_length", cfg.int("max_position_embeddings")),
+                 ("embedding_length", cfg.int("hidden_size")), ("feed_forward_length", cfg.int("intermediate_size")),
+                 ("attention.head_count", heads), ("vocab_size", cfg.int("vocab_size"))):
+        u32(w, f"{a}.{k}", v)
+    w.add(f"{a}.rope.freq_base", gguf.FLOAT32, cfg.float("rope_theta", 10000.0))
+    w.add(f"{a}.attention.layer_norm_rms_epsilon", gguf.FLOAT32, cfg.float("rms_norm_eps"))
+    if a == "deepseek2":
+        add_mla_hparams(w, cfg, a)
+        return
+    hd = cfg.head_dim()
+    u32(w, f"{a}.attention.head_count_kv", cfg.int("num_key_value_heads", heads))
+    u32(w, f"{a}.attention.key_length", hd)
+    u32(w, f"{a}.attention.value_length", hd)
+    u32(w, f"{a}.rope.dimension_count", hd)
+    if mt == "mixtral":
+        u32(w, f"{a}.expert_count", cfg.int("num_local_experts"))
+        u32(w, f"{a}.expert_used_count", cfg.int("num_experts_per_tok"))
+    elif mt == "qwen3_moe":
+        u32(w, f"{a}.expert_count", cfg.int("num_experts"))
+        u32(w, f"{a}.expert_used_count", cfg.int("num_experts_per_tok"))
+        u32(w, f"{a}.expert_feed_forward_length", cfg.int("moe_intermediate_size"))
+
+
+def add_mla_hparams(w, cfg, a):
+    """deepseek2: MLA stored as llama.cpp runs it, multi-query over the latent
+    (one KV head; keys kv_lora + rope wide, values kv_lora), with the heads'
+    own widths as the *_mla lengths; the MoE keys."""
+    kv_lora, rope = cfg.int("kv_lora_rank"), cfg.int("qk_rope_head_dim")
+    u32(w, f"{a}.attention.head_count_kv", 1)
+    u32(w, f"{a}.attention.key_length", kv_lora + rope)
+    u32(w, f"{a}.attention.value_length", kv_lora)
+    u32(w, f"{a}.attention.key_length_mla", cfg.int("qk_nope_head_dim") + rope)
+    u32(w, f"{a}.attention.value_length_mla", cfg.int("v_head_dim"))
+    u32(w, f"{a}.attention.kv_lora_rank", kv_lora)
+    u32(w, f"{a}.attention.q_lora_rank", cfg.int("q_lora_rank", 0, minimum=0))
+    u32(w, f"{a}.rope.dimension_count", rope)
+    u32(w, f"{a}.leading_dense_block_count", cfg.int("first_k_dense_replace", 0, minimum=0))
+    u32(w, f"{a}.expert_feed_forward_length", cfg.int("moe_intermediate_size"))
+    u32(w, f"{a}.expert_count", cfg.int("n_routed_experts"))
+    u32(w, f"{a}.expert_used_count", cfg.int("num_experts_per_tok"))
+    u32(w, f"{a}.expert_shared_count", cfg.int("n_shared_experts", 0, minimum=0))
+    w.add(f"{a}.expert_weights_scale", gguf.FLOAT32, cfg.float("routed_scaling_factor", 1.0))
+    w.add(f"{a}.expert_weights_norm", gguf.BOOL, bool(cfg.get("norm_topk_prob", False)))
+    v3 = cfg.get("model_type") == "deepseek_v3"
+    u32(w, f"{a}.expert_gating_func", 2 if v3 else 1)   # sigmoid, softmax
+    if cfg.int("n_group", 1) > 1:
+        u32(w, f"{a}.expert_group_count", cfg.int("n_group"))
+        u32(w, f"{a}.expert_group_used_count", cfg.int("topk_group"))
 
 
 def check_config(cfg):
+    """Refuses, naming the key, what llama.cpp would run differently from
+    Hugging Face (and tensorpar)."""
     mt = cfg.get("model_type")
     if mt not in ARCH:
-        raise ValueError(f"model_type {mt!r}: only {', '.join(ARCH)} are converted")
+        raise ConvertError(f"{cfg.path}: model_type {mt!r}: only {', '.join(ARCH)} are converted")
     rs = cfg.get("rope_scaling")
     kind = rs and (rs.get("rope_type") or rs.get("type"))
-    if kind not in (None, "default", "llama3"):
-        raise ValueError(f"rope_scaling {kind!r} is not handled")
+    if kind not in (None, "default", "llama3") or (kind == "llama3" and ARCH[mt] != "llama"):
+        raise ConvertError(f"{cfg.path}: rope_scaling {kind!r} is not handled for {mt}")
     if cfg.get("attention_bias") or cfg.get("mlp_bias"):
-        raise ValueError("biases are not handled")
-    if cfg.get("use_sliding_window") and cfg.get("sliding_window"):
-        raise ValueError("sliding-window attention is not handled")
+        raise ConvertError(f"{cfg.path}: biases (attention_bias, mlp_bias) are not handled")
+    if (cfg.get("use_sliding_window") or mt == "mixtral") and cfg.get("sliding_window"):
+        raise ConvertError(f"{cfg.path}: sliding-window attention (sliding_window) is not handled")
+    if mt == "qwen3_moe":
+        # llama.cpp's qwen3moe has every layer sparse and always renormalises the top-k weights
+        if cfg.get("mlp_only_layers") or cfg.int("decoder_sparse_step", 1) != 1:
+            raise ConvertError(f"{cfg.path}: dense layers in qwen3_moe (mlp_only_layers, decoder_sparse_step) "
+                               f"are not handled by llama.cpp's qwen3moe")
+        if not cfg.get("norm_topk_prob", False):
+            raise ConvertError(f"{cfg.path}: norm_topk_prob false: llama.cpp's qwen3moe always renormalises "
+                               f"the top-k routing weights")
+    if mt in ("deepseek_v2", "deepseek_v3"):
+        method = cfg.get("topk_method", "greedy" if mt == "deepseek_v2" else "noaux_tc")
+        if mt == "deepseek_v2" and (method != "greedy" and cfg.int("n_group", 1) > 1):
+            raise ConvertError(f"{cfg.path}: topk_method {method!r}: llama.cpp ranks expert groups by their two "
+                               f"best scores, DeepSeek-V2 by its best")
+        if cfg.d.get("rope_interleave") is False:
+            raise ConvertError(f"{cfg.path}: rope_interleave false: llama.cpp's deepseek2 rotates adjacent pairs")
+        if cfg.get("scoring_func", "softmax" if mt == "deepseek_v2" else "sigmoid") != (
+                "softmax" if mt == "deepseek_v2" else "sigmoid"):
+            raise ConvertError(f"{cfg.path}: scoring_func {cfg.get('scoring_func')!r} is not handled for {mt}")
 
 
-def convert(model_dir, out, dtype, name=None):
-    with open(os.path.join(model_dir, "config.json")) as f:
-        cfg = json.load(f)
+def convert(model_dir, out, dtype, name=None, experts_stored=False):
+    """Writes OUT.gguf whole or not at all: into a temporary file beside it,
+    renamed over it at the end; removed when anything fails."""
+    cfg = Config(model_dir)
     check_config(cfg)
     gtype = DTYPES[dtype]
     st = Safetensors(model_dir)
@@ -310,13 +331,19 @@ def convert(model_dir, out, dtype, name=None):
     if rs and (rs.get("rope_type") or rs.get("type")) == "llama3":
         factors = llama3_rope_factors(cfg)
         w.add_tensor("rope_freqs.weight", gguf.F32, factors.shape, lambda: iter([factors]))
-    for g, hf, rows in tensor_map(cfg, st):
-        shape = st.shape(hf)
-        t = gtype if len(shape) == 2 else gguf.F32
-        if t == gguf.Q8_0 and shape[-1] % gguf.QK8_0:
-            t = gguf.F32   # rows Q8_0 cannot hold (llama.cpp's converter falls back to F16)
-        w.add_tensor(g, t, shape, producer(st, hf, rows, t))
-    w.write(out)
+    for p in pieces(cfg, st):
+        t = piece_type(st, p, gtype, experts_stored)
+        w.add_tensor(p.name, t, p.shape, producer(st, p, t))
+    tmp = os.path.join(os.path.dirname(os.path.abspath(out)), f".{os.path.basename(out)}.tmp-{os.getpid()}")
+    try:
+        w.write(tmp)
+        os.replace(tmp, out)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
 
 
 def main():
@@ -324,12 +351,16 @@ def main():
     ap.add_argument("model")
     ap.add_argument("out")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="f32")
+    ap.add_argument("--experts", choices=("dtype", "stored"), default="dtype",
+                    help="the stacked experts in --dtype (default) or as stored in the checkpoint")
     ap.add_argument("--name", help="general.name (default: the model folder's name)")
     a = ap.parse_args()
     try:
-        convert(a.model, a.out, a.dtype, a.name)
-    except (ValueError, KeyError, OSError) as e:
+        convert(a.model, a.out, a.dtype, a.name, a.experts == "stored")
+    except (ConvertError, ValueError) as e:
         sys.exit(f"convert: {e}")
+    except OSError as e:
+        sys.exit(f"convert: {e.filename or a.out}: {e.strerror or e}")
 
 
 if __name__ == "__main__":

@@ -282,6 +282,17 @@ static tp_status make_weight(tp_tensor *w, tp_dtype dt, int64_t n, int64_t k, tp
     int64_t s[2] = {n, k};
     tp_status st = tp_tensor_init(w, dt, 2, s);
     if (st) return st;
+    if (dt == TP_Q8_0) {   /* quantized a row at a time, as a load does per shard */
+        float *row = malloc((size_t)k * sizeof(float));
+        if (!row) { tp_tensor_release(w); return tp_fail(TP_ERR_NOMEM, "tp_kernel_bench: no memory"); }
+        for (int64_t r = 0; r < n && !st; r++) {
+            for (int64_t i = 0; i < k; i++) row[i] = (float)(0.02 * tp_rng_normal(rng));
+            st = tp_q8_quantize_rows((tp_q8_block *)w->data + r * (k / TP_Q8_BLOCK), row, TP_F32, 1, k);
+        }
+        free(row);
+        if (st) tp_tensor_release(w);
+        return st;
+    }
     for (int64_t i = 0; i < n * k; i++) {
         float v = (float)(0.02 * tp_rng_normal(rng));
         if (dt == TP_F32) ((float *)w->data)[i] = v;
@@ -294,9 +305,9 @@ static tp_status make_weight(tp_tensor *w, tp_dtype dt, int64_t n, int64_t k, tp
  * then what else it may run (bf16-dot, AMX with x split into 3 bf16 parts
  * for exact products, 2, or 1 = bf16-dot; AVX2 next to AVX-512; OpenBLAS,
  * which the scalar path never calls).  "-" where the path rules one out. */
-enum { V_F32, V_BF16, V_BF16DOT, V_AMX3, V_AMX2, V_AMX1, V_AVX2_F32, V_BLAS_F32, V_BLAS_BF16, NVAR };
+enum { V_F32, V_BF16, V_BF16DOT, V_AMX3, V_AMX2, V_AMX1, V_AVX2_F32, V_BLAS_F32, V_BLAS_BF16, V_Q8, NVAR };
 static const char *const var_names[NVAR] = {"f32", "bf16", "avx512 bf16-dot", "amx bf16 x3", "amx bf16 x2",
-                                            "amx bf16-dot", "avx2 f32", "openblas f32", "openblas bf16"};
+                                            "amx bf16-dot", "avx2 f32", "openblas f32", "openblas bf16", "q8_0"};
 
 /* Options for variant v on path `path`; 0 if the process may not run it. */
 static int variant_opts(int v, tp_kernel_path path, tp_matmul_opts *o)
@@ -621,8 +632,8 @@ tp_status tp_kernel_bench_dims(FILE *out, tp_threadpool *pool, int quick, const 
             getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(auto)", "shape");
     for (int v = 0; v < NVAR; v++) {
         char name[32];
-        snprintf(name, sizeof name, "%s%s%s", v <= V_BF16 ? tp_kernel_path_name(path) : "", v <= V_BF16 ? " " : "",
-                 var_names[v]);
+        int own = v <= V_BF16 || v == V_Q8;   /* the path's own kernels */
+        snprintf(name, sizeof name, "%s%s%s", own ? tp_kernel_path_name(path) : "", own ? " " : "", var_names[v]);
         fprintf(out, " %16s", name);
     }
     /* The path's own f32 and bf16 GEMMs as shares of its FMA peak on as
@@ -633,9 +644,11 @@ tp_status tp_kernel_bench_dims(FILE *out, tp_threadpool *pool, int quick, const 
         const shape *sh = &shapes[s];
         int64_t T = sh->T < t_cap ? sh->T : t_cap;
         if (quick > 1 && sh->n > 100000) continue;   /* the smoke run leaves out the lm_head shapes */
-        tp_tensor wf = {0}, wb = {0};
-        if ((st = make_weight(&wf, TP_F32, sh->n, sh->k, &rng)) || (st = make_weight(&wb, TP_BF16, sh->n, sh->k, &rng))) {
+        tp_tensor wf = {0}, wb = {0}, wq = {0};
+        if ((st = make_weight(&wf, TP_F32, sh->n, sh->k, &rng)) || (st = make_weight(&wb, TP_BF16, sh->n, sh->k, &rng)) ||
+            (st = make_weight(&wq, TP_Q8_0, sh->n, sh->k, &rng))) {
             tp_tensor_release(&wf);
+            tp_tensor_release(&wb);
             break;
         }
         fprintf(out, "%-14s", sh->name);
@@ -644,7 +657,7 @@ tp_status tp_kernel_bench_dims(FILE *out, tp_threadpool *pool, int quick, const 
         for (int v = 0; v < NVAR && !st; v++) {
             tp_matmul_opts o;
             if (!variant_opts(v, path, &o)) { fprintf(out, " %16s", "-"); continue; }
-            const tp_tensor *W = v == V_F32 || v == V_AVX2_F32 || v == V_BLAS_F32 ? &wf : &wb;
+            const tp_tensor *W = v == V_F32 || v == V_AVX2_F32 || v == V_BLAS_F32 ? &wf : v == V_Q8 ? &wq : &wb;
             double sec;
             st = time_matmul(y, x, T, W, pool, &o, r, &sec);
             /* Four decimals below 1 GFLOP/s, so a slow build (sanitizers,
@@ -658,6 +671,7 @@ tp_status tp_kernel_bench_dims(FILE *out, tp_threadpool *pool, int quick, const 
         fprintf(out, "\n");
         tp_tensor_release(&wf);
         tp_tensor_release(&wb);
+        tp_tensor_release(&wq);
     }
 
     /* GEMV (decode): lm_head-sized weights (311 MB bf16, 622 MB f32) are far
@@ -666,20 +680,22 @@ tp_status tp_kernel_bench_dims(FILE *out, tp_threadpool *pool, int quick, const 
                         model_shape(d, S_HEAD, 4)};
     gshapes[0].name = "gate/up T=1", gshapes[1].name = "down T=1";
     gshapes[2].name = "lm_head T=1", gshapes[3].name = "lm_head T=4";
-    fprintf(out, "\nGEMV GB/s of weights read, %d thread(s):\n%-14s %12s %12s %16s\n", nt, "shape", "f32", "bf16",
-            "bf16-dot");
+    fprintf(out, "\nGEMV GB/s of weights read, %d thread(s):\n%-14s %12s %12s %16s %12s\n", nt, "shape", "f32", "bf16",
+            "bf16-dot", "q8_0");
     for (size_t s = 0; s < sizeof gshapes / sizeof *gshapes && !st; s++) {
         const shape *sh = &gshapes[s];
         if (quick > 1 && sh->n > 100000) continue;
-        tp_tensor wf = {0}, wb = {0};
-        if ((st = make_weight(&wf, TP_F32, sh->n, sh->k, &rng)) || (st = make_weight(&wb, TP_BF16, sh->n, sh->k, &rng))) {
+        tp_tensor wf = {0}, wb = {0}, wq = {0};
+        if ((st = make_weight(&wf, TP_F32, sh->n, sh->k, &rng)) || (st = make_weight(&wb, TP_BF16, sh->n, sh->k, &rng)) ||
+            (st = make_weight(&wq, TP_Q8_0, sh->n, sh->k, &rng))) {
             tp_tensor_release(&wf);
+            tp_tensor_release(&wb);
             break;
         }
         fprintf(out, "%-14s", sh->name);
-        for (int v = 0; v < 3 && !st; v++) {
+        for (int v = 0; v < 4 && !st; v++) {   /* f32, bf16, bf16-dot, q8_0 */
             tp_matmul_opts o = {path, v == 2, 0, 0};
-            const tp_tensor *W = v ? &wb : &wf;
+            const tp_tensor *W = v == 0 ? &wf : v == 3 ? &wq : &wb;
             double sec;
             if (v == 2 && !tp_kernel_has_bf16_dot()) { fprintf(out, " %16s", "-"); continue; }
             st = time_matmul(y, x, sh->T, W, pool, &o, reps, &sec);
@@ -688,6 +704,7 @@ tp_status tp_kernel_bench_dims(FILE *out, tp_threadpool *pool, int quick, const 
         fprintf(out, "\n");
         tp_tensor_release(&wf);
         tp_tensor_release(&wb);
+        tp_tensor_release(&wq);
     }
     if (!st) st = gemv_cold(out, pool, &pk, quick, x, y, d);
     if (!st) st = train_gemms(out, pool, &pk, quick, d);

@@ -214,7 +214,7 @@ T512 static void ukernel_f32(int64_t kc, const float *a, const float *b, float *
     kernel_f32(kc, a, b, c, ldc, mr, nr, accumulate, c, 0, NULL, 0);
 }
 
-const tp_gemm_ukernel tp_gemm_ukernel_avx512 = {MR, NR, 16 * MR, KC, 2048, ukernel_f32, NULL};
+const tp_gemm_ukernel tp_gemm_ukernel_avx512 = {MR, NR, 16 * MR, KC, 2048, ukernel_f32, NULL, NULL, 0};
 
 T512BF static void kernel_dot(int64_t kp, const uint32_t *a, const uint32_t *b, float *c, int64_t ldc,
                               int mr, int nr, int accumulate)

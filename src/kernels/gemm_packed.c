@@ -5,6 +5,9 @@
  *   pc: KC depth     — in order from 0: the summation order is fixed
  *   ic: MC rows      — A block [mc][kc] packed once, kept in L2
  *   jr, ir: MR × NR  — the micro-kernel, its B micro-panel [kc][NR] in L1
+ * With uk->nc_l2 and few rows (a prefill: A packed whole in 1 MiB), pc
+ * goes outermost instead, A is packed once per KC block and B is walked in
+ * panels of nc_l2 columns that stay in L2.
  * The micro-kernel (gemm_avx2.c, gemm_avx512.c) sums one KC block of each
  * output element from zero in k order and then adds it to C (or stores it
  * for the first block when not accumulating).  Every element therefore gets
@@ -17,7 +20,11 @@
  *   forward  y = x·Wᵀ :  A = x (rs k, cs 1), B = Wᵀ (rs 1, cs k)
  *   dx += dy·W        :  A = dy (rs n, cs 1), B = W (rs k, cs 1)
  *   dW += dyᵀ·x       :  A = dyᵀ (rs 1, cs n), B = x (rs k, cs 1)
- * B may be bf16; it is widened to f32 while packing, so products stay exact. */
+ * B may be bf16; it is widened to f32 while packing, so products stay exact.
+ * B may also be q8_0 blocks (rows of W whole blocks of 32: element e of the
+ * row-major matrix is quant e % 32 of block e / 32): each element is
+ * dequantized while packing to d·q, exact in f32 (an 11-bit scale times an
+ * 8-bit integer), the value tp_q8_dequantize_row gives. */
 #include "kernels/kern_internal.h"
 
 #include <string.h>
@@ -43,8 +50,15 @@ static float widen(uint16_t h)
     return f;
 }
 
+static float load_q8(const void *p, int64_t off)
+{
+    const tp_q8_block *blk = (const tp_q8_block *)p + off / TP_Q8_BLOCK;
+    return tp_q8_scale(blk->d) * (float)blk->q[off % TP_Q8_BLOCK];
+}
+
 static float load_b(const tp_gemm_operand *b, int64_t off)
 {
+    if (b->dt == TP_Q8_0) return load_q8(b->p, off);
     return b->dt == TP_F32 ? ((const float *)b->p)[off] : widen(((const uint16_t *)b->p)[off]);
 }
 
@@ -53,6 +67,8 @@ static float load_b(const tp_gemm_operand *b, int64_t off)
 static __m128 load4_b(const tp_gemm_operand *b, int64_t off)
 {
     if (b->dt == TP_F32) return _mm_loadu_ps((const float *)b->p + off);
+    if (b->dt == TP_Q8_0)
+        return _mm_setr_ps(load_q8(b->p, off), load_q8(b->p, off + 1), load_q8(b->p, off + 2), load_q8(b->p, off + 3));
     __m128i h = _mm_loadl_epi64((const __m128i *)((const uint16_t *)b->p + off));
     return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), h));
 }
@@ -98,13 +114,19 @@ static void pack_a_rows(float *d, const tp_gemm_operand *a, int64_t i0, int rows
  * Read along the contiguous direction: by rows when cs = 1, else (A = dyᵀ,
  * rs = 1) one p at a time across all the panels, so that the reads walk
  * memory in order rather than a page per p. */
-static void pack_a(float *dst, const tp_gemm_operand *a, int64_t i0, int64_t mc, int64_t p0, int64_t kc, int mr)
+static void pack_a(const tp_gemm_ukernel *uk, float *dst, const tp_gemm_operand *a, int64_t i0, int64_t mc,
+                   int64_t p0, int64_t kc)
 {
     const float *src = a->p;
+    int mr = uk->mr;
     if (a->cs == 1) {
         for (int64_t ib = 0; ib < mc; ib += mr) {
             float *d = dst + ib * kc;
             int rows = (int)min64(mr, mc - ib);
+            if (uk->pack_a && rows == mr) {
+                uk->pack_a(d, a, i0 + ib, p0, kc);
+                continue;
+            }
             pack_a_rows(d, a, i0 + ib, rows, p0, kc, mr);
             for (int i = rows; i < mr; i++)
                 for (int64_t p = 0; p < kc; p++) d[p * mr + i] = 0.0f;
@@ -183,6 +205,7 @@ typedef struct {
     int accumulate;
     const tp_gemm_operand *a, *b;
     int split_m;             /* 1: threads split rows, 0: columns */
+    int a_whole;             /* 1: a thread's rows of A packed once per KC block */
     int64_t mc, kc, nc;      /* block sizes, clipped to the problem */
     char *buf;
     size_t stride, a_bytes;  /* per-thread buffer: A block, then B panel */
@@ -216,6 +239,22 @@ static void gemm_worker(void *p, int ti, int nt)
     if (m0 >= m1 || n0 >= n1) return;
     float *ap = (float *)(j->buf + (size_t)ti * j->stride);
     float *bp = (float *)(j->buf + (size_t)ti * j->stride + j->a_bytes);
+    if (j->a_whole) {
+        /* pc outermost: A packed once per KC block, each small B panel
+         * once; every element still gets its KC blocks in order. */
+        for (int64_t pc = 0; pc < j->k; pc += j->kc) {
+            int64_t kc = min64(j->kc, j->k - pc);
+            pack_a(uk, ap, j->a, m0, m1 - m0, pc, kc);
+            for (int64_t jc = n0; jc < n1; jc += j->nc) {
+                int64_t nc = min64(j->nc, n1 - jc);
+                pack_b(uk, bp, j->b, pc, kc, jc, nc);
+                for (int64_t ic = m0; ic < m1; ic += j->mc)
+                    macro_kernel(j, ap + (ic - m0) * kc, bp, ic, min64(j->mc, m1 - ic), jc, nc, kc,
+                                 j->accumulate || pc > 0);
+            }
+        }
+        return;
+    }
     for (int64_t jc = n0; jc < n1; jc += j->nc) {
         int64_t nc = min64(j->nc, n1 - jc);
         for (int64_t pc = 0; pc < j->k; pc += j->kc) {
@@ -223,7 +262,7 @@ static void gemm_worker(void *p, int ti, int nt)
             pack_b(uk, bp, j->b, pc, kc, jc, nc);
             for (int64_t ic = m0; ic < m1; ic += j->mc) {
                 int64_t mc = min64(j->mc, m1 - ic);
-                pack_a(ap, j->a, ic, mc, pc, kc, uk->mr);
+                pack_a(uk, ap, j->a, ic, mc, pc, kc);
                 macro_kernel(j, ap, bp, ic, mc, jc, nc, kc, j->accumulate || pc > 0);
             }
         }
@@ -240,7 +279,7 @@ tp_status tp_gemm_packed(const tp_gemm_ukernel *uk, float *c, int64_t ldc, int a
         return TP_OK;
     }
     int nt = tp_threadpool_size(pool);
-    gemm_job j = {uk, c, ldc, m, n, k, accumulate, a, b, 0, 0, 0, 0, NULL, 0, 0};
+    gemm_job j = {uk, c, ldc, m, n, k, accumulate, a, b, 0, 0, 0, 0, 0, NULL, 0, 0};
     /* Columns while every thread gets a few micro-panels, else rows.  The
      * split and the MC / NC blocks only tile C; KC alone decides the sums. */
     int64_t nblk = (n + uk->nr - 1) / uk->nr, mblk = (m + uk->mr - 1) / uk->mr;
@@ -248,9 +287,16 @@ tp_status tp_gemm_packed(const tp_gemm_ukernel *uk, float *c, int64_t ldc, int a
     int64_t my_n = j.split_m ? n : (nblk + nt - 1) / nt * uk->nr;
     int64_t my_m = j.split_m ? (mblk + nt - 1) / nt * uk->mr : m;
     j.kc = min64(uk->kc, k);
-    j.mc = min64(uk->mc, round_up(my_m, uk->mr));
-    j.nc = min64(uk->nc, round_up(my_n, uk->nr));
-    j.a_bytes = (size_t)round_up(j.mc * j.kc * (int64_t)sizeof(float), 64);
+    /* MC: as many blocks as uk->mc gives to the nearest, evened out — 512
+     * rows in blocks of 168 left a last block of 8 that read every B
+     * micro-panel again for 2 tiles. */
+    int64_t mblocks = (my_m + uk->mc / 2) / uk->mc;
+    if (mblocks < 1) mblocks = 1;
+    j.mc = round_up((my_m + mblocks - 1) / mblocks, uk->mr);
+    size_t whole = (size_t)(round_up(my_m, uk->mr) * j.kc) * sizeof(float);
+    j.a_whole = uk->nc_l2 > 0 && whole <= TP_GEMM_A_WHOLE_BYTES;
+    j.nc = min64(j.a_whole ? uk->nc_l2 : uk->nc, round_up(my_n, uk->nr));
+    j.a_bytes = (size_t)round_up(j.a_whole ? (int64_t)whole : j.mc * j.kc * (int64_t)sizeof(float), 64);
     j.stride = j.a_bytes + (size_t)round_up(j.nc * j.kc * (int64_t)sizeof(float), 64);
     /* The pool's kept scratch: a fresh buffer per call (2 MiB and more per
      * thread) faulted its pages in again at every GEMM of a prefill. */

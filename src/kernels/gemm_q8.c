@@ -1,6 +1,10 @@
 /* y = x·Wᵀ with Q8_0 weights: the dispatch and the scalar path.
  *
- * x is quantized per row into Q8_0 blocks (quant_q8.c) once per call, in
+ * From TP_Q8_DEQUANT_MIN_T tokens on (prefill) the product is the f32 one
+ * with the dequantized weights: the path's packed f32 GEMM dequantizes W
+ * while it packs (gemm_packed.c, gemm_avx2.c), and the scalar path runs
+ * its f32 loop on d·q (matmul.c).  Below that (decode, short prompts) x is
+ * quantized per row into Q8_0 blocks (quant_q8.c) once per call, in
  * the pool's scratch; the threads then split the rows of W.  The scalar
  * path computes exactly what the AVX2 code does, lane by lane (the order
  * is described in kern_internal.h), so it is the reference for the bits
@@ -48,6 +52,14 @@ tp_status tp_q8_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, 
 {
     int64_t n = W->shape[0], k = W->shape[1], nb = k / TP_Q8_BLOCK;
     if (k % TP_Q8_BLOCK) return tp_fail(TP_ERR_INTERNAL, "tp_matmul: a q8_0 row of %lld values", (long long)k);
+    if (T >= TP_Q8_DEQUANT_MIN_T) {
+        /* Prefill: the f32 GEMM of the dequantized weights, x as it is. */
+#if TP_KERNELS_X86
+        if (path != TP_KERNEL_SCALAR) return tp_gemm_avx2(y, x, T, W->data, TP_Q8_0, n, k, pool);
+#endif
+        tp_matmul_scalar(y, x, T, W->data, TP_Q8_0, n, k, pool);
+        return TP_OK;
+    }
     size_t qbytes = (size_t)(T * k + 63) / 64 * 64, bytes = qbytes + (size_t)(T * nb) * sizeof(float);
     char *mem = tp_threadpool_scratch(pool, bytes), *own = NULL;
     if (!mem) mem = own = tp_alloc(bytes);

@@ -3,12 +3,15 @@
  * A block pair's dot product is exact in integers: |w| (vpsignb w, w) times
  * x with w's sign (vpsignb x, w) by vpmaddubsw (pairs of at most
  * 2·127·127 < 2^15, no saturation), then vpmaddwd with ones: 8 int32 lanes
- * of 4 products each.  The lanes are converted (exactly: below 2^24) and
- * accumulated with one FMA by the block's d_w·d_x; the 8 lanes are added
- * once at the end.  The scalar path (gemm_q8.c) does the same lane by lane.
+ * of 4 products each.  A tile with fewer tokens than rows (the GEMV of one
+ * token) swaps the roles — |x| once per block, w with x's sign per row —
+ * one vpsignb per row and block fewer, the same products.  The lanes are
+ * converted (exactly: below 2^24) and accumulated with one FMA by the
+ * block's d_w·d_x; the 8 lanes are added once at the end.  The scalar path (gemm_q8.c) does the same lane by lane.
  *
  * One tile is R rows of W by TT tokens, R·TT accumulators: the GEMV
- * (T <= 4) runs tiles of all its tokens; the GEMM (prefill) runs 4 × 3
+ * (T <= 4) runs tiles of all its tokens; the GEMM of 5 to 31 tokens
+ * (TP_Q8_DEQUANT_MIN_T; more run the f32 GEMM, gemm_q8.c) runs 4 × 3
  * tiles over chunks of tokens whose quantized rows stay in L2 while a
  * tile's 4 rows of W stay in L1.  The threads split the rows of W. */
 #include "kernels/kern_internal.h"
@@ -74,19 +77,25 @@ tile(const tp_q8_job *j, int64_t r0, const int R, int64_t t0, const int TT, cons
             }
         }
         for (int i = 0; i < nbk; i++) {
-            __m256i xv[TP_GEMV_MAX_T];
+            __m256i xv[TP_GEMV_MAX_T], ax[TP_GEMV_MAX_T];
 #pragma GCC unroll 4
-            for (int t = 0; t < TT; t++)
+            for (int t = 0; t < TT; t++) {
                 xv[t] = _mm256_loadu_si256((const __m256i *)(xq + (t * nb + b + i) * TP_Q8_BLOCK));
+                if (TT < R) ax[t] = _mm256_sign_epi8(xv[t], xv[t]);
+            }
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 const tp_q8_block *wb = w + r * nb + b + i;
-                if (pf && !(i & 1)) _mm_prefetch((const char *)wb + GEMV_PF_BYTES, _MM_HINT_T0);
+                /* every block, not every other one: the branch made gcc keep an
+                 * accumulator in memory (5-7 % of the GEMV, per CPU-second) */
+                if (pf) _mm_prefetch((const char *)wb + GEMV_PF_BYTES, _MM_HINT_T0);
                 __m256i wv = _mm256_loadu_si256((const __m256i *)wb->q);
-                __m256i aw = _mm256_sign_epi8(wv, wv);
+                __m256i aw = TT < R ? wv : _mm256_sign_epi8(wv, wv);
 #pragma GCC unroll 4
                 for (int t = 0; t < TT; t++) {
-                    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[t], wv)), ones);
+                    __m256i u = TT < R ? _mm256_maddubs_epi16(ax[t], _mm256_sign_epi8(wv, xv[t]))
+                                       : _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[t], wv));
+                    __m256i p = _mm256_madd_epi16(u, ones);
                     acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(s[r][t][i]), acc[r][t]);
                 }
             }

@@ -79,7 +79,7 @@ void tp_attention_path(tp_kernel_path p, float *out, const float *q, const float
 
 /* ---- the packed GEMM (gemm_packed.c) ----------------------------------
  * A strided matrix view: element (i, j) at p[i·rs + j·cs].  dt is TP_F32,
- * or TP_BF16 for B (widened while packing). */
+ * or TP_BF16 / TP_Q8_0 for B (widened / dequantized while packing). */
 typedef struct {
     const void *p;
     tp_dtype dt;
@@ -96,12 +96,23 @@ typedef void (*tp_gemm_ukernel_fn)(int64_t kc, const float *a, const float *b, f
  * B[p0+p, j0+j] for p < kc, j < nr — the same values as the generic
  * packing, with the path's own instructions. */
 typedef void (*tp_gemm_pack_bt_fn)(float *dst, const tp_gemm_operand *b, int64_t p0, int64_t kc, int64_t j0);
+/* Packs one full micro-panel of A read along p (a->cs = 1, f32): dst[p·mr +
+ * i] = A[i0+i, p0+p] for p < kc, i < mr — likewise the generic values. */
+typedef void (*tp_gemm_pack_a_fn)(float *dst, const tp_gemm_operand *a, int64_t i0, int64_t p0, int64_t kc);
 typedef struct {
     int mr, nr;            /* register tile */
     int64_t mc, kc, nc;    /* cache blocks: A in L2, B micro-panel in L1, B panel in L2/L3 */
     tp_gemm_ukernel_fn fn;
     tp_gemm_pack_bt_fn pack_bt;   /* NULL: the generic packing */
+    tp_gemm_pack_a_fn pack_a;     /* NULL: the generic packing */
+    /* > 0: where a thread's rows of A, packed for one KC block, take at most
+     * TP_GEMM_A_WHOLE_BYTES, A is packed once per KC block and B walked in
+     * panels of nc_l2 columns, small enough to stay in L2 beside an A block
+     * (gemm_packed.c); 0: the loop order above with nc. */
+    int64_t nc_l2;
 } tp_gemm_ukernel;
+
+#define TP_GEMM_A_WHOLE_BYTES ((size_t)1 << 20)
 
 /* C[m, n] (ldc apart) = A·B, or += with accumulate.  Bitwise the same
  * result for any number of threads in pool. */
@@ -130,7 +141,16 @@ void tp_gemv_thread_rows(int64_t n, int64_t row_bytes, int R, int ti, int nt, in
 void tp_gemv_permute_x(float *dst, const float *x, int64_t T, int64_t k, int64_t kp, int blk);
 
 /* ---- 8-bit weights (quant_q8.c, gemm_q8.c, gemm_q8_avx2.c) ------------
- * y = x·Wᵀ with W in TP_Q8_0 blocks.  x is quantized per row into blocks
+ * y = x·Wᵀ with W in TP_Q8_0 blocks.
+ *
+ * T >= TP_Q8_DEQUANT_MIN_T: the f32 product x·dequant(W)ᵀ, bitwise the
+ * f32 product of the path (the AVX-512 path: the AVX2 one) with the
+ * dequantized weights, for any thread count.  x is not quantized.  The
+ * packed f32 GEMM that runs it is 1.3× faster than the integer tiles at
+ * T = 512 on AVX2 (they need more than 16 registers); below ~T = 28 the
+ * integer kernels win, reading 1 byte per weight where the GEMM packs 4.
+ *
+ * T < TP_Q8_DEQUANT_MIN_T: x is quantized per row into blocks
  * of 32 as the weights are, each pair of blocks gives an exact
  * int32 dot product, and the f32 sums keep the order of an 8-lane AVX2
  * vector: lane l of a block is the sum of its elements 4l..4l+3, each lane
@@ -138,7 +158,11 @@ void tp_gemv_permute_x(float *dst, const float *x, int64_t T, int64_t k, int64_t
  * the 8 lanes are added at the end as tp_q8_hsum8 does.  The scalar path
  * does exactly that in C, so every path gives the same bits, whatever the
  * thread count, the tile a row falls in, or whether it runs as a GEMV or
- * a GEMM. */
+ * a GEMM (tokens 5..31: 4 × 3 tiles, gemm_q8_avx2.c). */
+/* The fewest tokens that run as the f32 product (measured: bench/README.md,
+ * "8-bit weights"). */
+#define TP_Q8_DEQUANT_MIN_T 32
+
 /* x[T, k] -> quants q[T, k] and scales d[T, k/32], per block of 32:
  * d = amax/127 (kept in f32), q = round-to-even(x/d).  The scales are apart
  * from the quants so that the kernels load 8 blocks' scales at once. */

@@ -66,6 +66,10 @@ static void scalar_worker(void *p, int ti, int nt)
             if (j->wt == TP_F32) {
                 const float *w = (const float *)j->w + r * j->k;
                 for (int64_t i = 0; i < j->k; i++) acc += x[i] * w[i];
+            } else if (j->wt == TP_Q8_0) {   /* d·q is exact: the dequantized weight */
+                const tp_q8_block *w = (const tp_q8_block *)j->w + r * (j->k / TP_Q8_BLOCK);
+                for (int64_t i = 0; i < j->k; i++)
+                    acc += x[i] * (tp_q8_scale(w[i / TP_Q8_BLOCK].d) * (float)w[i / TP_Q8_BLOCK].q[i % TP_Q8_BLOCK]);
             } else {
                 const uint16_t *w = (const uint16_t *)j->w + r * j->k;
                 for (int64_t i = 0; i < j->k; i++) acc += x[i] * tp_f32_from_bf16(w[i]);

@@ -47,8 +47,8 @@ def safetensors(path):
     return out
 
 
-def convert(model, out, dtype):
-    p = subprocess.run([sys.executable, CONVERT, model, out, "--dtype", dtype], capture_output=True, text=True)
+def convert(model, out, dtype, extra=()):
+    p = subprocess.run([sys.executable, CONVERT, model, out, "--dtype", dtype, *extra], capture_output=True, text=True)
     if p.returncode:
         raise AssertionError(f"convert {model} --dtype {dtype} exited {p.returncode}:\n{p.stderr}")
 
@@ -64,10 +64,10 @@ def check_header_by_hand(path, n_tensors):
 
 
 def hf_rows(g, a, arch, cfg):
-    """The GGUF tensor a in Hugging Face's row order: llama's q/k rows are
-    stored with each head's rotary pairs adjacent (row 2j + h of a head is
-    Hugging Face row h * d/2 + j)."""
-    if arch != "llama" or not g.endswith(("attn_q.weight", "attn_k.weight")):
+    """The GGUF tensor a in Hugging Face's row order: llama's (and mixtral's)
+    q/k rows are stored with each head's rotary pairs adjacent (row 2j + h
+    of a head is Hugging Face row h * d/2 + j)."""
+    if arch not in ("llama", "mixtral") or not g.endswith(("attn_q.weight", "attn_k.weight")):
         return a
     heads = cfg["num_attention_heads"] if g.endswith("attn_q.weight") else cfg["num_key_value_heads"]
     d = a.shape[0] // heads
@@ -77,31 +77,66 @@ def hf_rows(g, a, arch, cfg):
 NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
          "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
          "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-         "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+         "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+         "attn_q_a": "self_attn.q_a_proj", "attn_q_a_norm": "self_attn.q_a_layernorm",
+         "attn_q_b": "self_attn.q_b_proj", "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+         "attn_kv_a_norm": "self_attn.kv_a_layernorm", "ffn_gate_inp": "mlp.gate",
+         "ffn_gate_shexp": "mlp.shared_experts.gate_proj", "ffn_up_shexp": "mlp.shared_experts.up_proj",
+         "ffn_down_shexp": "mlp.shared_experts.down_proj"}
+EXPERTS = {"ffn_gate_exps": ("gate_proj", "w1"), "ffn_up_exps": ("up_proj", "w3"), "ffn_down_exps": ("down_proj", "w2")}
+F32_ALWAYS = ("ffn_gate_inp", "exp_probs_b")   # routers and biases stay F32, as llama.cpp keeps them
 
 
-def hf_name(g):
-    if g == "token_embd.weight":
-        return "model.embed_tokens.weight"
-    if g == "output_norm.weight":
-        return "model.norm.weight"
-    if g == "output.weight":
-        return "lm_head.weight"
+def expected(g, w, cfg):
+    """(the checkpoint tensors GGUF tensor g holds, as one f32 array in
+    Hugging Face's order, the names used): experts stacked along a new
+    first dimension, deepseek's k_b / v_b cut from kv_b_proj by hand."""
+    arch = cfg["model_type"]
+    top = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+           "output.weight": "lm_head.weight"}
+    if g in top:
+        return w[top[g]], [top[g]]
     _, i, part, _ = g.split(".")
-    return f"model.layers.{i}.{NAMES[part]}.weight"
+    p = f"model.layers.{i}."
+    if part in EXPERTS:
+        hf, mx = EXPERTS[part]
+        E = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
+        names = [p + (f"block_sparse_moe.experts.{e}.{mx}.weight" if arch == "mixtral"
+                      else f"mlp.experts.{e}.{hf}.weight") for e in range(E)]
+        return np.stack([w[n] for n in names]), names
+    if part in ("attn_k_b", "attn_v_b"):
+        n = p + "self_attn.kv_b_proj.weight"
+        heads, nope, v = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["v_head_dim"]
+        kv = w[n].reshape(heads, nope + v, cfg["kv_lora_rank"])
+        # k_b[h, c, j] = kv_b[h (nope + v) + j, c]; v_b[h, j, c] = kv_b[h (nope + v) + nope + j, c]
+        return (kv[:, :nope, :].transpose(0, 2, 1) if part == "attn_k_b" else kv[:, nope:, :]), [n]
+    if part == "exp_probs_b":
+        n = p + "mlp.gate.e_score_correction_bias"
+    elif part == "ffn_gate_inp" and arch == "mixtral":
+        n = p + "block_sparse_moe.gate.weight"
+    else:
+        n = p + NAMES[part] + ".weight"
+    return w[n], [n]
 
 
-def check_tensors(r, w, arch, cfg, dtype, tag):
+def check_tensors(r, w, arch, cfg, dtype, tag, experts_stored=False):
     want = {gguf.F32: "f32", gguf.BF16: "bf16", gguf.Q8_0: "q8_0"}
-    expect = set(w) - ({"lm_head.weight"} if cfg.get("tie_word_embeddings") else set())
+    stored = {n for n in w if n != "lm_head.weight" or not cfg.get("tie_word_embeddings")}
     seen = set()
     for g, (gtype, dims, off) in r.tensors.items():
         ck(off % 32 == 0, f"{tag} {g}: offset {off} not aligned to 32")
-        hf = hf_name(g)
-        seen.add(hf)
-        src = w[hf]
+        src, names = expected(g, w, cfg)
+        seen.update(names)
         ck(tuple(reversed(dims)) == src.shape, f"{tag} {g}: dims {dims} for shape {src.shape}")
-        exp_type = gguf.F32 if src.ndim == 1 else {"f32": gguf.F32, "bf16": gguf.BF16, "q8_0": gguf.Q8_0}[dtype]
+        part = g.split(".")[-2]
+        if src.ndim == 1 or part in F32_ALWAYS:
+            exp_type = gguf.F32
+        elif experts_stored and part in EXPERTS:
+            exp_type = gguf.BF16 if cfg["torch_dtype"] == "bfloat16" else gguf.F32
+        else:
+            exp_type = {"f32": gguf.F32, "bf16": gguf.BF16, "q8_0": gguf.Q8_0}[dtype]
+            if exp_type == gguf.Q8_0 and src.shape[-1] % 32:
+                exp_type = gguf.F32   # rows that are not whole blocks
         ck(gtype == exp_type, f"{tag} {g}: type {gguf.TYPE_NAMES.get(gtype)}, expected {want[exp_type]}")
         got = hf_rows(g, r.array(g), arch, cfg)
         if gtype == gguf.Q8_0:
@@ -118,24 +153,60 @@ def check_tensors(r, w, arch, cfg, dtype, tag):
             ck(np.array_equal(got, exp), f"{tag} {g}: BF16 values differ")
         else:
             ck(np.array_equal(got, src), f"{tag} {g}: F32 values differ")
-    ck(seen == expect, f"{tag}: tensors {sorted(expect - seen)} missing, {sorted(seen - expect)} extra")
+    ck(seen == stored, f"{tag}: tensors {sorted(stored - seen)[:4]} missing, {sorted(seen - stored)[:4]} extra")
 
 
-def check_kv(r, cfg, model, dtype, tag):
-    arch = cfg["model_type"]
+# llama.cpp's architecture of each model type
+GGUF_ARCH = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "mixtral": "llama",
+             "deepseek_v2": "deepseek2", "deepseek_v3": "deepseek2"}
+
+
+def expected_u32(cfg):
+    """The u32 hyperparameters llama.cpp reads, from config.json by hand."""
+    mt = cfg["model_type"]
+    exp = {"block_count": cfg["num_hidden_layers"], "context_length": cfg["max_position_embeddings"],
+           "embedding_length": cfg["hidden_size"], "feed_forward_length": cfg["intermediate_size"],
+           "attention.head_count": cfg["num_attention_heads"], "vocab_size": cfg["vocab_size"]}
+    if mt.startswith("deepseek"):
+        # MLA as llama.cpp runs it: one KV head over the latent, the heads' widths as the *_mla lengths
+        kv, rope = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+        exp.update({"attention.head_count_kv": 1, "attention.key_length": kv + rope, "attention.value_length": kv,
+                    "attention.key_length_mla": cfg["qk_nope_head_dim"] + rope,
+                    "attention.value_length_mla": cfg["v_head_dim"], "attention.kv_lora_rank": kv,
+                    "attention.q_lora_rank": cfg.get("q_lora_rank") or 0, "rope.dimension_count": rope,
+                    "leading_dense_block_count": cfg["first_k_dense_replace"],
+                    "expert_feed_forward_length": cfg["moe_intermediate_size"],
+                    "expert_count": cfg["n_routed_experts"], "expert_used_count": cfg["num_experts_per_tok"],
+                    "expert_shared_count": cfg["n_shared_experts"],
+                    "expert_gating_func": 2 if mt == "deepseek_v3" else 1})
+        if cfg.get("n_group", 1) > 1:
+            exp.update({"expert_group_count": cfg["n_group"], "expert_group_used_count": cfg["topk_group"]})
+        return exp
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    exp.update({"attention.head_count_kv": cfg["num_key_value_heads"], "attention.key_length": head_dim,
+                "attention.value_length": head_dim, "rope.dimension_count": head_dim})
+    if mt == "mixtral":
+        exp.update({"expert_count": cfg["num_local_experts"], "expert_used_count": cfg["num_experts_per_tok"]})
+    if mt == "qwen3_moe":
+        exp.update({"expert_count": cfg["num_experts"], "expert_used_count": cfg["num_experts_per_tok"],
+                    "expert_feed_forward_length": cfg["moe_intermediate_size"]})
+    return exp
+
+
+def check_kv(r, cfg, model, dtype, tag, pre):
+    arch = GGUF_ARCH[cfg["model_type"]]
     kv = r.kv
     ck(kv.get("general.architecture") == arch, f"{tag}: architecture {kv.get('general.architecture')}")
     ck(kv.get("general.file_type") == {"f32": 0, "bf16": 32, "q8_0": 7}[dtype], f"{tag}: file_type {kv.get('general.file_type')}")
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    exp = {"block_count": cfg["num_hidden_layers"], "context_length": cfg["max_position_embeddings"],
-           "embedding_length": cfg["hidden_size"], "feed_forward_length": cfg["intermediate_size"],
-           "attention.head_count": cfg["num_attention_heads"], "attention.head_count_kv": cfg["num_key_value_heads"],
-           "attention.key_length": head_dim, "attention.value_length": head_dim, "rope.dimension_count": head_dim,
-           "vocab_size": cfg["vocab_size"]}
-    for k, v in exp.items():
-        ck(kv.get(f"{arch}.{k}") == v and r.kv_types[f"{arch}.{k}"] == gguf.UINT32,
+    for k, v in expected_u32(cfg).items():
+        ck(kv.get(f"{arch}.{k}") == v and r.kv_types.get(f"{arch}.{k}") == gguf.UINT32,
            f"{tag}: {arch}.{k} = {kv.get(f'{arch}.{k}')}, expected {v} (u32)")
-    for k, v in (("rope.freq_base", cfg["rope_theta"]), ("attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])):
+    floats = [("rope.freq_base", cfg["rope_theta"]), ("attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])]
+    if arch == "deepseek2":
+        floats.append(("expert_weights_scale", cfg["routed_scaling_factor"]))
+        ck(kv.get(f"{arch}.expert_weights_norm") == bool(cfg["norm_topk_prob"]),
+           f"{tag}: expert_weights_norm {kv.get(f'{arch}.expert_weights_norm')}")
+    for k, v in floats:
         got = kv.get(f"{arch}.{k}")
         ck(got is not None and np.float32(got) == np.float32(v) and r.kv_types[f"{arch}.{k}"] == gguf.FLOAT32,
            f"{tag}: {arch}.{k} = {got}, expected {v} (f32)")
@@ -156,7 +227,7 @@ def check_kv(r, cfg, model, dtype, tag):
     ck(kv["tokenizer.ggml.merges"][:3] == [m if isinstance(m, str) else " ".join(m) for m in merges[:3]]
        and len(kv["tokenizer.ggml.merges"]) == len(merges), f"{tag}: merges differ")
     ck(kv["tokenizer.ggml.model"] == "gpt2", f"{tag}: tokenizer model {kv['tokenizer.ggml.model']}")
-    ck(kv["tokenizer.ggml.pre"] == {"llama": "llama-bpe", "qwen3": "qwen2"}[arch], f"{tag}: pre {kv['tokenizer.ggml.pre']}")
+    ck(kv["tokenizer.ggml.pre"] == pre, f"{tag}: pre {kv['tokenizer.ggml.pre']}, expected {pre}")
     # BOS as tensorpar's tokenizer adds it (it follows Hugging Face's rules)
     ids = json.loads(run("tokenize", "--tokenizer", model, "--text", "Hello world", "--special").stdout)
     bos = kv.get("tokenizer.ggml.bos_token_id")
@@ -189,31 +260,168 @@ def check_encodings():
     ck(bool(np.isnan(gguf.bf16_to_f32(b[4:]))[0]), "bf16 of NaN")
 
 
+def expected_count(cfg, w):
+    """How many tensors the GGUF file holds: the checkpoint's, less a tied
+    lm_head, each sparse layer's E tensors per projection stacked into one,
+    deepseek's kv_b_proj cut in two, plus rope_freqs under llama3 scaling."""
+    n = len(w) - bool(cfg.get("tie_word_embeddings") and "lm_head.weight" in w) + bool(cfg.get("rope_scaling"))
+    E = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0
+    sparse = len({k.split(".")[2] for k in w if ".experts." in k})
+    n -= sparse * 3 * (E - 1)
+    return n + sum(k.endswith("kv_b_proj.weight") for k in w)
+
+
+def rewrite_header(src, dst, edit):
+    """Copies a safetensors file with its header JSON changed by edit(header)."""
+    with open(src, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        data = f.read()
+    edit(header)
+    h = json.dumps(header).encode()
+    with open(dst, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + data)
+
+
+def damaged_copy(work, model, name, damage):
+    """A copy of the model folder with damage(folder) applied."""
+    import shutil
+    d = os.path.join(work, name)
+    shutil.copytree(model, d)
+    damage(d)
+    return d
+
+
+def check_refusals(work, model):
+    """Damaged input is refused before anything is written: the message names
+    the file, tensor or key, the exit status is not 0, an existing OUT is left
+    as it was, and no temporary file is left beside it."""
+    st = os.path.join("{d}", "model.safetensors")
+
+    def truncate(d):
+        p = st.format(d=d)
+        os.truncate(p, os.path.getsize(p) // 2)
+
+    def header_only(d):
+        os.truncate(st.format(d=d), 5)
+
+    def int_dtype(d):
+        def edit(h):
+            h["model.layers.1.self_attn.v_proj.weight"]["dtype"] = "I32"
+        rewrite_header(st.format(d=d), st.format(d=d), edit)
+
+    def wrong_shape(d):
+        def edit(h):
+            h["model.layers.0.mlp.experts.3.down_proj.weight"]["shape"].reverse()
+        rewrite_header(st.format(d=d), st.format(d=d), edit)
+
+    def bad_offsets(d):
+        def edit(h):
+            e = h["model.norm.weight"]
+            e["data_offsets"][1] += 4
+        rewrite_header(st.format(d=d), st.format(d=d), edit)
+
+    def drop_key(key):
+        def damage(d):
+            p = os.path.join(d, "config.json")
+            with open(p) as f:
+                c = json.load(f)
+            del c[key]
+            with open(p, "w") as f:
+                json.dump(c, f)
+        return damage
+
+    def drop_tensor(d):
+        def edit(h):
+            del h["model.layers.1.mlp.experts.5.up_proj.weight"]
+        rewrite_header(st.format(d=d), st.format(d=d), edit)
+
+    cases = [("truncated", truncate, ["model.safetensors", "truncated"]),
+             ("short", header_only, ["model.safetensors", "truncated"]),
+             ("i32", int_dtype, ["model.layers.1.self_attn.v_proj.weight", "I32"]),
+             ("shape", wrong_shape, ["model.layers.0.mlp.experts.3.down_proj.weight", "[40, 64]"]),
+             ("offsets", bad_offsets, ["model.norm.weight", "bytes"]),
+             ("no-experts", drop_key("num_experts"), ["config.json", "num_experts"]),
+             ("no-heads", drop_key("num_attention_heads"), ["config.json", "num_attention_heads"]),
+             ("no-tensor", drop_tensor, ["model.layers.1.mlp.experts.5.up_proj.weight", "lacks"])]
+    outdir = os.path.join(work, "refusals")
+    os.makedirs(outdir)
+    for name, damage, words in cases:
+        d = damaged_copy(work, model, "damaged-" + name, damage)
+        out = os.path.join(outdir, name + ".gguf")
+        with open(out, "wb") as f:
+            f.write(b"old")
+        p = subprocess.run([sys.executable, CONVERT, d, out, "--dtype", "q8_0"], capture_output=True, text=True)
+        err = p.stderr.strip()
+        ck(p.returncode != 0 and all(wd in err for wd in words) and "Traceback" not in err,
+           f"damaged {name}: exit {p.returncode}, message {err[-300:]!r}, expected one naming {words}")
+        with open(out, "rb") as f:
+            ck(f.read() == b"old", f"damaged {name}: the existing {out} was changed")
+    left = sorted(set(os.listdir(outdir)) - {n + ".gguf" for n, _, _ in cases})
+    ck(not left, f"damaged input left files behind: {left}")
+
+
+def check_no_partial_file(work, model):
+    """A failure while the file is being written (here the Q8_0 encoder
+    failing on the tenth tensor) leaves no OUT and no temporary file."""
+    sys.path.insert(0, os.path.dirname(CONVERT))
+    import convert as cv
+    real, calls = gguf.quantize_q8_0, [0]
+
+    def failing(x):
+        calls[0] += 1
+        if calls[0] == 10:
+            raise ValueError("injected failure")
+        return real(x)
+
+    outdir = os.path.join(work, "partial")
+    os.makedirs(outdir)
+    cv.gguf.quantize_q8_0 = failing
+    try:
+        cv.convert(model, os.path.join(outdir, "m.gguf"), "q8_0")
+        ck(False, "the injected failure did not stop the conversion")
+    except ValueError as e:
+        ck("injected" in str(e), f"conversion failed otherwise: {e}")
+    finally:
+        cv.gguf.quantize_q8_0 = real
+    ck(calls[0] == 10, f"the encoder ran {calls[0]} times")
+    ck(os.listdir(outdir) == [], f"a failed write left {os.listdir(outdir)}")
+
+
 def main():
     check_encodings()
     with tempfile.TemporaryDirectory(prefix="tp-gguf-") as work:
         models = []
-        for arch, dt, extra in (("llama", "f32", []), ("qwen3", "bf16", ["--set", "tie_word_embeddings=true"]),
-                                ("llama", "bf16", ["--set", "rope_scaling={\"rope_type\": \"llama3\", \"factor\": 8.0, "
-                                                   "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
-                                                   "\"original_max_position_embeddings\": 256}"])):
-            tok = os.path.join(TOKENIZERS, "llama3" if arch == "llama" else "qwen3")
+        llama3 = ["--set", "rope_scaling={\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                  "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 256}"]
+        # (model type, stored dtype, make-model options, tokenizer); the MoE
+        # ones with experts of rows of 32 or 40 (40: the down projection
+        # stays F32 under q8_0), deepseek_v3 with the low-rank query
+        for arch, dt, extra, tok in (("llama", "f32", [], "llama3"),
+                                     ("qwen3", "bf16", ["--set", "tie_word_embeddings=true"], "qwen3"),
+                                     ("llama", "bf16", llama3, "llama3"),
+                                     ("qwen3_moe", "f32", [], "qwen3"),
+                                     ("mixtral", "bf16", ["--set", "intermediate_size=32"], "llama3"),
+                                     ("deepseek_v2", "f32", [], "qwen3"),
+                                     ("deepseek_v3", "bf16", [], "llama3")):
             m = os.path.join(work, f"{arch}-{dt}-{len(models)}")
-            run("make-model", "--arch", arch, "--preset", "tiny", "--dtype", dt, "--tokenizer", tok, *extra, "--out", m)
-            models.append((arch, m))
-        for arch, m in models:
+            run("make-model", "--arch", arch, "--preset", "tiny", "--dtype", dt, "--tokenizer",
+                os.path.join(TOKENIZERS, tok), *extra, "--out", m)
+            models.append((arch, m, {"llama3": "llama-bpe", "qwen3": "qwen2"}[tok]))
+        for arch, m, pre in models:
             with open(os.path.join(m, "config.json")) as f:
                 cfg = json.load(f)
             w = safetensors(os.path.join(m, "model.safetensors"))
-            for dtype in ("f32", "bf16", "q8_0"):
-                out = os.path.join(work, os.path.basename(m) + f".{dtype}.gguf")
-                convert(m, out, dtype)
-                tag = f"{os.path.basename(m)} -> {dtype}"
-                scaled = bool(cfg.get("rope_scaling"))
-                n = len(w) - (cfg.get("tie_word_embeddings", False) and "lm_head.weight" in w) + scaled
-                check_header_by_hand(out, n)
+            runs = [("f32", False), ("bf16", False), ("q8_0", False)]
+            if arch in ("mixtral", "deepseek_v2"):
+                runs.append(("q8_0", True))
+            for dtype, stored in runs:
+                out = os.path.join(work, os.path.basename(m) + f".{dtype}{'-stored' if stored else ''}.gguf")
+                convert(m, out, dtype, ["--experts", "stored"] if stored else [])
+                tag = f"{os.path.basename(m)} -> {dtype}{' (experts stored)' if stored else ''}"
+                check_header_by_hand(out, expected_count(cfg, w))
                 r = gguf.Reader(out)
-                if scaled:
+                if cfg.get("rope_scaling"):
                     f = r.tensors.pop("rope_freqs.weight")
                     # head_dim 16, theta 1e4, 256 original positions: the shortest
                     # wavelength (2 pi) keeps 1, the longest (2 pi 1e4^(14/16)) takes
@@ -221,8 +429,8 @@ def main():
                     v = np.frombuffer(r.buf, np.float32, count=8, offset=f[2])
                     ck(f[0] == gguf.F32 and f[1] == (8,) and v[0] == 1 and v[-1] == 8 and
                        bool((np.diff(v) >= 0).all()) and 1 < v[3] < 8, f"{tag}: rope_freqs {f[:2]} {v}")
-                check_kv(r, cfg, m, dtype, tag)
-                check_tensors(r, w, arch, cfg, dtype, tag)
+                check_kv(r, cfg, m, dtype, tag, pre)
+                check_tensors(r, w, arch, cfg, dtype, tag, stored)
                 r.close()
         # a model type the converter does not know is refused, naming it
         m = os.path.join(work, "mistral")
@@ -230,6 +438,9 @@ def main():
             "--out", m)
         p = subprocess.run([sys.executable, CONVERT, m, os.path.join(work, "x.gguf")], capture_output=True, text=True)
         ck(p.returncode != 0 and "mistral" in p.stderr, f"mistral: exit {p.returncode}, {p.stderr.strip()}")
+        moe = next(m for a, m, _ in models if a == "qwen3_moe")
+        check_refusals(work, moe)
+        check_no_partial_file(work, moe)
     if ck.failures:
         sys.exit(f"{len(ck.failures)} failure(s)")
     print("ok")

@@ -9,6 +9,9 @@ each rank its own shard) under TP = 1, 2 and 4:
     count, tests/unit/test_q8.c; a sum that differs in its last bit can move an
     activation across a rounding boundary of its 8-bit quantization, which
     moves a logit by ~1e-3, so the bound is 5e-3) and the same greedy tokens;
+  - a prompt of 40 tokens (the f32 product of the dequantized weights from
+    32 tokens on) stays as near f32, and TP = 2 gives TP = 1's logits up to
+    f32 rounding;
   - greedy generation over 64 tokens is compared with the f32 model's;
   - `bench decode --dtype q8_0` streams 34/128 of the f32 weight bytes;
   - a shard whose rows are not whole blocks, and training, are refused.
@@ -73,6 +76,21 @@ class Q8Logits(unittest.TestCase):
                 self.assertLess(err, 2e-2, f"{arch} TP={tp}")
                 self.assertLess(rel(q, q1), 5e-3, f"{arch} TP={tp} vs TP=1")
                 self.assertTrue(np.array_equal(q.argmax(-1), q1.argmax(-1)), f"{arch} TP={tp}: argmax")
+
+    def test_long_prompt_f32_product(self):
+        # 40 tokens: from 32 on the prefill's products are f32 ones with the
+        # dequantized weights (x not quantized), so only the weights' own
+        # quantization error is left.
+        toks = ",".join(str((i * 37 + 5) % 500 + 1) for i in range(40))
+        for arch, model in MODELS.items():
+            ref = tp_logits(WORK, model, 1, "--dtype", "f32", tokens=toks)
+            q1 = tp_logits(WORK, model, 1, "--dtype", "q8_0", tokens=toks)
+            q2 = tp_logits(WORK, model, 2, "--dtype", "q8_0", tokens=toks)
+            print(f"\n{arch} q8_0 40 tokens: max|q8 - f32| / max|f32| = {rel(q1, ref):.3g}, "
+                  f"TP=2 vs TP=1 {rel(q2, q1):.2g}", end="")
+            self.assertLess(rel(q1, ref), 2e-2, arch)
+            self.assertLess(rel(q2, q1), 1e-4, arch)
+            self.assertTrue(np.array_equal(q2.argmax(-1), q1.argmax(-1)), arch)
 
     def test_greedy_generation(self):
         for arch, model in MODELS.items():

@@ -143,7 +143,7 @@ static void test_small_blocks(tp_threadpool *pools[3])
 {
     if (!tp_kernel_path_supported(TP_KERNEL_AVX2)) return;
     tp_gemm_ukernel small = tp_gemm_ukernel_avx2;
-    small.mc = 12, small.nc = 32;
+    small.mc = 12, small.nc = 32, small.nc_l2 = 0;   /* the jc-outer loop order */
     int64_t m = 45, n = 77, k = 70;
     float *a = malloc((size_t)(m * k) * sizeof(float)), *b = malloc((size_t)(k * n) * sizeof(float));
     float *c[4];
@@ -157,6 +157,19 @@ static void test_small_blocks(tp_threadpool *pools[3])
         CHECK(tp_gemm_packed(&small, c[th], n, 0, m, n, k, &oa, &ob, pools[th]) == TP_OK);
         CHECK(!memcmp(c[th], c[3], (size_t)(m * n) * sizeof(float)));
     }
+    /* A packed whole per KC block (pc outermost), B panels of 32 columns. */
+    small.nc_l2 = 32;
+    for (int th = 0; th < 3; th++) {
+        CHECK(tp_gemm_packed(&small, c[th], n, 0, m, n, k, &oa, &ob, pools[th]) == TP_OK);
+        CHECK(!memcmp(c[th], c[3], (size_t)(m * n) * sizeof(float)));
+    }
+    small.nc_l2 = 0;
+    /* The AVX2 packing of A (6-row panels by 8 × 8 transposes, k = 70 has a
+     * tail of 6) gives the generic packing's values: the same bits. */
+    tp_gemm_ukernel generic = tp_gemm_ukernel_avx2;
+    generic.pack_a = NULL;
+    CHECK(tp_gemm_packed(&generic, c[0], n, 0, m, n, k, &oa, &ob, pools[1]) == TP_OK);
+    CHECK(!memcmp(c[0], c[3], (size_t)(m * n) * sizeof(float)));
     /* kc = 7 changes the order (10 blocks), so compare with a tolerance. */
     small.kc = 7;
     CHECK(tp_gemm_packed(&small, c[0], n, 0, m, n, k, &oa, &ob, pools[2]) == TP_OK);

@@ -2,7 +2,9 @@
  * hold what llama.cpp's Q8_0 holds; the scalar product equals the exact
  * (double) sum of the quantized values to within its f32 roundings; every
  * SIMD path, thread count, tile and GEMV/GEMM split gives the scalar
- * path's bits; a q8_0 product stays close to the f32 one; the backward
+ * path's bits below TP_Q8_DEQUANT_MIN_T tokens; from there on every path
+ * gives the bits of its f32 product with the dequantized weights; a q8_0
+ * product stays close to the f32 one; the backward
  * and element-wise conversions refuse q8_0. */
 #include "check.h"
 #include "tensorpar/kernels.h"
@@ -98,18 +100,46 @@ static int make_weight(tp_tensor *W, float *wd, int64_t n, int64_t k)
 
 static double worst_ref, worst_f32;
 
-/* The scalar path against the exact sum of the quantized products, every
- * other path against the scalar path's bits, and the product against the
- * f32 product of the unquantized... dequantized weights and x. */
+/* The f32 product of path pi with the dequantized weights wd: what a
+ * q8_0 product of TP_Q8_DEQUANT_MIN_T tokens or more gives, bit for bit
+ * (the AVX-512 path runs the AVX2 GEMM for q8_0). */
+static void check_dequant_bits(tp_threadpool *pool, const float *y, const float *x, int64_t T, const float *wd,
+                               int64_t n, int64_t k, int pi)
+{
+    tp_tensor Wf = {0};
+    float *yf = malloc((size_t)(T * n) * sizeof(float));
+    if (!yf || tp_tensor_init(&Wf, TP_F32, 2, (int64_t[2]){n, k})) { CHECK(!"out of memory"); goto done; }
+    memcpy(Wf.data, wd, (size_t)(n * k) * sizeof(float));
+    tp_matmul_opts o = {PATHS[pi] == TP_KERNEL_AVX512 ? TP_KERNEL_AVX2 : PATHS[pi], 0, 0, 0};
+    CHECK(tp_matmul_ex(yf, x, T, &Wf, NULL, pool, &o) == TP_OK);
+    CHECK_MSG(!memcmp(y, yf, (size_t)(T * n) * sizeof(float)), "%s T=%lld n=%lld k=%lld: not the f32 product's bits",
+              tp_kernel_path_name(PATHS[pi]), (long long)T, (long long)n, (long long)k);
+done:
+    tp_tensor_release(&Wf);
+    free(yf);
+}
+
+/* Below TP_Q8_DEQUANT_MIN_T tokens: the scalar path against the exact sum
+ * of the quantized products, every other path against the scalar path's
+ * bits, each token alone (the GEMV) against the batch's bits, and the
+ * product against the f32 product of the dequantized weights and x.  From
+ * TP_Q8_DEQUANT_MIN_T on: every path gives its f32 product's bits, within
+ * f32 rounding of the exact one; a token alone (the quantized GEMV) stays
+ * within x's quantization of it. */
 static void check_product(tp_threadpool *pool, int64_t T, int64_t n, int64_t k)
 {
     int64_t nb = k / TP_Q8_BLOCK;
+    int deq = T >= TP_Q8_DEQUANT_MIN_T;
     float *x = malloc((size_t)(T * k) * sizeof(float)), *wd = malloc((size_t)(n * k) * sizeof(float));
     float *yr = malloc((size_t)(T * n) * sizeof(float)), *y = malloc((size_t)(T * n) * sizeof(float));
     int8_t *xq = malloc((size_t)(T * k));
     float *xd = malloc((size_t)(T * nb) * sizeof(float));
+    double *xb = malloc((size_t)(T * n) * sizeof(double));
     tp_tensor W = {0};
-    if (!x || !wd || !yr || !y || !xq || !xd || make_weight(&W, wd, n, k)) { CHECK(!"out of memory"); goto done; }
+    if (!x || !wd || !yr || !y || !xq || !xd || !xb || make_weight(&W, wd, n, k)) {
+        CHECK(!"out of memory");
+        goto done;
+    }
     fill(x, T * k, 1.0);
     if (T > 2) x[k + 3] = 40.0f;   /* one block with an outlier */
     tp_q8_quantize_act(xq, xd, x, T, k);
@@ -136,7 +166,16 @@ static void check_product(tp_threadpool *pool, int64_t T, int64_t n, int64_t k)
                 xbound += fabs((double)wd[r * k + i]) * xd[t * nb + i / TP_Q8_BLOCK] / 2;
             }
             /* nb + 3 roundings of at most 2^-24 each, and the scale's own */
-            double e = fabs(yr[t * n + r] - exact), bound = (double)(nb + 5) * 0x1p-24 * mag;
+            double bound = (double)(nb + 5) * 0x1p-24 * mag;
+            xb[t * n + r] = xbound * (1 + 1e-5) + bound;
+            double ef = fabs(yr[t * n + r] - f32);
+            if (deq) {   /* k roundings of a sum in order */
+                double fb = (double)k * 0x1p-24 * f32mag;
+                CHECK_MSG(ef <= fb, "T=%lld [%lld, %lld]: scalar %.9g f32 %.9g (bound %.3g)", (long long)T,
+                          (long long)t, (long long)r, yr[t * n + r], f32, fb);
+                continue;
+            }
+            double e = fabs(yr[t * n + r] - exact);
             CHECK_MSG(e <= bound, "T=%lld n=%lld k=%lld [%lld, %lld]: scalar %.9g exact %.9g (bound %.3g)",
                       (long long)T, (long long)n, (long long)k, (long long)t, (long long)r, yr[t * n + r], exact,
                       bound);
@@ -144,33 +183,43 @@ static void check_product(tp_threadpool *pool, int64_t T, int64_t n, int64_t k)
             /* against the f32 product with the same (dequantized) weights:
              * x's quantization moves each value by at most half its
              * block's d_x */
-            double ef = fabs(yr[t * n + r] - f32);
-            CHECK_MSG(ef <= xbound * (1 + 1e-5) + bound, "T=%lld [%lld, %lld]: q8 %.6g f32 %.6g (bound %.3g)",
-                      (long long)T, (long long)t, (long long)r, yr[t * n + r], f32, xbound);
+            CHECK_MSG(ef <= xb[t * n + r], "T=%lld [%lld, %lld]: q8 %.6g f32 %.6g (bound %.3g)", (long long)T,
+                      (long long)t, (long long)r, yr[t * n + r], f32, xbound);
             if (!(T > 2 && t == 1) && f32mag > 0 && ef / f32mag > worst_f32) worst_f32 = ef / f32mag;
         }
-    for (int pi = 1; pi < 3; pi++) {
+    for (int pi = 0; pi < 3; pi++) {
         if (!tp_kernel_path_supported(PATHS[pi])) continue;
         tp_matmul_opts op = {PATHS[pi], 0, 0, 0};
         memset(y, 0xff, (size_t)(T * n) * sizeof(float));
         CHECK(tp_matmul_ex(y, x, T, &W, NULL, pool, &op) == TP_OK);
-        CHECK_MSG(!memcmp(y, yr, (size_t)(T * n) * sizeof(float)), "%s T=%lld n=%lld k=%lld: not the scalar bits",
-                  tp_kernel_path_name(PATHS[pi]), (long long)T, (long long)n, (long long)k);
-        /* each token alone (the GEMV) gives the same bits as in the batch */
+        if (deq) check_dequant_bits(pool, y, x, T, wd, n, k, pi);
+        else
+            CHECK_MSG(!memcmp(y, yr, (size_t)(T * n) * sizeof(float)), "%s T=%lld n=%lld k=%lld: not the scalar bits",
+                      tp_kernel_path_name(PATHS[pi]), (long long)T, (long long)n, (long long)k);
+        memcpy(yr, y, (size_t)(T * n) * sizeof(float));
+        /* each token alone (the GEMV): the batch's bits below the f32
+         * product's T, else within x's quantization of it */
         for (int64_t t = 0; t < T; t += T > 4 ? 3 : 1) {
             CHECK(tp_matmul_ex(y, x + t * k, 1, &W, NULL, pool, &op) == TP_OK);
-            CHECK_MSG(!memcmp(y, yr + t * n, (size_t)n * sizeof(float)), "%s T=%lld token %lld alone differs",
-                      tp_kernel_path_name(PATHS[pi]), (long long)T, (long long)t);
+            if (!deq) {
+                CHECK_MSG(!memcmp(y, yr + t * n, (size_t)n * sizeof(float)), "%s T=%lld token %lld alone differs",
+                          tp_kernel_path_name(PATHS[pi]), (long long)T, (long long)t);
+                continue;
+            }
+            for (int64_t r = 0; r < n; r++)
+                CHECK_MSG(fabs(y[r] - yr[t * n + r]) <= xb[t * n + r], "%s T=%lld token %lld row %lld alone: %.6g vs %.6g",
+                          tp_kernel_path_name(PATHS[pi]), (long long)T, (long long)t, (long long)r, y[r],
+                          yr[t * n + r]);
         }
     }
 done:
     tp_tensor_release(&W);
-    free(x); free(wd); free(yr); free(y); free(xq); free(xd);
+    free(x); free(wd); free(yr); free(y); free(xq); free(xd); free(xb);
 }
 
 static void test_products(tp_threadpool *pool)
 {
-    static const int64_t Ts[] = {1, 2, 3, 4, 5, 7, 50, 97};
+    static const int64_t Ts[] = {1, 2, 3, 4, 5, 7, 31, 32, 50, 97};
     static const int64_t ns[] = {1, 3, 6, 9, 37};
     static const int64_t ks[] = {32, 96, 320, 512, 544};   /* 1, 3, 10, 16, 17 blocks */
     for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
@@ -181,7 +230,7 @@ static void test_products(tp_threadpool *pool)
 }
 
 /* Wider shapes through a pool: the rows split among threads (and the
- * GEMM's chunks of tokens) give the bits of one thread. */
+ * GEMMs' chunks of tokens or panels) give the bits of one thread. */
 static void test_threads(tp_threadpool *pool)
 {
     int64_t T = 101, n = 203, k = 512;
@@ -193,7 +242,9 @@ static void test_threads(tp_threadpool *pool)
     for (int pi = 0; pi < 3; pi++) {
         if (!tp_kernel_path_supported(PATHS[pi])) continue;
         tp_matmul_opts o = {PATHS[pi], 0, 0, 0};
-        for (int64_t t = 1; t <= T; t += 100) {
+        static const int64_t ts[] = {1, 20, 101};   /* GEMV, integer GEMM, f32 GEMM */
+        for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
+            int64_t t = ts[ti];
             CHECK(tp_matmul_ex(y1, x, t, &W, NULL, NULL, &o) == TP_OK);
             CHECK(tp_matmul_ex(y3, x, t, &W, NULL, pool, &o) == TP_OK);
             CHECK_MSG(!memcmp(y1, y3, (size_t)(t * n) * sizeof(float)), "%s T=%lld: 1 and %d threads differ",
