@@ -176,10 +176,15 @@ typedef struct {
 
 /* SwiGLU experts (h = SiLU(x·gateᵀ) ⊙ x·upᵀ, y = h·downᵀ): the slots
  * sorted by expert, one GEMM pair per expert with at least one row (never a
- * per-token loop for a prompt).  scratch holds tp_grouped_experts_scratch
- * floats. */
+ * per-token loop for a prompt).  With at least two such experts per thread
+ * the pool's threads take whole experts each (one parallel region for the
+ * block), else each expert's GEMMs are split over the threads; the bits are
+ * the same.  scratch holds tp_grouped_experts_scratch(T, H, I, k, threads
+ * of a->pool) floats. */
 tp_status tp_grouped_experts(const tp_grouped_experts_args *a, float *scratch);
-int64_t tp_grouped_experts_scratch(int64_t T, int64_t H, int64_t I);
+int64_t tp_grouped_experts_scratch(int64_t T, int64_t H, int64_t I, int64_t k, int threads);
+/* Pools larger than this split each expert's GEMMs instead. */
+#define TP_GROUPED_MAX_THREADS 64
 
 /* The experts' backward on the forward's arguments (out unused): dy [T, H]
  * the output gradient; dx [T, H] += the input gradient; dweights [T, k]
@@ -303,6 +308,10 @@ tp_status tp_rmsnorm_backward(float *dx, float *dw, const float *dy, const float
  * dx[T, n_heads, head_dim] becomes the gradient before the rotation, i.e.
  * rotated by −θ.  Covers every inv_freq schedule (default, linear, llama3). */
 void tp_rope_backward(float *dx, int64_t T, int64_t n_heads, int64_t head_dim, const float *table);
+/* The gradient of tp_rope_apply_mla (same arguments), in place: each pair
+ * turned back by −θ and times the same scale. */
+void tp_rope_backward_mla(float *dx, int64_t rows, int64_t per_t, int64_t stride, int64_t off, int64_t head_dim,
+                          const float *table, float scale, int interleaved);
 
 /* SwiGLU: for y = silu(a)·b (tp_silu_mul), da += dy·b·silu'(a), db += dy·silu(a).
  * a is the gate as it was before the in-place forward. */
@@ -407,6 +416,22 @@ typedef struct {
 } tp_bench_dims;
 extern const tp_bench_dims tp_bench_dims_qwen3_06b;   /* tp_kernel_bench's */
 tp_status tp_kernel_bench_dims(FILE *out, tp_threadpool *pool, int quick, const tp_bench_dims *d);
+
+/* The experts of an MoE prefill (bench_moe.c): the grouped kernel
+ * (tp_grouped_experts, T tokens routed uniformly at random to k of E
+ * experts) against one dense GEMM pair over the same T·k rows, bf16
+ * weights, alternated and timed side by side; GFLOP/s of each and the
+ * median of the repetitions' ratios grouped / dense.  Prints a summary to
+ * out (NULL: none).  quick as tp_kernel_bench. */
+typedef struct {
+    const char *name;
+    int64_t hidden, intermediate, experts, top_k, tokens;   /* intermediate: one expert's width */
+} tp_bench_moe_dims;
+typedef struct {
+    double grouped_gflops, dense_gflops, ratio;
+} tp_bench_moe_result;
+tp_status tp_kernel_bench_moe(FILE *out, tp_threadpool *pool, int quick, const tp_bench_moe_dims *d,
+                              tp_bench_moe_result *res);
 
 /* The machine's own limits, the first part of tp_kernel_bench, measured
  * with the instructions of the process's kernel path: the compute peak

@@ -50,20 +50,27 @@ static double median(const double *v, int n)
     return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
 }
 
-/* The weight bytes this rank streams per decoded token: the parameters of
- * every module of the table (the layers' Linears and norms, the final norm,
- * the local lm_head) but the embedding, which costs one row per token;
- * when tied, the lm_head counts the shared tensor once. */
+/* The weight bytes this rank reads per decoded token: the parameters of
+ * every module of the table (the layers' Linears and norms, the routers,
+ * the final norm, the local lm_head) but the embedding, which costs one row
+ * per token (when tied, the lm_head counts the shared tensor once), and of
+ * an experts module only the k experts of E the router picks: its local
+ * tensors times k/E.  Under EP a rank holds E/P whole experts and gets on
+ * average k/P of a token's picks; under TP it holds a slice of every expert
+ * and reads that slice of the k picked.  Summed over the ranks, exactly k
+ * experts' bytes. */
 static double weight_bytes_per_token(const tp_model *m)
 {
-    uint64_t b = 0;
+    double b = 0, routed = m->cfg.num_experts > 0 ? (double)m->cfg.num_experts_per_tok / (double)m->cfg.num_experts : 1;
     for (size_t i = 0; i < tp_model_module_count(m); i++) {
         const tp_module *mod = tp_model_module_at(m, i);
         if (mod->type == TP_MT_EMBEDDING) continue;
+        uint64_t own = 0;
         for (int j = 0; j < mod->n_params; j++)
-            if (mod->params[j].local.data) b += tp_tensor_nbytes(&mod->params[j].local);
+            if (mod->params[j].local.data) own += tp_tensor_nbytes(&mod->params[j].local);
+        b += mod->type == TP_MT_EXPERTS ? (double)own * routed : (double)own;
     }
-    return (double)b;
+    return b;
 }
 
 /* One repetition: a prefill of w->seq tokens, or (decode) a prefill of the
@@ -210,10 +217,6 @@ static int measure(const job *j, bench_mode mode, const config *c, figures *out)
     return 0;
 }
 
-/* The FLOPs of one prefill of T tokens (all ranks together): 2 per weight
- * and token for the layers' Linears, the causal attention (q·k and p·v, 2
- * FLOPs per multiply-add, each query against its visible keys), and the
- * lm_head on the last row only, which is all a prefill computes. */
 /* The weights of multi-head latent attention's Linears (deepseek_v2/v3). */
 static double mla_weights(const tp_model_config *c)
 {
@@ -223,18 +226,40 @@ static double mla_weights(const tp_model_config *c)
     return q + H * (R + rope) + R * nq * (nope + v) + nq * v * H;
 }
 
+/* The weights one token multiplies in layer l's MLP: a dense MLP's three
+ * matrices (Llama 4's intermediate_size_mlp wide), or a sparse block's
+ * router [E, H], the k experts it routes to (not all E: the grouped kernel
+ * runs each expert on its own rows only) and its shared experts
+ * (DeepSeek's n_shared_experts, Llama 4's one). */
+static double mlp_weights_per_token(const tp_model_config *c, int64_t l)
+{
+    double H = (double)c->hidden_size;
+    if (!tp_config_layer_is_sparse(c, l))
+        return 3 * H * (double)(c->llama4 ? c->intermediate_size_mlp : c->intermediate_size);
+    double I = (double)c->moe_intermediate_size, shared = c->llama4 ? 1 : (double)c->n_shared_experts;
+    return H * (double)c->num_experts + 3 * H * I * ((double)c->num_experts_per_tok + shared);
+}
+
+/* The FLOPs of one prefill of T tokens (all ranks together): 2 per weight
+ * and token for the layers' Linears (of an MoE block, the router and the
+ * routed experts only: k per token), the causal attention (q·k and p·v, 2
+ * FLOPs per multiply-add, each query against its visible keys), and the
+ * lm_head on the last row only, which is all a prefill computes. */
 static double prefill_flops(const tp_model_config *c, int64_t T)
 {
-    double H = (double)c->hidden_size, D = (double)c->head_dim, I = (double)c->intermediate_size;
+    double H = (double)c->hidden_size, D = (double)c->head_dim;
     double nq = (double)c->num_attention_heads, nkv = (double)c->num_key_value_heads;
-    double per_layer = (c->mla ? mla_weights(c) : H * nq * D * 2 + H * nkv * D * 2) + 3 * H * I;
+    double attn_w = c->mla ? mla_weights(c) : H * nq * D * 2 + H * nkv * D * 2;
     double keys = 0;
     for (int64_t t = 0; t < T; t++)
         keys += (double)(c->sliding_window > 0 && t + 1 > c->sliding_window ? c->sliding_window : t + 1);
     /* q·k over the query/key head, p·v over the value head */
     double attn = c->mla ? 2 * (double)(c->qk_nope_head_dim + c->qk_rope_head_dim + c->v_head_dim) * nq * keys
                          : 4 * D * nq * keys;
-    return (double)c->num_hidden_layers * (2 * (double)T * per_layer + attn) + 2 * (double)c->vocab_size * H;
+    double total = 2 * (double)c->vocab_size * H;
+    for (int64_t l = 0; l < c->num_hidden_layers; l++)
+        total += 2 * (double)T * (attn_w + mlp_weights_per_token(c, l)) + attn;
+    return total;
 }
 
 /* A temporary report prefix; the ranks append ".<rank>". */
@@ -257,9 +282,26 @@ static const char *dtype_label(const config *c, const tp_model_config *mc)
     return c->dtype ? c->dtype : tp_dtype_name(mc->dtype == TP_BF16 ? TP_BF16 : TP_F32);
 }
 
+/* The machine's limits on `threads` threads (tp_machine_peaks_measure). */
+static int machine_peaks(tp_machine_peaks *pk, int threads, int smoke)
+{
+    tp_threadpool *pool;
+    if (tp_threadpool_create(&pool, threads)) return -1;
+    /* Pinned like a rank's pool, so the figures compare like with like;
+     * this thread's own mask is restored afterwards, since the ranks
+     * launched next inherit it and would see a single core. */
+    cpu_set_t mine;
+    int saved = sched_getaffinity(0, sizeof mine, &mine) == 0;
+    if (tp_threadpool_pin(pool, 0)) tp_log(TP_LOG_WARN, "threads not pinned: %s", tp_error());
+    tp_status s = tp_machine_peaks_measure(pk, pool, smoke ? 2 : 1);
+    tp_threadpool_destroy(pool);
+    if (saved) sched_setaffinity(0, sizeof mine, &mine);
+    return s ? -1 : 0;
+}
+
 /* ---- options shared by forward and decode ------------------------------ */
 
-enum { N_OWN = 9 };
+enum { N_OWN = 10 };
 static const cli_option pair_options[N_OWN] = {
     {"--model", "DIR", "model directory (required)", 0, {0}},
     {"--seq", "N", "forward: tokens of the prefill (default 512)", 0, {0}},
@@ -270,6 +312,7 @@ static const cli_option pair_options[N_OWN] = {
     {"--dtype", "f32|bf16|q8_0", "weight dtype in memory (default: as stored; f16 is converted to f32; q8_0: 8-bit Linear weights)", 0, {0}},
     {"--json", NULL, "print one JSON object", 0, {0}},
     {"--report", "FILE", "(internal) where a rank writes its figures", 0, {0}},
+    {"--smoke", NULL, "decode: measure the read bandwidth only roughly (tests: proves the bench runs)", 0, {0}},
 };
 
 static int read_common(const cli_option *o, int n, const char *cmd, job *j, long long *tp, long long *threads,
@@ -335,7 +378,13 @@ static int bench_pair(int argc, char **argv, bench_mode mode)
     config c1 = {1, threads ? (int)threads : default_threads(1), dt};
     config cn = {(int)tp, threads ? (int)threads : default_threads((int)tp), dt};
     figures f1, fn;
-    int bad = measure(&j, mode, &c1, &f1) || measure(&j, mode, &cn, &fn);
+    /* decode: the read bandwidth of as many threads as the larger side
+     * uses, measured first, before any model is in memory */
+    tp_machine_peaks pk;
+    memset(&pk, 0, sizeof pk);
+    int most = c1.tp * c1.threads > cn.tp * cn.threads ? c1.tp * c1.threads : cn.tp * cn.threads;
+    int bad = (mode == MODE_DECODE && machine_peaks(&pk, most, cli_flag(o, n, "--smoke"))) ||
+              measure(&j, mode, &c1, &f1) || measure(&j, mode, &cn, &fn);
     remove(tmpl);
     if (bad) return cli_report(cmd);
     double speedup = f1.seconds / fn.seconds;
@@ -363,29 +412,41 @@ static int bench_pair(int argc, char **argv, bench_mode mode)
         return 0;
     }
     double tok1 = (double)j.new_tokens / f1.seconds, tokn = (double)j.new_tokens / fn.seconds;
-    if (cli_flag(o, n, "--json")) {
-        printf("{\"bench\": \"decode\", \"isa\": \"%s\", \"new_tokens\": %lld, \"dtype\": \"%s\", "
-               "\"tp1\": {\"tp\": 1, \"threads\": %d, \"tokens_per_s\": %.4f, \"weight_bytes_per_token\": %.0f, "
-               "\"weight_bytes_per_s\": %.0f, \"comm_share\": %.4f}, "
-               "\"tpN\": {\"tp\": %d, \"threads\": %d, \"tokens_per_s\": %.4f, \"weight_bytes_per_token\": %.0f, "
-               "\"weight_bytes_per_s\": %.0f, \"comm_share\": %.4f}, \"speedup\": %.4f}\n",
-               tp_isa_name(tp_isa_selected()), (long long)j.new_tokens, dtype_label(&c1, &mc), c1.threads, tok1, f1.weight_bytes,
-               f1.weight_bytes * tok1, f1.comm_share, cn.tp, cn.threads, tokn, fn.weight_bytes, fn.weight_bytes * tokn,
-               fn.comm_share, speedup);
-        return 0;
-    }
-    printf("decode of %lld tokens after a %lld-token prompt, %s weights, median of %d; kernel path %s\n\n",
-           (long long)j.new_tokens, (long long)j.seq, dtype_label(&c1, &mc), j.reps, tp_isa_name(tp_isa_selected()));
-    printf("%-16s %10s %16s %12s %11s\n", "config", "tokens/s", "weight MB/token", "weight GB/s", "comm share");
     const config *cs[2] = {&c1, &cn};
     const figures *fs[2] = {&f1, &fn};
-    double toks[2] = {tok1, tokn};
+    double toks[2] = {tok1, tokn}, bw[2], ratio[2];
+    for (int i = 0; i < 2; i++) {
+        int used = cs[i]->tp * cs[i]->threads;
+        bw[i] = used > 1 ? pk.read_gbs_n : pk.read_gbs_1;
+        ratio[i] = fs[i]->weight_bytes * toks[i] / 1e9 / bw[i];
+    }
+    if (cli_flag(o, n, "--json")) {
+        printf("{\"bench\": \"decode\", \"isa\": \"%s\", \"new_tokens\": %lld, \"dtype\": \"%s\", "
+               "\"probe_threads\": %d, \"read_gbs_1\": %.3f, \"read_gbs_n\": %.3f, ",
+               tp_isa_name(tp_isa_selected()), (long long)j.new_tokens, dtype_label(&c1, &mc), pk.threads,
+               pk.read_gbs_1, pk.read_gbs_n);
+        for (int i = 0; i < 2; i++)
+            printf("\"%s\": {\"tp\": %d, \"threads\": %d, \"tokens_per_s\": %.4f, \"weight_bytes_per_token\": %.0f, "
+                   "\"weight_bytes_per_s\": %.0f, \"read_gbs\": %.3f, \"bw_ratio\": %.4f, \"comm_share\": %.4f}, ",
+                   i ? "tpN" : "tp1", cs[i]->tp, cs[i]->threads, toks[i], fs[i]->weight_bytes,
+                   fs[i]->weight_bytes * toks[i], bw[i], ratio[i], fs[i]->comm_share);
+        printf("\"expert_parallel\": %s, \"speedup\": %.4f}\n", j.ep ? "true" : "false", speedup);
+        return 0;
+    }
+    printf("decode of %lld tokens after a %lld-token prompt, %s weights, median of %d; kernel path %s\n",
+           (long long)j.new_tokens, (long long)j.seq, dtype_label(&c1, &mc), j.reps, tp_isa_name(tp_isa_selected()));
+    printf("read bandwidth probe (pinned): %.2f GB/s on 1 thread, %.2f GB/s on %d\n\n", pk.read_gbs_1, pk.read_gbs_n,
+           pk.threads);
+    printf("%-16s %10s %16s %12s %12s %9s %11s\n", "config", "tokens/s", "weight MB/token", "weight GB/s",
+           "probe GB/s", "/ probe", "comm share");
     for (int i = 0; i < 2; i++)
-        printf("TP=%d x %d thr%*s %10.2f %16.1f %12.2f %10.1f%%\n", cs[i]->tp, cs[i]->threads,
-               cs[i]->threads >= 10 ? 3 : 4, "", toks[i], fs[i]->weight_bytes / 1e6,
-               fs[i]->weight_bytes * toks[i] / 1e9, 100 * fs[i]->comm_share);
-    printf("\n(weight MB/token and GB/s are summed over the ranks: each rank streams its own shards)\n");
-    printf("speedup of TP=%d x %d over TP=1 x %d: %.3f\n", cn.tp, cn.threads, c1.threads, speedup);
+        printf("%s=%d x %d thr%*s %10.2f %16.1f %12.2f %12.2f %9.3f %10.1f%%\n", i && j.ep ? "EP" : "TP", cs[i]->tp,
+               cs[i]->threads, cs[i]->threads >= 10 ? 3 : 4, "", toks[i], fs[i]->weight_bytes / 1e6,
+               fs[i]->weight_bytes * toks[i] / 1e9, bw[i], ratio[i], 100 * fs[i]->comm_share);
+    printf("\n(weight MB/token: the weights a token reads, summed over the ranks: each rank streams its own\n"
+           "shards; of the experts only the k of E the router picks; the probe ran on as many threads)\n");
+    printf("speedup of %s=%d x %d over TP=1 x %d: %.3f\n", j.ep ? "EP" : "TP", cn.tp, cn.threads, c1.threads,
+           speedup);
     return 0;
 }
 
@@ -519,22 +580,6 @@ typedef struct {
     double speedup[MAX_TP_POINTS];        /* median over rounds of t(1x1) / t(k x 1), f32 prefill */
 } all_figures;
 
-static int machine_peaks(tp_machine_peaks *pk, int smoke)
-{
-    tp_threadpool *pool;
-    if (tp_threadpool_create(&pool, 2)) return -1;
-    /* Pinned like a TP=1 x 2 rank, so the figures compare like with like;
-     * this thread's own mask is restored afterwards, since the ranks
-     * launched next inherit it and would see a single core. */
-    cpu_set_t mine;
-    int saved = sched_getaffinity(0, sizeof mine, &mine) == 0;
-    if (tp_threadpool_pin(pool, 0)) tp_log(TP_LOG_WARN, "threads not pinned: %s", tp_error());
-    tp_status s = tp_machine_peaks_measure(pk, pool, smoke ? 2 : 1);
-    tp_threadpool_destroy(pool);
-    if (saved) sched_setaffinity(0, sizeof mine, &mine);
-    return s ? -1 : 0;
-}
-
 static int make_slots(slot *s, long long max_tp)
 {
     const slot fixed[N_FIXED] = {
@@ -567,7 +612,7 @@ static int launch_order(int round, int i)
  * it (a prefill: the median of 3 passes; decode: one run of its steps). */
 static int run_round(const job *jf, const job *jd, slot *s, int nconf, int smoke, int round, round_figures *g)
 {
-    if (machine_peaks(&g->pk, smoke)) return -1;
+    if (machine_peaks(&g->pk, 2, smoke)) return -1;
     for (int o = 0; o < nconf; o++) {
         int i = launch_order(round, o);
         if (!s[i].live || !measure(s[i].mode == MODE_FORWARD ? jf : jd, s[i].mode, &s[i].c, &g->f[i])) continue;

@@ -557,10 +557,6 @@ static tp_status parse_llama4(tp_model_config *c, const json_doc *d)
 
 tp_status tp_config_check_training(const tp_model_config *c)
 {
-    /* Multi-head latent attention has no backward yet (module_mla.c). */
-    if (c->mla)
-        return tp_fail(TP_ERR_UNSUPPORTED, "training is not supported for model type '%s' (multi-head latent "
-                       "attention) yet; its inference is (logits, generate, chat, bench)", c->model_type);
     /* Transformers' loss would then include the router's auxiliary loss;
      * tensorpar's does not, so it refuses rather than train toward another
      * objective. */

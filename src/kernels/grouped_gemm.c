@@ -10,12 +10,16 @@
 #include "kern_internal.h"
 #include "tensorpar/kernels.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-int64_t tp_grouped_experts_scratch(int64_t T, int64_t H, int64_t I)
+/* Per thread: one expert's gathered rows, [gate; up] and h (at most T
+ * rows: a token picks an expert once); then, shared, every slot's
+ * unweighted output y [T·k, H] in the sorted slots' order. */
+int64_t tp_grouped_experts_scratch(int64_t T, int64_t H, int64_t I, int64_t k, int threads)
 {
-    return T * (H + 2 * I + I + H);
+    return (int64_t)(threads < 1 ? 1 : threads) * T * (H + 3 * I) + T * k * H;
 }
 
 tp_status tp_grouped_sort_slots(const int32_t *ids, int64_t n, int64_t E, int64_t *start, int64_t *order)
@@ -166,26 +170,27 @@ static void xw_worker(void *p, int ti, int nt)
  * W [out, in]; x @ W for a bmm-style W [in, out]: the loop above for a few
  * rows, else the product tp_matmul_backward_ex forms for an input gradient
  * (dx += dy · W). */
-static tp_status expert_matmul(const tp_grouped_experts_args *a, float *y, const float *x, int64_t n,
-                               const tp_tensor *w)
+static tp_status expert_matmul(const tp_grouped_experts_args *a, tp_threadpool *pool, float *y, const float *x,
+                               int64_t n, const tp_tensor *w)
 {
-    if (!a->bmm) return tp_matmul_ex(y, x, n, w, NULL, a->pool, a->opts);
+    if (!a->bmm) return tp_matmul_ex(y, x, n, w, NULL, pool, a->opts);
     if (n <= XW_ROWS && w->shape[0] >= 4 && (w->dtype == TP_F32 || w->dtype == TP_BF16)) {
         xw_job j = {y, x, n, w->shape[0], w->shape[1], w,
                     tp_kernel_resolve(a->opts ? a->opts->path : TP_KERNEL_AUTO) >= TP_KERNEL_AVX2};
-        tp_parallel_run(a->pool, xw_worker, &j);
+        tp_parallel_run(pool, xw_worker, &j);
         return TP_OK;
     }
     memset(y, 0, (size_t)(n * w->shape[1]) * sizeof(float));
-    return tp_matmul_backward_ex(y, NULL, NULL, x, NULL, n, w, a->pool, a->opts);
+    return tp_matmul_backward_ex(y, NULL, NULL, x, NULL, n, w, pool, a->opts);
 }
 
-/* One expert's rows: gather, the two GEMMs with SwiGLU between, scatter-add. */
+/* One expert's rows: gather, the two GEMMs with SwiGLU between; their
+ * outputs to y (n rows). */
 static tp_status run_expert(const tp_grouped_experts_args *a, int64_t e, const int64_t *slots, int64_t n,
-                            float *scratch)
+                            float *scratch, float *y, tp_threadpool *pool)
 {
     int64_t H = a->H, k = a->k, I = inter_of(a);
-    float *xs = scratch, *gu = xs + n * H, *h = gu + n * 2 * I, *y = h + n * I;
+    float *xs = scratch, *gu = xs + n * H, *h = gu + n * 2 * I;
     for (int64_t r = 0; r < n; r++) {
         const float *xt = a->x + (slots[r] / k) * H;
         float wt = a->weights[slots[r]];
@@ -194,24 +199,69 @@ static tp_status run_expert(const tp_grouped_experts_args *a, int64_t e, const i
             for (int64_t i = 0; i < H; i++) xs[r * H + i] = xt[i] * wt;
     }
     tp_tensor wgu = expert_view(a->gate_up, e), wd = expert_view(a->down, e);
-    tp_status s = expert_matmul(a, gu, xs, n, &wgu);
+    tp_status s = expert_matmul(a, pool, gu, xs, n, &wgu);
     if (s) return s;
     for (int64_t r = 0; r < n; r++) {
         memcpy(h + r * I, gu + r * 2 * I, (size_t)I * sizeof(float));
         tp_silu_mul(h + r * I, gu + r * 2 * I + I, I);
     }
-    if ((s = expert_matmul(a, y, h, n, &wd))) return s;
-    for (int64_t r = 0; r < n; r++) {
-        float wt = a->scale_input ? 1.0f : a->weights[slots[r]], *o = a->out + (slots[r] / k) * H;
-        const float *yr = y + r * H;
-        for (int64_t i = 0; i < H; i++) o[i] += wt * yr[i];
+    return expert_matmul(a, pool, y, h, n, &wd);
+}
+
+/* The experts with rows, shared out among the pool's threads one whole
+ * expert at a time (each runs its GEMMs on one thread, with its own
+ * one-thread pool for the packing buffers): a prompt's ~T·k/E rows per
+ * expert make GEMMs too small to split well, and one parallel region per
+ * block replaces two per expert, each of which waits for every thread. */
+typedef struct {
+    const tp_grouped_experts_args *a;
+    const int64_t *start, *order, *active;
+    int64_t n_active, per_thread;
+    float *scratch, *ys;
+    tp_threadpool **solo;
+    atomic_llong next;
+    atomic_int failed;
+    tp_status status[TP_GROUPED_MAX_THREADS];
+} expert_job;
+
+static void experts_worker(void *p, int ti, int nt)
+{
+    (void)nt;
+    expert_job *j = p;
+    for (;;) {
+        long long i = atomic_fetch_add(&j->next, 1);
+        if (i >= j->n_active || atomic_load(&j->failed)) return;
+        int64_t e = j->active[i], b = j->start[e];
+        tp_status s = run_expert(j->a, e, j->order + b, j->start[e + 1] - b, j->scratch + ti * j->per_thread,
+                                 j->ys + b * j->a->H, j->solo[ti]);
+        if (s) {
+            j->status[ti] = s;
+            atomic_store(&j->failed, 1);
+        }
     }
-    return TP_OK;
+}
+
+static tp_status over_experts(expert_job *j, tp_threadpool *pool)
+{
+    int nt = tp_threadpool_size(pool);
+    tp_threadpool *solo[TP_GROUPED_MAX_THREADS] = {0};
+    tp_status s = TP_OK;
+    for (int t = 0; t < nt && !s; t++) s = tp_threadpool_create(&solo[t], 1);
+    if (!s) {
+        j->solo = solo;
+        atomic_init(&j->next, 0);
+        atomic_init(&j->failed, 0);
+        tp_parallel_run(pool, experts_worker, j);
+        for (int t = 0; t < nt && !s; t++)
+            if (j->status[t]) s = tp_fail(j->status[t], "grouped experts: an expert's GEMM failed on thread %d", t);
+    }
+    for (int t = 0; t < nt; t++) tp_threadpool_destroy(solo[t]);
+    return s;
 }
 
 tp_status tp_grouped_experts(const tp_grouped_experts_args *a, float *scratch)
 {
-    int64_t E = a->gate_up->shape[0], n = a->T * a->k;
+    int64_t E = a->gate_up->shape[0], n = a->T * a->k, H = a->H;
     if (a->bmm && (a->gate_up->ndim != 3 || a->down->ndim != 3 || a->down->shape[0] != E ||
                    a->down->shape[2] != a->H || a->gate_up->shape[1] != a->H ||
                    a->down->shape[1] * 2 != a->gate_up->shape[2]))
@@ -221,14 +271,44 @@ tp_status tp_grouped_experts(const tp_grouped_experts_args *a, float *scratch)
         a->down->shape[1] != a->H || a->gate_up->shape[2] != a->H || a->down->shape[2] * 2 != a->gate_up->shape[1]))
         return tp_fail(TP_ERR_INVALID, "grouped experts: gate_up_proj and down_proj shapes do not match [E, 2I, %lld] "
                        "and [E, %lld, I]", (long long)a->H, (long long)a->H);
+    int64_t I = inter_of(a);
+    int nt = tp_threadpool_size(a->pool);
+    if (nt > TP_GROUPED_MAX_THREADS) nt = 1;   /* the split within each expert's GEMMs only */
     int64_t *start = malloc((size_t)(E + 1) * sizeof *start), *order = malloc((size_t)(n ? n : 1) * sizeof *order);
-    tp_status s = start && order ? TP_OK : tp_fail(TP_ERR_NOMEM, "out of memory routing %lld tokens", (long long)a->T);
+    int64_t *active = malloc((size_t)(E ? E : 1) * sizeof *active), n_active = 0;
+    expert_job *j = calloc(1, sizeof *j);
+    tp_status s = start && order && active && j
+                      ? TP_OK
+                      : tp_fail(TP_ERR_NOMEM, "out of memory routing %lld tokens", (long long)a->T);
     if (!s) s = tp_grouped_sort_slots(a->ids, n, E, start, order);
-    memset(a->out, 0, (size_t)(a->T * a->H) * sizeof(float));
     for (int64_t e = 0; !s && e < E; e++)
-        if (start[e + 1] > start[e]) s = run_expert(a, e, order + start[e], start[e + 1] - start[e], scratch);
+        if (start[e + 1] > start[e]) active[n_active++] = e;
+    int64_t per_thread = a->T * (H + 3 * I);
+    float *ys = scratch + (int64_t)tp_threadpool_size(a->pool) * per_thread;
+    /* Whole experts per thread once there are enough of them to share out
+     * evenly (a decoded token's k, a prompt's); else each expert's GEMMs
+     * split over the threads.  The same bits either way: a GEMM's result
+     * does not depend on its thread count. */
+    if (!s && nt > 1 && n_active >= 2 * nt) {
+        *j = (expert_job){a, start, order, active, n_active, per_thread, scratch, ys, NULL, 0, 0, {0}};
+        s = over_experts(j, a->pool);
+    } else {
+        for (int64_t i = 0; !s && i < n_active; i++) {
+            int64_t e = active[i];
+            s = run_expert(a, e, order + start[e], start[e + 1] - start[e], scratch, ys + start[e] * H, a->pool);
+        }
+    }
+    /* Each token's outputs weighted and summed, experts in ascending order. */
+    if (!s) memset(a->out, 0, (size_t)(a->T * H) * sizeof(float));
+    for (int64_t r = 0; !s && r < start[E]; r++) {
+        float wt = a->scale_input ? 1.0f : a->weights[order[r]], *o = a->out + (order[r] / a->k) * H;
+        const float *yr = ys + r * H;
+        for (int64_t i = 0; i < H; i++) o[i] += wt * yr[i];
+    }
     free(start);
     free(order);
+    free(active);
+    free(j);
     return s;
 }
 
@@ -299,7 +379,7 @@ static tp_status expert_backward_bmm(const tp_grouped_experts_args *a, const tp_
         memcpy(dyr + r * H, g->dy + (slots[r] / k) * H, (size_t)H * sizeof(float));
     }
     tp_tensor wgu = expert_view(a->gate_up, e), wd = expert_view(a->down, e);
-    tp_status s = expert_matmul(a, gu, xs, n, &wgu);
+    tp_status s = expert_matmul(a, a->pool, gu, xs, n, &wgu);
     for (int64_t r = 0; !s && r < n; r++) {
         memcpy(h + r * I, gu + r * 2 * I, (size_t)I * sizeof(float));
         tp_silu_mul(h + r * I, gu + r * 2 * I + I, I);

@@ -101,6 +101,25 @@ void tp_rope_apply_mla(float *x, int64_t rows, int64_t per_t, int64_t stride, in
     }
 }
 
+/* The transpose of tp_rope_apply_mla's rotation: each pair turned by −θ,
+ * times the same scale (the forward is scale·R(θ), R orthogonal). */
+void tp_rope_backward_mla(float *dx, int64_t rows, int64_t per_t, int64_t stride, int64_t off, int64_t head_dim,
+                          const float *table, float scale, int interleaved)
+{
+    int64_t half = head_dim / 2;
+    int64_t ia = interleaved ? 2 : 1, ib = interleaved ? 1 : half;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *c = table + (r / per_t) * head_dim, *s = c + half;
+        float *v = dx + r * stride + off;
+        for (int64_t i = 0; i < half; i++) {
+            float cs = c[i] * scale, sn = s[i] * scale;
+            float a = v[ia * i], b = v[ia * i + ib];
+            v[ia * i] = a * cs + b * sn;
+            v[ia * i + ib] = b * cs - a * sn;
+        }
+    }
+}
+
 /* ---- RoPE with a per-forward table ------------------------------------ */
 
 void tp_rope_table(float *table, int64_t T, int64_t head_dim, const double *inv_freq, int64_t pos0)

@@ -51,7 +51,8 @@ int64_t tp_moe_experts_width(const tp_model *m, const tp_module *experts)
 static tp_status experts_forward(tp_model *m, const tp_module *mod, tp_forward_pass *f)
 {
     int64_t T = f->T, H = m->cfg.hidden_size, I = tp_moe_experts_width(m, mod);
-    float *out = tp_act_alloc(m, T * H), *scratch = tp_act_alloc(m, tp_grouped_experts_scratch(T, H, I));
+    float *out = tp_act_alloc(m, T * H);
+    float *scratch = tp_act_alloc(m, tp_grouped_experts_scratch(T, H, I, f->moe_k, tp_threadpool_size(m->pool)));
     if (!out || !scratch) return tp_fail(TP_ERR_NOMEM, "out of memory for the experts of %lld tokens", (long long)T);
     tp_grouped_experts_args a = {out, f->sc.h, T, H, f->moe_k, f->moe_ids, f->moe_w, &gate_up(mod)->local,
                                  &mod->params[1].local, m->pool, &m->matmul, m->cfg.llama4, m->cfg.llama4};

@@ -25,7 +25,8 @@ int64_t tp_moe_block_bound(const tp_model *m, const tp_module *moe)
      * copies their hooks may make, down_proj's output and its copy */
     int64_t S = L->shared_experts >= 0 ? tp_module_weight(&m->modules[L->shared_gate])->shape[0] : 0;
     int64_t shared = L->shared_experts >= 0 ? 4 * S + 2 * H : 0;
-    return m->cfg.num_experts + 2 * H + tp_grouped_experts_scratch(1, H, I) + H + shared;
+    int64_t kernel = tp_grouped_experts_scratch(1, H, I, m->cfg.num_experts_per_tok, tp_threadpool_size(m->pool));
+    return m->cfg.num_experts + 2 * H + kernel + H + shared;
 }
 
 /* gpt_oss's router is a Linear with a bias (DeepSeek V3's second
@@ -68,8 +69,9 @@ static tp_status route(tp_model *m, const tp_module *mod, tp_forward_pass *f, in
  * routed output pending in f (DeepseekV2Moe: experts(x) + shared_experts(x)).
  * Under TP its gate/up are colwise and down_proj rowwise: the output
  * arrives whole (Replicate) from down_proj's all-reduce. */
-static tp_status shared_experts(tp_model *m, const tp_layer_modules *L, tp_forward_pass *f)
+static tp_status shared_experts(tp_model *m, int64_t layer, tp_forward_pass *f)
 {
+    const tp_layer_modules *L = &m->layers[layer];
     int64_t H = m->cfg.hidden_size, T = f->T;
     tp_act gu[2], y = {0};
     const tp_module *lins[2] = {&m->modules[L->shared_gate], &m->modules[L->shared_up]};
@@ -110,7 +112,7 @@ static tp_status moe_forward(tp_model *m, const tp_module *mod, tp_forward_pass 
         f->moe_ids = NULL;
         f->moe_w = NULL;
     }
-    if (!st && m->layers[mod->layer].shared_experts >= 0) st = shared_experts(m, &m->layers[mod->layer], f);
+    if (!st && m->layers[mod->layer].shared_experts >= 0) st = shared_experts(m, mod->layer, f);
     free(ids);
     free(w);
     return st;
@@ -146,9 +148,16 @@ static tp_status reroute(tp_model *m, const tp_module *mod, const float *x, int6
     tp_status st = tp_matmul_ex(r->logits, x, T, tp_module_weight(router), router_bias(m, router), m->pool,
                                 &m->matmul);
     if (st) return st;
-    memcpy(r->dlogits, r->logits, (size_t)(T * E) * sizeof(float));   /* tp_moe_route overwrites its input */
-    if (m->cfg.arch == TP_ARCH_GPT_OSS) tp_moe_route_topk_softmax(r->dlogits, T, E, k, r->ids, r->w);
-    else tp_moe_route(r->dlogits, T, E, k, m->cfg.norm_topk_prob, r->ids, r->w);
+    memcpy(r->dlogits, r->logits, (size_t)(T * E) * sizeof(float));   /* the routers overwrite their input */
+    const tp_module *gate = &m->modules[L->router];
+    if (m->cfg.arch == TP_ARCH_GPT_OSS)
+        tp_moe_route_topk_softmax(r->dlogits, T, E, k, r->ids, r->w);
+    else if (m->cfg.mla)
+        st = tp_moe_route_deepseek(&m->cfg, r->dlogits, T, gate->n_params > 1 ? gate->params[1].local.data : NULL,
+                                   r->ids, r->w);
+    else
+        tp_moe_route(r->dlogits, T, E, k, m->cfg.norm_topk_prob, r->ids, r->w);
+    if (st) return st;
     memcpy(r->lids, r->ids, (size_t)(T * k) * sizeof(int32_t));
     memcpy(r->lw, r->w, (size_t)(T * k) * sizeof(float));
     if (tp_moe_expert_parallel(m, &m->modules[L->experts]))
@@ -156,12 +165,28 @@ static tp_status reroute(tp_model *m, const tp_module *mod, const float *x, int6
     return TP_OK;
 }
 
-/* ---- Llama 4 (Llama4TextMoe) ---------------------------------------------- */
+/* The router Linear's backward.  DeepSeek-V3's e_score_correction_bias
+ * sits in the bias slot but is no bias of the logits: it only chose the
+ * experts (a buffer in Transformers), so it gets no gradient, and AdamW,
+ * which does not decay biases, leaves it as it is.  Routers are replicated
+ * (no rule, or ep_router, which moves nothing): the plain GEMMs. */
+static tp_status router_backward(tp_model *m, const tp_module *router, const float *dlogits, const float *x,
+                                 int64_t T, float *dx)
+{
+    /* gpt_oss's router bias is a bias of the logits: the Linear's own backward */
+    if (m->cfg.arch == TP_ARCH_GPT_OSS || !tp_module_bias(router)->data)
+        return tp_module_linear_backward(m, router, dlogits, x, T, dx);
+    float *dw;
+    tp_status st = tp_module_grad(m, router, TP_MODULE_WEIGHT, &dw);
+    if (!st) st = tp_matmul_backward_ex(dx, dw, NULL, dlogits, x, T, tp_module_weight(router), m->pool, &m->matmul);
+    return st ? tp_fail_context(st, "the backward of %s", router->name) : TP_OK;
+}
 
-/* The shared expert's backward from the block input x and the block
- * output's gradient dy (replicated): its gate and up recomputed through
- * their styles, then down_proj, SwiGLU, gate and up, whose input
- * gradients (colwise: summed by their styles) are added into dh. */
+/* The shared expert's backward (Llama 4's shared_expert, DeepSeek's
+ * shared_experts) from the block input x and the block output's gradient
+ * dy (replicated): its gate and up recomputed through their styles, then
+ * down_proj, SwiGLU, gate and up, whose input gradients (colwise: summed
+ * by their styles) are added into dh. */
 static tp_status shared_expert_backward(tp_model *m, const tp_layer_modules *L, const float *x, const float *dy,
                                         int64_t T, float *dh)
 {
@@ -189,6 +214,8 @@ static tp_status shared_expert_backward(tp_model *m, const tp_layer_modules *L, 
     tp_act_release(m, &gu[0]);
     return st;
 }
+
+/* ---- Llama 4 (Llama4TextMoe) ---------------------------------------------- */
 
 /* Llama 4's block backward: the routing again from the saved input, the
  * experts (their input scaled by the sigmoid scores: the score gradient
@@ -239,12 +266,7 @@ static tp_status llama4_moe_backward(tp_model *m, const tp_module *mod, tp_backw
  * gradient, with no further sum (§9.2). */
 static tp_status moe_backward(tp_model *m, const tp_module *mod, tp_backward_pass *b)
 {
-    /* DeepSeek's router and shared experts have no backward yet (its
-     * attention refuses training first; this says so should it not). */
     if (m->cfg.llama4) return llama4_moe_backward(m, mod, b);
-    if (m->cfg.mla)
-        return tp_fail(TP_ERR_UNSUPPORTED, "%s: training %s's MoE blocks is not supported yet", mod->name,
-                       m->cfg.model_type);
     const tp_layer_modules *L = &m->layers[mod->layer];
     const float *x = b->saved->layers[mod->layer].h_mlp;
     int64_t T = b->T, E = m->cfg.num_experts, k = m->cfg.num_experts_per_tok;
@@ -257,10 +279,12 @@ static tp_status moe_backward(tp_model *m, const tp_module *mod, tp_backward_pas
     }
     if (!st) {
         if (m->cfg.arch == TP_ARCH_GPT_OSS) tp_moe_route_topk_softmax_backward(r.logits, T, E, k, r.ids, r.dw, r.dlogits);
+        else if (m->cfg.mla) tp_moe_route_deepseek_backward(&m->cfg, r.logits, T, r.ids, r.dw, r.dlogits);
         else tp_moe_route_backward(r.logits, T, E, k, m->cfg.norm_topk_prob, r.ids, r.dw, r.dlogits);
-        st = tp_module_linear_backward(m, &m->modules[L->router], r.dlogits, x, T, b->dh);
+        st = router_backward(m, &m->modules[L->router], r.dlogits, x, T, b->dh);
     }
     moe_bwd_free(&r);
+    if (!st && L->shared_experts >= 0) st = shared_expert_backward(m, L, x, b->dx, T, b->dh);
     return st;
 }
 

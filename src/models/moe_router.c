@@ -235,3 +235,52 @@ void tp_moe_route_topk_softmax_backward(const float *logits, int64_t T, int64_t 
         for (int64_t j = 0; j < k; j++) dl[id[j]] = (float)(wt[j] * (dw[t * k + j] - dot));
     }
 }
+
+/* DeepSeek's backward, one token.  V2: w_j = p[id_j]·sf with p =
+ * softmax(logits), so dp lands on the chosen experts and the softmax's
+ * backward spreads it.  V3: w_j = s_j / (Σ s + 1e-20) · sf (or s_j·sf) with
+ * s = sigmoid(logits): ds_i = sf·(dw_i − Σ_j dw_j·s_j / D) / D under
+ * renormalisation, then ds·s·(1 − s).  The bias only chose: no gradient
+ * reaches it (a buffer in Transformers). */
+static void deepseek_backward_token(const tp_model_config *c, const float *logit, const int32_t *ids,
+                                    const float *dw, float *dl)
+{
+    int64_t E = c->num_experts, k = c->num_experts_per_tok;
+    double sf = c->routed_scaling_factor;
+    if (c->arch == TP_ARCH_DEEPSEEK_V3) {
+        double S = 0, dot = 0;
+        for (int64_t j = 0; j < k; j++) {
+            double s = 1.0 / (1.0 + exp(-(double)logit[ids[j]]));
+            S += s;
+            dot += (double)dw[j] * s;
+        }
+        double D = S + 1e-20;
+        for (int64_t e = 0; e < E; e++) dl[e] = 0.0f;
+        for (int64_t j = 0; j < k; j++) {
+            double s = 1.0 / (1.0 + exp(-(double)logit[ids[j]]));
+            double ds = c->norm_topk_prob ? sf * (dw[j] - dot / D) / D : sf * dw[j];
+            dl[ids[j]] = (float)(ds * s * (1.0 - s));
+        }
+        return;
+    }
+    float mx = logit[0];
+    for (int64_t e = 1; e < E; e++) mx = logit[e] > mx ? logit[e] : mx;
+    double sum = 0, pdp = 0;
+    for (int64_t e = 0; e < E; e++) sum += (dl[e] = expf(logit[e] - mx));
+    for (int64_t e = 0; e < E; e++) dl[e] = (float)(dl[e] / sum);   /* p */
+    for (int64_t j = 0; j < k; j++) pdp += (double)dl[ids[j]] * sf * dw[j];
+    for (int64_t e = 0; e < E; e++) {
+        double dp = 0;   /* the ids are distinct */
+        for (int64_t j = 0; j < k; j++)
+            if (ids[j] == e) dp = sf * dw[j];
+        dl[e] = (float)(dl[e] * (dp - pdp));
+    }
+}
+
+void tp_moe_route_deepseek_backward(const tp_model_config *c, const float *logits, int64_t T, const int32_t *ids,
+                                    const float *dw, float *dlogits)
+{
+    int64_t E = c->num_experts, k = c->num_experts_per_tok;
+    for (int64_t t = 0; t < T; t++)
+        deepseek_backward_token(c, logits + t * E, ids + t * k, dw + t * k, dlogits + t * E);
+}

@@ -129,6 +129,11 @@ void tp_moe_route_backward(const float *logits, int64_t T, int64_t E, int64_t k,
 void tp_moe_route_topk_softmax(float *logits, int64_t T, int64_t E, int64_t k, int32_t *ids, float *w);
 void tp_moe_route_topk_softmax_backward(const float *logits, int64_t T, int64_t E, int64_t k, const int32_t *ids,
                                         const float *dw, float *dlogits);
+/* DeepSeek's router backward (no gradient through the choice): logits as
+ * the router gave them, ids and dw [T, k] the chosen experts (global) and
+ * the gradient of their weights; writes dlogits [T, E]. */
+void tp_moe_route_deepseek_backward(const tp_model_config *c, const float *logits, int64_t T, const int32_t *ids,
+                                    const float *dw, float *dlogits);
 /* A sparse block's routing as its experts see it: [T, k] ids (local under
  * expert parallelism, the sentinel for other ranks' experts) and weights. */
 typedef struct {
@@ -189,6 +194,11 @@ typedef struct {
     float *q, *k, *v;              /* after norm and rope [T, heads * D]         */
     float *attn, *lse;             /* attention output [T, nq * D], lse [T, nq]  */
     float *gate, *up, *act;        /* [T, I]: before SwiGLU, and silu(gate)·up   */
+    /* MLA (module_mla.c): q, k, v above are the padded [T, nh * Dp] rows the
+     * attention kernel read, attn o_proj's input [T, nh * v_head_dim] */
+    float *o_pad;                  /* the kernel's output [T, nh * Dp]           */
+    float *q_lat, *q_latn;         /* q_a_proj's output and its norm [T, q_lora_rank] */
+    float *kv_lat, *kv_latn;       /* the latent before and after kv_a_layernorm [T, kv_lora_rank] */
     int64_t nq, nkv, inter;        /* the local widths: heads, heads, features   */
 } tp_saved_layer;
 

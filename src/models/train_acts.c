@@ -12,7 +12,7 @@
 
 /* The allocations of one layer (every field of tp_saved_layer that holds
  * data), for the alignment slack. */
-#define ALLOCS_PER_LAYER 13
+#define ALLOCS_PER_LAYER 20
 
 static size_t bound_floats(const tp_model *m, int64_t T)
 {
@@ -22,6 +22,12 @@ static size_t bound_floats(const tp_model *m, int64_t T)
                                                                              : c->intermediate_size;
     int64_t layer = 4 * H + (nq + 2 * nkv) * D + nq * D + nq + 3 * I;
     if (c->qk_norm || c->llama4) layer += (nq + nkv) * D;   /* q, k before their norms */
+    if (c->mla) {
+        /* padded q, k, v and the kernel's output, o_proj's input, lse, the
+         * two latents before and after their norms (module_mla.c) */
+        int64_t Dp = tp_mla_head_dim(c);
+        layer += 4 * nq * Dp + nq * c->v_head_dim + nq + 2 * (c->q_lora_rank + c->kv_lora_rank);
+    }
     /* Gradient checkpointing keeps each layer's input and one layer's
      * working set (module_container.c). */
     if (m->gradient_checkpointing) return (size_t)(T * (2 * H * c->num_hidden_layers + layer + 2 * H + D));

@@ -1,9 +1,12 @@
 /* mla_kv_a_proj (MlaKvAProjParallel, §2.13) on kv_a_proj_with_mqa of
  * multi-head latent attention (§8.5): the Linear stays whole on every
  * rank, its input and output Replicate, nothing moves in the forward.
- * Its backward would all-reduce the gradient of the output's rope part
- * (each rank's heads read the shared rotary key); tensorpar does not train
- * MLA models yet (module_mla.c refuses), so no backward hook is needed. */
+ * Its backward all-reduces the gradient of the output's rope part (each
+ * rank's heads read the shared rotary key): module_mla.c does that sum, once,
+ * where it gathers the heads' parts of that gradient, and only when the
+ * heads are split — with the attention replicated (deepseek_v3's built-in
+ * plan) the gradient is whole and a sum would count it P times.  The
+ * Linear's own hooks move nothing. */
 #include "parallel_internal.h"
 
 static tp_status mla_forward(const tp_style *st, const tp_module_ctx *mod, tp_forward_desc *d)

@@ -6,7 +6,10 @@ CI runs each of `bench forward`, `bench decode`, `bench load`,
 model, only to prove that they work on the kernel path the process runs (any
 CPU; CI runs them again per path): the JSON has its keys with positive numbers,
 names that path, and the chart is a PNG.
-Timings are never asserted (the machines are shared and noisy)."""
+Timings are never asserted (the machines are shared and noisy).  What is
+asserted exactly is the accounting of an MoE model (MoeAccountingTest): the
+weight bytes a decoded token reads and a prefill's FLOPs count the k routed
+experts of E, not all of them, and under EP each rank only its own."""
 
 import re
 import json
@@ -98,7 +101,8 @@ class BenchTest(unittest.TestCase):
         self.assertIn("--mode", p.stderr)
 
     def test_decode(self):
-        p = run("bench", "decode", "--model", MODEL, "--new-tokens", "4", "--reps", "1", "--dtype", "bf16", "--json")
+        p = run("bench", "decode", "--model", MODEL, "--new-tokens", "4", "--reps", "1", "--dtype", "bf16", "--smoke",
+                "--json")
         j = json.loads(p.stdout)
         self.assertEqual(j["dtype"], "bf16")
         for side in ("tp1", "tpN"):
@@ -203,3 +207,92 @@ class BenchTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class MoeKernelBenchTest(unittest.TestCase):
+    def test_kernels_moe(self):
+        """bench kernels --moe runs the grouped kernel and the dense GEMM on
+        the preset's expert shapes and prints both rates and their ratio."""
+        p = run("bench", "kernels", "--moe", "--shapes", "tiny", "--smoke", "--seq", "16")
+        self.assertIn("hidden 64, expert width 40, 8 experts, top-2", p.stdout)
+        self.assertIn("32 rows over 8 experts", p.stdout)   # 16 tokens x top-2
+        rates = [float(v) for v in re.findall(r"([0-9.]+) GFLOP/s", p.stdout)]
+        ratio = float(re.search(r"grouped / dense ([0-9.]+)", p.stdout).group(1))
+        self.assertEqual(len(rates), 2)
+        self.assertGreater(min(rates), 0)
+        self.assertGreater(ratio, 0)
+        p = run("bench", "kernels", "--moe", "--shapes", "no-such-preset", check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("no-such-preset", p.stderr)
+
+
+class MoeAccountingTest(unittest.TestCase):
+    """bench decode's bytes per token and bench forward's FLOPs of a
+    qwen3_moe model (layer 0 dense, layer 1 sparse: decoder_sparse_step 2),
+    against the same figures computed here from its config."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.model = os.path.join(WORK, "moe")
+        run("make-model", "--arch", "qwen3_moe", "--preset", "tiny", "--set", "decoder_sparse_step=2",
+            "--out", cls.model)
+        with open(os.path.join(cls.model, "config.json")) as f:
+            cls.cfg = json.load(f)
+
+    def sizes(self):
+        """(floats of the non-expert weights a token reads, of the sparse
+        layers' experts, of those a token reads, of the norms and router
+        that a TP split replicates)."""
+        c = self.cfg
+        H, D, V = c["hidden_size"], c["head_dim"], c["vocab_size"]
+        nq, nkv, E, k = c["num_attention_heads"], c["num_key_value_heads"], c["num_experts"], c["num_experts_per_tok"]
+        attn = 2 * H * nq * D + 2 * H * nkv * D + 2 * D   # q, o, k, v; q_norm, k_norm
+        rest, experts, replicated = H * V + H, 0, H       # lm_head (untied), final norm
+        for layer in range(c["num_hidden_layers"]):
+            sparse = (layer + 1) % c["decoder_sparse_step"] == 0
+            rest += attn + 2 * H                         # the layer's two norms
+            replicated += 2 * H + 2 * D
+            if sparse:
+                rest += E * H                            # the router
+                replicated += E * H
+                experts += E * 3 * H * c["moe_intermediate_size"]
+            else:
+                rest += 3 * H * c["intermediate_size"]
+        self.assertEqual(c["tie_word_embeddings"], False)
+        return rest, experts, experts * k // E, replicated
+
+    def decode(self, *extra):
+        p = run("bench", "decode", "--model", self.model, "--new-tokens", "2", "--prompt", "1", "--reps", "1",
+                "--threads", "1", "--smoke", "--json", *extra)
+        return json.loads(p.stdout)
+
+    def test_decode_bytes_count_the_routed_experts(self):
+        rest, experts, routed, replicated = self.sizes()
+        self.assertEqual(routed * 4, experts)    # k = 2 of E = 8
+        j = self.decode("--tp", "2", "--ep")
+        self.assertTrue(j["expert_parallel"])
+        self.assertEqual(j["tp1"]["weight_bytes_per_token"], 4 * (rest + routed))
+        # EP = 2: the rest on both ranks, each expert on one (summed over ranks)
+        self.assertEqual(j["tpN"]["weight_bytes_per_token"], 4 * (2 * rest + routed))
+        # TP = 2: attention and experts split, norms and router on both
+        j = self.decode("--tp", "2")
+        self.assertEqual(j["tpN"]["weight_bytes_per_token"], 4 * (rest + routed + replicated))
+        for side in ("tp1", "tpN"):
+            positive(self, j[side], "read_gbs")
+            self.assertAlmostEqual(j[side]["bw_ratio"],
+                                   j[side]["weight_bytes_per_s"] / 1e9 / j[side]["read_gbs"], delta=1e-3)
+
+    def test_prefill_flops_count_the_routed_experts(self):
+        c, T = self.cfg, 8
+        H, D, nq, nkv = c["hidden_size"], c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
+        attn_w = 2 * H * nq * D + 2 * H * nkv * D
+        dense = 3 * H * c["intermediate_size"]
+        sparse = H * c["num_experts"] + 3 * H * c["moe_intermediate_size"] * c["num_experts_per_tok"]
+        keys = T * (T + 1) // 2
+        flops = 2 * c["vocab_size"] * H
+        for layer in range(c["num_hidden_layers"]):
+            mlp = sparse if (layer + 1) % c["decoder_sparse_step"] == 0 else dense
+            flops += 2 * T * (attn_w + mlp) + 4 * D * nq * keys
+        p = run("bench", "forward", "--model", self.model, "--seq", T, "--reps", "1", "--threads", "1", "--json")
+        self.assertEqual(json.loads(p.stdout)["flops"], flops)
+

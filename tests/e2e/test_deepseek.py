@@ -19,7 +19,7 @@ shared experts).
   logits, bitwise the same on every rank, and the same greedy tokens.
   EP 2 and 4 (§7.7's EP plan, shared by V3) give them too.
 * Refusals: heads that do not divide, a plan splitting the latent or the
-  shared experts' output, training.
+  shared experts' output.  (Training: test_deepseek_train.py.)
 
 q/k paths are drawn with std 0.25 (--qk-std) so that attention is decisive,
 routers with std 0.3 (--router-std) so that the top-k choices are."""
@@ -207,21 +207,6 @@ class Messages(unittest.TestCase):
         err = fails("make-model", "--arch", "deepseek_v3", "--preset", "tiny", "--set", "n_group=3",
                     "--out", os.path.join(WORK, "bad-groups"))
         self.assertIn("n_group dividing n_routed_experts", err)
-
-    def test_grads_refuses(self):
-        err = fails("grads", "--model", make("v2", "deepseek_v2", *DENSE), "--tokens", "1,2,3", "--out",
-                    os.path.join(WORK, "g.safetensors"))
-        self.assertIn("training is not supported for model type 'deepseek_v2' (multi-head latent attention)", err)
-
-    def test_train_refuses(self):
-        model = make("v2", "deepseek_v2", *DENSE)
-        data = os.path.join(WORK, "rows.jsonl")
-        with open(data, "w") as f:
-            f.write(json.dumps({"input_ids": [1, 2, 3, 4, 5, 6, 7, 8]}) + "\n")
-        out = os.path.join(WORK, "trained")
-        err = fails("train", "--model", model, "--data", data, "--out", out, "--seq-len", 8)
-        self.assertIn("training is not supported for model type 'deepseek_v2'", err)
-        self.assertFalse(os.path.exists(out))
 
 
 if __name__ == "__main__":

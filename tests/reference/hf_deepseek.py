@@ -32,6 +32,14 @@ and modeling_rope_utils (not from the C engine), in float64:
 * YaRN inverse frequencies and attention factor as _compute_yarn_parameters
   (factor = max_position_embeddings / original_max_position_embeddings when
   the latter is given).
+
+torch_logits() is the same model in PyTorch for autograd (gradients and
+training steps through hf_reference_grad.py / hf_reference_train.py): the
+routers' choices under no_grad as Transformers makes them (torch.topk on the
+scores; V3's e_score_correction_bias, a buffer there, only chooses), the
+weights through autograd (V2's softmax probabilities, V3's gathered sigmoid
+scores and their renormalisation), V2's rotary pairs as the complex product
+written out in reals.
 """
 
 import math
@@ -242,3 +250,128 @@ class DeepseekReference:
         x = base.rms_norm(x, self.t["model.norm.weight"], self.eps)
         head = self.t["model.embed_tokens.weight"] if self.tied else self.t["lm_head.weight"]
         return x @ head.T
+
+
+# ---- PyTorch (autograd) ------------------------------------------------------
+
+def _trms(x, w, eps):
+    var = x.pow(2).mean(-1, keepdim=True)   # DeepseekV2RMSNorm: variance in float, then the weight
+    return w * (x * __import__("torch").rsqrt(var + eps))
+
+
+class TorchDeepseek(DeepseekReference):
+    """The forward of DeepseekReference on a dict of torch tensors {HF name: tensor}
+    (per-expert names), differentiable in every parameter the model trains."""
+
+    def __init__(self, cfg, params):
+        super().__init__(None, cfg=cfg, tensors=params)
+
+    def _trope(self, x, cos, sin):
+        import torch
+        if self.arch == "deepseek_v2":   # apply_rotary_emb: (x0 + i x1) · (cos + i sin) per pair
+            a, b = x[..., 0::2], x[..., 1::2]
+            return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).reshape(x.shape)
+        if self.interleave:   # apply_rotary_pos_emb_interleave: [evens, odds], then rotate_half
+            x = torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
+        h = x.shape[-1] // 2
+        rot = torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+        return x * torch.cat([cos, cos], dim=-1) + rot * torch.cat([sin, sin], dim=-1)
+
+    def tattention(self, i, x, cos, sin, mask):
+        import torch
+        T, nh = x.shape[0], self.n_heads
+        p = f"model.layers.{i}.self_attn."
+        W = lambda n: self.t[p + n + ".weight"]  # noqa: E731
+        if self.q_lora is None:
+            q = x @ W("q_proj").T
+        else:
+            q = _trms(x @ W("q_a_proj").T, W("q_a_layernorm"), 1e-6) @ W("q_b_proj").T
+        q = q.view(T, nh, -1).transpose(0, 1)
+        q_nope, q_pe = q[..., :self.nope], q[..., self.nope:]
+        ckv = x @ W("kv_a_proj_with_mqa").T
+        k_lat, k_pe = ckv[:, :self.kv_lora], ckv[:, self.kv_lora:]
+        kv = (_trms(k_lat, W("kv_a_layernorm"), 1e-6) @ W("kv_b_proj").T).view(T, nh, -1).transpose(0, 1)
+        k_nope, v = kv[..., :self.nope], kv[..., self.nope:]
+        q_pe = self._trope(q_pe, cos, sin)
+        k_pe = self._trope(k_pe[None], cos, sin).expand(nh, T, self.rope)
+        qs = torch.cat([q_nope, q_pe], dim=-1)
+        ks = torch.cat([k_nope, k_pe], dim=-1)
+        probs = torch.softmax((qs @ ks.transpose(1, 2)) * self.scaling + mask, dim=-1)
+        o = (probs @ v).transpose(0, 1).reshape(T, nh * self.vd)
+        return o @ W("o_proj").T
+
+    def troute(self, i, x):
+        import torch
+        p = f"model.layers.{i}.mlp.gate."
+        logits = x @ self.t[p + "weight"].T
+        E, k, T = self.n_experts, int(self.top_k), x.shape[0]
+        if self.arch == "deepseek_v2":   # DeepseekV2Moe.route_tokens_to_experts
+            probs = torch.softmax(logits, dim=-1)
+            scores = probs
+            if self.topk_method == "group_limited_greedy":
+                G = int(self.n_group)
+                group_scores = probs.view(T, G, -1).max(dim=-1).values
+                group_idx = torch.topk(group_scores, k=int(self.topk_group), dim=-1, sorted=False)[1]
+                group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+                score_mask = group_mask.unsqueeze(-1).expand(T, G, E // G).reshape(T, -1)
+                scores = probs.masked_fill(~score_mask.bool(), 0.0)
+            w, idx = torch.topk(scores, k=k, dim=-1, sorted=False)
+            return idx, w * self.scale_routed
+        scores = torch.sigmoid(logits)   # DeepseekV3TopkRouter + DeepseekV3MoE.route_tokens_to_experts
+        with torch.no_grad():
+            bias = self.t.get(p + "e_score_correction_bias")
+            choice = scores + (bias.detach()[None] if bias is not None else 0.0)
+            G = int(self.n_group)
+            group_scores = choice.view(T, G, -1).topk(2, dim=-1)[0].sum(dim=-1)
+            group_idx = torch.topk(group_scores, k=int(self.topk_group), dim=-1, sorted=False)[1]
+            group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+            score_mask = group_mask.unsqueeze(-1).expand(T, G, E // G).reshape(T, -1)
+            choice = choice.masked_fill(~score_mask.bool(), 0.0)
+            idx = torch.topk(choice, k=k, dim=-1, sorted=False)[1]
+        w = scores.gather(1, idx)
+        if self.norm_topk:
+            w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+        return idx, w * self.scale_routed
+
+    def tswiglu(self, x, p):
+        import torch
+        g = x @ self.t[p + "gate_proj.weight"].T
+        u = x @ self.t[p + "up_proj.weight"].T
+        return (torch.nn.functional.silu(g) * u) @ self.t[p + "down_proj.weight"].T
+
+    def tmlp(self, i, x):
+        import torch
+        if i < self.first_sparse:
+            return self.tswiglu(x, f"model.layers.{i}.mlp.")
+        idx, w = self.troute(i, x)
+        out = torch.zeros_like(x)
+        for e in range(self.n_experts):   # DeepseekV2Moe.moe / DeepseekV3NaiveMoe: the chosen tokens only
+            tok, slot = torch.nonzero(idx == e, as_tuple=True)
+            if tok.numel():
+                y = self.tswiglu(x[tok], f"model.layers.{i}.mlp.experts.{e}.")
+                out = out.index_add(0, tok, y * w[tok, slot][:, None])
+        if f"model.layers.{i}.mlp.shared_experts.gate_proj.weight" in self.t:
+            out = out + self.tswiglu(x, f"model.layers.{i}.mlp.shared_experts.")
+        return out
+
+    def tlogits(self, tokens):
+        import torch
+        emb = self.t["model.embed_tokens.weight"]
+        dt, T = emb.dtype, len(tokens)
+        freqs = torch.outer(torch.arange(T, dtype=torch.float64), torch.tensor(self.inv_freq, dtype=torch.float64))
+        cos, sin = (freqs.cos() * self.att_factor).to(dt), (freqs.sin() * self.att_factor).to(dt)
+        allowed = torch.arange(T)[None, :] <= torch.arange(T)[:, None]
+        mask = torch.zeros(T, T, dtype=dt).masked_fill(~allowed, float("-inf"))
+        x = emb[torch.tensor(list(tokens))]
+        for i in range(self.n_layers):
+            p = f"model.layers.{i}."
+            x = x + self.tattention(i, _trms(x, self.t[p + "input_layernorm.weight"], self.eps), cos, sin, mask)
+            x = x + self.tmlp(i, _trms(x, self.t[p + "post_attention_layernorm.weight"], self.eps))
+        x = _trms(x, self.t["model.norm.weight"], self.eps)
+        head = emb if self.tied else self.t["lm_head.weight"]
+        return x @ head.T
+
+
+def torch_logits(cfg, params, tokens):
+    """The [T, vocab] logits of one sequence as a differentiable torch tensor."""
+    return TorchDeepseek(cfg, params).tlogits([int(t) for t in tokens])

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """An independent autograd reference for the causal-LM loss and its gradients.
 
-The decoder of Llama, Mistral, Qwen2 and Qwen3 written with PyTorch (Debian's
+The decoder of Llama, Mistral, Qwen2 and Qwen3 written with PyTorch (deepseek_v2/v3:
+hf_deepseek.torch_logits) (Debian's
 python3-torch) after the structure of Transformers' modeling code
 (LlamaForCausalLM and its siblings): RMSNorm computed in float, rotate_half
 RoPE with the default, linear and llama3 frequency schedules, repeat_kv for
@@ -216,6 +217,11 @@ def forward_loss(cfg, p, tokens):
 def forward_logits(cfg, p, tokens, adapter=None):
     """The [T, vocab] logits of one sequence (no batch dimension); adapter(name, x),
     when given, adds a term to each projection (None: nothing)."""
+    if cfg.get("model_type") in ("deepseek_v2", "deepseek_v3"):
+        if adapter is not None:
+            raise ValueError("adapters are not handled for deepseek models")
+        import hf_deepseek   # multi-head latent attention and DeepSeek's routers: their own file
+        return hf_deepseek.torch_logits(cfg, p, tokens)
     T = len(tokens)
     nq = cfg["num_attention_heads"]
     D = cfg.get("head_dim") or cfg["hidden_size"] // nq

@@ -195,6 +195,50 @@ static void test_rope(int kind, const char *what)
     compare(what, x, NULL, num, N);
 }
 
+/* MLA's rope (tp_rope_apply_mla): a rotary part at `off` inside rows of
+ * `stride`, rows r of position r / per_t, interleaved pairs (2i, 2i+1) or
+ * halves, times a scale; the rest of each row passes through. */
+typedef struct {
+    double *x, *g;
+    const float *table;
+    int64_t rows, per_t, stride, off, hd;
+    double scale;
+    int interleaved;
+} mla_rope_ctx;
+
+static double mla_rope_loss(void *p)
+{
+    const mla_rope_ctx *c = p;
+    int64_t half = c->hd / 2, ia = c->interleaved ? 2 : 1, ib = c->interleaved ? 1 : half;
+    double L = 0;
+    for (int64_t i = 0; i < c->rows * c->stride; i++) L += c->g[i] * c->x[i];
+    for (int64_t r = 0; r < c->rows; r++)
+        for (int64_t i = 0; i < half; i++) {
+            const float *row = c->table + (r / c->per_t) * c->hd;
+            double cs = row[i] * c->scale, sn = row[half + i] * c->scale;
+            int64_t oa = r * c->stride + c->off + ia * i, ob = oa + ib;
+            double a = c->x[oa], b = c->x[ob];
+            L += c->g[oa] * (a * cs - b * sn - a) + c->g[ob] * (b * cs + a * sn - b);   /* replaces the pass-through */
+        }
+    return L;
+}
+
+static void test_rope_mla(int interleaved, const char *what)
+{
+    enum { T = 4, NH = 3, HD = 8, OFF = 5, STRIDE = OFF + HD + 2, ROWS = T * NH, N = ROWS * STRIDE };
+    double inv_freq[HD / 2], xd[N], gd[N], num[N];
+    float x[N], table[T * HD];
+    tp_rope_inv_freq(inv_freq, HD, 100.0, 0, 1.0, 1.0, 4.0, 64);
+    tp_rope_table(table, T, HD, inv_freq, 3);
+    fill(x, N, 1.0);
+    to_double(gd, x, N);   /* g = the random x, the upstream gradient */
+    for (int i = 0; i < N; i++) xd[i] = tp_rng_normal(&rng);
+    mla_rope_ctx c = {xd, gd, table, ROWS, NH, STRIDE, OFF, HD, 1.3, interleaved};
+    numeric_grad(num, xd, N, mla_rope_loss, &c);
+    tp_rope_backward_mla(x, ROWS, NH, STRIDE, OFF, HD, table, 1.3f, interleaved);   /* in place */
+    compare(what, x, NULL, num, N);
+}
+
 /* ---- SwiGLU ----------------------------------------------------------- */
 
 typedef struct {
@@ -564,6 +608,8 @@ int main(void)
     test_rope(0, "rope dx (default)");
     test_rope(1, "rope dx (llama3)");
     test_rope(2, "rope dx (linear)");
+    test_rope_mla(1, "MLA rope dx (interleaved pairs, scaled)");
+    test_rope_mla(0, "MLA rope dx (halves, scaled)");
 
     test_silu_mul();
 

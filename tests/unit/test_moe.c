@@ -116,7 +116,7 @@ static void check_grouped(int64_t T, int64_t E, int64_t k, tp_dtype dt)
     tp_convert(gu, TP_F32, tgu.data, dt, (size_t)(E * 2 * I * H));
     tp_convert(dn, TP_F32, tdn.data, dt, (size_t)(E * H * I));
     float *out = malloc((size_t)(T * H) * sizeof *out);
-    float *scratch = malloc((size_t)tp_grouped_experts_scratch(T, H, I) * sizeof *scratch);
+    float *scratch = malloc((size_t)tp_grouped_experts_scratch(T, H, I, k, 3) * sizeof *scratch);
     double *want = malloc((size_t)(T * H) * sizeof *want);
     tp_threadpool *pool;
     tp_threadpool_create(&pool, 2);
@@ -132,6 +132,21 @@ static void check_grouped(int64_t T, int64_t E, int64_t k, tp_dtype dt)
     }
     CHECK_MSG(mx > 0 && err <= 1e-5 * mx, "T=%lld E=%lld k=%lld %s: max err %g of %g", (long long)T, (long long)E,
               (long long)k, tp_dtype_name(dt), err, mx);
+    /* 1 and 3 threads give the bits of 2: whole experts per thread (a
+     * prompt's 2 or more per thread) or each expert split (fewer) */
+    float *again = malloc((size_t)(T * H) * sizeof *again);
+    for (int nt = 1; nt <= 3; nt += 2) {
+        tp_threadpool *p2;
+        tp_threadpool_create(&p2, nt);
+        tp_grouped_experts_args b = a;
+        b.out = again;
+        b.pool = p2;
+        CHECK(tp_grouped_experts(&b, scratch) == TP_OK);
+        CHECK_MSG(memcmp(again, out, (size_t)(T * H) * sizeof *out) == 0, "T=%lld E=%lld k=%lld: %d threads differ",
+                  (long long)T, (long long)E, (long long)k, nt);
+        tp_threadpool_destroy(p2);
+    }
+    free(again);
     /* the shapes must agree */
     tp_grouped_experts_args bad = a;
     bad.H = H + 1;

@@ -1,7 +1,8 @@
 /* The backward of a mixture-of-experts block, against central finite
  * differences of a float64 forward written here: the router's (softmax,
  * the chosen probabilities, renormalised or not; the choice itself held
- * fixed, as torch.topk passes no gradient through it) and the grouped
+ * fixed, as torch.topk passes no gradient through it; DeepSeek's V2
+ * softmax and V3 sigmoid routers alike) and the grouped
  * experts' (input, slot weights, stacked weight gradients; a skipped slot
  * gets none), in both layouts: linear-style with the weight on the output,
  * Llama 4's bmm-style with the weight on the input. */
@@ -69,6 +70,66 @@ static void test_router_backward(void)
     check_router(16, 4, 1);
     check_router(5, 1, 1);   /* k = 1 renormalised: the weight is 1 whatever the logits */
     check_router(5, 1, 0);
+}
+
+/* DeepSeek's weights for one token's fixed choice: V2 the softmax
+ * probabilities, V3 the sigmoid scores renormalised (+1e-20) or not; both
+ * times the scaling factor; Σ_j c_j · w_j. */
+static double deepseek_loss(const tp_model_config *cfg, const double *logit, const int32_t *ids, const double *c)
+{
+    int64_t E = cfg->num_experts, k = cfg->num_experts_per_tok;
+    double s[16], S = 0, L = 0, mx = logit[0], z = 0;
+    for (int64_t e = 1; e < E; e++) mx = fmax(mx, logit[e]);
+    for (int64_t e = 0; e < E; e++) z += exp(logit[e] - mx);
+    for (int64_t j = 0; j < k; j++) {
+        double l = logit[ids[j]];
+        s[j] = cfg->arch == TP_ARCH_DEEPSEEK_V3 ? 1.0 / (1.0 + exp(-l)) : exp(l - mx) / z;
+        S += s[j];
+    }
+    int renorm = cfg->arch == TP_ARCH_DEEPSEEK_V3 && cfg->norm_topk_prob;
+    for (int64_t j = 0; j < k; j++) L += c[j] * s[j] / (renorm ? S + 1e-20 : 1.0) * cfg->routed_scaling_factor;
+    return L;
+}
+
+static void check_deepseek_router(tp_arch arch, int norm, int groups, double sf)
+{
+    enum { T = 3, E = 8, K = 3 };
+    tp_model_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.arch = arch, cfg.num_experts = E, cfg.num_experts_per_tok = K, cfg.norm_topk_prob = norm;
+    cfg.routed_scaling_factor = sf, cfg.n_group = groups ? 4 : 1, cfg.topk_group = groups ? 2 : 1;
+    cfg.group_limited = groups;
+    uint64_t seed = (uint64_t)(arch * 31 + norm * 7 + groups);
+    float logits[T * E], scratch[T * E], w[T * K], dw[T * K], dl[T * E];
+    int32_t ids[T * K];
+    double c[T * K], l64[E];
+    for (int64_t i = 0; i < T * E; i++) logits[i] = (float)(2.0 * drand(&seed));
+    for (int64_t i = 0; i < T * K; i++) dw[i] = (float)(c[i] = drand(&seed));
+    memcpy(scratch, logits, sizeof scratch);
+    CHECK(tp_moe_route_deepseek(&cfg, scratch, T, NULL, ids, w) == TP_OK);
+    tp_moe_route_deepseek_backward(&cfg, logits, T, ids, dw, dl);
+    double err = 0, mx = 0;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t e = 0; e < E; e++) {
+            const double h = 1e-5;
+            for (int64_t i = 0; i < E; i++) l64[i] = logits[t * E + i];
+            l64[e] += h;
+            double up = deepseek_loss(&cfg, l64, ids + t * K, c + t * K);
+            l64[e] -= 2 * h;
+            double fd = (up - deepseek_loss(&cfg, l64, ids + t * K, c + t * K)) / (2 * h);
+            err = fmax(err, fabs(fd - dl[t * E + e]));
+            mx = fmax(mx, fabs(fd));
+        }
+    CHECK_MSG(mx > 1e-3 && err <= 1e-5 * mx + 1e-7, "deepseek router arch=%d norm=%d groups=%d: err %g of %g",
+              (int)arch, norm, groups, err, mx);
+}
+
+static void test_deepseek_router_backward(void)
+{
+    check_deepseek_router(TP_ARCH_DEEPSEEK_V2, 0, 0, 1.0);
+    check_deepseek_router(TP_ARCH_DEEPSEEK_V2, 0, 1, 1.5);   /* group_limited_greedy */
+    check_deepseek_router(TP_ARCH_DEEPSEEK_V3, 1, 1, 2.5);
+    check_deepseek_router(TP_ARCH_DEEPSEEK_V3, 0, 0, 1.0);
 }
 
 /* gpt_oss's router: the chosen logits softmaxed among themselves; the top-k
@@ -243,6 +304,7 @@ int main(void)
 {
     test_router_backward();
     test_topk_softmax_router();
+    test_deepseek_router_backward();
     test_experts_backward();
     return check_summary();
 }
