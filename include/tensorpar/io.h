@@ -119,7 +119,7 @@ tp_status tp_safetensors_header(const char *path, const tp_st_entry *entries, si
 /* ---- Hugging Face config.json ----------------------------------------- */
 
 typedef enum { TP_ARCH_LLAMA, TP_ARCH_MISTRAL, TP_ARCH_QWEN2, TP_ARCH_QWEN3, TP_ARCH_QWEN3_MOE, TP_ARCH_MIXTRAL,
-               TP_ARCH_DEEPSEEK_V2, TP_ARCH_DEEPSEEK_V3, TP_ARCH_LLAMA4_TEXT } tp_arch;
+               TP_ARCH_DEEPSEEK_V2, TP_ARCH_DEEPSEEK_V3, TP_ARCH_LLAMA4_TEXT, TP_ARCH_GPT_OSS } tp_arch;
 
 typedef enum { TP_ROPE_DEFAULT, TP_ROPE_LLAMA3, TP_ROPE_LINEAR, TP_ROPE_YARN } tp_rope_kind;
 
@@ -139,6 +139,9 @@ typedef struct {
      * itself stays the config's (V3's softmax mscale reads it). */
     double yarn_factor;
     int64_t yarn_original;
+    /* yarn: find_correction_range's floor/ceil of the ramp's bounds
+     * (Transformers' default true; gpt_oss's config sets it false). */
+    int yarn_truncate;
 } tp_rope_scaling;
 
 #define TP_MAX_EOS 8
@@ -203,6 +206,16 @@ typedef struct {
     int64_t n_shared_experts, n_group, topk_group;
     double routed_scaling_factor;
     int group_limited;       /* V2's topk_method = group_limited_greedy */
+    /* gpt_oss: layer_types, one flag per layer (1: sliding_attention with
+     * sliding_window, 0: full_attention; n_layer_types 0: absent, Transformers'
+     * default alternation sliding, full, ...); each layer's attention has a
+     * learned sink logit per head; the router is a Linear with a bias whose
+     * top-k logits are softmaxed; the experts carry biases and run the
+     * clamped SwiGLU (up + 1)·g·σ(swiglu_alpha·g) with g ≤ swiglu_limit and
+     * |up| ≤ swiglu_limit. */
+    int n_layer_types;
+    unsigned char layer_sliding[TP_MAX_LAYER_FLAGS];
+    double swiglu_alpha, swiglu_limit;
     /* Llama 4 (llama4_text; llama4 = 1).  Its MoE layers (moe_layers, or
      * every interleave_moe_layer_step-th) have num_experts bmm-style experts
      * of moe_intermediate_size (= intermediate_size), a sigmoid top-k
@@ -232,7 +245,8 @@ int tp_config_layer_is_sparse(const tp_model_config *cfg, int64_t l);
 /* 1 when decoder layer l rotates q and k (all but Llama 4's NoPE layers). */
 int tp_config_layer_uses_rope(const tp_model_config *cfg, int64_t l);
 /* The attention window of layer l as tp_attention takes it: the
- * sliding window (> 0), Llama 4's chunk on RoPE layers (as -chunk), or 0. */
+ * sliding window (> 0; gpt_oss: on its sliding_attention layers only),
+ * Llama 4's chunk on RoPE layers (as -chunk), or 0. */
 int64_t tp_config_layer_window(const tp_model_config *cfg, int64_t l);
 
 tp_status tp_arch_parse(const char *s, tp_arch *out);

@@ -197,6 +197,36 @@ typedef struct {
 } tp_grouped_experts_grads;
 tp_status tp_grouped_experts_backward(const tp_grouped_experts_args *a, const tp_grouped_experts_grads *g);
 
+/* gpt_oss's experts (GptOssExperts), in Transformers' layout: gate_up
+ * [E, H, 2I] (x·gate_up[e], no transpose) with gate and up interleaved
+ * along the last dimension (gate the even columns, up the odd), plus
+ * gate_up_bias [E, 2I]; the clamped SwiGLU h = (clamp(up, ±limit) + 1) ·
+ * g·σ(alpha·g) with g = min(gate, limit); y = h·down[e] + down_bias[e],
+ * down [E, I, H].  Weights f32 or bf16, biases f32.  Routing, sorting,
+ * sentinel and scatter order as tp_grouped_experts; scratch holds
+ * tp_grouped_experts_scratch floats. */
+typedef struct {
+    float *out;                     /* [T, H], overwritten */
+    const float *x;                 /* [T, H] */
+    int64_t T, H, k;
+    const int32_t *ids;
+    const float *weights;
+    const tp_tensor *gate_up, *gate_up_bias, *down, *down_bias;
+    double alpha, limit;
+    tp_threadpool *pool;
+    const tp_matmul_opts *opts;
+} tp_oss_experts_args;
+tp_status tp_oss_experts(const tp_oss_experts_args *a, float *scratch);
+/* Its backward (out unused; the forward recomputed expert by expert): as
+ * tp_grouped_experts_backward, the weight gradients in the weights' own
+ * layouts, d_*_bias += the bias gradients (each may be NULL); the clamps
+ * pass no gradient where they cut (torch's clamp: inclusive bounds pass). */
+typedef struct {
+    const float *dy;
+    float *dx, *dweights, *d_gate_up, *d_gate_up_bias, *d_down, *d_down_bias;
+} tp_oss_experts_grads;
+tp_status tp_oss_experts_backward(const tp_oss_experts_args *a, const tp_oss_experts_grads *g);
+
 /* In-place softmax over n values. */
 void tp_softmax(float *x, int64_t n);
 
@@ -237,9 +267,10 @@ void tp_rope_apply_mla(float *x, int64_t rows, int64_t per_t, int64_t stride, in
                        const float *table, float scale, int interleaved);
 /* YaRN (modeling_rope_utils' _compute_yarn_parameters): the blend of
  * interpolated and extrapolated frequencies over the ramp between the
- * dimensions of beta_fast and beta_slow rotations at original_max_pos. */
+ * dimensions of beta_fast and beta_slow rotations at original_max_pos,
+ * floored and ceiled when truncate (Transformers' default; gpt_oss: not). */
 void tp_rope_inv_freq_yarn(double *inv_freq, int64_t head_dim, double theta, double factor, double beta_fast,
-                           double beta_slow, int64_t original_max_pos);
+                           double beta_slow, int64_t original_max_pos, int truncate);
 /* YaRN's get_mscale: 1 for scale <= 1, else 0.1 * mscale * ln(scale) + 1. */
 double tp_yarn_mscale(double scale, double mscale);
 

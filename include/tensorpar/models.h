@@ -124,7 +124,10 @@ tp_status tp_model_options_from_env(tp_model_options *o);
 
 /* ---- parameters ------------------------------------------------------ */
 
-typedef enum { TP_PARAM_WEIGHT, TP_PARAM_BIAS, TP_PARAM_NORM, TP_PARAM_EMBEDDING } tp_param_kind;
+/* OTHER: a bare parameter its module's own code uses (gpt_oss's attention
+ * sinks): kept in f32, weight-decayed as Transformers' Trainer does for a
+ * name without "bias" or "norm". */
+typedef enum { TP_PARAM_WEIGHT, TP_PARAM_BIAS, TP_PARAM_NORM, TP_PARAM_EMBEDDING, TP_PARAM_OTHER } tp_param_kind;
 
 typedef struct {
     char name[96];           /* Hugging Face name: model.layers.3.mlp.up_proj.weight */

@@ -8,9 +8,10 @@
 int cmd_make_model(int argc, char **argv)
 {
     cli_option o[] = {
-        {"--arch", "ARCH", "llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, deepseek_v2, deepseek_v3 or llama4_text", 0, {0}},
+        {"--arch", "ARCH", "llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, deepseek_v2, deepseek_v3, llama4_text or "
+                           "gpt_oss", 0, {0}},
         {"--preset", "NAME", "tiny, small, qwen3-0.6b, llama-3.2-1b, llama-3-8b, qwen3-30b-a3b, mixtral-8x7b, "
-                             "deepseek-v2-lite, deepseek-v3, llama-4-scout "
+                             "deepseek-v2-lite, deepseek-v3, llama-4-scout, gpt-oss-20b "
                              "(default tiny)", 0, {0}},
         {"--set", "KEY=VALUE", "override a config.json key (JSON value); repeatable; the final config is "
                                "checked once, so the order does not matter", 0, {0}},

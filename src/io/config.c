@@ -15,6 +15,7 @@ static const struct { const char *name; tp_arch arch; } arch_names[] = {
     {"qwen2", TP_ARCH_QWEN2}, {"qwen3", TP_ARCH_QWEN3},
     {"qwen3_moe", TP_ARCH_QWEN3_MOE}, {"mixtral", TP_ARCH_MIXTRAL},
     {"deepseek_v2", TP_ARCH_DEEPSEEK_V2}, {"deepseek_v3", TP_ARCH_DEEPSEEK_V3},
+    {"gpt_oss", TP_ARCH_GPT_OSS},
     {"llama4_text", TP_ARCH_LLAMA4_TEXT},
 };
 #define N_ARCH (sizeof arch_names / sizeof arch_names[0])
@@ -31,7 +32,7 @@ tp_status tp_arch_parse(const char *s, tp_arch *out)
                        "the text_config as config.json, the language_model.model.* tensors as model.*)");
     return tp_fail(TP_ERR_UNSUPPORTED,
                    "model type '%s' is not supported (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, "
-                   "deepseek_v2, deepseek_v3, llama4_text)", s);
+                   "deepseek_v2, deepseek_v3, llama4_text, gpt_oss)", s);
 }
 
 const char *tp_arch_name(tp_arch a)
@@ -52,6 +53,7 @@ static const char *architecture_class(tp_arch a)
     case TP_ARCH_MIXTRAL: return "MixtralForCausalLM";
     case TP_ARCH_DEEPSEEK_V2: return "DeepseekV2ForCausalLM";
     case TP_ARCH_DEEPSEEK_V3: return "DeepseekV3ForCausalLM";
+    case TP_ARCH_GPT_OSS: return "GptOssForCausalLM";
     case TP_ARCH_LLAMA4_TEXT: return "Llama4ForCausalLM";
     }
     return "?";
@@ -109,6 +111,16 @@ static void set_defaults(tp_model_config *c, tp_arch arch)
         c->num_attention_heads = 128; c->max_position_embeddings = 4096; c->first_k_dense_replace = 3;
         c->bos_token_id = 0; c->eos_token_ids[0] = 1; c->n_eos = 1; c->rope_interleave = 1;
         break;
+    case TP_ARCH_GPT_OSS:       /* GptOssConfig */
+        c->vocab_size = 201088; c->hidden_size = 2880; c->intermediate_size = 2880; c->num_hidden_layers = 36;
+        c->num_attention_heads = 64; c->num_key_value_heads = 8; c->head_dim = 64; c->sliding_window = 128;
+        c->max_position_embeddings = 131072; c->rms_norm_eps = 1e-5; c->rope_theta = 150000.0;
+        c->attention_bias = 1; c->num_experts = 128; c->num_experts_per_tok = 4; c->decoder_sparse_step = 1;
+        c->swiglu_alpha = 1.702; c->swiglu_limit = 7.0;
+        c->rope_scaling = (tp_rope_scaling){.kind = TP_ROPE_YARN, .factor = 32.0, .beta_fast = 32.0, .beta_slow = 1.0,
+                                            .original_max_position_embeddings = 4096, .yarn_factor = 32.0,
+                                            .yarn_original = 4096, .yarn_truncate = 0};
+        break;
     case TP_ARCH_LLAMA4_TEXT:   /* Llama4TextConfig */
         c->llama4 = 1;
         c->vocab_size = 202048; c->hidden_size = 5120; c->intermediate_size = 8192; c->intermediate_size_mlp = 16384;
@@ -145,6 +157,10 @@ int tp_config_layer_uses_rope(const tp_model_config *c, int64_t l)
 
 int64_t tp_config_layer_window(const tp_model_config *c, int64_t l)
 {
+    if (c->arch == TP_ARCH_GPT_OSS) {
+        int sliding = l < c->n_layer_types ? c->layer_sliding[l] : (l + 1) % 2;   /* GptOssConfig's default */
+        return sliding ? c->sliding_window : 0;
+    }
     if (!c->llama4) return c->sliding_window;
     /* Llama4TextConfig: layer_types "chunked_attention" on the RoPE layers */
     return tp_config_layer_uses_rope(c, l) && c->attention_chunk_size > 0 ? -c->attention_chunk_size : 0;
@@ -303,11 +319,13 @@ static tp_status parse_yarn(const json_doc *sub, tp_rope_scaling *rs, int64_t ma
     rs->beta_fast = 32.0;
     rs->beta_slow = 1.0;
     rs->original_max_position_embeddings = 0;
+    rs->yarn_truncate = 1;
     tp_status s;
     if ((s = get_double(sub, "beta_fast", &rs->beta_fast)) || (s = get_double(sub, "beta_slow", &rs->beta_slow)) ||
         (s = get_double(sub, "mscale", &rs->mscale)) || (s = get_double(sub, "mscale_all_dim", &rs->mscale_all_dim)) ||
         (s = get_double(sub, "attention_factor", &rs->attention_factor)) ||
-        (s = get_size(sub, "original_max_position_embeddings", &rs->original_max_position_embeddings)))
+        (s = get_size(sub, "original_max_position_embeddings", &rs->original_max_position_embeddings)) ||
+        (s = get_bool(sub, "truncate", &rs->yarn_truncate)))
         return tp_fail_context(s, "in rope_scaling");
     int64_t orig = rs->original_max_position_embeddings;
     rs->yarn_factor = orig > 0 ? (double)max_pos / (double)orig : rs->factor;
@@ -366,6 +384,54 @@ static tp_status parse_deepseek_moe(tp_model_config *c, const json_doc *d)
     if (v3 && E / G < 2)
         return tp_fail(TP_ERR_FORMAT, "%s: deepseek_v3 scores a group by its two best experts: n_group must leave at "
                        "least 2 experts a group", d->path);
+    return TP_OK;
+}
+
+/* gpt_oss's layer_types: each "sliding_attention" or "full_attention",
+ * one per layer (Transformers checks the count). */
+static tp_status get_layer_types(tp_model_config *c, const json_doc *d)
+{
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(d->root, "layer_types");
+    c->n_layer_types = 0;
+    if (!v || cJSON_IsNull(v)) return TP_OK;
+    int n = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : -1;
+    if (n < 0 || n > TP_MAX_LAYER_FLAGS || n != c->num_hidden_layers)
+        return tp_fail(TP_ERR_FORMAT, "%s: key 'layer_types' must be a list of one type per layer (%lld layers, "
+                       "at most %d)", d->path, (long long)c->num_hidden_layers, TP_MAX_LAYER_FLAGS);
+    for (int i = 0; i < n; i++) {
+        cJSON *t = cJSON_GetArrayItem(v, i);
+        int sliding = cJSON_IsString(t) && !strcmp(t->valuestring, "sliding_attention");
+        if (!sliding && !(cJSON_IsString(t) && !strcmp(t->valuestring, "full_attention")))
+            return tp_fail(TP_ERR_UNSUPPORTED, "%s: layer_types[%d] must be \"sliding_attention\" or "
+                           "\"full_attention\"", d->path, i);
+        c->layer_sliding[i] = (unsigned char)sliding;
+    }
+    c->n_layer_types = n;
+    return TP_OK;
+}
+
+/* GptOssConfig's keys: the experts are intermediate_size wide, every layer
+ * sparse, the window per layer type. */
+static tp_status parse_gpt_oss(tp_model_config *c, const json_doc *d)
+{
+    tp_status s;
+    cJSON *sw = cJSON_GetObjectItemCaseSensitive(d->root, "sliding_window");
+    if (sw && cJSON_IsNull(sw)) c->sliding_window = 0;
+    else if ((s = get_size(d, "sliding_window", &c->sliding_window))) return s;
+    if ((s = get_size(d, "num_local_experts", &c->num_experts)) ||
+        (s = get_size(d, "num_experts_per_tok", &c->num_experts_per_tok)) ||
+        (s = get_bool(d, "output_router_logits", &c->output_router_logits)) ||
+        (s = get_double(d, "swiglu_alpha", &c->swiglu_alpha)) ||
+        (s = get_double(d, "swiglu_limit", &c->swiglu_limit)) || (s = get_layer_types(c, d)))
+        return s;
+    c->moe_intermediate_size = c->intermediate_size;
+    c->decoder_sparse_step = 1;
+    if (c->num_experts < 1 || c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_experts ||
+        c->num_experts_per_tok > 256)
+        return tp_fail(TP_ERR_FORMAT, "%s: gpt_oss needs num_local_experts >= 1 and 1 <= num_experts_per_tok <= "
+                       "num_local_experts, at most 256 (got %lld of %lld)", d->path, (long long)c->num_experts_per_tok,
+                       (long long)c->num_experts);
+    if (!(c->swiglu_limit > 0)) return tp_fail(TP_ERR_FORMAT, "%s: key 'swiglu_limit' must be positive", d->path);
     return TP_OK;
 }
 
@@ -505,8 +571,9 @@ tp_status tp_config_check_training(const tp_model_config *c)
 static tp_status parse_rope_scaling(const json_doc *d, tp_rope_scaling *rs, int64_t max_pos)
 {
     cJSON *v = cJSON_GetObjectItemCaseSensitive(d->root, "rope_scaling");
-    rs->kind = TP_ROPE_DEFAULT;
+    /* absent: the model type's default (set_defaults; gpt_oss's is YaRN) */
     if (!v || cJSON_IsNull(v)) return TP_OK;
+    rs->kind = TP_ROPE_DEFAULT;
     if (!cJSON_IsObject(v)) return tp_fail(TP_ERR_FORMAT, "%s: key 'rope_scaling' must be an object or null", d->path);
     cJSON *type = cJSON_GetObjectItemCaseSensitive(v, "rope_type");
     if (!type) type = cJSON_GetObjectItemCaseSensitive(v, "type");   /* older configs */
@@ -587,6 +654,8 @@ static tp_status parse_config(tp_model_config *c, const json_doc *d)
         return tp_fail(TP_ERR_UNSUPPORTED, "%s: key 'hidden_act' must be \"silu\"", d->path);
     if (arch == TP_ARCH_QWEN3_MOE || arch == TP_ARCH_MIXTRAL) {
         if ((s = parse_moe(c, d))) return s;
+    } else if (arch == TP_ARCH_GPT_OSS) {
+        if ((s = parse_gpt_oss(c, d))) return s;
     } else if (arch == TP_ARCH_LLAMA4_TEXT) {
         if ((s = parse_llama4(c, d))) return s;
     } else {
@@ -595,9 +664,9 @@ static tp_status parse_config(tp_model_config *c, const json_doc *d)
     if (c->mla && (s = parse_mla(c, d))) return s;
     /* The dense attention's rope table has no attention factor: YaRN is
      * built for MLA (module_mla.c) only. */
-    if (c->rope_scaling.kind == TP_ROPE_YARN && !c->mla)
-        return tp_fail(TP_ERR_UNSUPPORTED, "%s: rope_scaling type 'yarn' is supported for deepseek_v2 and deepseek_v3 "
-                       "only, not %s", d->path, c->model_type);
+    if (c->rope_scaling.kind == TP_ROPE_YARN && !c->mla && arch != TP_ARCH_GPT_OSS)
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: rope_scaling type 'yarn' is supported for deepseek_v2, deepseek_v3 "
+                       "and gpt_oss only, not %s", d->path, c->model_type);
     if (arch == TP_ARCH_MISTRAL || arch == TP_ARCH_MIXTRAL) {
         cJSON *sw = cJSON_GetObjectItemCaseSensitive(d->root, "sliding_window");
         if (sw && cJSON_IsNull(sw)) c->sliding_window = 0;
@@ -676,6 +745,7 @@ static cJSON *rope_scaling_json(const tp_rope_scaling *rs)
         if (rs->original_max_position_embeddings > 0)
             cJSON_AddNumberToObject(o, "original_max_position_embeddings", (double)rs->original_max_position_embeddings);
         cJSON_AddStringToObject(o, "rope_type", "yarn");
+        if (!rs->yarn_truncate) cJSON_AddBoolToObject(o, "truncate", 0);
     } else if (rs->kind == TP_ROPE_LLAMA3) {
         cJSON_AddNumberToObject(o, "high_freq_factor", rs->high_freq_factor);
         cJSON_AddNumberToObject(o, "low_freq_factor", rs->low_freq_factor);
@@ -758,6 +828,27 @@ static void mla_json(cJSON *o, const tp_model_config *c)
         cJSON_AddStringToObject(o, "topk_method", "noaux_tc");
 }
 
+/* gpt_oss's keys; layer_types only when it is not GptOssConfig's default
+ * alternation, so that --set num_hidden_layers re-derives it. */
+static void gpt_oss_json(cJSON *o, const tp_model_config *c)
+{
+    int alternating = 1;
+    for (int i = 0; i < c->n_layer_types; i++) alternating &= c->layer_sliding[i] == (i + 1) % 2;
+    if (!alternating) {
+        cJSON *a = cJSON_AddArrayToObject(o, "layer_types");
+        for (int i = 0; i < c->n_layer_types; i++)
+            cJSON_AddItemToArray(a, cJSON_CreateString(c->layer_sliding[i] ? "sliding_attention" : "full_attention"));
+    }
+    cJSON_AddNumberToObject(o, "num_local_experts", (double)c->num_experts);
+    cJSON_AddNumberToObject(o, "num_experts_per_tok", (double)c->num_experts_per_tok);
+    cJSON_AddBoolToObject(o, "output_router_logits", c->output_router_logits);
+    cJSON_AddNumberToObject(o, "router_aux_loss_coef", 0.9);
+    if (c->sliding_window > 0) cJSON_AddNumberToObject(o, "sliding_window", (double)c->sliding_window);
+    else cJSON_AddNullToObject(o, "sliding_window");
+    cJSON_AddNumberToObject(o, "swiglu_limit", c->swiglu_limit);
+    if (c->swiglu_alpha != 1.702) cJSON_AddNumberToObject(o, "swiglu_alpha", c->swiglu_alpha);
+}
+
 static void layer_list_json(cJSON *o, const char *key, const unsigned char *flags, int64_t L, int as_flags)
 {
     cJSON *a = cJSON_AddArrayToObject(o, key);
@@ -796,7 +887,8 @@ static cJSON *config_json(const tp_model_config *c)
     cJSON *o = cJSON_CreateObject();
     cJSON *archs = cJSON_AddArrayToObject(o, "architectures");
     cJSON_AddItemToArray(archs, cJSON_CreateString(architecture_class(c->arch)));
-    if (c->arch == TP_ARCH_LLAMA || c->arch == TP_ARCH_QWEN3 || c->arch == TP_ARCH_QWEN3_MOE || c->mla || c->llama4)
+    if (c->arch == TP_ARCH_LLAMA || c->arch == TP_ARCH_QWEN3 || c->arch == TP_ARCH_QWEN3_MOE || c->mla || c->llama4 ||
+        c->arch == TP_ARCH_GPT_OSS)
         cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias);
     cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
     if (c->bos_token_id >= 0) cJSON_AddNumberToObject(o, "bos_token_id", (double)c->bos_token_id);
@@ -804,7 +896,7 @@ static cJSON *config_json(const tp_model_config *c)
     cJSON_AddItemToObject(o, "eos_token_id", eos_json(c->eos_token_ids, c->n_eos));
     /* head_dim is written when it is not implied, so that a later --set of
      * hidden_size or num_attention_heads re-derives it. */
-    if (!c->mla && (c->arch == TP_ARCH_QWEN3 || c->arch == TP_ARCH_QWEN3_MOE || c->llama4 ||
+    if (!c->mla && (c->arch == TP_ARCH_QWEN3 || c->arch == TP_ARCH_QWEN3_MOE || c->llama4 || c->arch == TP_ARCH_GPT_OSS ||
                     c->head_dim * c->num_attention_heads != c->hidden_size))
         cJSON_AddNumberToObject(o, "head_dim", (double)c->head_dim);
     cJSON_AddStringToObject(o, "hidden_act", "silu");
@@ -820,7 +912,8 @@ static cJSON *config_json(const tp_model_config *c)
     cJSON_AddNumberToObject(o, "rms_norm_eps", c->rms_norm_eps);
     cJSON_AddItemToObject(o, "rope_scaling", rope_scaling_json(&c->rope_scaling));
     cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
-    if (c->num_experts > 0 && !c->mla && !c->llama4) moe_json(o, c);
+    if (c->arch == TP_ARCH_GPT_OSS) gpt_oss_json(o, c);
+    else if (c->num_experts > 0 && !c->mla && !c->llama4) moe_json(o, c);
     if (c->llama4) llama4_json(o, c);
     if (c->mla) mla_json(o, c);
     if (c->arch == TP_ARCH_MISTRAL || c->arch == TP_ARCH_MIXTRAL) {
@@ -858,7 +951,8 @@ static const char *const settable_keys[] = {
     "num_experts_per_tok", "num_hidden_layers", "num_key_value_heads", "num_local_experts", "n_group",
     "n_routed_experts", "n_shared_experts", "q_lora_rank", "routed_scaling_factor", "topk_group", "topk_method",
     "qk_nope_head_dim", "qk_rope_head_dim", "rms_norm_eps", "rope_interleave", "rope_scaling", "rope_theta",
-    "sliding_window", "tie_word_embeddings", "torch_dtype", "use_sliding_window", "v_head_dim", "vocab_size",
+    "sliding_window", "swiglu_alpha", "swiglu_limit", "tie_word_embeddings", "torch_dtype", "use_sliding_window",
+    "v_head_dim", "vocab_size",
 };
 #define N_SETTABLE (sizeof settable_keys / sizeof settable_keys[0])
 

@@ -22,10 +22,7 @@ int64_t tp_grouped_experts_scratch(int64_t T, int64_t H, int64_t I, int64_t k, i
     return (int64_t)(threads < 1 ? 1 : threads) * T * (H + 3 * I) + T * k * H;
 }
 
-/* Slot indices (t·k + j) grouped by expert: experts[e]'s slots are
- * order[start[e] .. start[e + 1]).  Ids outside [0, E) (the EP sentinel)
- * are left out. */
-static tp_status sort_slots(const int32_t *ids, int64_t n, int64_t E, int64_t *start, int64_t *order)
+tp_status tp_grouped_sort_slots(const int32_t *ids, int64_t n, int64_t E, int64_t *start, int64_t *order)
 {
     memset(start, 0, (size_t)(E + 1) * sizeof *start);
     for (int64_t i = 0; i < n; i++)
@@ -283,7 +280,7 @@ tp_status tp_grouped_experts(const tp_grouped_experts_args *a, float *scratch)
     tp_status s = start && order && active && j
                       ? TP_OK
                       : tp_fail(TP_ERR_NOMEM, "out of memory routing %lld tokens", (long long)a->T);
-    if (!s) s = sort_slots(a->ids, n, E, start, order);
+    if (!s) s = tp_grouped_sort_slots(a->ids, n, E, start, order);
     for (int64_t e = 0; !s && e < E; e++)
         if (start[e + 1] > start[e]) active[n_active++] = e;
     int64_t per_thread = a->T * (H + 3 * I);
@@ -420,7 +417,7 @@ tp_status tp_grouped_experts_backward(const tp_grouped_experts_args *a, const tp
     float *scratch = malloc((size_t)(a->T ? a->T : 1) * (size_t)(4 * H + 8 * I) * sizeof(float));
     tp_status s = start && order && scratch ? TP_OK
                                             : tp_fail(TP_ERR_NOMEM, "out of memory for the experts' backward");
-    if (!s) sort_slots(a->ids, n, E, start, order);
+    if (!s) tp_grouped_sort_slots(a->ids, n, E, start, order);
     if (!s && start[E] < 0) s = tp_fail(TP_ERR_NOMEM, "out of memory routing %lld tokens", (long long)a->T);
     if (!s) memset(g->dweights, 0, (size_t)n * sizeof(float));
     for (int64_t e = 0; !s && e < E; e++)

@@ -202,4 +202,9 @@ void tp_q8_matmul_avx2(const tp_q8_job *j, tp_threadpool *pool);
 tp_status tp_q8_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, tp_kernel_path path,
                        tp_threadpool *pool);
 
+/* Slot indices (t·k + j) grouped by expert: expert e's slots are
+ * order[start[e] .. start[e + 1]), in slot order.  Ids outside [0, E) (the
+ * EP sentinel) are left out (grouped_gemm.c, for both expert kernels). */
+tp_status tp_grouped_sort_slots(const int32_t *ids, int64_t n, int64_t E, int64_t *start, int64_t *order);
+
 #endif

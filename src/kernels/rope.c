@@ -66,10 +66,11 @@ static double correction_dim(double num_rotations, int64_t dim, double theta, in
 }
 
 void tp_rope_inv_freq_yarn(double *inv_freq, int64_t head_dim, double theta, double factor, double beta_fast,
-                           double beta_slow, int64_t original_max_pos)
+                           double beta_slow, int64_t original_max_pos, int truncate)
 {
-    double low = floor(correction_dim(beta_fast, head_dim, theta, original_max_pos));
-    double high = ceil(correction_dim(beta_slow, head_dim, theta, original_max_pos));
+    double low = correction_dim(beta_fast, head_dim, theta, original_max_pos);
+    double high = correction_dim(beta_slow, head_dim, theta, original_max_pos);
+    if (truncate) { low = floor(low); high = ceil(high); }
     if (low < 0) low = 0;
     if (high > (double)(head_dim - 1)) high = (double)(head_dim - 1);
     if (low == high) high += 0.001;   /* the ramp never divides by zero */

@@ -53,6 +53,12 @@ static tp_status scratch_init(fwd_scratch *s, tp_model *m, int64_t T, int64_t po
     if (!s->h || !s->attn || !s->rope)
         return tp_fail(TP_ERR_NOMEM, "out of memory for activations of %lld tokens", (long long)T);
     tp_rope_table(s->rope, T, c->head_dim, m->inv_freq, pos0);
+    /* YaRN outside MLA (gpt_oss): Transformers multiplies cos and sin by
+     * the attention factor, so q and k are both scaled (MLA scales its own). */
+    if (!c->mla && c->rope_scaling.kind == TP_ROPE_YARN) {
+        float af = tp_rope_attention_factor(c);
+        for (int64_t i = 0; i < T * c->head_dim; i++) s->rope[i] *= af;
+    }
     s->fused = fuse_norm(m, T);
     return TP_OK;
 }

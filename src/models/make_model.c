@@ -44,6 +44,9 @@ static tp_status fill_param(const tp_param_desc *p, size_t index, const tp_make_
      * a missing norm multiplication moves the logits visibly. */
     double std = p->kind == TP_PARAM_NORM ? 0.05 : init_std(p, o);
     double mean = p->kind == TP_PARAM_NORM ? 1.0 : 0.0;
+    /* gpt_oss's attention sinks: logits of the order of the scores, some
+     * above and some below, so that each moves the softmax visibly */
+    if (strstr(p->name, ".self_attn.sinks")) std = 0.5, mean = 0.0;
     for (int64_t i = 0; i < n; i++) f[i] = (float)(mean + std * tp_rng_normal(&rng));
     if (o->dtype == TP_F32) { *data = f; return TP_OK; }
     void *conv = malloc((size_t)n * tp_dtype_size(o->dtype));

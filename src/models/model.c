@@ -105,16 +105,25 @@ static tp_status load_param(tp_checkpoint *ck, const tp_model_config *c, const t
         tp_status s = load_param(ck, c, param, sl, read_dt, read_dt);
         return s ? s : quantize_param(param->slot, param->name, param->shape[1], read_dt, dt);
     }
-    if (param->module->type == TP_MT_EXPERTS) return tp_moe_load_experts(ck, c, param, sl, dt);
+    /* gpt_oss's expert tensors are whole or split by expert only: read as any parameter */
+    if (param->module->type == TP_MT_EXPERTS && c->arch != TP_ARCH_GPT_OSS)
+        return tp_moe_load_experts(ck, c, param, sl, dt);
     tp_param_desc stored = *param;
     const tp_param_desc *p = &stored;
     tp_checkpoint_name_of(c, param->name, stored.name, sizeof stored.name);
+    char blocks[200];
+    snprintf(blocks, sizeof blocks, "%s_blocks", p->name);
+    if (!tp_checkpoint_find(ck, p->name) && tp_checkpoint_find(ck, blocks))
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s: the checkpoint stores %s (MXFP4 blocks and scales) instead of %s; "
+                       "tensorpar reads the dequantized bf16/f32 layout only: save the model once with Transformers' "
+                       "Mxfp4Config(dequantize=True) and load that", tp_checkpoint_file_path(ck, 0), blocks, p->name);
     tp_status s = tp_checkpoint_expect_weight(ck, p->name, p->ndim, p->shape);
     if (s) return s;
     if ((s = tp_tensor_init(p->slot, dt, sl->ndim, sl->local_shape))) return s;
     if (sl->dim < 0) return tp_checkpoint_read(ck, p->name, dt, p->slot->data);
     if (sl->dim == 1) return read_columns(ck, p, sl, dt, p->slot);
-    size_t row_bytes = (size_t)(p->ndim == 2 ? p->shape[1] : 1) * tp_dtype_size(dt);
+    size_t row_bytes = tp_dtype_size(dt);   /* one index of dimension 0 */
+    for (int d = 1; d < p->ndim; d++) row_bytes *= (size_t)p->shape[d];
     char *dst = p->slot->data;
     for (int i = 0; i < sl->n && !s; i++) {
         s = tp_checkpoint_read_slice(ck, p->name, 0, sl->start[i], sl->len[i], dt, dst);
@@ -232,7 +241,7 @@ tp_status tp_model_load(tp_model **out, const char *model_dir, const tp_model_op
     const tp_rope_scaling *rs = &c->rope_scaling;
     if (rs->kind == TP_ROPE_YARN)
         tp_rope_inv_freq_yarn(m->inv_freq, c->head_dim, c->rope_theta, rs->yarn_factor, rs->beta_fast, rs->beta_slow,
-                              rs->yarn_original);
+                              rs->yarn_original, rs->yarn_truncate);
     else
         tp_rope_inv_freq(m->inv_freq, c->head_dim, c->rope_theta, (int)rs->kind, rs->factor,
                          rs->low_freq_factor, rs->high_freq_factor, rs->original_max_position_embeddings);

@@ -59,6 +59,52 @@ static tp_status project_qkv(tp_model *m, const tp_layer_modules *L, const float
     return TP_OK;
 }
 
+/* ---- gpt_oss's attention sinks ------------------------------------------ */
+
+/* This rank's sink logits, one per local query head (q0 the first), or NULL
+ * for a model without sinks: the whole vector when replicated, the shard
+ * when split with the heads (§2.16's colwise rule gives Shard(0)). */
+static const float *local_sinks(const tp_model *m, const tp_module *attn, int64_t q0)
+{
+    if (m->cfg.arch != TP_ARCH_GPT_OSS) return NULL;
+    const tp_module_param *p = &attn->params[0];
+    const float *v = p->local.data;
+    return p->placement.kind == TP_REPLICATE ? v + q0 : v;
+}
+
+/* A sink joins each row's softmax denominator and drops out of the output
+ * (eager_attention_forward's cat, softmax, [..., :-1]): with the row's
+ * log-sum-exp l of the scores and the sink s, the output scales by
+ * e^l / (e^l + e^s) and the row's log-sum-exp becomes log(e^l + e^s),
+ * which the backward then reads as any row's: its probabilities are the
+ * ones the forward used. */
+static void apply_sinks(float *out, float *lse, const float *sinks, int64_t T, int64_t nq, int64_t D)
+{
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < nq; h++) {
+            double l = lse[t * nq + h], sk = sinks[h], mx = l > sk ? l : sk;
+            double total = mx + log(exp(l - mx) + exp(sk - mx));
+            float w = (float)exp(l - total), *o = out + (t * nq + h) * D;
+            for (int64_t i = 0; i < D; i++) o[i] *= w;
+            lse[t * nq + h] = (float)total;
+        }
+}
+
+/* The inference attention with sinks: the kernel that gives each row's
+ * log-sum-exp, then the sinks. */
+static tp_status attend_sinks(tp_model *m, const qkv_acts *a, tp_kv_cache *cache, int64_t layer, float *out,
+                              int64_t T, int64_t pos0, int64_t nq, int64_t nkv, int64_t window, const float *sinks)
+{
+    int64_t D = m->cfg.head_dim;
+    float *lse = malloc((size_t)(T * nq) * sizeof(float) + 1);
+    if (!lse) return tp_fail(TP_ERR_NOMEM, "out of memory for the attention of %lld tokens", (long long)T);
+    tp_status st = tp_attention_forward_lse(out, lse, a->q.data, cache->k[layer], cache->v[layer], T, pos0, nq, nkv,
+                                            D, window, m->pool);
+    if (!st) apply_sinks(out, lse, sinks, T, nq, D);
+    free(lse);
+    return st;
+}
+
 /* ---- Llama 4 ---------------------------------------------------------------- */
 
 /* Llama4TextL2Norm: each head row x * rsqrt(mean(x²) + eps), no weight. */
@@ -177,7 +223,8 @@ static tp_status save_raw(tp_train_acts *s, tp_saved_layer *sv, const tp_layer_m
  * that also gives each row's log-sum-exp; q/k/v after the rotation, the
  * output and lse are kept.  Training runs from position 0. */
 static tp_status attend_train(tp_model *m, tp_train_acts *s, tp_saved_layer *sv, const qkv_acts *a,
-                              tp_kv_cache *cache, int64_t layer, float *out, int64_t T, int64_t pos0)
+                              tp_kv_cache *cache, int64_t layer, float *out, int64_t T, int64_t pos0,
+                              const float *sinks)
 {
     const tp_model_config *c = &m->cfg;
     int64_t D = c->head_dim, nq = sv->nq, nkv = sv->nkv;
@@ -187,6 +234,7 @@ static tp_status attend_train(tp_model *m, tp_train_acts *s, tp_saved_layer *sv,
         return TP_ERR_NOMEM;
     tp_status st = tp_attention_forward_lse(out, sv->lse, sv->q, cache->k[layer], cache->v[layer], T, pos0, nq,
                                             nkv, D, tp_config_layer_window(c, layer), m->pool);
+    if (!st && sinks) apply_sinks(out, sv->lse, sinks, T, nq, D);
     if (!st && !(sv->attn = tp_train_save(s, out, T * nq * D))) st = TP_ERR_NOMEM;
     return st;
 }
@@ -205,8 +253,9 @@ static tp_status attention_forward(tp_model *m, const tp_module *mod, tp_forward
     int64_t nq = a.q.width / D, nkv = a.k.width / D;
     char where[48];
     snprintf(where, sizeof where, "layer %lld", (long long)layer);
-    if (!st) st = check_head_layout(c, first_head(m, &m->modules[L->q_proj], &a.q, D), nq,
-                                    first_head(m, &m->modules[L->k_proj], &a.k, D), nkv, where);
+    int64_t q0 = st ? 0 : first_head(m, &m->modules[L->q_proj], &a.q, D), window = tp_config_layer_window(c, layer);
+    const float *sinks = local_sinks(m, mod, q0);
+    if (!st) st = check_head_layout(c, q0, nq, first_head(m, &m->modules[L->k_proj], &a.k, D), nkv, where);
     if (!st && nkv != cache->n_kv[layer])
         st = tp_fail(TP_ERR_INVALID, "%s has %lld KV heads on this rank; the cache was made for %lld",
                      where, (long long)nkv, (long long)cache->n_kv[layer]);
@@ -227,10 +276,11 @@ static tp_status attention_forward(tp_model *m, const tp_module *mod, tp_forward
         if (st) { qkv_release(m, &a); return st; }
         memcpy(cache->k[layer] + (size_t)pos0 * row, a.k.data, (size_t)T * row * sizeof(float));
         memcpy(cache->v[layer] + (size_t)pos0 * row, a.v.data, (size_t)T * row * sizeof(float));
-        if (sv) st = attend_train(m, f->save, sv, &a, cache, layer, sc->attn, T, pos0);
+        if (sv) st = attend_train(m, f->save, sv, &a, cache, layer, sc->attn, T, pos0, sinks);
+        else if (sinks) st = attend_sinks(m, &a, cache, layer, sc->attn, T, pos0, nq, nkv, window, sinks);
         else
-            tp_attention(sc->attn, a.q.data, cache->k[layer], cache->v[layer], T, pos0, nq, nkv, D,
-                         tp_config_layer_window(c, layer), m->pool);
+            tp_attention(sc->attn, a.q.data, cache->k[layer], cache->v[layer], T, pos0, nq, nkv, D, window,
+                         m->pool);
         if (!st) st = tp_module_linear_to_stream(m, f, &m->modules[L->o_proj], mod, sc->attn, T, nq * D, &f->pending);
     }
     qkv_release(m, &a);
@@ -283,6 +333,37 @@ static tp_status core_backward(tp_model *m, const tp_layer_modules *L, const tp_
     return st;
 }
 
+/* The sinks' gradient from that of the attention output dout: with the
+ * sink's probability P_s = e^(s − lse') of each row (lse' the row's
+ * log-sum-exp with the sink) and D = dout·out, ds = −Σ_rows P_s·D (the
+ * softmax's backward on the sink's column, whose value column is zero).
+ * A rank adds only its own heads' sums, so replicated sinks need the
+ * heads whole. */
+static tp_status sinks_backward(tp_model *m, const tp_module *mod, const tp_saved_layer *sv, const float *dout,
+                                int64_t T)
+{
+    const tp_module_param *p = &mod->params[0];
+    int64_t D = m->cfg.head_dim, nq = sv->nq;
+    if (p->placement.kind == TP_REPLICATE && nq != m->cfg.num_attention_heads)
+        return tp_fail(TP_ERR_UNSUPPORTED, "%s.sinks: training with the query heads split needs the sinks split with "
+                       "them (colwise with local_params on self_attn, §2.16); here they are replicated", mod->name);
+    float *g;
+    tp_status st = tp_module_grad(m, mod, 0, &g);
+    if (st || !g) return st;   /* NULL: frozen (a LoRA run) */
+    const float *sk = p->local.data;
+    for (int64_t h = 0; h < nq; h++) {
+        double sum = 0;
+        for (int64_t t = 0; t < T; t++) {
+            const float *o = sv->attn + (t * nq + h) * D, *d = dout + (t * nq + h) * D;
+            double dot = 0;
+            for (int64_t i = 0; i < D; i++) dot += (double)d[i] * o[i];
+            sum += exp((double)sk[h] - sv->lse[t * nq + h]) * dot;
+        }
+        g[h] += (float)-sum;
+    }
+    return TP_OK;
+}
+
 /* b->dx is the gradient of the attention's output: through the block's
  * rule (if any), o_proj, the
  * attention, rope, the q/k norms and q/k/v, whose input gradients (all
@@ -302,6 +383,7 @@ static tp_status attention_backward(tp_model *m, const tp_module *mod, tp_backwa
     if (!st) st = tp_module_linear_backward(m, &m->modules[L->o_proj], have ? gy.local.data : b->dx, sv->attn, T,
                                             g.dattn);
     if (have) tp_dtensor_release(&gy);
+    if (!st && m->cfg.arch == TP_ARCH_GPT_OSS) st = sinks_backward(m, mod, sv, g.dattn, T);
     if (!st) st = core_backward(m, L, sv, b->saved->rope, T, &g, mod->layer);
     if (!st) {
         memset(b->dh, 0, (size_t)(T * m->cfg.hidden_size) * sizeof(float));

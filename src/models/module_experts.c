@@ -15,6 +15,18 @@
 
 static const tp_module_param *gate_up(const tp_module *experts) { return &experts->params[0]; }
 
+/* gpt_oss's experts carry biases and keep Transformers' layout (params:
+ * gate_up_proj, gate_up_proj_bias, down_proj, down_proj_bias). */
+static int oss(const tp_model *m) { return m->cfg.arch == TP_ARCH_GPT_OSS; }
+
+static tp_oss_experts_args oss_args(tp_model *m, const tp_module *mod, float *out, const float *x, int64_t T,
+                                    int64_t k, const int32_t *ids, const float *w)
+{
+    return (tp_oss_experts_args){out, x, T, m->cfg.hidden_size, k, ids, w, &mod->params[0].local,
+                                 &mod->params[1].local, &mod->params[2].local, &mod->params[3].local,
+                                 m->cfg.swiglu_alpha, m->cfg.swiglu_limit, m->pool, &m->matmul};
+}
+
 int tp_moe_expert_parallel(const tp_model *m, const tp_module *experts)
 {
     const tp_placement *p = &gate_up(experts)->placement;
@@ -32,7 +44,7 @@ static int split(const tp_module *experts)
 int64_t tp_moe_experts_width(const tp_model *m, const tp_module *experts)
 {
     const tp_tensor *gu = &gate_up(experts)->local;
-    return (m->cfg.llama4 ? gu->shape[2] : gu->shape[1]) / 2;
+    return (m->cfg.llama4 || oss(m) ? gu->shape[2] : gu->shape[1]) / 2;
 }
 
 /* f->sc.h [T, H] and the routing in f->moe_ids / moe_w -> f->pending. */
@@ -44,7 +56,8 @@ static tp_status experts_forward(tp_model *m, const tp_module *mod, tp_forward_p
     if (!out || !scratch) return tp_fail(TP_ERR_NOMEM, "out of memory for the experts of %lld tokens", (long long)T);
     tp_grouped_experts_args a = {out, f->sc.h, T, H, f->moe_k, f->moe_ids, f->moe_w, &gate_up(mod)->local,
                                  &mod->params[1].local, m->pool, &m->matmul, m->cfg.llama4, m->cfg.llama4};
-    tp_status st = tp_grouped_experts(&a, scratch);
+    tp_oss_experts_args b = oss_args(m, mod, out, f->sc.h, T, f->moe_k, f->moe_ids, f->moe_w);
+    tp_status st = oss(m) ? tp_oss_experts(&b, scratch) : tp_grouped_experts(&a, scratch);
     tp_act_free(m, scratch);
     if (st) { tp_act_free(m, out); return st; }
     tp_act y = {out, T, H, H, split(mod) ? tp_partial() : tp_replicate()};
@@ -93,10 +106,19 @@ tp_status tp_moe_experts_backward(tp_model *m, const tp_module *mod, const tp_mo
     if (!st && !buf) st = tp_fail(TP_ERR_NOMEM, "out of memory for the experts' backward");
     tp_grouped_experts_grads g = {have ? gy.local.data : dy, buf, buf ? buf + T * H : NULL, NULL, NULL};
     if (!st) st = tp_module_grad(m, mod, 0, &g.d_gate_up);
-    if (!st) st = tp_module_grad(m, mod, 1, &g.d_down);
+    if (!st && !oss(m)) st = tp_module_grad(m, mod, 1, &g.d_down);
     tp_grouped_experts_args a = {NULL, x, T, H, k, r->ids, r->w, &gate_up(mod)->local, &mod->params[1].local,
                                  m->pool, &m->matmul, m->cfg.llama4, m->cfg.llama4};
-    if (!st) st = tp_grouped_experts_backward(&a, &g);
+    if (!st && oss(m)) {
+        tp_oss_experts_args b = oss_args(m, mod, NULL, x, T, k, r->ids, r->w);
+        tp_oss_experts_grads og = {g.dy, g.dx, g.dweights, g.d_gate_up, NULL, NULL, NULL};
+        st = tp_module_grad(m, mod, 1, &og.d_gate_up_bias);
+        if (!st) st = tp_module_grad(m, mod, 2, &og.d_down);
+        if (!st) st = tp_module_grad(m, mod, 3, &og.d_down_bias);
+        if (!st) st = tp_oss_experts_backward(&b, &og);
+    } else if (!st) {
+        st = tp_grouped_experts_backward(&a, &g);
+    }
     if (have) tp_dtensor_release(&gy);
     /* [dx | dw] side by side per token would need a strided copy; the sum
      * runs on the two blocks laid end to end as [T, H + k] rows instead —

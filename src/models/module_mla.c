@@ -61,7 +61,7 @@ int64_t tp_mla_block_bound(const tp_model_config *c)
 
 /* YaRN's attention factor on cos and sin (1 without YaRN); the softmax
  * mscale below reads the config's factor itself, as DeepseekV3Attention. */
-static float rope_scale(const tp_model_config *c)
+float tp_rope_attention_factor(const tp_model_config *c)
 {
     const tp_rope_scaling *rs = &c->rope_scaling;
     if (rs->kind != TP_ROPE_YARN) return 1.0f;
@@ -185,7 +185,7 @@ static tp_status mla_forward(tp_model *m, const tp_module *mod, tp_forward_pass 
     float *attn = st ? NULL : tp_act_alloc(m, T * nh * vd);
     if (!st && (!Q || !out || !attn)) st = tp_fail(TP_ERR_NOMEM, "out of memory for MLA of %lld tokens", (long long)T);
     if (!st) {
-        float scale = rope_scale(c);
+        float scale = tp_rope_attention_factor(c);
         tp_rope_apply_mla(q.data, T * nh, nh, qk, c->qk_nope_head_dim, c->qk_rope_head_dim, f->sc.rope, scale,
                           c->rope_interleave);
         tp_rope_apply_mla(kva.data, T, 1, kva.width, c->kv_lora_rank, c->qk_rope_head_dim, f->sc.rope, scale,
@@ -262,7 +262,7 @@ static void unpad_grads(const tp_model_config *c, int64_t T, int64_t nh, float q
             memcpy(dkv + nope, dV, (size_t)vd * sizeof(float));
             for (int64_t i = 0; i < rd; i++) g->dpe[t * rd + i] += dK[nope + i];
         }
-    float scale = rope_scale(c);
+    float scale = tp_rope_attention_factor(c);
     tp_rope_backward_mla(g->dq, T * nh, nh, qk, nope, rd, rope, scale, c->rope_interleave);
     tp_rope_backward_mla(g->dpe, T, 1, rd, 0, rd, rope, scale, c->rope_interleave);
 }

@@ -29,6 +29,13 @@ int64_t tp_moe_block_bound(const tp_model *m, const tp_module *moe)
     return m->cfg.num_experts + 2 * H + kernel + H + shared;
 }
 
+/* gpt_oss's router is a Linear with a bias (DeepSeek V3's second
+ * parameter is the choice's correction, not added to the logits). */
+static const tp_tensor *router_bias(const tp_model *m, const tp_module *router)
+{
+    return m->cfg.arch == TP_ARCH_GPT_OSS ? &router->params[1].local : NULL;
+}
+
 static tp_status route(tp_model *m, const tp_module *mod, tp_forward_pass *f, int32_t *ids, float *w)
 {
     const tp_layer_modules *L = &m->layers[mod->layer];
@@ -41,10 +48,12 @@ static tp_status route(tp_model *m, const tp_module *mod, tp_forward_pass *f, in
     float *logits = tp_act_alloc(m, T * E);
     if (!logits) return tp_fail(TP_ERR_NOMEM, "out of memory for the router of %lld tokens", (long long)T);
     /* f32 logits over all experts from the replicated router weight */
-    tp_status st = tp_matmul_ex(logits, f->sc.h, T, tp_module_weight(&m->modules[L->router]), NULL, m->pool,
-                                &m->matmul);
     const tp_module *gate = &m->modules[L->router];
-    if (!st && m->cfg.llama4)
+    tp_status st = tp_matmul_ex(logits, f->sc.h, T, tp_module_weight(gate), router_bias(m, gate), m->pool,
+                                &m->matmul);
+    if (!st && m->cfg.arch == TP_ARCH_GPT_OSS)
+        tp_moe_route_topk_softmax(logits, T, E, k, ids, w);
+    else if (!st && m->cfg.llama4)
         tp_moe_route_llama4(logits, T, E, k, ids, w);
     else if (!st && m->cfg.mla)
         st = tp_moe_route_deepseek(&m->cfg, logits, T, gate->n_params > 1 ? gate->params[1].local.data : NULL, ids, w);
@@ -135,12 +144,15 @@ static tp_status reroute(tp_model *m, const tp_module *mod, const float *x, int6
     r->lids = malloc((size_t)(T * k) * sizeof(int32_t));
     if (!r->logits || !r->dlogits || !r->w || !r->lw || !r->dw || !r->ids || !r->lids)
         return tp_fail(TP_ERR_NOMEM, "out of memory routing %lld tokens", (long long)T);
-    tp_status st = tp_matmul_ex(r->logits, x, T, tp_module_weight(&m->modules[L->router]), NULL, m->pool,
+    const tp_module *router = &m->modules[L->router];
+    tp_status st = tp_matmul_ex(r->logits, x, T, tp_module_weight(router), router_bias(m, router), m->pool,
                                 &m->matmul);
     if (st) return st;
     memcpy(r->dlogits, r->logits, (size_t)(T * E) * sizeof(float));   /* the routers overwrite their input */
     const tp_module *gate = &m->modules[L->router];
-    if (m->cfg.mla)
+    if (m->cfg.arch == TP_ARCH_GPT_OSS)
+        tp_moe_route_topk_softmax(r->dlogits, T, E, k, r->ids, r->w);
+    else if (m->cfg.mla)
         st = tp_moe_route_deepseek(&m->cfg, r->dlogits, T, gate->n_params > 1 ? gate->params[1].local.data : NULL,
                                    r->ids, r->w);
     else
@@ -161,7 +173,9 @@ static tp_status reroute(tp_model *m, const tp_module *mod, const float *x, int6
 static tp_status router_backward(tp_model *m, const tp_module *router, const float *dlogits, const float *x,
                                  int64_t T, float *dx)
 {
-    if (!tp_module_bias(router)->data) return tp_module_linear_backward(m, router, dlogits, x, T, dx);
+    /* gpt_oss's router bias is a bias of the logits: the Linear's own backward */
+    if (m->cfg.arch == TP_ARCH_GPT_OSS || !tp_module_bias(router)->data)
+        return tp_module_linear_backward(m, router, dlogits, x, T, dx);
     float *dw;
     tp_status st = tp_module_grad(m, router, TP_MODULE_WEIGHT, &dw);
     if (!st) st = tp_matmul_backward_ex(dx, dw, NULL, dlogits, x, T, tp_module_weight(router), m->pool, &m->matmul);
@@ -264,7 +278,8 @@ static tp_status moe_backward(tp_model *m, const tp_module *mod, tp_backward_pas
         st = tp_moe_experts_backward(m, &m->modules[L->experts], &view, x, b->dx, T, b->dh, r.dw);
     }
     if (!st) {
-        if (m->cfg.mla) tp_moe_route_deepseek_backward(&m->cfg, r.logits, T, r.ids, r.dw, r.dlogits);
+        if (m->cfg.arch == TP_ARCH_GPT_OSS) tp_moe_route_topk_softmax_backward(r.logits, T, E, k, r.ids, r.dw, r.dlogits);
+        else if (m->cfg.mla) tp_moe_route_deepseek_backward(&m->cfg, r.logits, T, r.ids, r.dw, r.dlogits);
         else tp_moe_route_backward(r.logits, T, E, k, m->cfg.norm_topk_prob, r.ids, r.dw, r.dlogits);
         st = router_backward(m, &m->modules[L->router], r.dlogits, x, T, b->dh);
     }

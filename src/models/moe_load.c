@@ -35,10 +35,16 @@ void tp_checkpoint_name_of(const tp_model_config *c, const char *param, char *ou
         snprintf(out, cap, "%s", param);
 }
 
+int tp_moe_stored_per_expert(const tp_model_config *c)
+{
+    /* gpt_oss and Llama 4 store the 3-D tensors themselves */
+    return c->arch != TP_ARCH_GPT_OSS && !c->llama4;
+}
+
 /* Appends the stored tensors of one model parameter to d (room assumed). */
 static size_t expand(const tp_model_config *c, const tp_param_desc *p, tp_param_desc *d)
 {
-    if (!p->module || p->module->type != TP_MT_EXPERTS || c->llama4) {
+    if (!p->module || p->module->type != TP_MT_EXPERTS || !tp_moe_stored_per_expert(c)) {
         d[0] = *p;
         tp_checkpoint_name_of(c, p->name, d[0].name, sizeof d[0].name);
         return 1;
@@ -71,7 +77,7 @@ tp_status tp_model_checkpoint_params(const tp_model_config *c, tp_param_desc **o
     for (size_t i = 0; i < np; i++) {
         p[i].module = &mods[p[i].module_index];
         /* an expert stack: gate, up and down of each expert, listed once */
-        if (p[i].module->type != TP_MT_EXPERTS || c->llama4) total += 1;
+        if (p[i].module->type != TP_MT_EXPERTS || !tp_moe_stored_per_expert(c)) total += 1;
         else if (p[i].param_index == 0) total += (size_t)(3 * p[i].shape[0]);
     }
     tp_param_desc *d = calloc(total ? total : 1, sizeof *d);

@@ -192,6 +192,50 @@ void tp_moe_route_backward(const float *logits, int64_t T, int64_t E, int64_t k,
         route_backward_token(logits + t * E, E, k, renorm, ids + t * k, dw + t * k, dlogits + t * E);
 }
 
+/* ---- gpt_oss (GptOssTopKRouter) --------------------------------------------
+ * The k largest logits (ties: the lower id), then a softmax over those k
+ * values only; the unchosen experts get nothing. */
+
+void tp_moe_route_topk_softmax(float *logits, int64_t T, int64_t E, int64_t k, int32_t *ids, float *w)
+{
+    for (int64_t t = 0; t < T; t++) {
+        const float *l = logits + t * E;
+        int32_t *id = ids + t * k;
+        float *wt = w + t * k;
+        for (int64_t j = 0; j < k; j++) {
+            int64_t best = -1;
+            for (int64_t e = 0; e < E; e++) {
+                int taken = 0;
+                for (int64_t i = 0; i < j && !taken; i++) taken = id[i] == e;
+                if (!taken && (best < 0 || l[e] > l[best])) best = e;
+            }
+            id[j] = (int32_t)best;
+            wt[j] = l[best];
+        }
+        softmax(wt, k);
+    }
+}
+
+/* The softmax's backward over the k chosen logits, dl_j = w_j·(dw_j −
+ * Σ_i w_i·dw_i), zero elsewhere (none through the choice, as torch.topk);
+ * w is recomputed from the logits. */
+void tp_moe_route_topk_softmax_backward(const float *logits, int64_t T, int64_t E, int64_t k, const int32_t *ids,
+                                        const float *dw, float *dlogits)
+{
+    float wt[256];
+    for (int64_t t = 0; t < T; t++) {
+        const float *l = logits + t * E;
+        const int32_t *id = ids + t * k;
+        float *dl = dlogits + t * E;
+        for (int64_t j = 0; j < k; j++) wt[j] = l[id[j]];
+        softmax(wt, k);
+        double dot = 0;
+        for (int64_t j = 0; j < k; j++) dot += (double)wt[j] * dw[t * k + j];
+        for (int64_t e = 0; e < E; e++) dl[e] = 0.0f;
+        for (int64_t j = 0; j < k; j++) dl[id[j]] = (float)(wt[j] * (dw[t * k + j] - dot));
+    }
+}
+
 /* DeepSeek's backward, one token.  V2: w_j = p[id_j]·sf with p =
  * softmax(logits), so dp lands on the chosen experts and the softmax's
  * backward spreads it.  V3: w_j = s_j / (Σ s + 1e-20) · sf (or s_j·sf) with

@@ -125,6 +125,10 @@ static tp_status add_attention(table *t, const tp_model_config *c, tp_layer_modu
         return s;
     if (c->qk_norm && ((s = add_norm(t, a, l, D, &L->q_norm, "q_norm")) || (s = add_norm(t, a, l, D, &L->k_norm, "k_norm"))))
         return s;
+    /* gpt_oss: one learned sink logit per query head, a bare parameter of
+     * self_attn that the attention's own code reads */
+    if (c->arch == TP_ARCH_GPT_OSS)
+        return tp_module_add_param(&t->v[a], "sinks", TP_PARAM_OTHER, 1, &c->num_attention_heads);
     return TP_OK;
 }
 
@@ -166,6 +170,25 @@ static tp_status add_moe(table *t, const tp_model_config *c, tp_layer_modules *L
     return s;
 }
 
+/* gpt_oss's mlp (GptOssMLP) as its checkpoint stores it: the router, a
+ * Linear [E, H] with a bias, and the experts in Transformers' own layout —
+ * gate_up_proj [E, H, 2I] (gate and up interleaved along the last
+ * dimension) with gate_up_proj_bias [E, 2I], down_proj [E, I, H] with
+ * down_proj_bias [E, H]; no conversion at load or save. */
+static tp_status add_gpt_oss_moe(table *t, const tp_model_config *c, tp_layer_modules *L, int64_t l)
+{
+    int64_t H = c->hidden_size, I = c->moe_intermediate_size, E = c->num_experts;
+    tp_status s = add_module(t, L->layer, TP_MT_MOE, l, &L->mlp, "mlp");
+    if (!s) s = add_linear(t, L->mlp, l, 1, E, H, &L->router, "router");
+    if (!s) s = add_module(t, L->mlp, TP_MT_EXPERTS, l, &L->experts, "experts");
+    tp_module *x = s ? NULL : &t->v[L->experts];
+    if (!s) s = tp_module_add_param(x, "gate_up_proj", TP_PARAM_WEIGHT, 3, (int64_t[3]){E, H, 2 * I});
+    if (!s) s = tp_module_add_param(x, "gate_up_proj_bias", TP_PARAM_BIAS, 2, (int64_t[2]){E, 2 * I});
+    if (!s) s = tp_module_add_param(x, "down_proj", TP_PARAM_WEIGHT, 3, (int64_t[3]){E, I, H});
+    if (!s) s = tp_module_add_param(x, "down_proj_bias", TP_PARAM_BIAS, 2, (int64_t[2]){E, H});
+    return s;
+}
+
 /* Llama 4's feed_forward in Llama4TextMoe's order: the bmm-style experts
  * (gate_up_proj [E, H, 2I] used as x @ W, down_proj [E, I, H]), the
  * router [E, H] and the shared expert, a dense MLP of width I. */
@@ -195,8 +218,9 @@ static tp_status add_layer(table *t, const tp_model_config *c, int model, int64_
     if (!s) s = add_norm(t, L->layer, l, c->hidden_size, &L->input_layernorm, "input_layernorm");
     if (!s) s = add_attention(t, c, L, l);
     if (!s) s = add_norm(t, L->layer, l, c->hidden_size, &L->post_attention_layernorm, "post_attention_layernorm");
-    if (!s) s = !tp_config_layer_is_sparse(c, l) ? add_mlp(t, c, L, l)
-               : c->llama4 ? add_llama4_moe(t, c, L, l) : add_moe(t, c, L, l);
+    if (!s && c->arch == TP_ARCH_GPT_OSS) s = add_gpt_oss_moe(t, c, L, l);
+    else if (!s) s = !tp_config_layer_is_sparse(c, l) ? add_mlp(t, c, L, l)
+                    : c->llama4 ? add_llama4_moe(t, c, L, l) : add_moe(t, c, L, l);
     return s;
 }
 

@@ -32,11 +32,37 @@ static const preset presets[] = {
     {"deepseek-v2-lite", 2048, 10944, 27, 16, 16, 64, 102400, 163840, 1e-6, 10000.0, 0, 0, TP_BF16, 100000, 100001,
      64, 6, 1408},
     {"deepseek-v3", 7168, 18432, 61, 128, 128, 64, 129280, 163840, 1e-6, 10000.0, 0, 0, TP_BF16, 0, 1, 256, 8, 2048},
+    /* openai/gpt-oss-20b as published, its experts dequantized to bf16 (use with --set num_hidden_layers=2) */
+    {"gpt-oss-20b", 2880, 2880, 24, 64, 8, 64, 201088, 131072, 1e-5, 150000.0, 0, 0, TP_BF16, -1, 200002, 32, 4,
+     2880},
     /* meta-llama/Llama-4-Scout-17B-16E's text_config (use with --set num_hidden_layers=2; the Llama 4 keys in
      * set_llama4) */
     {"llama-4-scout", 5120, 8192, 48, 40, 8, 128, 202048, 262144, 1e-5, 500000.0, 0, 0, TP_BF16, 200000, 200001,
      16, 1, 8192},
 };
+
+/* gpt_oss: attention biases, sinks, alternating sliding / full layers,
+ * YaRN (factor 32 over 4096 positions, not truncated), every layer sparse.
+ * The real preset's window is 128; tiny and small get 8 experts top-4 of a
+ * quarter of the dense width and a window of 6, shorter than the tests'
+ * prompts, at gpt-oss's 131072 positions so that the YaRN factor is 32 in
+ * every Transformers version. */
+static void set_gpt_oss(tp_model_config *c, const preset *p)
+{
+    int real = p->experts > 0;
+    c->attention_bias = 1;
+    c->num_experts = real ? p->experts : 8;
+    c->num_experts_per_tok = real ? p->top_k : 4;
+    c->moe_intermediate_size = c->intermediate_size = real ? p->moe_inter : c->intermediate_size / 4;
+    c->decoder_sparse_step = 1;
+    c->sliding_window = real ? 128 : 6;
+    c->swiglu_alpha = 1.702, c->swiglu_limit = 7.0;
+    c->max_position_embeddings = 131072;
+    c->rope_scaling = (tp_rope_scaling){.kind = TP_ROPE_YARN, .factor = 32.0, .beta_fast = 32.0, .beta_slow = 1.0,
+                                        .original_max_position_embeddings = 4096, .yarn_factor = 32.0,
+                                        .yarn_original = 4096, .yarn_truncate = 0};
+    if (real) c->rope_theta = 150000.0;
+}
 
 /* Llama 4's keys: Llama-4-Scout-17B-16E's (every layer MoE, every fourth
  * NoPE, chunks of 8192, llama3 rope factor 8 over 8192 positions), or for
@@ -106,6 +132,7 @@ static void set_mla(tp_model_config *c, const preset *p)
         rs->mscale = rs->mscale_all_dim = v3 ? 1.0 : 0.707;
         rs->original_max_position_embeddings = rs->yarn_original = 4096;
         rs->yarn_factor = 40.0;
+        rs->yarn_truncate = 1;
     } else {
         c->q_lora_rank = v3 ? c->hidden_size * 3 / 8 : 0;
         c->kv_lora_rank = c->hidden_size / 2;
@@ -134,7 +161,7 @@ tp_status tp_preset_config(tp_model_config *c, tp_arch arch, const char *name)
         if (!strcmp(presets[i].name, name)) p = &presets[i];
     if (!p)
         return tp_fail(TP_ERR_INVALID, "unknown preset '%s' (presets: tiny, small, qwen3-0.6b, llama-3.2-1b, llama-3-8b, "
-                       "qwen3-30b-a3b, mixtral-8x7b, deepseek-v2-lite, deepseek-v3, llama-4-scout)", name);
+                       "qwen3-30b-a3b, mixtral-8x7b, deepseek-v2-lite, deepseek-v3, llama-4-scout, gpt-oss-20b)", name);
     memset(c, 0, sizeof *c);
     c->arch = arch;
     snprintf(c->model_type, sizeof c->model_type, "%s", tp_arch_name(arch));
@@ -157,6 +184,7 @@ tp_status tp_preset_config(tp_model_config *c, tp_arch arch, const char *name)
     c->qk_norm = arch == TP_ARCH_QWEN3 || arch == TP_ARCH_QWEN3_MOE;
     if (arch == TP_ARCH_QWEN3_MOE || arch == TP_ARCH_MIXTRAL) set_moe(c, p);
     if (arch == TP_ARCH_DEEPSEEK_V2 || arch == TP_ARCH_DEEPSEEK_V3) set_mla(c, p);
+    if (arch == TP_ARCH_GPT_OSS) set_gpt_oss(c, p);
     if (arch == TP_ARCH_LLAMA4_TEXT) set_llama4(c, p);
     if (p->llama3_rope) {
         c->rope_scaling.kind = TP_ROPE_LLAMA3;

@@ -79,7 +79,7 @@ static tp_status model_tensors(const tp_model *m, tp_save_tensor **out, size_t *
     tp_dtype dt = tp_model_save_dtype(m);
     size_t cap = m->n_modules * TP_MODULE_MAX_PARAMS + 1;
     for (size_t i = 0; i < m->n_modules; i++)
-        if (m->modules[i].type == TP_MT_EXPERTS) cap += (size_t)(3 * m->modules[i].params[0].shape[0]);
+        if (m->modules[i].type == TP_MT_EXPERTS && tp_moe_stored_per_expert(&m->cfg)) cap += (size_t)(3 * m->modules[i].params[0].shape[0]);
     tp_save_tensor *t = calloc(cap, sizeof *t);
     if (!t) return tp_fail(TP_ERR_NOMEM, "out of memory");
     size_t k = 0;
@@ -87,7 +87,7 @@ static tp_status model_tensors(const tp_model *m, tp_save_tensor **out, size_t *
     for (size_t i = 0; i < m->n_modules; i++) {
         const tp_module *mod = &m->modules[i];
         /* the stacked experts go back to the checkpoint's per-expert tensors (§6.1) */
-        if (mod->type == TP_MT_EXPERTS && !m->cfg.llama4) { k += tp_moe_save_tensors(m, mod, dt, t + k); continue; }
+        if (mod->type == TP_MT_EXPERTS && tp_moe_stored_per_expert(&m->cfg)) { k += tp_moe_save_tensors(m, mod, dt, t + k); continue; }
         for (int j = 0; j < mod->n_params; j++) {
             const tp_module_param *p = &mod->params[j];
             if (p->tied_to >= 0 || !p->local.data) continue;

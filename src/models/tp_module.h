@@ -90,6 +90,10 @@ void tp_moe_expert_name(const tp_model_config *c, int64_t layer, int64_t e, int 
 size_t tp_moe_save_tensors(const tp_model *m, const tp_module *experts, tp_dtype dtype, tp_save_tensor *out);
 /* Reads this rank's slice sl of an expert tensor p (gate_up_proj or
  * down_proj) from the per-expert tensors of the checkpoint into p->slot. */
+/* 1 when the checkpoint stores an experts module as per-expert tensors
+ * (qwen3_moe, mixtral, deepseek); 0 for gpt_oss and llama4_text, whose checkpoints hold
+ * the 3-D tensors as the model does (loaded and saved as any parameter). */
+int tp_moe_stored_per_expert(const tp_model_config *c);
 tp_status tp_moe_load_experts(tp_checkpoint *ck, const tp_model_config *c, const tp_param_desc *p,
                               const tp_param_slice *sl, tp_dtype dt);
 
@@ -119,6 +123,12 @@ tp_status tp_moe_route_deepseek(const tp_model_config *c, float *logits, int64_t
  * (overwritten) those of the router's logits. */
 void tp_moe_route_backward(const float *logits, int64_t T, int64_t E, int64_t k, int renorm, const int32_t *ids,
                            const float *dw, float *dlogits);
+/* gpt_oss's routing (GptOssTopKRouter) from the logits [T, E] of the
+ * router Linear (with its bias): the k largest logits, softmaxed over those
+ * k; and its backward, dlogits [T, E] overwritten (k <= 256). */
+void tp_moe_route_topk_softmax(float *logits, int64_t T, int64_t E, int64_t k, int32_t *ids, float *w);
+void tp_moe_route_topk_softmax_backward(const float *logits, int64_t T, int64_t E, int64_t k, const int32_t *ids,
+                                        const float *dw, float *dlogits);
 /* DeepSeek's router backward (no gradient through the choice): logits as
  * the router gave them, ids and dw [T, k] the chosen experts (global) and
  * the gradient of their weights; writes dlogits [T, E]. */
@@ -156,6 +166,9 @@ int64_t tp_moe_block_bound(const tp_model *m, const tp_module *moe);
 int64_t tp_mla_head_dim(const tp_model_config *c);
 /* Floats per token an MLA block takes from the arena besides its Linears. */
 int64_t tp_mla_block_bound(const tp_model_config *c);
+/* YaRN's attention factor, by which Transformers multiplies cos and sin
+ * (1 without YaRN): attention_factor, else from mscale / mscale_all_dim. */
+float tp_rope_attention_factor(const tp_model_config *c);
 
 /* ---- the forward pass ---------------------------------------------------- */
 

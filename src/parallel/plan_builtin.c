@@ -109,6 +109,15 @@ static const rule moe_ep_plan[] = {
     {"layers.*.mlp.experts", "moe_tp_experts"}, {NULL, NULL},
 };
 
+/* §7.9: gpt_oss's EP plan, weights and biases of the experts (its base
+ * plan is empty: no TP support; "auto" shards lm_head only). */
+static const rule gpt_oss_ep_plan[] = {
+    {"layers.*.mlp.router", "ep_router"},
+    {"layers.*.mlp.experts.gate_up_proj", "grouped_gemm"}, {"layers.*.mlp.experts.gate_up_proj_bias", "grouped_gemm"},
+    {"layers.*.mlp.experts.down_proj", "grouped_gemm"}, {"layers.*.mlp.experts.down_proj_bias", "grouped_gemm"},
+    {"layers.*.mlp.experts", "moe_tp_experts"}, {NULL, NULL},
+};
+
 static const rule *base_plan(tp_arch a)
 {
     switch (a) {
@@ -118,6 +127,7 @@ static const rule *base_plan(tp_arch a)
     case TP_ARCH_MIXTRAL: return mixtral_plan;
     case TP_ARCH_DEEPSEEK_V2: return deepseek_v2_plan;
     case TP_ARCH_DEEPSEEK_V3: return deepseek_v3_plan;
+    case TP_ARCH_GPT_OSS: return NULL;
     case TP_ARCH_LLAMA4_TEXT: return llama4_plan;
     }
     return NULL;
@@ -126,6 +136,7 @@ static const rule *base_plan(tp_arch a)
 static const rule *ep_plan(tp_arch a)
 {
     /* §7.7, §7.8: deepseek_v2 and deepseek_v3 share it */
+    if (a == TP_ARCH_GPT_OSS) return gpt_oss_ep_plan;
     if (a == TP_ARCH_LLAMA4_TEXT) return llama4_ep_plan;
     return a == TP_ARCH_QWEN3_MOE || a == TP_ARCH_MIXTRAL || a == TP_ARCH_DEEPSEEK_V2 || a == TP_ARCH_DEEPSEEK_V3
                ? moe_ep_plan : NULL;
@@ -142,6 +153,7 @@ const char *tp_arch_class_name(tp_arch a)
     case TP_ARCH_MIXTRAL: return "MixtralForCausalLM";
     case TP_ARCH_DEEPSEEK_V2: return "DeepseekV2ForCausalLM";
     case TP_ARCH_DEEPSEEK_V3: return "DeepseekV3ForCausalLM";
+    case TP_ARCH_GPT_OSS: return "GptOssForCausalLM";
     case TP_ARCH_LLAMA4_TEXT: return "Llama4ForCausalLM";
     }
     return "CausalLM";

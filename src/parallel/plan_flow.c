@@ -422,6 +422,21 @@ static tp_status mla_attention(flow *f, int64_t l)
     return mp ? stream(base, mp->style->name, base, y) : stream(y.mod, y.sty, base, y);
 }
 
+static int placed(const tp_param_plan *p, tp_placement_kind kind, int dim);
+
+/* gpt_oss's sinks, one per query head: whole when the heads are (a rank
+ * reads its own), split with them (§2.16: colwise, Shard(0)) when q is. */
+static tp_status sinks(flow *f, const char *base, lay q)
+{
+    const tp_param_plan *p = param_of(f, base, "sinks");
+    char a[48];
+    int whole = placed(p, TP_REPLICATE, 0), split = placed(p, TP_SHARD, 0);
+    if (whole || (split && q.k == L_SHARD)) return TP_OK;
+    return refuse(p->name, p->style ? p->style->name : NULL, "the sinks are %s here, but the query heads are %s; "
+                  "leave the sinks whole or split them with the heads (colwise, §2.16)",
+                  tp_placement_str(p->placement, a, sizeof a), q.k == L_SHARD ? "split" : "whole");
+}
+
 static tp_status attention(flow *f, int64_t l)
 {
     if (f->r->cfg.mla) return mla_attention(f, l);
@@ -449,6 +464,7 @@ static tp_status attention(flow *f, int64_t l)
         return refuse(n[2], vsty, "its output is %s here; attention needs whole KV heads on each rank",
                       lay_str(k, a, sizeof a));
     if ((s = heads_line_up(f, n[0], qsty, q, k))) return s;
+    if (f->r->cfg.arch == TP_ARCH_GPT_OSS && (s = sinks(f, base, q))) return s;
     if (f->r->cfg.qk_norm) {
         snprintf(sa, sizeof sa, "%s.q_norm", base);
         if ((s = norm(f, sa, q, 0))) return s;
@@ -553,12 +569,32 @@ static tp_status shared_experts(flow *f, const char *block)
  * routes every token), with ep_router exactly when the experts are split
  * on the expert dimension, and split experts summed by the rule on
  * mlp.experts (moe_tp_experts: Partial -> Replicate). */
+/* gpt_oss's expert biases go with their weights: whole, or split on the
+ * expert dimension alike (a bias split otherwise would not line up). */
+static tp_status expert_biases(flow *f, const char *ex, const tp_param_plan *gu)
+{
+    static const char *const names[2] = {"gate_up_proj_bias", "down_proj_bias"};
+    char a[48];
+    if (!placed(gu, TP_REPLICATE, 0) && !placed(gu, TP_SHARD, 0))
+        return refuse(gu->name, gu->style ? gu->style->name : NULL, "gpt_oss's experts keep Transformers' layout "
+                      "[E, H, 2I]; tensorpar runs them whole or split on the expert dimension (grouped_gemm) only");
+    for (int i = 0; i < 2; i++) {
+        const tp_param_plan *b = param_of(f, ex, names[i]);
+        if (b && !placed(b, gu->placement.kind, 0))
+            return refuse(b->name, b->style ? b->style->name : NULL, "gpt_oss's expert biases are split like the "
+                          "expert weights (whole, or grouped_gemm on all four tensors); gate_up_proj is %s "
+                          "(style '%s')", tp_placement_str(gu->placement, a, sizeof a),
+                          gu->style ? gu->style->name : "-");
+    }
+    return TP_OK;
+}
+
 static tp_status moe_block(flow *f, int64_t l)
 {
     char base[96], gate[128], ex[128];
-    int llama4 = f->r->cfg.llama4;
+    int llama4 = f->r->cfg.llama4, oss = f->r->cfg.arch == TP_ARCH_GPT_OSS;
     snprintf(base, sizeof base, "model.layers.%lld.%s", (long long)l, ffn(f));
-    snprintf(gate, sizeof gate, "%s.%s", base, llama4 ? "router" : "gate");
+    snprintf(gate, sizeof gate, "%s.%s", base, llama4 || oss ? "router" : "gate");
     snprintf(ex, sizeof ex, "%s.experts", base);
     const tp_param_plan *rw = param_of(f, gate, "weight");
     const tp_param_plan *gu = param_of(f, ex, "gate_up_proj"), *dn = param_of(f, ex, "down_proj");
@@ -569,15 +605,17 @@ static tp_status moe_block(flow *f, int64_t l)
                           "mlp.gate, mlp.experts and the expert tensors");
     if (!placed(rw, TP_REPLICATE, 0))
         return refuse(gate, style_of(rp, rw), "the router must stay replicated: every rank routes every token");
-    tp_status s = expert_split(gu, dn, llama4, &split, &ep);
+    tp_status s = oss ? expert_biases(f, ex, gu) : TP_OK;
+    if (!s) s = expert_split(gu, dn, llama4, &split, &ep);
     if (s) return s;
     int remaps = rp && !strcmp(rp->style->impl, "EpRouterParallel");
     if (rp && !remaps)
         return refuse(gate, rp->style->name, "the router runs its own GEMM on its replicated weight; the only rule "
                       "it takes is ep_router");
     if (ep && !remaps)
-        return refuse(gate, style_of(rp, rw), "the experts are split on the expert dimension (grouped_gemm), so "
-                      "the router must map its choices to each rank's own experts (ep_router)");
+        return refuse(gate, style_of(rp, rw), "the experts are split on the expert dimension (grouped_gemm; %s "
+                      "has style '%s'), so the router must map its choices to each rank's own experts (ep_router)",
+                      gu->name, gu->style ? gu->style->name : "-");
     if (!ep && remaps)
         return refuse(gate, rp->style->name, "it maps the router's choices to each rank's own experts, but the "
                       "experts are not split on the expert dimension (grouped_gemm on both expert tensors)");

@@ -8,9 +8,11 @@
 static tp_status grouped_validate(const tp_style *st, const tp_module_ctx *mod, const tp_param_ctx *p,
                                   const char *qualified_name)
 {
-    if (p->ndim != 3)
+    /* 3-D weights, and 2-D biases [E, width] (gpt_oss, §2.17) */
+    if (p->ndim != 3 && !(p->ndim == 2 && p->kind == TP_PARAM_BIAS))
         return tp_fail(TP_ERR_INVALID, "Tensor parallel style '%s' cannot shard `%s`: it splits the expert dimension "
-                       "of 3-D expert tensors, and this one has %d dimensions", st->name, qualified_name, p->ndim);
+                       "of 3-D expert tensors (and their 2-D biases), and this one has %d dimensions", st->name,
+                       qualified_name, p->ndim);
     int64_t E = p->shape[0], P = mod->tp_size;
     if (E % P == 0) return TP_OK;
     return tp_fail(TP_ERR_INVALID, "Global number of experts must be divisible by number of devices: %lld %% %lld != 0",

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """End-to-end: every registered style on every module kind of the built-in
 models (qwen3_moe's and llama4_text's routers, experts and expert tensors
-among them), at TP = 2
+among them; gpt_oss's sinks, router, expert tensors and biases), at TP = 2
 and 3 (tp-semantics.md §2, §4.7).
 
 Each case is the model type's built-in plan with one module kind's rule set
@@ -55,6 +55,8 @@ MODELS = [
     ("qwen3_moe", {"num_key_value_heads": 6, "moe_intermediate_size": 48}),
     # layer 0 dense, layer 1 Llama 4's MoE block (bmm-style experts, router, shared expert)
     ("llama4_text", {"num_key_value_heads": 6, "intermediate_size_mlp": 96}),
+    # sinks, the biased router and experts in Transformers' layout; a window shorter than TOKENS
+    ("gpt_oss", {"num_key_value_heads": 6, "intermediate_size": 48, "sliding_window": 4}),
 ]
 
 
@@ -98,6 +100,11 @@ def module_kinds(arch):
     mlp = [f"model.layers.*.mlp.{n}" for n in ("gate_proj", "up_proj", "down_proj")]
     if arch == "qwen3_moe":   # every layer sparse: the router, the experts and their tensors
         mlp = [f"model.layers.*.mlp.{n}" for n in ("gate", "experts", "experts.gate_up_proj", "experts.down_proj")]
+    if arch == "gpt_oss":     # the sinks; the router, the experts, their tensors and biases
+        attn.append("model.layers.*.self_attn.sinks")
+        mlp = [f"model.layers.*.mlp.{n}" for n in ("router", "experts", "experts.gate_up_proj",
+                                                   "experts.gate_up_proj_bias", "experts.down_proj",
+                                                   "experts.down_proj_bias")]
     if arch == "llama4_text":   # the dense layer's MLP and the MoE layer's parts
         mlp = [f"model.layers.*.feed_forward.{n}" for n in (
             "gate_proj", "up_proj", "down_proj", "router", "experts", "experts.gate_up_proj", "experts.down_proj",

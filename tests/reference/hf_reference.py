@@ -550,6 +550,9 @@ def reference_model(model_dir):
     if load_config(model_dir).get("model_type") in ("deepseek_v2", "deepseek_v3"):
         import hf_deepseek
         return hf_deepseek.DeepseekReference(model_dir)
+    if load_config(model_dir).get("model_type") == "gpt_oss":
+        import hf_gpt_oss
+        return hf_gpt_oss.GptOssReference(model_dir)
     if load_config(model_dir).get("model_type") == "llama4_text":
         import hf_llama4   # torch, float64 (autograd for gradients)
         return hf_llama4.Llama4Reference(model_dir)

@@ -194,12 +194,62 @@ static void test_set_all(void)
     CHECK(tp_config_set(&c, "model_type=qwen3") != TP_OK && strstr(tp_error(), "'model_type'"));
 }
 
+/* gpt_oss: GptOssConfig's defaults (YaRN factor 32 untruncated, window
+ * 128 on alternating layers, attention biases, experts as wide as
+ * intermediate_size), explicit layer_types, and their round trip. */
+static void test_gpt_oss(void)
+{
+    tp_model_config c;
+    CHECK(load_text("{\"model_type\": \"gpt_oss\", \"hidden_size\": 64, \"num_attention_heads\": 4,"
+                    " \"num_key_value_heads\": 2, \"head_dim\": 16, \"num_hidden_layers\": 3,"
+                    " \"intermediate_size\": 40, \"num_local_experts\": 8}", &c) == TP_OK);
+    const tp_rope_scaling *rs = &c.rope_scaling;
+    CHECK(c.arch == TP_ARCH_GPT_OSS && c.attention_bias && c.num_experts == 8 && c.num_experts_per_tok == 4 &&
+          c.moe_intermediate_size == 40 && c.swiglu_limit == 7.0 && c.swiglu_alpha == 1.702);
+    CHECK(rs->kind == TP_ROPE_YARN && !rs->yarn_truncate && rs->yarn_factor == 32.0 && rs->yarn_original == 4096 &&
+          c.rope_theta == 150000.0 && c.max_position_embeddings == 131072);
+    CHECK(tp_config_layer_window(&c, 0) == 128 && tp_config_layer_window(&c, 1) == 0 &&
+          tp_config_layer_window(&c, 2) == 128);
+    CHECK(tp_config_layer_is_sparse(&c, 0) && tp_config_layer_is_sparse(&c, 2));
+    CHECK(tp_config_set(&c, "layer_types=[\"full_attention\",\"sliding_attention\",\"sliding_attention\"]") == TP_OK);
+    CHECK(tp_config_layer_window(&c, 0) == 0 && tp_config_layer_window(&c, 1) == 128 &&
+          tp_config_layer_window(&c, 2) == 128);
+    /* the writer keeps the list (not the default alternation) and the untruncated YaRN */
+    CHECK(tp_config_set(&c, "swiglu_limit=3") == TP_OK);
+    CHECK(c.swiglu_limit == 3.0 && tp_config_layer_window(&c, 0) == 0 && !c.rope_scaling.yarn_truncate);
+    CHECK(tp_config_set(&c, "layer_types=[\"full_attention\"]") != TP_OK && strstr(tp_error(), "'layer_types'"));
+    CHECK(tp_config_set(&c, "layer_types=[\"a\",\"b\",\"c\"]") != TP_OK && strstr(tp_error(), "layer_types[0]"));
+    /* openai/gpt-oss-20b's config.json as published (its MXFP4
+     * quantization_config is read past: the tensors' names refuse it) */
+    CHECK(load_text("{\"architectures\": [\"GptOssForCausalLM\"], \"attention_bias\": true, \"attention_dropout\": 0.0,"
+                    " \"eos_token_id\": 200002, \"experts_per_token\": 4, \"head_dim\": 64, \"hidden_act\": \"silu\","
+                    " \"hidden_size\": 2880, \"initial_context_length\": 4096, \"initializer_range\": 0.02,"
+                    " \"intermediate_size\": 2880, \"layer_types\": [\"sliding_attention\", \"full_attention\","
+                    " \"sliding_attention\", \"full_attention\"], \"max_position_embeddings\": 131072,"
+                    " \"model_type\": \"gpt_oss\", \"num_attention_heads\": 64, \"num_experts_per_tok\": 4,"
+                    " \"num_hidden_layers\": 4, \"num_key_value_heads\": 8, \"num_local_experts\": 32,"
+                    " \"output_router_logits\": false, \"pad_token_id\": 199999, \"quantization_config\":"
+                    " {\"modules_to_not_convert\": [\"model.layers.*.self_attn\"], \"quant_method\": \"mxfp4\"},"
+                    " \"rms_norm_eps\": 1e-05, \"rope_scaling\": {\"beta_fast\": 32.0, \"beta_slow\": 1.0,"
+                    " \"factor\": 32.0, \"original_max_position_embeddings\": 4096, \"rope_type\": \"yarn\","
+                    " \"truncate\": false}, \"rope_theta\": 150000, \"router_aux_loss_coef\": 0.9,"
+                    " \"sliding_window\": 128, \"swiglu_limit\": 7.0, \"tie_word_embeddings\": false,"
+                    " \"torch_dtype\": \"bfloat16\", \"use_cache\": true, \"vocab_size\": 201088}", &c) == TP_OK);
+    CHECK(c.num_experts == 32 && c.head_dim == 64 && c.n_layer_types == 4 && tp_config_layer_window(&c, 2) == 128 &&
+          tp_config_layer_window(&c, 3) == 0 && !c.rope_scaling.yarn_truncate && c.rope_scaling.yarn_factor == 32.0 &&
+          c.dtype == TP_BF16 && c.eos_token_ids[0] == 200002);
+    /* other model types: one window for every layer */
+    CHECK(load_text("{\"model_type\": \"mistral\", \"sliding_window\": 7}", &c) == TP_OK);
+    CHECK(tp_config_layer_window(&c, 0) == 7 && tp_config_layer_window(&c, 1) == 7);
+}
+
 int main(void)
 {
     snprintf(dir, sizeof dir, "/tmp/tp-config-XXXXXX");
     if (!mkdtemp(dir)) return 1;
     test_parse();
     test_deepseek();
+    test_gpt_oss();
     test_llama4();
     test_set_and_roundtrip();
     test_fuzz_regressions();

@@ -332,7 +332,7 @@ static void test_rope(void)
 static void test_rope_deepseek(void)
 {
     double inv[4];
-    tp_rope_inv_freq_yarn(inv, 8, 10000.0, 4.0, 32.0, 1.0, 512);
+    tp_rope_inv_freq_yarn(inv, 8, 10000.0, 4.0, 32.0, 1.0, 512, 1);
     const double want[4] = {1.0, 0.0625, 0.0025, 0.00025};
     for (int i = 0; i < 4; i++) CHECK_MSG(fabs(inv[i] - want[i]) < 1e-15 * want[i] + 1e-18, "yarn inv_freq[%d] %g", i, inv[i]);
     CHECK(fabs(tp_yarn_mscale(40.0, 0.707) - (0.0707 * log(40.0) + 1)) < 1e-15 && tp_yarn_mscale(1.0, 5.0) == 1.0);

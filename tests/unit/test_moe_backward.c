@@ -132,6 +132,55 @@ static void test_deepseek_router_backward(void)
     check_deepseek_router(TP_ARCH_DEEPSEEK_V3, 0, 0, 1.0);
 }
 
+/* gpt_oss's router: the chosen logits softmaxed among themselves; the top-k
+ * (descending logits, the lower id on a tie) and the gradient of Σ c_j·w_j,
+ * zero off the chosen ones. */
+static void test_topk_softmax_router(void)
+{
+    enum { T = 3, E = 8, K = 3 };
+    uint64_t seed = 11;
+    float logits[T * E], w[T * K], dw[T * K], dl[T * E];
+    int32_t ids[T * K];
+    double c[T * K], l64[E];
+    for (int64_t i = 0; i < T * E; i++) logits[i] = (float)(2.0 * drand(&seed));
+    for (int64_t i = 0; i < T * K; i++) dw[i] = (float)(c[i] = drand(&seed));
+    float scratch[T * E];
+    memcpy(scratch, logits, sizeof scratch);
+    tp_moe_route_topk_softmax(scratch, T, E, K, ids, w);
+    tp_moe_route_topk_softmax_backward(logits, T, E, K, ids, dw, dl);
+    double err = 0, mx = 0;
+    for (int64_t t = 0; t < T; t++) {
+        const float *l = logits + t * E;
+        int ok = 1;
+        double sum = 0;
+        for (int64_t j = 0; j < K; j++) {
+            sum += w[t * K + j];
+            for (int64_t e = 0; e < E; e++) {   /* ids[j] beats every unchosen and every later one */
+                int later = 0;
+                for (int64_t i = 0; i < j; i++) later |= ids[t * K + i] == e;
+                if (!later && e != ids[t * K + j]) ok &= l[ids[t * K + j]] >= l[e];
+            }
+        }
+        CHECK_MSG(ok && fabs(sum - 1) < 1e-6, "token %lld: top-%d choice or softmax", (long long)t, K);
+        for (int64_t e = 0; e < E; e++) {
+            const double h = 1e-5;
+            double L[2];
+            for (int sgn = 0; sgn < 2; sgn++) {
+                for (int64_t i = 0; i < E; i++) l64[i] = l[i];
+                l64[e] += sgn ? -h : h;
+                double mxl = l64[ids[t * K]], z = 0, acc = 0;
+                for (int64_t j = 0; j < K; j++) z += exp(l64[ids[t * K + j]] - mxl);
+                for (int64_t j = 0; j < K; j++) acc += c[t * K + j] * exp(l64[ids[t * K + j]] - mxl) / z;
+                L[sgn] = acc;
+            }
+            double fd = (L[0] - L[1]) / (2 * h);
+            err = fmax(err, fabs(fd - dl[t * E + e]));
+            mx = fmax(mx, fabs(fd));
+        }
+    }
+    CHECK_MSG(mx > 1e-3 && err <= 1e-5 * mx + 1e-7, "top-k softmax router: err %g of %g", err, mx);
+}
+
 /* ---- the grouped experts ---------------------------------------------------- */
 
 typedef struct {
@@ -254,6 +303,7 @@ static void test_experts_backward(void)
 int main(void)
 {
     test_router_backward();
+    test_topk_softmax_router();
     test_deepseek_router_backward();
     test_experts_backward();
     return check_summary();
