@@ -25,48 +25,17 @@ import os
 import shutil
 import struct
 import sys
-import tempfile
 import unittest
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tpe2e import ROOT, run, rel, tp_logits  # noqa: E402
+from tpe2e import ROOT, rel, tp_logits  # noqa: E402
+import quant_e2e  # noqa: E402
+from quant_e2e import MODELS, TOKENS, agree, generate, work  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "bench", "llamacpp"))
 import gguf  # noqa: E402
-
-TOKENS = "1,5,9,42,7,3,11,200,17,99,4,8,300,12,6,77"
-# Every Linear's input width a multiple of 32 at TP = 4: hidden 128, 4 heads of
-# 32 (o_proj 128 / 4), intermediate 256 (down_proj 256 / 4).
-SHAPE = ["--set", "hidden_size=128", "--set", "intermediate_size=256", "--set", "head_dim=32"]
-WORK = None
-MODELS = {}
-
-
-def setUpModule():
-    global WORK
-    WORK = tempfile.mkdtemp(prefix="tp-e2e-q4-")
-    MODELS["llama"] = os.path.join(WORK, "llama")
-    run("make-model", "--arch", "llama", *SHAPE, "--dtype", "f32", "--seed", "3", "--out", MODELS["llama"])
-    # bf16 on disk and a tied lm_head (which gets a q4_0 copy of the embedding)
-    MODELS["qwen3"] = os.path.join(WORK, "qwen3")
-    run("make-model", "--arch", "qwen3", *SHAPE, "--dtype", "bf16", "--set", "tie_word_embeddings=true",
-        "--seed", "3", "--out", MODELS["qwen3"])
-
-
-def tearDownModule():
-    shutil.rmtree(WORK, ignore_errors=True)
-
-
-def generate(model, tp, dtype):
-    return json.loads(run("generate", "--model", model, "--tokens", "1,2,3", "--max-new-tokens", "64", "--greedy",
-                          "--dtype", dtype, "--tp", tp).stdout)
-
-
-def agree(a, b):
-    """How many leading tokens of a and b are equal."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def q4_values_copy(src, dst):
@@ -95,13 +64,21 @@ def q4_values_copy(src, dst):
     return changed
 
 
+def setUpModule():
+    quant_e2e.setup("tp-e2e-q4-")
+
+
+def tearDownModule():
+    quant_e2e.teardown()
+
+
 class Q4Logits(unittest.TestCase):
     def test_logits_near_f32_and_tp_equal(self):
         for arch, model in MODELS.items():
-            ref = tp_logits(WORK, model, 1, "--dtype", "f32", tokens=TOKENS)
-            q1 = tp_logits(WORK, model, 1, "--dtype", "q4_0", tokens=TOKENS)
+            ref = tp_logits(work(), model, 1, "--dtype", "f32", tokens=TOKENS)
+            q1 = tp_logits(work(), model, 1, "--dtype", "q4_0", tokens=TOKENS)
             for tp in (1, 2, 4):
-                q = q1 if tp == 1 else tp_logits(WORK, model, tp, "--dtype", "q4_0", tokens=TOKENS)
+                q = q1 if tp == 1 else tp_logits(work(), model, tp, "--dtype", "q4_0", tokens=TOKENS)
                 err = rel(q, ref)
                 print(f"\n{arch} q4_0 TP={tp}: max|q4 - f32| / max|f32| = {err:.3g}"
                       + ("" if tp == 1 else f", vs q4_0 TP=1 {rel(q, q1):.2g}"), end="")
@@ -111,12 +88,12 @@ class Q4Logits(unittest.TestCase):
 
     def test_weights_are_ggml_q4_0_values(self):
         model = MODELS["llama"]
-        copy = os.path.join(WORK, "llama-q4-values")
+        copy = os.path.join(work(), "llama-q4-values")
         self.assertEqual(q4_values_copy(model, copy), 2 * 7 + 1)   # 7 Linear weights a layer and lm_head
-        q = tp_logits(WORK, model, 1, "--dtype", "q4_0", tokens=TOKENS)
-        same = tp_logits(WORK, copy, 1, "--dtype", "q4_0", tokens=TOKENS)
+        q = tp_logits(work(), model, 1, "--dtype", "q4_0", tokens=TOKENS)
+        same = tp_logits(work(), copy, 1, "--dtype", "q4_0", tokens=TOKENS)
         self.assertTrue(np.array_equal(q, same), "re-quantized Q4_0 values give other blocks")
-        f32 = tp_logits(WORK, copy, 1, "--dtype", "f32", tokens=TOKENS)
+        f32 = tp_logits(work(), copy, 1, "--dtype", "f32", tokens=TOKENS)
         err = rel(q, f32)
         print(f"\nllama q4_0 vs f32 on the Q4_0 values: {err:.3g} (the activations' 8-bit rounding)", end="")
         self.assertLess(err, 2e-2)
@@ -134,45 +111,12 @@ class Q4Logits(unittest.TestCase):
             self.assertEqual(len(q1), 64)
 
 
-class Q4Bench(unittest.TestCase):
-    def test_bench_decode_streams_an_eighth_of_f32(self):
-        # 18 bytes a block of 32 against 128: the weight bytes a decode step
-        # streams (the norms are f32 in both)
-        model = MODELS["llama"]
-        got = {}
-        for dt in ("f32", "q4_0"):
-            got[dt] = json.loads(run("bench", "decode", "--model", model, "--new-tokens", "4", "--reps", "1",
-                                     "--dtype", dt, "--tp", "2", "--json").stdout)
-            self.assertEqual(got[dt]["dtype"], dt)
-        for side in ("tp1", "tpN"):
-            ratio = got["q4_0"][side]["weight_bytes_per_token"] / got["f32"][side]["weight_bytes_per_token"]
-            self.assertGreater(ratio, 18 / 128)
-            self.assertLess(ratio, 0.15, side)
+class Q4Bench(quant_e2e.BenchBytes, unittest.TestCase):
+    DTYPE, BLOCK_BYTES, MAX_RATIO = "q4_0", 18, 0.15
 
 
-class Q4Refusals(unittest.TestCase):
-    def test_rows_not_whole_blocks(self):
-        # the tiny preset: intermediate 160, so down_proj's rows are 80 long at TP = 2
-        d = os.path.join(WORK, "tiny")
-        run("make-model", "--arch", "llama", "--preset", "tiny", "--out", d)
-        p = run("logits", "--model", d, "--tokens", "1,2", "--out", os.path.join(WORK, "x-%r.npy"),
-                "--dtype", "q4_0", "--tp", "2", check=False)
-        self.assertEqual(p.returncode, 1, p.stderr)
-        self.assertIn("--dtype q4_0: model.layers.0.mlp.down_proj.weight has rows of 80 values on this rank "
-                      "(160 in all), not a multiple of the block of 32", p.stderr)
-        p = run("logits", "--model", d, "--tokens", "1,2", "--out", os.path.join(WORK, "y.npy"), "--dtype", "q4_0")
-        self.assertIn("q4_0: 15 Linear weights quantized", p.stderr)
-
-    def test_training_refuses(self):
-        model = MODELS["llama"]
-        data = os.path.join(WORK, "d.jsonl")
-        with open(data, "w") as f:
-            f.write(json.dumps({"input_ids": [1, 2, 3, 4, 5]}) + "\n")
-        for args in (("train", "--model", model, "--data", data, "--out", os.path.join(WORK, "t"), "--steps", "1"),
-                     ("grads", "--model", model, "--tokens", "1,2,3", "--out", os.path.join(WORK, "g.safetensors"))):
-            p = run(*args, "--dtype", "q4_0", check=False)
-            self.assertEqual(p.returncode, 2, p.stderr)
-            self.assertIn("--dtype q4_0 is for inference only", p.stderr)
+class Q4Refusals(quant_e2e.Refusals, unittest.TestCase):
+    DTYPE = "q4_0"
 
 
 if __name__ == "__main__":
