@@ -9,6 +9,7 @@
 #include "check.h"
 #include "tensorpar/kernels.h"
 #include "kernels/kern_internal.h"
+#include "quant_test.h"
 #include "skip_paths.h"
 
 #include <math.h>
@@ -16,7 +17,6 @@
 #include <string.h>
 
 static tp_rng rng;
-static const tp_kernel_path PATHS[] = {TP_KERNEL_SCALAR, TP_KERNEL_AVX2, TP_KERNEL_AVX512};
 
 static void fill(float *x, int64_t n, double scale)
 {
@@ -110,10 +110,10 @@ static void check_dequant_bits(tp_threadpool *pool, const float *y, const float 
     float *yf = malloc((size_t)(T * n) * sizeof(float));
     if (!yf || tp_tensor_init(&Wf, TP_F32, 2, (int64_t[2]){n, k})) { CHECK(!"out of memory"); goto done; }
     memcpy(Wf.data, wd, (size_t)(n * k) * sizeof(float));
-    tp_matmul_opts o = {PATHS[pi] == TP_KERNEL_AVX512 ? TP_KERNEL_AVX2 : PATHS[pi], 0, 0, 0};
+    tp_matmul_opts o = {QUANT_PATHS[pi] == TP_KERNEL_AVX512 ? TP_KERNEL_AVX2 : QUANT_PATHS[pi], 0, 0, 0};
     CHECK(tp_matmul_ex(yf, x, T, &Wf, NULL, pool, &o) == TP_OK);
     CHECK_MSG(!memcmp(y, yf, (size_t)(T * n) * sizeof(float)), "%s T=%lld n=%lld k=%lld: not the f32 product's bits",
-              tp_kernel_path_name(PATHS[pi]), (long long)T, (long long)n, (long long)k);
+              tp_kernel_path_name(QUANT_PATHS[pi]), (long long)T, (long long)n, (long long)k);
 done:
     tp_tensor_release(&Wf);
     free(yf);
@@ -188,14 +188,14 @@ static void check_product(tp_threadpool *pool, int64_t T, int64_t n, int64_t k)
             if (!(T > 2 && t == 1) && f32mag > 0 && ef / f32mag > worst_f32) worst_f32 = ef / f32mag;
         }
     for (int pi = 0; pi < 3; pi++) {
-        if (!tp_kernel_path_supported(PATHS[pi])) continue;
-        tp_matmul_opts op = {PATHS[pi], 0, 0, 0};
+        if (!tp_kernel_path_supported(QUANT_PATHS[pi])) continue;
+        tp_matmul_opts op = {QUANT_PATHS[pi], 0, 0, 0};
         memset(y, 0xff, (size_t)(T * n) * sizeof(float));
         CHECK(tp_matmul_ex(y, x, T, &W, NULL, pool, &op) == TP_OK);
         if (deq) check_dequant_bits(pool, y, x, T, wd, n, k, pi);
         else
             CHECK_MSG(!memcmp(y, yr, (size_t)(T * n) * sizeof(float)), "%s T=%lld n=%lld k=%lld: not the scalar bits",
-                      tp_kernel_path_name(PATHS[pi]), (long long)T, (long long)n, (long long)k);
+                      tp_kernel_path_name(QUANT_PATHS[pi]), (long long)T, (long long)n, (long long)k);
         memcpy(yr, y, (size_t)(T * n) * sizeof(float));
         /* each token alone (the GEMV): the batch's bits below the f32
          * product's T, else within x's quantization of it */
@@ -203,12 +203,12 @@ static void check_product(tp_threadpool *pool, int64_t T, int64_t n, int64_t k)
             CHECK(tp_matmul_ex(y, x + t * k, 1, &W, NULL, pool, &op) == TP_OK);
             if (!deq) {
                 CHECK_MSG(!memcmp(y, yr + t * n, (size_t)n * sizeof(float)), "%s T=%lld token %lld alone differs",
-                          tp_kernel_path_name(PATHS[pi]), (long long)T, (long long)t);
+                          tp_kernel_path_name(QUANT_PATHS[pi]), (long long)T, (long long)t);
                 continue;
             }
             for (int64_t r = 0; r < n; r++)
                 CHECK_MSG(fabs(y[r] - yr[t * n + r]) <= xb[t * n + r], "%s T=%lld token %lld row %lld alone: %.6g vs %.6g",
-                          tp_kernel_path_name(PATHS[pi]), (long long)T, (long long)t, (long long)r, y[r],
+                          tp_kernel_path_name(QUANT_PATHS[pi]), (long long)T, (long long)t, (long long)r, y[r],
                           yr[t * n + r]);
         }
     }
@@ -229,55 +229,6 @@ static void test_products(tp_threadpool *pool)
            tp_threadpool_size(pool), worst_ref, worst_f32);
 }
 
-/* Wider shapes through a pool: the rows split among threads (and the
- * GEMMs' chunks of tokens or panels) give the bits of one thread. */
-static void test_threads(tp_threadpool *pool)
-{
-    int64_t T = 101, n = 203, k = 512;
-    float *x = malloc((size_t)(T * k) * sizeof(float)), *y1 = malloc((size_t)(T * n) * sizeof(float));
-    float *y3 = malloc((size_t)(T * n) * sizeof(float));
-    tp_tensor W = {0};
-    if (!x || !y1 || !y3 || make_weight(&W, NULL, n, k)) { CHECK(!"out of memory"); goto done; }
-    fill(x, T * k, 1.0);
-    for (int pi = 0; pi < 3; pi++) {
-        if (!tp_kernel_path_supported(PATHS[pi])) continue;
-        tp_matmul_opts o = {PATHS[pi], 0, 0, 0};
-        static const int64_t ts[] = {1, 20, 101};   /* GEMV, integer GEMM, f32 GEMM */
-        for (size_t ti = 0; ti < sizeof ts / sizeof *ts; ti++) {
-            int64_t t = ts[ti];
-            CHECK(tp_matmul_ex(y1, x, t, &W, NULL, NULL, &o) == TP_OK);
-            CHECK(tp_matmul_ex(y3, x, t, &W, NULL, pool, &o) == TP_OK);
-            CHECK_MSG(!memcmp(y1, y3, (size_t)(t * n) * sizeof(float)), "%s T=%lld: 1 and %d threads differ",
-                      tp_kernel_path_name(PATHS[pi]), (long long)t, tp_threadpool_size(pool));
-        }
-    }
-done:
-    tp_tensor_release(&W);
-    free(x); free(y1); free(y3);
-}
-
-/* Inference only: the backward refuses q8_0 weights, naming the dtype;
- * tp_row_to_f32 (an embedding lookup) dequantizes; a bias is added. */
-static void test_refusals(void)
-{
-    tp_tensor W = {0}, B = {0};
-    float wd[4 * 64], x[64], dy[4], dx[64], row[64], y[4];
-    CHECK(make_weight(&W, wd, 4, 64) == 0 && tp_tensor_init(&B, TP_F32, 1, (int64_t[1]){4}) == TP_OK);
-    fill(x, 64, 1.0);
-    fill(dy, 4, 1.0);
-    memset(dx, 0, sizeof dx);
-    CHECK(tp_matmul_backward(dx, NULL, NULL, dy, x, 1, &W, NULL) == TP_ERR_UNSUPPORTED &&
-          strstr(tp_error(), "q8_0"));
-    tp_row_to_f32(row, &W, 2);
-    CHECK(!memcmp(row, wd + 2 * 64, sizeof row));
-    ((float *)B.data)[1] = 10.0f;
-    float y0[4];
-    CHECK(tp_matmul(y0, x, 1, &W, NULL, NULL) == TP_OK && tp_matmul(y, x, 1, &W, &B, NULL) == TP_OK);
-    CHECK(y[1] == y0[1] + 10.0f && y[0] == y0[0]);
-    tp_tensor_release(&W);
-    tp_tensor_release(&B);
-}
-
 int main(void)
 {
     tp_rng_seed(&rng, 8);
@@ -287,8 +238,9 @@ int main(void)
     test_quantize();
     test_products(NULL);
     test_products(pool3);
-    test_threads(pool3);
-    test_refusals();
+    static const int64_t ts[] = {1, 20, 101};   /* GEMV, integer GEMM, f32 GEMM */
+    quant_check_threads(pool3, make_weight, fill, ts, sizeof ts / sizeof *ts);
+    quant_check_refusals(make_weight, fill, "q8_0");
     tp_threadpool_destroy(pool3);
     return check_summary();
 }

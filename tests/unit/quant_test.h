@@ -1,0 +1,72 @@
+/* What tests/unit/test_q4.c and test_q8.c check the same way for any
+ * block-quantized weight dtype: the thread split gives one thread's bits,
+ * and such a weight is for inference only.  Each test passes the two things
+ * that are its own: how it makes a weight of its dtype and how it fills
+ * (from its own seeded generator). */
+#ifndef TP_TEST_QUANT_TEST_H
+#define TP_TEST_QUANT_TEST_H
+
+#include "check.h"
+#include "tensorpar/kernels.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* a weight [n, k] of the test's dtype from random values, and (wd not NULL)
+ * its dequantized values; nonzero when it could not be made */
+typedef int (*quant_make_weight_fn)(tp_tensor *W, float *wd, int64_t n, int64_t k);
+typedef void (*quant_fill_fn)(float *x, int64_t n, double scale);
+
+static const tp_kernel_path QUANT_PATHS[] = {TP_KERNEL_SCALAR, TP_KERNEL_AVX2, TP_KERNEL_AVX512};
+
+/* Wider shapes through a pool: the rows split among threads (and the GEMMs'
+ * chunks of tokens or panels) give the bits of one thread, for each token
+ * count in ts (chosen by the test to reach each of its products). */
+static inline void quant_check_threads(tp_threadpool *pool, quant_make_weight_fn make, quant_fill_fn fill,
+                                       const int64_t *ts, size_t nts)
+{
+    int64_t T = 101, n = 203, k = 512;
+    float *x = malloc((size_t)(T * k) * sizeof(float)), *y1 = malloc((size_t)(T * n) * sizeof(float));
+    float *y3 = malloc((size_t)(T * n) * sizeof(float));
+    tp_tensor W = {0};
+    if (!x || !y1 || !y3 || make(&W, NULL, n, k)) { CHECK(!"out of memory"); goto done; }
+    fill(x, T * k, 1.0);
+    for (int pi = 0; pi < 3; pi++) {
+        if (!tp_kernel_path_supported(QUANT_PATHS[pi])) continue;
+        tp_matmul_opts o = {QUANT_PATHS[pi], 0, 0, 0};
+        for (size_t ti = 0; ti < nts; ti++) {
+            int64_t t = ts[ti];
+            CHECK(tp_matmul_ex(y1, x, t, &W, NULL, NULL, &o) == TP_OK);
+            CHECK(tp_matmul_ex(y3, x, t, &W, NULL, pool, &o) == TP_OK);
+            CHECK_MSG(!memcmp(y1, y3, (size_t)(t * n) * sizeof(float)), "%s T=%lld: 1 and %d threads differ",
+                      tp_kernel_path_name(QUANT_PATHS[pi]), (long long)t, tp_threadpool_size(pool));
+        }
+    }
+done:
+    tp_tensor_release(&W);
+    free(x); free(y1); free(y3);
+}
+
+/* Inference only: the backward refuses the weight, naming its dtype;
+ * tp_row_to_f32 (an embedding lookup) dequantizes; a bias is added. */
+static inline void quant_check_refusals(quant_make_weight_fn make, quant_fill_fn fill, const char *dtype)
+{
+    tp_tensor W = {0}, B = {0};
+    float wd[4 * 64], x[64], dy[4], dx[64], row[64], y[4];
+    CHECK(make(&W, wd, 4, 64) == 0 && tp_tensor_init(&B, TP_F32, 1, (int64_t[1]){4}) == TP_OK);
+    fill(x, 64, 1.0);
+    fill(dy, 4, 1.0);
+    memset(dx, 0, sizeof dx);
+    CHECK(tp_matmul_backward(dx, NULL, NULL, dy, x, 1, &W, NULL) == TP_ERR_UNSUPPORTED &&
+          strstr(tp_error(), dtype));
+    tp_row_to_f32(row, &W, 2);
+    CHECK(!memcmp(row, wd + 2 * 64, sizeof row));
+    ((float *)B.data)[1] = 10.0f;
+    float y0[4];
+    CHECK(tp_matmul(y0, x, 1, &W, NULL, NULL) == TP_OK && tp_matmul(y, x, 1, &W, &B, NULL) == TP_OK);
+    CHECK(y[1] == y0[1] + 10.0f && y[0] == y0[0]);
+    tp_tensor_release(&W);
+    tp_tensor_release(&B);
+}
+
+#endif
