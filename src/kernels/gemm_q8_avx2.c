@@ -15,16 +15,11 @@
  * tiles over chunks of tokens whose quantized rows stay in L2 while a
  * tile's 4 rows of W stay in L1.  The threads split the rows of W. */
 #include "kernels/kern_internal.h"
+#include "kernels/qgemm_tiles.h"
 
 #include <immintrin.h>
 
 #define TAVX2 __attribute__((target("avx2,fma")))
-
-/* Tokens per chunk of the GEMM: 48 rows of x (a multiple of the tile's
- * 3); 48 × 8192/32 × 36 bytes = 432 KiB at the widest K of a 1B model. */
-#define GEMM_TOKENS 48
-#define GEMM_ROWS 4
-#define GEMM_TT 3
 
 TAVX2 static float hsum(__m256 v)
 {
@@ -105,53 +100,12 @@ tile(const tp_q8_job *j, int64_t r0, const int R, int64_t t0, const int TT, cons
         for (int t = 0; t < TT; t++) j->y[(t0 + t) * j->n + r0 + r] = hsum(acc[r][t]);
 }
 
-/* One function per tile shape, so that each gets its own unrolled code;
- * the GEMV's shapes prefetch, the GEMM's 4 × 2 and 4 × 3 do not (their
- * rows are reused from L1 by the next tokens). */
-#define TILE_FN(R, TT) \
-    TAVX2 static void tile_##R##_##TT(const tp_q8_job *j, int64_t r0, int64_t t0) { tile(j, r0, R, t0, TT, (TT) == 1 || (R) < 3); }
-TILE_FN(1, 1) TILE_FN(1, 2) TILE_FN(1, 3) TILE_FN(1, 4)
-TILE_FN(2, 1) TILE_FN(2, 2) TILE_FN(2, 3) TILE_FN(2, 4)
-TILE_FN(3, 1) TILE_FN(3, 2) TILE_FN(3, 3) TILE_FN(3, 4)
-TILE_FN(4, 1) TILE_FN(4, 2) TILE_FN(4, 3)
-#undef TILE_FN
-
-typedef void (*tile_fn)(const tp_q8_job *j, int64_t r0, int64_t t0);
-/* [rows - 1][tokens - 1] */
-static const tile_fn tiles[4][4] = {
-    {tile_1_1, tile_1_2, tile_1_3, tile_1_4},
-    {tile_2_1, tile_2_2, tile_2_3, tile_2_4},
-    {tile_3_1, tile_3_2, tile_3_3, tile_3_4},
-    {tile_4_1, tile_4_2, tile_4_3, NULL},
-};
-
-/* Rows [r0, r1) for tokens [t0, t0 + tt): blocks of R rows, then single
- * rows (R·tt <= 12). */
-static void run_rows(const tp_q8_job *j, int64_t r0, int64_t r1, int R, int64_t t0, int tt)
-{
-    tile_fn f = tiles[R - 1][tt - 1], f1 = tiles[0][tt - 1];
-    for (; r0 + R <= r1; r0 += R) f(j, r0, t0);
-    for (; r0 < r1; r0++) f1(j, r0, t0);
-}
+TP_QTILE_TABLE(tp_q8_job)
 
 static void worker(void *p, int ti, int nt)
 {
     const tp_q8_job *j = p;
-    int64_t r0, r1;
-    int gemv = j->T <= TP_GEMV_MAX_T;
-    int R = !gemv ? GEMM_ROWS : j->T > 1 ? 2 : 4;
-    tp_gemv_thread_rows(j->n, j->nb * (int64_t)sizeof(tp_q8_block), R, ti, nt, &r0, &r1);
-    if (r0 >= r1) return;
-    if (gemv) { run_rows(j, r0, r1, R, 0, (int)j->T); return; }
-    for (int64_t c0 = 0; c0 < j->T; c0 += GEMM_TOKENS) {
-        int64_t c1 = c0 + GEMM_TOKENS < j->T ? c0 + GEMM_TOKENS : j->T;
-        for (int64_t rb = r0; rb < r1; rb += GEMM_ROWS) {
-            int64_t re = rb + GEMM_ROWS < r1 ? rb + GEMM_ROWS : r1;
-            int64_t t = c0;
-            for (; t + GEMM_TT <= c1; t += GEMM_TT) run_rows(j, rb, re, GEMM_ROWS, t, GEMM_TT);
-            if (t < c1) run_rows(j, rb, re, GEMM_ROWS, t, (int)(c1 - t));
-        }
-    }
+    tp_qtile_worker(tiles, j, j->T, j->n, j->nb * (int64_t)sizeof(tp_q8_block), ti, nt);
 }
 
 void tp_q8_matmul_avx2(const tp_q8_job *j, tp_threadpool *pool)

@@ -1,0 +1,77 @@
+/* The tile schedule that the AVX2 kernels of the block-quantized weights
+ * (gemm_q8_avx2.c, gemm_q4_avx2.c) share: which R rows × TT tokens tile
+ * runs where, and how the rows and tokens split among threads.  Only the
+ * tile itself (the block dot products) is each dtype's own; the schedule
+ * decides no arithmetic, so sharing it leaves every result's bits as they
+ * were. */
+#ifndef TP_KERNELS_QGEMM_TILES_H
+#define TP_KERNELS_QGEMM_TILES_H
+
+#include "kernels/kern_internal.h"
+
+/* Tokens per chunk of the GEMM: 48 rows of x (a multiple of the tile's
+ * 3); 48 × 8192/32 × 36 bytes = 432 KiB at the widest K of a 1B model. */
+#define TP_QTILE_GEMM_TOKENS 48
+#define TP_QTILE_GEMM_ROWS 4
+#define TP_QTILE_GEMM_TT 3
+
+/* One tile: rows [r0, r0 + R) for tokens [t0, t0 + TT) of the dtype's job. */
+typedef void (*tp_qtile_fn)(const void *job, int64_t r0, int64_t t0);
+
+/* One function per tile shape, so that each gets its own unrolled code;
+ * the GEMV's shapes prefetch, the GEMM's 4 × 2 and 4 × 3 do not (their
+ * rows are reused from L1 by the next tokens).  Needs the file's
+ * `tile(job, r0, R, t0, TT, prefetch)` and its target attribute TAVX2;
+ * defines `tiles`, indexed [rows - 1][tokens - 1]. */
+#define TP_QTILE_FN(JOB, R, TT)                                                   \
+    TAVX2 static void tile_##R##_##TT(const void *j, int64_t r0, int64_t t0)      \
+    {                                                                             \
+        tile((const JOB *)j, r0, R, t0, TT, (TT) == 1 || (R) < 3);                \
+    }
+#define TP_QTILE_TABLE(JOB)                                                       \
+    TP_QTILE_FN(JOB, 1, 1) TP_QTILE_FN(JOB, 1, 2) TP_QTILE_FN(JOB, 1, 3) TP_QTILE_FN(JOB, 1, 4) \
+    TP_QTILE_FN(JOB, 2, 1) TP_QTILE_FN(JOB, 2, 2) TP_QTILE_FN(JOB, 2, 3) TP_QTILE_FN(JOB, 2, 4) \
+    TP_QTILE_FN(JOB, 3, 1) TP_QTILE_FN(JOB, 3, 2) TP_QTILE_FN(JOB, 3, 3) TP_QTILE_FN(JOB, 3, 4) \
+    TP_QTILE_FN(JOB, 4, 1) TP_QTILE_FN(JOB, 4, 2) TP_QTILE_FN(JOB, 4, 3)          \
+    static const tp_qtile_fn tiles[4][4] = {                                      \
+        {tile_1_1, tile_1_2, tile_1_3, tile_1_4},                                 \
+        {tile_2_1, tile_2_2, tile_2_3, tile_2_4},                                 \
+        {tile_3_1, tile_3_2, tile_3_3, tile_3_4},                                 \
+        {tile_4_1, tile_4_2, tile_4_3, NULL},                                     \
+    };
+
+/* Rows [r0, r1) for tokens [t0, t0 + tt): blocks of R rows, then single
+ * rows (R·tt <= 12). */
+static inline void tp_qtile_rows(const tp_qtile_fn tiles[4][4], const void *j, int64_t r0, int64_t r1, int R,
+                                 int64_t t0, int tt)
+{
+    tp_qtile_fn f = tiles[R - 1][tt - 1], f1 = tiles[0][tt - 1];
+    for (; r0 + R <= r1; r0 += R) f(j, r0, t0);
+    for (; r0 < r1; r0++) f1(j, r0, t0);
+}
+
+/* Thread ti of nt on a product of T tokens by n rows of row_bytes: its
+ * rows, as GEMV tiles (all T tokens at once) or, for a GEMM, in chunks of
+ * tokens and rows that stay in cache. */
+static inline void tp_qtile_worker(const tp_qtile_fn tiles[4][4], const void *j, int64_t T, int64_t n,
+                                   int64_t row_bytes, int ti, int nt)
+{
+    int64_t r0, r1;
+    int gemv = T <= TP_GEMV_MAX_T;
+    int R = !gemv ? TP_QTILE_GEMM_ROWS : T > 1 ? 2 : 4;
+    tp_gemv_thread_rows(n, row_bytes, R, ti, nt, &r0, &r1);
+    if (r0 >= r1) return;
+    if (gemv) { tp_qtile_rows(tiles, j, r0, r1, R, 0, (int)T); return; }
+    for (int64_t c0 = 0; c0 < T; c0 += TP_QTILE_GEMM_TOKENS) {
+        int64_t c1 = c0 + TP_QTILE_GEMM_TOKENS < T ? c0 + TP_QTILE_GEMM_TOKENS : T;
+        for (int64_t rb = r0; rb < r1; rb += TP_QTILE_GEMM_ROWS) {
+            int64_t re = rb + TP_QTILE_GEMM_ROWS < r1 ? rb + TP_QTILE_GEMM_ROWS : r1;
+            int64_t t = c0;
+            for (; t + TP_QTILE_GEMM_TT <= c1; t += TP_QTILE_GEMM_TT)
+                tp_qtile_rows(tiles, j, rb, re, TP_QTILE_GEMM_ROWS, t, TP_QTILE_GEMM_TT);
+            if (t < c1) tp_qtile_rows(tiles, j, rb, re, TP_QTILE_GEMM_ROWS, t, (int)(c1 - t));
+        }
+    }
+}
+
+#endif
