@@ -14,18 +14,11 @@
  * tokens.  The threads split the rows of W. */
 #include "kernels/kern_q4.h"
 #include "kernels/qgemm_tiles.h"
+#include "kernels/vmath.h"
 
 #include <immintrin.h>
 
 #define TAVX2 __attribute__((target("avx2,fma")))
-
-TAVX2 static float hsum(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* Software prefetch this far ahead of each row stream of W in the GEMV,
  * as gemm_q8_avx2.c does (its distance, measured there). */
@@ -36,9 +29,7 @@ TAVX2 static float hsum(__m256 v)
 TAVX2 static inline __m256 w_scales8(const tp_q4_block *w)
 {
     __m256i h = _mm256_setr_epi32(w[0].d, w[1].d, w[2].d, w[3].d, w[4].d, w[5].d, w[6].d, w[7].d);
-    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0x8000)), 16);
-    __m256i mag = _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0x7fff)), 13);
-    return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(sign, mag)), _mm256_set1_ps(0x1p112f));
+    return tp_f16x8_to_ps(h);
 }
 
 /* The block's 32 nibbles (unsigned, 0..15), in element order: the 16
@@ -107,7 +98,7 @@ tile(const tp_q4_job *j, int64_t r0, const int R, int64_t t0, const int TT, cons
         }
     }
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < TT; t++) j->y[(t0 + t) * j->n + r0 + r] = hsum(acc[r][t]);
+        for (int t = 0; t < TT; t++) j->y[(t0 + t) * j->n + r0 + r] = tp_hsum256(acc[r][t]);
 }
 
 TP_QTILE_TABLE(tp_q4_job)

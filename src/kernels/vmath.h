@@ -153,6 +153,16 @@ static inline TP_TAVX2 float tp_hsum256(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
+/* Eight f16 bit patterns (the low 16 bits of each lane) to f32, exactly:
+ * the sign moved up, the rest shifted into f32's fields and rescaled by
+ * 2^112 (subnormals included; the quantized blocks' scales are finite). */
+static inline TP_TAVX2 __m256 tp_f16x8_to_ps(__m256i h)
+{
+    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0x8000)), 16);
+    __m256i mag = _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0x7fff)), 13);
+    return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(sign, mag)), _mm256_set1_ps(0x1p112f));
+}
+
 static inline TP_TAVX2 double tp_hsum256d(__m256d v)
 {
     __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
