@@ -4,24 +4,12 @@
  * of the same values hold the same blocks.  The activations of a q4_0
  * product are quantized as for q8_0 (tp_q8_quantize_act). */
 #include "kernels/kern_q4.h"
+#include "kernels/qblock_src.h"
 
 #include <math.h>
 #include <string.h>
 
 /* 32 values of src from element off on, as f32. */
-static void load_block(float *dst, const void *src, tp_dtype st, int64_t off)
-{
-    if (st == TP_F32) {
-        memcpy(dst, (const float *)src + off, TP_Q4_BLOCK * sizeof(float));
-    } else if (st == TP_BF16) {
-        const uint16_t *h = (const uint16_t *)src + off;
-        for (int i = 0; i < TP_Q4_BLOCK; i++) dst[i] = tp_f32_from_bf16(h[i]);
-    } else {
-        const uint16_t *h = (const uint16_t *)src + off;
-        for (int i = 0; i < TP_Q4_BLOCK; i++) dst[i] = tp_f32_from_f16(h[i]);
-    }
-}
-
 /* One nibble: x·id lies in [-8, 8], so x·id + 8.5 is positive and the
  * conversion to int is the floor; 16 (the far end of the range) becomes
  * 15.  Two statements, so that the product is rounded before the sum
@@ -64,10 +52,8 @@ tp_status tp_q4_quantize_rows(tp_q4_block *dst, const void *src, tp_dtype st, in
     float x[TP_Q4_BLOCK];
     for (int64_t r = 0; r < rows; r++)
         for (int64_t b = 0; b < nb; b++) {
-            load_block(x, src, st, r * k + b * TP_Q4_BLOCK);
-            float sum = 0.0f;
-            for (int i = 0; i < TP_Q4_BLOCK; i++) sum += x[i] * 0.0f;   /* NaN for an inf or a NaN */
-            if (sum != 0.0f)
+            tp_qblock_load(x, src, st, r * k + b * TP_Q4_BLOCK);
+            if (!tp_qblock_finite(x))
                 return tp_fail(TP_ERR_INVALID, "q4_0: row %lld holds a value that is not finite", (long long)r);
             quantize_block(&dst[r * nb + b], x);
         }

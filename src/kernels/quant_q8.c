@@ -3,6 +3,7 @@
  * (the same blocks with an f32 scale).  Plain C, shared by every kernel
  * path, so that the quantized values never depend on the path. */
 #include "kernels/kern_internal.h"
+#include "kernels/qblock_src.h"
 
 #include <math.h>
 #include <string.h>
@@ -34,19 +35,6 @@ static float block_amax(const float *x)
 }
 
 /* 32 values of src from element off on, as f32 (one dtype test a block). */
-static void load_block(float *dst, const void *src, tp_dtype st, int64_t off)
-{
-    if (st == TP_F32) {
-        memcpy(dst, (const float *)src + off, TP_Q8_BLOCK * sizeof(float));
-    } else if (st == TP_BF16) {
-        const uint16_t *h = (const uint16_t *)src + off;
-        for (int i = 0; i < TP_Q8_BLOCK; i++) dst[i] = tp_f32_from_bf16(h[i]);
-    } else {
-        const uint16_t *h = (const uint16_t *)src + off;
-        for (int i = 0; i < TP_Q8_BLOCK; i++) dst[i] = tp_f32_from_f16(h[i]);
-    }
-}
-
 tp_status tp_q8_quantize_rows(tp_q8_block *dst, const void *src, tp_dtype st, int64_t rows, int64_t k)
 {
     if (st != TP_F32 && st != TP_BF16 && st != TP_F16)
@@ -58,10 +46,9 @@ tp_status tp_q8_quantize_rows(tp_q8_block *dst, const void *src, tp_dtype st, in
     float x[TP_Q8_BLOCK];
     for (int64_t r = 0; r < rows; r++)
         for (int64_t b = 0; b < nb; b++) {
-            load_block(x, src, st, r * k + b * TP_Q8_BLOCK);
-            float amax = block_amax(x), sum = 0.0f;
-            for (int i = 0; i < TP_Q8_BLOCK; i++) sum += x[i] * 0.0f;   /* NaN for an inf or a NaN */
-            if (sum != 0.0f)
+            tp_qblock_load(x, src, st, r * k + b * TP_Q8_BLOCK);
+            float amax = block_amax(x);
+            if (!tp_qblock_finite(x))
                 return tp_fail(TP_ERR_INVALID, "q8_0: row %lld holds a value that is not finite", (long long)r);
             /* The quants are taken against the scale as stored (f16), so
              * that d·q is the closest the block can hold. */
