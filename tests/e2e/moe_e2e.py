@@ -107,8 +107,8 @@ def check_grads(tc, got, loss, want, case, what):
 
 def check_splits(tc, work, model, name, loss, base, splits=TP_EP_SPLITS, tokens=TOKENS):
     """Each split's grads equal TP = 1's (base) within TOL."""
-    for tp, extra in splits:
-        g = engine_grads(work, model, f"{name}-{tp}-{'-'.join(extra) or 'tp'}", "--tp", tp, *extra, tokens=tokens)
+    for i, (tp, extra) in enumerate(splits):
+        g = engine_grads(work, model, f"{name}-split{i}", "--tp", tp, *extra, tokens=tokens)
         check_grads(tc, g, loss, base, f"{name} tp={tp} {extra}", "TP = 1")
 
 
