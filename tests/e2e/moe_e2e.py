@@ -7,6 +7,8 @@ trained parameters."""
 
 import json
 import os
+import shutil
+import tempfile
 
 import numpy as np
 
@@ -23,6 +25,16 @@ FLAGS = dict(seq_len="--seq-len", batch_size="--batch-size", grad_accum="--grad-
              weight_decay="--weight-decay", max_grad_norm="--max-grad-norm")
 # TP = 2, 4 and EP = 2, 4: (tp, extra flags)
 TP_EP_SPLITS = ((2, ()), (4, ()), (2, ("--ep",)), (4, ("--ep",)))
+
+
+def scratch_dir(module_globals, prefix):
+    """(setUpModule, tearDownModule) that make and remove the test module's WORK directory."""
+    def set_up():
+        module_globals["WORK"] = tempfile.mkdtemp(prefix=prefix)
+
+    def tear_down():
+        shutil.rmtree(module_globals["WORK"], ignore_errors=True)
+    return set_up, tear_down
 
 
 def make_tiny(work, name, arch, *extra):

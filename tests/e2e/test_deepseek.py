@@ -26,9 +26,7 @@ routers with std 0.3 (--router-std) so that the top-k choices are."""
 
 import json
 import os
-import shutil
 import sys
-import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -47,13 +45,7 @@ YARN_V3 = ('rope_scaling={"type": "yarn", "factor": 4, "original_max_position_em
 WORK = None
 
 
-def setUpModule():
-    global WORK
-    WORK = tempfile.mkdtemp(prefix="tp-e2e-deepseek-")
-
-
-def tearDownModule():
-    shutil.rmtree(WORK, ignore_errors=True)
+setUpModule, tearDownModule = m.scratch_dir(globals(), "tp-e2e-deepseek-")
 
 
 def make(name, arch, *extra):

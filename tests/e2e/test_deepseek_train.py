@@ -31,9 +31,7 @@ choices are decisive and do not flip on rounding."""
 
 import json
 import os
-import shutil
 import sys
-import tempfile
 import unittest
 
 import numpy as np
@@ -65,13 +63,7 @@ MODELS = [
 WORK = None
 
 
-def setUpModule():
-    global WORK
-    WORK = tempfile.mkdtemp(prefix="tp-e2e-deepseek-train-")
-
-
-def tearDownModule():
-    shutil.rmtree(WORK, ignore_errors=True)
+setUpModule, tearDownModule = m.scratch_dir(globals(), "tp-e2e-deepseek-train-")
 
 
 def make(name, arch, sets=()):
@@ -80,14 +72,6 @@ def make(name, arch, sets=()):
 
 def engine_grads(model, name, *extra):
     return m.engine_grads(WORK, model, name, *extra)
-
-
-def data_for(model):
-    return m.data_for(WORK, model)
-
-
-def train(model, out, opts, *extra):
-    return m.train(WORK, model, out, opts, *extra)
 
 
 class Grads(unittest.TestCase):
@@ -148,7 +132,7 @@ class Train(unittest.TestCase):
     def test_adamw_steps(self):
         for name, arch, sets in (MODELS[1], MODELS[3]):
             model = make(name, arch, sets)
-            log, want = tref.reference_train(model, data_for(model), **ADAMW)
+            log, want = tref.reference_train(model, m.data_for(WORK, model), **ADAMW)
             w0 = gref.load_weights(model)
             moved = [k for k in want if not k.endswith("e_score_correction_bias")]
             self.assertGreater(min(rel(want[k], w0[k]) for k in moved), 10 * TOL, f"{name}: a tensor hardly moves")
@@ -157,7 +141,7 @@ class Train(unittest.TestCase):
                 out = os.path.join(WORK, f"train-{name}-{tp}-{len(ep)}")
                 # --check-replicas: the replicated parameters (kv_a_proj_with_mqa, the latent norms, routers,
                 # V3's whole attention) stay bitwise identical on every rank after each step
-                got_log = train(model, out, ADAMW, "--tp", tp, *ep, *(["--check-replicas"] if tp > 1 else []))
+                got_log = m.train(WORK, model, out, ADAMW, "--tp", tp, *ep, *(["--check-replicas"] if tp > 1 else []))
                 case = f"{name} tp={tp} {ep}"
                 got = m.check_trained(self, case, out, got_log, log, want, base)
                 for k in got:   # it only chooses: never trained
@@ -175,8 +159,8 @@ class Train(unittest.TestCase):
         opts = dict(ADAMW, steps=2)
         for extra in ((), ("--tp", 2)):
             a, b = os.path.join(WORK, f"gc-off-{len(extra)}"), os.path.join(WORK, f"gc-on-{len(extra)}")
-            train(model, a, opts, *extra)
-            train(model, b, opts, "--gradient-checkpointing", *extra)
+            m.train(WORK, model, a, opts, *extra)
+            m.train(WORK, model, b, opts, "--gradient-checkpointing", *extra)
             self.assertEqual(file_bytes(os.path.join(a, "model.safetensors")),
                              file_bytes(os.path.join(b, "model.safetensors")), f"{extra}")
 
@@ -185,13 +169,13 @@ class Train(unittest.TestCase):
         batch take the TP = 1 steps."""
         model = make(*MODELS[3])
         opts = dict(ADAMW, steps=3)
-        base_log = train(model, os.path.join(WORK, "dp-base"), opts)
+        base_log = m.train(WORK, model, os.path.join(WORK, "dp-base"), opts)
         base = read(os.path.join(WORK, "dp-base", "model.safetensors"))
         half = dict(opts, batch_size=1)
         for case, args in (("dp-replicate", ("--dp-replicate", 2)),
                            ("dp-shard+ep", ("--dp-shard", 2, "--tp", 2, "--ep"))):
             out = os.path.join(WORK, f"dp-{case}")
-            m.check_losses(self, case, train(model, out, half, *args), base_log)
+            m.check_losses(self, case, m.train(WORK, model, out, half, *args), base_log)
             m.check_close(self, read(os.path.join(out, "model.safetensors")), base, PARAM_TOL, case, "TP = 1")
 
     def test_save_is_the_checkpoint(self):
@@ -203,7 +187,7 @@ class Train(unittest.TestCase):
             files = []
             for tp, ep in ((1, ()), (2, ()), (2, ("--ep",))):
                 out = os.path.join(WORK, f"save-{name}-{tp}-{len(ep)}")
-                train(model, out, opts, "--tp", tp, *ep)
+                m.train(WORK, model, out, opts, "--tp", tp, *ep)
                 files.append(file_bytes(os.path.join(out, "model.safetensors")))
             m.check_same_bytes(self, files, f"{name}: TP = 2, EP = 2")
             got = m.check_saved_is_source(self, os.path.join(WORK, f"save-{name}-1-0"), model, name)

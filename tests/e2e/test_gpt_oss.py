@@ -29,7 +29,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import unittest
 
 import numpy as np
@@ -46,13 +45,7 @@ TOKENS = "1,5,9,42,7,3,11,200,17,99,4,8,300,12,6,77,31,64,128,250"   # 20 > the 
 WORK = None
 
 
-def setUpModule():
-    global WORK
-    WORK = tempfile.mkdtemp(prefix="tp-e2e-gptoss-")
-
-
-def tearDownModule():
-    shutil.rmtree(WORK, ignore_errors=True)
+setUpModule, tearDownModule = m.scratch_dir(globals(), "tp-e2e-gptoss-")
 
 
 def make(name, *extra):

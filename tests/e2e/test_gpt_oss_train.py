@@ -22,9 +22,7 @@
 Routers are drawn with std 0.3 so that the top-k choices are decisive."""
 
 import os
-import shutil
 import sys
-import tempfile
 import unittest
 
 import numpy as np
@@ -43,13 +41,7 @@ SINKS_PLAN = {"model.layers.*.self_attn.q_proj": "colwise", "model.layers.*.self
 WORK = None
 
 
-def setUpModule():
-    global WORK
-    WORK = tempfile.mkdtemp(prefix="tp-e2e-gptoss-train-")
-
-
-def tearDownModule():
-    shutil.rmtree(WORK, ignore_errors=True)
+setUpModule, tearDownModule = m.scratch_dir(globals(), "tp-e2e-gptoss-train-")
 
 
 def make(name, *extra):
@@ -66,14 +58,6 @@ def plan_file():
     with open(path, "w") as f:
         json.dump(SINKS_PLAN, f)
     return path
-
-
-def data_for(model):
-    return m.data_for(WORK, model)
-
-
-def train(model, out, opts, *extra):
-    return m.train(WORK, model, out, opts, *extra)
 
 
 class Grads(unittest.TestCase):
@@ -101,21 +85,21 @@ class Grads(unittest.TestCase):
 class Train(unittest.TestCase):
     def test_adamw_steps(self):
         model = make("tiny")
-        log, want = oss.reference_train(model, data_for(model), **ADAMW)
+        log, want = oss.reference_train(model, m.data_for(WORK, model), **ADAMW)
         w0 = read(os.path.join(model, "model.safetensors"))
         self.assertGreater(min(float(np.abs(want[k] - w0[k]).max()) for k in want), 0, "a tensor does not move")
         base = None
         for tp, extra in ((1, ()), (2, ("--ep",))):
             out = os.path.join(WORK, f"train-{tp}")
-            got = m.check_trained(self, f"tp={tp} {extra}", out, train(model, out, ADAMW, "--tp", tp, *extra), log,
-                                  want, base)
+            got_log = m.train(WORK, model, out, ADAMW, "--tp", tp, *extra)
+            got = m.check_trained(self, f"tp={tp} {extra}", out, got_log, log, want, base)
             base = got if base is None else base
 
     def test_lora_leaves_the_sinks_frozen(self):
         """LoRA on the attention: the base (sinks, experts) frozen, the adapter written and usable."""
         model = make("tiny")
         out = os.path.join(WORK, "lora")
-        log = train(model, out, dict(ADAMW, steps=2), "--lora-r", 4, "--lora-target", "q_proj,v_proj,o_proj")
+        log = m.train(WORK, model, out, dict(ADAMW, steps=2), "--lora-r", 4, "--lora-target", "q_proj,v_proj,o_proj")
         self.assertEqual(len(log), 2)
         names = read(os.path.join(out, "adapter_model.safetensors"))
         self.assertTrue(names and all("lora_" in k and "sinks" not in k for k in names), sorted(names))
@@ -127,7 +111,7 @@ class Train(unittest.TestCase):
         files = []
         for tp, extra in ((1, ()), (2, ("--ep",)), (4, ("--ep",))):
             out = os.path.join(WORK, f"save-{tp}")
-            train(model, out, opts, "--tp", tp, *extra)
+            m.train(WORK, model, out, opts, "--tp", tp, *extra)
             files.append(m.file_bytes(os.path.join(out, "model.safetensors")))
         m.check_same_bytes(self, files, "EP 2, EP 4 vs TP 1")
         m.check_saved_is_source(self, os.path.join(WORK, "save-1"), model)

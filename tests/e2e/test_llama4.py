@@ -25,9 +25,7 @@ decisive, routers with std 0.3 (--router-std) so that the top-k choices are."""
 import json
 import os
 import re
-import shutil
 import sys
-import tempfile
 import unittest
 
 import numpy as np
@@ -46,13 +44,7 @@ LLAMA3 = ('rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor"
 WORK = None
 
 
-def setUpModule():
-    global WORK
-    WORK = tempfile.mkdtemp(prefix="tp-e2e-llama4-")
-
-
-def tearDownModule():
-    shutil.rmtree(WORK, ignore_errors=True)
+setUpModule, tearDownModule = m.scratch_dir(globals(), "tp-e2e-llama4-")
 
 
 def config(model):

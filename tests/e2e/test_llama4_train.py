@@ -23,9 +23,7 @@ Routers are drawn with std 0.3 so that the top-k choices are decisive."""
 
 import json
 import os
-import shutil
 import sys
-import tempfile
 import unittest
 
 import numpy as np
@@ -44,13 +42,7 @@ ADAMW = dict(m.ADAMW, steps=3)
 WORK = None
 
 
-def setUpModule():
-    global WORK
-    WORK = tempfile.mkdtemp(prefix="tp-e2e-llama4-train-")
-
-
-def tearDownModule():
-    shutil.rmtree(WORK, ignore_errors=True)
+setUpModule, tearDownModule = m.scratch_dir(globals(), "tp-e2e-llama4-train-")
 
 
 def make(name, *extra):
@@ -64,10 +56,6 @@ def engine_grads(model, name, *extra):
 def data():
     rng = np.random.default_rng(0)
     return write_token_rows(os.path.join(WORK, "data.jsonl"), rng, 24, 512, lambda i: int(rng.integers(10, 20)))
-
-
-def train(model, out, opts, *extra):
-    return m.train(WORK, model, out, opts, *extra, data=data())
 
 
 class Grads(unittest.TestCase):
@@ -103,8 +91,8 @@ class Train(unittest.TestCase):
         base = None
         for tp, ep in ((1, ()), (2, ()), (2, ("--ep",))):
             out = os.path.join(WORK, f"train-{tp}-{len(ep)}")
-            got = m.check_trained(self, f"tp={tp} {ep}", out, train(model, out, ADAMW, "--tp", tp, *ep), log, want,
-                                  base)
+            got_log = m.train(WORK, model, out, ADAMW, "--tp", tp, *ep, data=data())
+            got = m.check_trained(self, f"tp={tp} {ep}", out, got_log, log, want, base)
             base = got if base is None else base
         saved = os.path.join(WORK, "train-1-0")
         m.check_reload(self, WORK, saved, ref.reference_logits(saved, TOKENS), ((1, ()), (2, ("--ep",))), tokens=TOKENS)
@@ -116,7 +104,7 @@ class Save(unittest.TestCase):
         files = []
         for extra in ((1,), (2,), (4,), (2, "--ep"), (4, "--ep")):
             out = os.path.join(WORK, "save-" + "-".join(map(str, extra)))
-            train(model, out, dict(seq_len=16, batch_size=2, steps=1, lr=0.0), "--tp", *extra)
+            m.train(WORK, model, out, dict(seq_len=16, batch_size=2, steps=1, lr=0.0), "--tp", *extra, data=data())
             files.append(m.file_bytes(os.path.join(out, "model.safetensors")))
         m.check_same_bytes(self, files, "TP = 2, 4, EP = 2, 4 vs TP = 1")
         got = m.check_saved_is_source(self, os.path.join(WORK, "save-1"), model)

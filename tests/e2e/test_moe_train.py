@@ -28,9 +28,7 @@ not flip on rounding."""
 
 import json
 import os
-import shutil
 import sys
-import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -50,25 +48,11 @@ MODELS = [("qwen3_moe", "qwen3_moe", ()), ("mixtral", "mixtral", ()),
 WORK = None
 
 
-def setUpModule():
-    global WORK
-    WORK = tempfile.mkdtemp(prefix="tp-e2e-moe-train-")
-
-
-def tearDownModule():
-    shutil.rmtree(WORK, ignore_errors=True)
+setUpModule, tearDownModule = m.scratch_dir(globals(), "tp-e2e-moe-train-")
 
 
 def make(name, arch, extra=()):
     return m.make_tiny(WORK, name, arch, "--dtype", "f32", *extra)
-
-
-def data_for(model):
-    return m.data_for(WORK, model)
-
-
-def train(model, out, opts, *extra):
-    return m.train(WORK, model, out, opts, *extra)
 
 
 class Grads(unittest.TestCase):
@@ -85,14 +69,14 @@ class Train(unittest.TestCase):
     def test_adamw_steps(self):
         for name, arch, extra in MODELS[:2]:
             model = make(name, arch, extra)
-            log, want = tref.reference_train(model, data_for(model), **ADAMW)
+            log, want = tref.reference_train(model, m.data_for(WORK, model), **ADAMW)
             w0 = gref.load_weights(model)
             self.assertGreater(min(rel(want[k], w0[k]) for k in want), 10 * TOL, f"{name}: a tensor hardly moves")
             base = None
             for tp, ep in ((1, ()), (2, ()), (2, ("--ep",))):
                 out = os.path.join(WORK, f"train-{name}-{tp}-{len(ep)}")
-                got = m.check_trained(self, f"{name} tp={tp} {ep}", out, train(model, out, ADAMW, "--tp", tp, *ep),
-                                      log, want, base)
+                got_log = m.train(WORK, model, out, ADAMW, "--tp", tp, *ep)
+                got = m.check_trained(self, f"{name} tp={tp} {ep}", out, got_log, log, want, base)
                 base = got if base is None else base
             # the trained, saved model reloads: its logits are the reference's on the saved files
             saved = os.path.join(WORK, f"train-{name}-1-0")
@@ -104,10 +88,10 @@ class Train(unittest.TestCase):
         name, arch, extra = MODELS[1]
         model = make(name, arch, extra)
         opts = dict(ADAMW, steps=3)
-        base_log = train(model, os.path.join(WORK, "dp-base"), opts)
+        base_log = m.train(WORK, model, os.path.join(WORK, "dp-base"), opts)
         base = read(os.path.join(WORK, "dp-base", "model.safetensors"))
         # gradient checkpointing recomputes each layer, the sparse blocks included: the same bits
-        train(model, os.path.join(WORK, "dp-gc"), opts, "--gradient-checkpointing")
+        m.train(WORK, model, os.path.join(WORK, "dp-gc"), opts, "--gradient-checkpointing")
         self.assertEqual(m.file_bytes(os.path.join(WORK, "dp-gc", "model.safetensors")),
                          m.file_bytes(os.path.join(WORK, "dp-base", "model.safetensors")),
                          "--gradient-checkpointing changed the trained weights")
@@ -115,7 +99,7 @@ class Train(unittest.TestCase):
         for case, args in (("dp-replicate", ("--dp-replicate", 2)),
                            ("dp-shard+ep", ("--dp-shard", 2, "--tp", 2, "--ep"))):
             out = os.path.join(WORK, f"dp-{case}")
-            m.check_losses(self, case, train(model, out, half, *args), base_log)
+            m.check_losses(self, case, m.train(WORK, model, out, half, *args), base_log)
             m.check_close(self, read(os.path.join(out, "model.safetensors")), base, PARAM_TOL, case, "TP = 1")
 
     def test_router_aux_loss_refused(self):
@@ -130,7 +114,7 @@ class Train(unittest.TestCase):
             json.dump(cfg, f)
         out = os.path.join(WORK, "aux-out")
         for args in (("grads", "--model", model, "--tokens", "1,2,3,4", "--out", out),
-                     ("train", "--model", model, "--data", data_for(model), "--out", out, "--seq-len", 8)):
+                     ("train", "--model", model, "--data", m.data_for(WORK, model), "--out", out, "--seq-len", 8)):
             p = run(*args, check=False)
             self.assertNotEqual(p.returncode, 0, args[0])
             self.assertIn("config.json sets output_router_logits", p.stderr)
@@ -145,7 +129,7 @@ class Train(unittest.TestCase):
             files = []
             for tp, ep in ((1, ()), (2, ()), (2, ("--ep",))):
                 out = os.path.join(WORK, f"save-{name}-{tp}-{len(ep)}")
-                train(model, out, opts, "--tp", tp, *ep)
+                m.train(WORK, model, out, opts, "--tp", tp, *ep)
                 files.append(m.file_bytes(os.path.join(out, "model.safetensors")))
             m.check_same_bytes(self, files, f"{name}: TP = 2, EP = 2")
             m.check_saved_is_source(self, os.path.join(WORK, f"save-{name}-1-0"), model, name)
