@@ -165,6 +165,17 @@ def check_reload(tc, work, saved, want_logits, splits, tokens=TOKENS):
                            f"{saved}: reloaded at tp={tp} {extra}")
 
 
+def check_data_parallel(tc, work, model, opts, base_log, base):
+    """--dp-replicate 2 and --dp-shard 2 (with TP 2 in EP mode inside) at half opts' per-replica batch
+    take TP = 1's steps with opts: losses within TOL of base_log, parameters within PARAM_TOL of base."""
+    half = dict(opts, batch_size=1)
+    for case, args in (("dp-replicate", ("--dp-replicate", 2)),
+                       ("dp-shard+ep", ("--dp-shard", 2, "--tp", 2, "--ep"))):
+        out = os.path.join(work, f"dp-{case}")
+        check_losses(tc, case, train(work, model, out, half, *args), base_log)
+        check_close(tc, read(os.path.join(out, "model.safetensors")), base, PARAM_TOL, case, "TP = 1")
+
+
 def check_same_bytes(tc, files, case):
     for i, b in enumerate(files[1:], 1):
         tc.assertEqual(b, files[0], f"{case}: save {i} differs from the first's bytes")
