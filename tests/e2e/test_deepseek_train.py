@@ -31,9 +31,7 @@ choices are decisive and do not flip on rounding."""
 
 import json
 import os
-import shutil
 import sys
-import tempfile
 import unittest
 
 import numpy as np
@@ -41,21 +39,13 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
-from tpe2e import make_model, read_log, rel, run, tp_logits, vocab_size, write_token_rows  # noqa: E402
-import hf_reference as ref  # noqa: E402
+from tpe2e import rel  # noqa: E402
 import hf_deepseek as dref  # noqa: E402
 import hf_reference_grad as gref  # noqa: E402
 import hf_reference_train as tref  # noqa: E402
-from test_moe_train import stacked_reference, worst  # noqa: E402
+import moe_e2e as m  # noqa: E402
+from moe_e2e import ADAMW, TOKENS, TOL, read, file_bytes, stacked_reference  # noqa: E402
 
-TOL = 1e-5
-PARAM_TOL = 1e-4
-TOKENS = [1, 5, 9, 42, 7, 3, 11, 200, 17, 99, 4, 8, 300, 12, 6, 77]
-ADAMW = dict(seq_len=16, batch_size=2, grad_accum=2, steps=5, optim="adamw", lr=1e-3, lr_scheduler="linear",
-             warmup_steps=1, weight_decay=0.1, max_grad_norm=1.0)
-FLAGS = dict(seq_len="--seq-len", batch_size="--batch-size", grad_accum="--grad-accum", steps="--steps",
-             optim="--optim", lr="--lr", lr_scheduler="--lr-scheduler", warmup_steps="--warmup-steps",
-             weight_decay="--weight-decay", max_grad_norm="--max-grad-norm")
 YARN_V2 = ('rope_scaling={"type": "yarn", "factor": 4, "original_max_position_embeddings": 512, '
            '"mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1}')
 YARN_V3 = ('rope_scaling={"type": "yarn", "factor": 4, "original_max_position_embeddings": 512, '
@@ -73,49 +63,15 @@ MODELS = [
 WORK = None
 
 
-def setUpModule():
-    global WORK
-    WORK = tempfile.mkdtemp(prefix="tp-e2e-deepseek-train-")
-
-
-def tearDownModule():
-    shutil.rmtree(WORK, ignore_errors=True)
+setUpModule, tearDownModule = m.scratch_dir(globals(), "tp-e2e-deepseek-train-")
 
 
 def make(name, arch, sets=()):
-    extra = [a for s in sets for a in ("--set", s)]
-    return make_model(WORK, name, arch, "--preset", "tiny", "--dtype", "f32", "--qk-std", "0.25", "--router-std",
-                      "0.3", "--seed", "3", *extra)
-
-
-def read(path):
-    return ref.read_safetensors(path, np.float64)
+    return m.make_tiny(WORK, name, arch, "--dtype", "f32", *[a for s in sets for a in ("--set", s)])
 
 
 def engine_grads(model, name, *extra):
-    out = os.path.join(WORK, f"grads-{name}.safetensors")
-    run("grads", "--model", model, "--tokens", ",".join(map(str, TOKENS)), "--out", out, *extra)
-    return read(out)
-
-
-def data_for(model):
-    rng = np.random.default_rng(0)
-    return write_token_rows(os.path.join(WORK, f"data-{vocab_size(model)}.jsonl"), rng, 24, vocab_size(model),
-                            lambda i: int(rng.integers(6, 20)))
-
-
-def train(model, out, opts, *extra):
-    args = ["train", "--model", model, "--data", data_for(model), "--out", out, "--threads", 1, "--no-shuffle",
-            "--seed", 0, *extra]
-    for k, v in opts.items():
-        args += [FLAGS[k], v]
-    run(*args)
-    return read_log(out)
-
-
-def file_bytes(path):
-    with open(path, "rb") as f:
-        return f.read()
+    return m.engine_grads(WORK, model, name, *extra)
 
 
 class Grads(unittest.TestCase):
@@ -123,19 +79,12 @@ class Grads(unittest.TestCase):
         for name, arch, sets in MODELS:
             model = make(name, arch, sets)
             loss, want = gref.reference_grads(model, TOKENS)
-            want = stacked_reference(model, want)
             base = engine_grads(model, name)
-            self.assertLessEqual(abs(float(base.pop("loss")) - loss) / loss, TOL, name)
-            e, k = worst(base, want)
-            self.assertLessEqual(e, TOL, f"{name}: {k} vs the torch reference: {e:.3e}")
+            m.check_grads(self, base, loss, stacked_reference(model, want), name, "the torch reference")
             for k in base:
                 if k.endswith("e_score_correction_bias"):
                     self.assertFalse(base[k].any(), f"{name}: {k} has a gradient")
-            for tp, ep in ((2, False), (4, False), (2, True), (4, True)):
-                g = engine_grads(model, f"{name}-{tp}-{ep}", "--tp", tp, *(["--ep"] if ep else []))
-                self.assertLessEqual(abs(float(g.pop("loss")) - loss) / loss, TOL)
-                e, k = worst(g, base)
-                self.assertLessEqual(e, TOL, f"{name} tp={tp} ep={ep}: {k} vs TP = 1: {e:.3e}")
+            m.check_splits(self, WORK, model, name, loss, base)
 
     def test_rope_key_summed_once(self):
         """§11 E6: kv_a_proj_with_mqa's gradient at TP = 2 equals TP = 1's, with its rope rows (the
@@ -159,8 +108,7 @@ class Grads(unittest.TestCase):
         for tp in (2, 4):
             g = engine_grads(v3, f"v3-plan-{tp}", "--tp", tp, "--tp-plan", path)
             g.pop("loss")
-            e, k = worst(g, base)
-            self.assertLessEqual(e, TOL, f"v3 user plan tp={tp}: {k} vs TP = 1: {e:.3e}")
+            m.check_close(self, g, base, TOL, f"v3 user plan tp={tp}", "TP = 1")
 
 
     def test_sequence_parallel_plan(self):
@@ -176,48 +124,34 @@ class Grads(unittest.TestCase):
         base = engine_grads(model, "sp-1")
         for tp in (2, 4):
             g = engine_grads(model, f"sp-{tp}", "--tp", tp, "--tp-plan", path)
-            self.assertLessEqual(abs(float(g.pop("loss")) - float(base["loss"])) / float(base["loss"]), TOL)
-            e, k = worst(g, {k: v for k, v in base.items() if k != "loss"})
-            self.assertLessEqual(e, TOL, f"sequence_parallel tp={tp}: {k} vs TP = 1: {e:.3e}")
+            m.check_grads(self, g, float(base["loss"]), {k: v for k, v in base.items() if k != "loss"},
+                          f"sequence_parallel tp={tp}", "TP = 1")
 
 
 class Train(unittest.TestCase):
     def test_adamw_steps(self):
         for name, arch, sets in (MODELS[1], MODELS[3]):
             model = make(name, arch, sets)
-            log, want = tref.reference_train(model, data_for(model), **ADAMW)
+            log, want = tref.reference_train(model, m.data_for(WORK, model), **ADAMW)
             w0 = gref.load_weights(model)
             moved = [k for k in want if not k.endswith("e_score_correction_bias")]
             self.assertGreater(min(rel(want[k], w0[k]) for k in moved), 10 * TOL, f"{name}: a tensor hardly moves")
             base = None
-            for tp, ep in ((1, False), (2, False), (2, True)):
-                out = os.path.join(WORK, f"train-{name}-{tp}-{ep}")
+            for tp, ep in ((1, ()), (2, ()), (2, ("--ep",))):
+                out = os.path.join(WORK, f"train-{name}-{tp}-{len(ep)}")
                 # --check-replicas: the replicated parameters (kv_a_proj_with_mqa, the latent norms, routers,
                 # V3's whole attention) stay bitwise identical on every rank after each step
-                got_log = train(model, out, ADAMW, "--tp", tp, *(["--ep"] if ep else []),
-                                *(["--check-replicas"] if tp > 1 else []))
-                case = f"{name} tp={tp} ep={ep}"
-                self.assertEqual(len(got_log), len(log), case)
-                for g, w in zip(got_log, log):
-                    self.assertLessEqual(abs(g["loss"] - w["loss"]) / w["loss"], TOL, f"{case}: step {w['step']}")
-                got = read(os.path.join(out, "model.safetensors"))
-                e, k = worst(got, want)
-                self.assertLessEqual(e, PARAM_TOL, f"{case}: {k} vs the reference: {e:.3e}")
+                got_log = m.train(WORK, model, out, ADAMW, "--tp", tp, *ep, *(["--check-replicas"] if tp > 1 else []))
+                case = f"{name} tp={tp} {ep}"
+                got = m.check_trained(self, case, out, got_log, log, want, base)
                 for k in got:   # it only chooses: never trained
                     if k.endswith("e_score_correction_bias"):
                         self.assertTrue(np.array_equal(got[k], w0[k]), f"{case}: {k} moved")
-                if base is None:
-                    base = got
-                else:
-                    e, k = worst(got, base)
-                    self.assertLessEqual(e, PARAM_TOL, f"{case}: {k} vs TP = 1: {e:.3e}")
+                base = got if base is None else base
             # the trained, saved model reloads: its logits are the reference's on the saved files
-            toks = ",".join(map(str, TOKENS))
-            saved = os.path.join(WORK, f"train-{name}-1-False")
-            want_logits = dref.DeepseekReference(saved).forward(TOKENS)
-            for tp, ep in ((1, ()), (2, ()), (2, ("--ep",))):
-                self.assertLessEqual(rel(tp_logits(WORK, saved, tp, *ep, tokens=toks), want_logits), TOL,
-                                     f"{name}: reloaded at tp={tp} {ep}")
+            saved = os.path.join(WORK, f"train-{name}-1-0")
+            m.check_reload(self, WORK, saved, dref.DeepseekReference(saved).forward(TOKENS),
+                           ((1, ()), (2, ()), (2, ("--ep",))))
 
     def test_gradient_checkpointing(self):
         """Each layer recomputed in the backward (MLA, the routed and the shared experts): the same bits."""
@@ -225,8 +159,8 @@ class Train(unittest.TestCase):
         opts = dict(ADAMW, steps=2)
         for extra in ((), ("--tp", 2)):
             a, b = os.path.join(WORK, f"gc-off-{len(extra)}"), os.path.join(WORK, f"gc-on-{len(extra)}")
-            train(model, a, opts, *extra)
-            train(model, b, opts, "--gradient-checkpointing", *extra)
+            m.train(WORK, model, a, opts, *extra)
+            m.train(WORK, model, b, opts, "--gradient-checkpointing", *extra)
             self.assertEqual(file_bytes(os.path.join(a, "model.safetensors")),
                              file_bytes(os.path.join(b, "model.safetensors")), f"{extra}")
 
@@ -235,17 +169,9 @@ class Train(unittest.TestCase):
         batch take the TP = 1 steps."""
         model = make(*MODELS[3])
         opts = dict(ADAMW, steps=3)
-        base_log = train(model, os.path.join(WORK, "dp-base"), opts)
+        base_log = m.train(WORK, model, os.path.join(WORK, "dp-base"), opts)
         base = read(os.path.join(WORK, "dp-base", "model.safetensors"))
-        half = dict(opts, batch_size=1)
-        for case, args in (("dp-replicate", ("--dp-replicate", 2)),
-                           ("dp-shard+ep", ("--dp-shard", 2, "--tp", 2, "--ep"))):
-            out = os.path.join(WORK, f"dp-{case}")
-            log = train(model, out, half, *args)
-            for g, w in zip(log, base_log):
-                self.assertLessEqual(abs(g["loss"] - w["loss"]) / w["loss"], TOL, f"{case}: step {w['step']}")
-            e, k = worst(read(os.path.join(out, "model.safetensors")), base)
-            self.assertLessEqual(e, PARAM_TOL, f"{case}: {k} vs TP = 1: {e:.3e}")
+        m.check_data_parallel(self, WORK, model, opts, base_log, base)
 
     def test_save_is_the_checkpoint(self):
         """lr 0: nothing moves, so the saved file holds the source checkpoint's tensors under their
@@ -256,16 +182,11 @@ class Train(unittest.TestCase):
             files = []
             for tp, ep in ((1, ()), (2, ()), (2, ("--ep",))):
                 out = os.path.join(WORK, f"save-{name}-{tp}-{len(ep)}")
-                train(model, out, opts, "--tp", tp, *ep)
+                m.train(WORK, model, out, opts, "--tp", tp, *ep)
                 files.append(file_bytes(os.path.join(out, "model.safetensors")))
-            self.assertEqual(files[1], files[0], f"{name}: TP = 2 saved other bytes")
-            self.assertEqual(files[2], files[0], f"{name}: EP = 2 saved other bytes")
-            got, src = read(os.path.join(WORK, f"save-{name}-1-0", "model.safetensors")), \
-                read(os.path.join(model, "model.safetensors"))
-            self.assertEqual(sorted(got), sorted(src), name)
+            m.check_same_bytes(self, files, f"{name}: TP = 2, EP = 2")
+            got = m.check_saved_is_source(self, os.path.join(WORK, f"save-{name}-1-0"), model, name)
             self.assertTrue(any(".shared_experts." in k for k in got) or "groups" in name)
-            for k in src:
-                self.assertTrue(np.array_equal(got[k], src[k]), f"{name}: {k}")
 
 
 if __name__ == "__main__":

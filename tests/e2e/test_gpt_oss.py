@@ -29,7 +29,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import unittest
 
 import numpy as np
@@ -37,26 +36,20 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
-from tpe2e import fails, generate, make_model, rel, run, tp_logits  # noqa: E402
+from tpe2e import fails, generate, rel, run, tp_logits  # noqa: E402
 import hf_reference as ref  # noqa: E402
+import moe_e2e as m  # noqa: E402
 
 TOL = 1e-5
 TOKENS = "1,5,9,42,7,3,11,200,17,99,4,8,300,12,6,77,31,64,128,250"   # 20 > the window of 6
 WORK = None
 
 
-def setUpModule():
-    global WORK
-    WORK = tempfile.mkdtemp(prefix="tp-e2e-gptoss-")
-
-
-def tearDownModule():
-    shutil.rmtree(WORK, ignore_errors=True)
+setUpModule, tearDownModule = m.scratch_dir(globals(), "tp-e2e-gptoss-")
 
 
 def make(name, *extra):
-    return make_model(WORK, name, "gpt_oss", "--preset", "tiny", "--qk-std", "0.25", "--router-std", "0.3",
-                      "--seed", "3", *extra)
+    return m.make_tiny(WORK, name, "gpt_oss", *extra)
 
 
 def logits(model, tp=1, *extra):
@@ -64,7 +57,7 @@ def logits(model, tp=1, *extra):
 
 
 def reference(model):
-    return ref.reference_logits(model, [int(t) for t in TOKENS.split(",")])
+    return m.reference_logits(model, TOKENS)
 
 
 def write_json(name, obj):
@@ -76,11 +69,7 @@ def write_json(name, obj):
 
 class Reference(unittest.TestCase):
     def check(self, model):
-        want = reference(model)
-        self.assertLessEqual(rel(logits(model), want), TOL, model)
-        out = os.path.join(WORK, "inc.npy")
-        run("logits", "--model", model, "--tokens", TOKENS, "--out", out, "--incremental")
-        self.assertLessEqual(rel(np.load(out), want), TOL, f"{model} token by token")
+        m.check_reference(self, WORK, model, TOKENS, reference(model))
 
     def test_tiny(self):
         self.check(make("tiny"))

@@ -25,9 +25,7 @@ decisive, routers with std 0.3 (--router-std) so that the top-k choices are."""
 import json
 import os
 import re
-import shutil
 import sys
-import tempfile
 import unittest
 
 import numpy as np
@@ -35,8 +33,9 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
-from tpe2e import fails, generate, make_model, rel, run, tp_logits  # noqa: E402
+from tpe2e import fails, generate, rel, run, tp_logits  # noqa: E402
 import hf_reference as ref  # noqa: E402
+import moe_e2e as m  # noqa: E402
 
 TOL = 1e-5
 TOKENS = "1,5,9,200,33,7,77,301,12,45,88,3,19,250,6,400,11,2"
@@ -45,13 +44,7 @@ LLAMA3 = ('rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor"
 WORK = None
 
 
-def setUpModule():
-    global WORK
-    WORK = tempfile.mkdtemp(prefix="tp-e2e-llama4-")
-
-
-def tearDownModule():
-    shutil.rmtree(WORK, ignore_errors=True)
+setUpModule, tearDownModule = m.scratch_dir(globals(), "tp-e2e-llama4-")
 
 
 def config(model):
@@ -60,8 +53,7 @@ def config(model):
 
 
 def make(name, *extra):
-    return make_model(WORK, name, "llama4_text", "--preset", "tiny", "--qk-std", "0.25", "--router-std", "0.3",
-                      "--seed", "3", *extra)
+    return m.make_tiny(WORK, name, "llama4_text", *extra)
 
 
 def logits(model, tp=1, *extra):
@@ -69,7 +61,7 @@ def logits(model, tp=1, *extra):
 
 
 def reference(model):
-    return ref.reference_logits(model, [int(t) for t in TOKENS.split(",")])
+    return m.reference_logits(model, TOKENS)
 
 
 VARIANTS = {
@@ -86,11 +78,7 @@ VARIANTS = {
 
 class Reference(unittest.TestCase):
     def check(self, model):
-        want = reference(model)
-        self.assertLessEqual(rel(logits(model), want), TOL, model)
-        out = os.path.join(WORK, "inc.npy")
-        run("logits", "--model", model, "--tokens", TOKENS, "--out", out, "--incremental")
-        self.assertLessEqual(rel(np.load(out), want), TOL, f"{model} token by token")
+        m.check_reference(self, WORK, model, TOKENS, reference(model))
 
     def test_tiny(self):
         self.check(make("tiny"))

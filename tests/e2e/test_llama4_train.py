@@ -23,9 +23,7 @@ Routers are drawn with std 0.3 so that the top-k choices are decisive."""
 
 import json
 import os
-import shutil
 import sys
-import tempfile
 import unittest
 
 import numpy as np
@@ -33,67 +31,31 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
-from tpe2e import make_model, read_log, rel, run, tp_logits, write_token_rows  # noqa: E402
+from tpe2e import rel, write_token_rows  # noqa: E402
 import hf_llama4 as l4ref  # noqa: E402
 import hf_reference as ref  # noqa: E402
+import moe_e2e as m  # noqa: E402
+from moe_e2e import TOL, read  # noqa: E402
 
-TOL = 1e-5
-PARAM_TOL = 1e-4
-TOKENS = [1, 5, 9, 42, 7, 3, 11, 200, 17, 99, 4, 8, 300, 12, 6, 77, 31, 64]
-ADAMW = dict(seq_len=16, batch_size=2, grad_accum=2, steps=3, optim="adamw", lr=1e-3, lr_scheduler="linear",
-             warmup_steps=1, weight_decay=0.1, max_grad_norm=1.0)
-FLAGS = dict(seq_len="--seq-len", batch_size="--batch-size", grad_accum="--grad-accum", steps="--steps",
-             optim="--optim", lr="--lr", lr_scheduler="--lr-scheduler", warmup_steps="--warmup-steps",
-             weight_decay="--weight-decay", max_grad_norm="--max-grad-norm")
+TOKENS = m.TOKENS + [31, 64]
+ADAMW = dict(m.ADAMW, steps=3)
 WORK = None
 
 
-def setUpModule():
-    global WORK
-    WORK = tempfile.mkdtemp(prefix="tp-e2e-llama4-train-")
-
-
-def tearDownModule():
-    shutil.rmtree(WORK, ignore_errors=True)
+setUpModule, tearDownModule = m.scratch_dir(globals(), "tp-e2e-llama4-train-")
 
 
 def make(name, *extra):
-    return make_model(WORK, name, "llama4_text", "--preset", "tiny", "--dtype", "f32", "--qk-std", "0.25",
-                      "--router-std", "0.3", "--seed", "3", *extra)
-
-
-def read(path):
-    return ref.read_safetensors(path, np.float64)
+    return m.make_tiny(WORK, name, "llama4_text", "--dtype", "f32", *extra)
 
 
 def engine_grads(model, name, *extra):
-    out = os.path.join(WORK, f"grads-{name}.safetensors")
-    run("grads", "--model", model, "--tokens", ",".join(map(str, TOKENS)), "--out", out, *extra)
-    return read(out)
-
-
-def worst(got, want):
-    """(max over tensors of max|got - want| / max|want|, that tensor), the same tensors asserted."""
-    assert set(got) == set(want), f"tensors differ: {sorted(set(got) ^ set(want))}"
-    w = (0.0, "")
-    for k, v in want.items():
-        assert got[k].shape == v.shape, f"{k}: shape {got[k].shape}, want {v.shape}"
-        w = max(w, (float(np.max(np.abs(got[k] - v)) / max(np.max(np.abs(v)), 1e-30)), k))
-    return w
+    return m.engine_grads(WORK, model, name, *extra, tokens=TOKENS)
 
 
 def data():
     rng = np.random.default_rng(0)
     return write_token_rows(os.path.join(WORK, "data.jsonl"), rng, 24, 512, lambda i: int(rng.integers(10, 20)))
-
-
-def train(model, out, opts, *extra):
-    args = ["train", "--model", model, "--data", data(), "--out", out, "--threads", 1, "--no-shuffle", "--seed", 0,
-            *extra]
-    for k, v in opts.items():
-        args += [FLAGS[k], v]
-    run(*args)
-    return read_log(out)
 
 
 class Grads(unittest.TestCase):
@@ -105,26 +67,19 @@ class Grads(unittest.TestCase):
         base.pop("loss")
         g = engine_grads(model, "tp3-3", "--tp", 3)
         g.pop("loss")
-        e, k = worst(g, base)
-        self.assertLessEqual(e, TOL, f"tp=3: {k} vs TP = 1: {e:.3e}")
+        m.check_close(self, g, base, TOL, "tp=3", "TP = 1")
 
     def test_reference_and_splits(self):
         for name, extra in (("tiny", ()), ("top2", ("--set", "num_experts_per_tok=2"))):
             model = make(name, *extra)
             loss, want = l4ref.reference_grads(model, TOKENS)
             base = engine_grads(model, name)
-            self.assertLessEqual(abs(float(base.pop("loss")) - loss) / loss, TOL, name)
-            e, k = worst(base, want)
-            self.assertLessEqual(e, TOL, f"{name}: {k} vs the torch reference: {e:.3e}")
+            m.check_grads(self, base, loss, want, name, "the torch reference")
             # the router and the experts of both MoE layers get gradients
             for layer in (1, 2):
                 for t in ("router.weight", "experts.gate_up_proj", "experts.down_proj"):
                     self.assertGreater(np.abs(base[f"model.layers.{layer}.feed_forward.{t}"]).max(), 0, t)
-            for tp, ep in ((2, False), (4, False), (2, True), (4, True)):
-                g = engine_grads(model, f"{name}-{tp}-{ep}", "--tp", tp, *(["--ep"] if ep else []))
-                self.assertLessEqual(abs(float(g.pop("loss")) - loss) / loss, TOL)
-                e, k = worst(g, base)
-                self.assertLessEqual(e, TOL, f"{name} tp={tp} ep={ep}: {k} vs TP = 1: {e:.3e}")
+            m.check_splits(self, WORK, model, name, loss, base, tokens=TOKENS)
 
 
 class Train(unittest.TestCase):
@@ -134,27 +89,13 @@ class Train(unittest.TestCase):
         w0 = read(os.path.join(model, "model.safetensors"))
         self.assertGreater(min(rel(want[k], w0[k]) for k in want), 10 * TOL, "a tensor hardly moves")
         base = None
-        for tp, ep in ((1, False), (2, False), (2, True)):
-            out = os.path.join(WORK, f"train-{tp}-{ep}")
-            got_log = train(model, out, ADAMW, "--tp", tp, *(["--ep"] if ep else []))
-            case = f"tp={tp} ep={ep}"
-            self.assertEqual(len(got_log), len(log), case)
-            for g, w in zip(got_log, log):
-                self.assertLessEqual(abs(g["loss"] - w["loss"]) / w["loss"], TOL, f"{case}: step {w['step']}")
-            got = read(os.path.join(out, "model.safetensors"))
-            e, k = worst(got, want)
-            self.assertLessEqual(e, PARAM_TOL, f"{case}: {k} vs the reference: {e:.3e}")
-            if base is None:
-                base = got
-            else:
-                e, k = worst(got, base)
-                self.assertLessEqual(e, PARAM_TOL, f"{case}: {k} vs TP = 1: {e:.3e}")
-        saved = os.path.join(WORK, "train-1-False")
-        toks = ",".join(map(str, TOKENS))
-        want_logits = ref.reference_logits(saved, TOKENS)
-        for tp, extra in ((1, ()), (2, ("--ep",))):
-            self.assertLessEqual(rel(tp_logits(WORK, saved, tp, *extra, tokens=toks), want_logits), TOL,
-                                 f"reloaded at tp={tp} {extra}")
+        for tp, ep in ((1, ()), (2, ()), (2, ("--ep",))):
+            out = os.path.join(WORK, f"train-{tp}-{len(ep)}")
+            got_log = m.train(WORK, model, out, ADAMW, "--tp", tp, *ep, data=data())
+            got = m.check_trained(self, f"tp={tp} {ep}", out, got_log, log, want, base)
+            base = got if base is None else base
+        saved = os.path.join(WORK, "train-1-0")
+        m.check_reload(self, WORK, saved, ref.reference_logits(saved, TOKENS), ((1, ()), (2, ("--ep",))), tokens=TOKENS)
 
 
 class Save(unittest.TestCase):
@@ -163,18 +104,12 @@ class Save(unittest.TestCase):
         files = []
         for extra in ((1,), (2,), (4,), (2, "--ep"), (4, "--ep")):
             out = os.path.join(WORK, "save-" + "-".join(map(str, extra)))
-            train(model, out, dict(seq_len=16, batch_size=2, steps=1, lr=0.0), "--tp", *extra)
-            with open(os.path.join(out, "model.safetensors"), "rb") as f:
-                files.append(f.read())
-        for i, b in enumerate(files[1:], 1):
-            self.assertEqual(b, files[0], f"save {i} differs from TP = 1's")
-        got = read(os.path.join(WORK, "save-1", "model.safetensors"))
-        src = read(os.path.join(model, "model.safetensors"))
-        self.assertEqual(sorted(got), sorted(src))
+            m.train(WORK, model, out, dict(seq_len=16, batch_size=2, steps=1, lr=0.0), "--tp", *extra, data=data())
+            files.append(m.file_bytes(os.path.join(out, "model.safetensors")))
+        m.check_same_bytes(self, files, "TP = 2, 4, EP = 2, 4 vs TP = 1")
+        got = m.check_saved_is_source(self, os.path.join(WORK, "save-1"), model)
         self.assertIn("model.layers.1.feed_forward.experts.gate_up_proj", got)
         self.assertEqual(got["model.layers.1.feed_forward.experts.gate_up_proj"].shape, (4, 64, 320))
-        for k in src:
-            self.assertTrue(np.array_equal(got[k], src[k]), k)
         with open(os.path.join(WORK, "save-1", "config.json")) as f:
             self.assertEqual(json.load(f)["model_type"], "llama4_text")
 
