@@ -7,6 +7,8 @@ or crash signature, and a message that names the key, tensor or file.
 * MoE config.json: num_experts 0 / negative / missing, num_experts_per_tok
   0 or > num_experts, moe_intermediate_size 0, mlp_only_layers out of range
   or not a list, decoder_sparse_step 0.
+* llama4_text and gpt_oss config.json: their own keys with a wrong type,
+  a non-positive value or a layer list of the wrong length or content.
 * MoE checkpoint: one expert's tensor missing, of the wrong shape, of a
   dtype that is no float.
 * adapter_config.json: lora_dropout a string, modules_to_save naming no
@@ -34,11 +36,11 @@ CRASH = re.compile(r"Sanitizer|Segmentation|runtime error:|core dumped|Aborted|s
                    r"double free|free\(\): |malloc\(\): ", re.I)
 EXPERT = "model.layers.1.mlp.experts.3.down_proj.weight"
 WORK = None
-MOE = MIXTRAL = DENSE = ADAPTER = None
+MOE = MIXTRAL = DENSE = ADAPTER = LLAMA4 = OSS = None
 
 
 def setUpModule():
-    global WORK, MOE, MIXTRAL, DENSE, ADAPTER
+    global WORK, MOE, MIXTRAL, DENSE, ADAPTER, LLAMA4, OSS
     WORK = tempfile.mkdtemp(prefix="tp-e2e-bad-moe-lora-")
     MOE = os.path.join(WORK, "moe")
     run("make-model", "--arch", "qwen3_moe", "--preset", "tiny", "--dtype", "f32", "--seed", "3", "--out", MOE)
@@ -46,6 +48,10 @@ def setUpModule():
     run("make-model", "--arch", "mixtral", "--preset", "tiny", "--dtype", "f32", "--seed", "3", "--out", MIXTRAL)
     DENSE = os.path.join(WORK, "dense")
     run("make-model", "--arch", "qwen3", "--preset", "tiny", "--dtype", "f32", "--seed", "3", "--out", DENSE)
+    LLAMA4 = os.path.join(WORK, "llama4")
+    run("make-model", "--arch", "llama4_text", "--preset", "tiny", "--dtype", "f32", "--seed", "3", "--out", LLAMA4)
+    OSS = os.path.join(WORK, "gpt_oss")
+    run("make-model", "--arch", "gpt_oss", "--preset", "tiny", "--dtype", "f32", "--seed", "3", "--out", OSS)
     ADAPTER = os.path.join(WORK, "adapter")
     peft.write_adapter(ADAPTER, DENSE, r=4, alpha=8, targets=("q_proj", "v_proj"))
 
@@ -130,6 +136,36 @@ class MoeConfig(Case):
     def test_decoder_sparse_step_zero(self):
         self.bad_config("dss0", lambda c: c.update(decoder_sparse_step=0), "key 'decoder_sparse_step'",
                         "config.json")
+
+
+class NewMoeTypesConfig(Case):
+    """llama4_text's and gpt_oss's own config keys, damaged one at a time."""
+
+    def bad(self, src, name, key, value, *needles):
+        d = copy(src, "cfg-" + name)
+        edit_json(os.path.join(d, "config.json"), lambda c: c.update({key: value}))
+        self.refused_logits(d, needles=("config.json",) + needles)
+
+    def test_00_good_models_run(self):
+        run(*self.logits(LLAMA4, out_dir=WORK))
+        run(*self.logits(OSS, out_dir=WORK))
+
+    def test_llama4_text(self):
+        self.bad(LLAMA4, "l4-chunk-str", "attention_chunk_size", "x", "key 'attention_chunk_size'")
+        self.bad(LLAMA4, "l4-chunk-neg", "attention_chunk_size", -3, "attention_chunk_size")
+        self.bad(LLAMA4, "l4-floor0", "floor_scale", 0, "floor_scale")
+        self.bad(LLAMA4, "l4-nope-len", "no_rope_layers", [1], "key 'no_rope_layers'", "3 layers")
+        self.bad(LLAMA4, "l4-step0", "interleave_moe_layer_step", 0, "key 'interleave_moe_layer_step'")
+        self.bad(LLAMA4, "l4-nle0", "num_local_experts", 0, "num_local_experts")
+        self.bad(LLAMA4, "l4-ism0", "intermediate_size_mlp", 0, "key 'intermediate_size_mlp'")
+        self.bad(LLAMA4, "l4-types", "layer_types", ["bad"], "key 'layer_types'")
+
+    def test_gpt_oss(self):
+        self.bad(OSS, "oss-window", "sliding_window", -1, "sliding_window")
+        self.bad(OSS, "oss-types-len", "layer_types", ["full_attention"], "key 'layer_types'", "2 layers")
+        self.bad(OSS, "oss-types-bad", "layer_types", ["weird", "full_attention"], "layer_types[0]")
+        self.bad(OSS, "oss-limit-str", "swiglu_limit", "a", "key 'swiglu_limit'")
+        self.bad(OSS, "oss-nle0", "num_local_experts", 0, "num_local_experts")
 
 
 class MoeCheckpoint(Case):
