@@ -18,7 +18,10 @@
  *
  * The bf16-dot variant (opt-in, bf16 weights, AVX512_BF16) packs pairs of k
  * as one 32-bit lane and uses vdpbf16ps, which does two k steps per
- * instruction; the activations are rounded to bf16 for it — not exact.
+ * instruction; the activations are rounded to bf16 for it — not exact.  It
+ * runs the same driver: x rounded and packed once per pass, shared, W packed
+ * per slice by the same 16×16 register transposes (a 32-bit lane holding a
+ * bf16 pair is moved as one float), the same prefetches.
  *
  * GEMV (decode, T <= 4) streams W once: each thread takes a contiguous range
  * of rows, 8 rows at a time for T = 1 (4 for T > 1: the x registers are shared
@@ -49,33 +52,6 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 /* ---- packing ---------------------------------------------------------- */
 
 
-/* As tp_gemm_pack_a, but each lane is the bf16 pair (x[2kk], x[2kk+1]) rounded
- * to nearest even by vcvtneps2bf16; an odd tail pairs with 0.  row is a
- * scratch of kc + 16 uint16. */
-T512BF static void pack_a_dot(uint32_t *dst, const float *x, int64_t T, int64_t ldx, int64_t k0,
-                              int64_t kc, uint16_t *row)
-{
-    int64_t kp = (kc + 1) / 2;
-    for (int64_t p = 0; p < T; p += MR) {
-        for (int i = 0; i < MR; i++) {
-            uint32_t *d = dst + p * kp + i;
-            if (p + i >= T) {
-                for (int64_t kk = 0; kk < kp; kk++) d[kk * MR] = 0;
-                continue;
-            }
-            const float *s = x + (p + i) * ldx + k0;
-            for (int64_t k = 0; k < kc; k += 16) {
-                __mmask16 m = kc - k >= 16 ? 0xffff : (__mmask16)((1u << (kc - k)) - 1);
-                __m256bh b = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, s + k));
-                _mm256_storeu_si256((__m256i *)(row + k), (__m256i)b);
-            }
-            row[kc] = 0;   /* the partner of an odd tail */
-            for (int64_t kk = 0; kk < kp; kk++)
-                d[kk * MR] = (uint32_t)row[2 * kk] | (uint32_t)row[2 * kk + 1] << 16;
-        }
-    }
-}
-
 /* The lanes of a 16-column half-slice that exist (n0 + j < n). */
 static __mmask16 col_mask(int64_t valid)
 {
@@ -97,6 +73,26 @@ T512 static void pack_a_panel(float *dst, const float *x, int64_t rows, int64_t 
         tp_transpose16x16(r);
         int nk = kc - k < 16 ? (int)(kc - k) : 16;
         for (int j = 0; j < nk; j++) _mm512_mask_storeu_ps(dst + (k + j) * MR, (1u << MR) - 1, r[j]);
+    }
+}
+
+/* As pack_a_panel, into dst[(kc+1)/2][MR] of bf16 pairs: lane (k, k+1) of
+ * a row holds x[k] in its low half and x[k+1] in its high half, each rounded
+ * to nearest even (vcvtne2ps2bf16); an odd tail pairs with 0.  32 k at a
+ * time: each row's 16 pairs are one zmm, and the rows are transposed as
+ * 32-bit lanes. */
+T512BF static void pack_a_dot_panel(uint32_t *dst, const float *x, int64_t rows, int64_t ldx, int64_t kc)
+{
+    for (int64_t k = 0; k < kc; k += 32) {
+        __mmask16 m0 = col_mask(kc - k), m1 = col_mask(kc - k - 16);
+        __m512 r[16];
+        for (int i = 0; i < 16; i++)
+            r[i] = i < rows ? (__m512)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, x + i * ldx + k + 16),
+                                                           _mm512_maskz_loadu_ps(m0, x + i * ldx + k))
+                            : _mm512_setzero_ps();
+        tp_transpose16x16(r);
+        int np = kc - k < 32 ? (int)(kc - k + 1) / 2 : 16;
+        for (int p = 0; p < np; p++) _mm512_mask_storeu_ps(dst + (k / 2 + p) * MR, (1u << MR) - 1, r[p]);
     }
 }
 
@@ -130,23 +126,27 @@ T512 static void pack_b_f32(float *dst, const void *w, tp_dtype wt, int64_t n, i
     }
 }
 
-/* W[n0:n0+32, k0:k0+kc] bf16 → dst[kc/2][NR] of (k, k+1) pairs for vdpbf16ps. */
-T512 static void pack_b_dot(uint32_t *dst, const uint16_t *w, int64_t n, int64_t ldw,
-                            int64_t n0, int64_t k0, int64_t kc)
+/* W[n0:n0+32, k0:k0+kc] bf16 → dst[(kc+1)/2][NR] of (k, k+1) pairs for
+ * vdpbf16ps; columns past n and the partner of an odd tail are zero.  As
+ * pack_b_f32: 16 rows read along k, 32 bf16 (16 pairs) per load, transposed
+ * as 32-bit lanes (gathers of one pair from 16 rows cost several times
+ * more). */
+T512 static void pack_b_dot(uint32_t *dst, const uint16_t *w, int64_t n, int64_t ldw, int64_t n0, int64_t k0,
+                            int64_t kc)
 {
-    const __m512i idx = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32((int)ldw));
     for (int h = 0; h < 2; h++) {
-        int64_t c0 = n0 + 16 * h;
-        __mmask16 m = col_mask(n - c0);
+        int64_t c0 = n0 + 16 * h, rows = n - c0 < 16 ? n - c0 : 16;
         uint32_t *d = dst + 16 * h;
-        const uint16_t *base = w + (m ? c0 * ldw + k0 : 0);
-        int64_t k = 0;
-        for (; k + 1 < kc; k += 2)
-            _mm512_store_si512(d + (k / 2) * NR,
-                               _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, base + k, 2));
-        if (k < kc)
-            for (int j = 0; j < 16; j++) d[(k / 2) * NR + j] = (m >> j) & 1 ? base[j * ldw + k] : 0;
+        for (int64_t k = 0; k < kc; k += 32) {
+            __mmask32 m = kc - k >= 32 ? 0xffffffffu : (__mmask32)((1u << (kc - k)) - 1);
+            __m512 r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = i < rows ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(m, w + (c0 + i) * ldw + k0 + k))
+                                : _mm512_setzero_ps();
+            tp_transpose16x16(r);
+            int np = kc - k < 32 ? (int)(kc - k + 1) / 2 : 16;
+            for (int p = 0; p < np; p++) _mm512_store_ps((float *)d + (k / 2 + p) * NR, r[p]);
+        }
     }
 }
 
@@ -181,26 +181,32 @@ static inline __attribute__((always_inline)) T512 void kernel_step(__m512 acc[MR
     }
 }
 
-/* Prefetches into L2, one line of each per 8 k: pc, the pc_rows rows of
- * the next tile's c, two lines each (y is far bigger than L2, and each
- * tile's read-modify-write of c waited on 2·MR misses); pw, nw lines of W
- * that the next slice's pack_b_f32 reads (it stalled on memory, W being far
- * bigger than the caches).  Spread out so that they never hold many of
- * L1's miss buffers at once. */
+/* The k loop of both micro-kernels: kc steps of STEP (a k, or a pair of k
+ * for vdpbf16ps), each reading MR lanes of A and NR of B.  Prefetches into
+ * L2, one line of each per 8 steps: pc, the pc_rows rows of the next tile's
+ * c, two lines each (y is far bigger than L2, and each tile's
+ * read-modify-write of c waited on 2·MR misses); pw, nw lines of W that the
+ * next slice's packing reads (it stalled on memory, W being far bigger than
+ * the caches).  Spread out so that they never hold many of L1's miss
+ * buffers at once. */
+#define KERNEL_LOOP(STEP)                                                                                   \
+    do {                                                                                                    \
+        int64_t k_ = 0;                                                                                     \
+        for (int s = 0; k_ + 8 <= kc; k_ += 8, s++) {                                                       \
+            if (s < 2 * pc_rows) _mm_prefetch((const char *)(pc + (s >> 1) * ldc + (s & 1) * 16), _MM_HINT_T1); \
+            if (s < nw) _mm_prefetch(pw + 64 * s, _MM_HINT_T1);                                             \
+            _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++, a += MR, b += NR) STEP(acc, a, b);          \
+        }                                                                                                   \
+        for (; k_ < kc; k_++, a += MR, b += NR) STEP(acc, a, b);                                            \
+    } while (0)
+
 T512 static void kernel_f32(int64_t kc, const float *a, const float *b, float *c, int64_t ldc,
                             int mr, int nr, int accumulate, const float *pc, int pc_rows, const char *pw,
                             int nw)
 {
     __m512 acc[MR][2];
     for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (int s = 0; k + 8 <= kc; k += 8, s++) {
-        if (s < 2 * pc_rows) _mm_prefetch((const char *)(pc + (s >> 1) * ldc + (s & 1) * 16), _MM_HINT_T1);
-        if (s < nw) _mm_prefetch(pw + 64 * s, _MM_HINT_T1);
-#pragma GCC unroll 8
-        for (int u = 0; u < 8; u++, a += MR, b += NR) kernel_step(acc, a, b);
-    }
-    for (; k < kc; k++, a += MR, b += NR) kernel_step(acc, a, b);
+    KERNEL_LOOP(kernel_step);
     STORE_TILE(acc);
 }
 
@@ -216,22 +222,28 @@ T512 static void ukernel_f32(int64_t kc, const float *a, const float *b, float *
 
 const tp_gemm_ukernel tp_gemm_ukernel_avx512 = {MR, NR, 16 * MR, KC, 2048, ukernel_f32, NULL, NULL, 0};
 
-T512BF static void kernel_dot(int64_t kp, const uint32_t *a, const uint32_t *b, float *c, int64_t ldc,
-                              int mr, int nr, int accumulate)
+/* One pair step of a tile: two vectors of B pairs, MR broadcasts of A
+ * pairs, 2·MR vdpbf16ps. */
+static inline __attribute__((always_inline)) T512BF void kernel_step_dot(__m512 acc[MR][2], const uint32_t *a,
+                                                                         const uint32_t *b)
+{
+    __m512bh b0 = (__m512bh)_mm512_load_si512(b), b1 = (__m512bh)_mm512_load_si512(b + 16);
+#pragma GCC unroll 12
+    for (int i = 0; i < MR; i++) {
+        __m512bh ai = (__m512bh)_mm512_set1_epi32((int)a[i]);
+        acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, b0);
+        acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
+    }
+}
+
+/* kernel_f32 on bf16 pairs: kc pairs of k. */
+T512BF static void kernel_dot(int64_t kc, const uint32_t *a, const uint32_t *b, float *c, int64_t ldc,
+                              int mr, int nr, int accumulate, const float *pc, int pc_rows, const char *pw,
+                              int nw)
 {
     __m512 acc[MR][2];
     for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-    for (int64_t kk = 0; kk < kp; kk++) {
-        __m512bh b0 = (__m512bh)_mm512_load_si512(b), b1 = (__m512bh)_mm512_load_si512(b + 16);
-#pragma GCC unroll 12
-        for (int i = 0; i < MR; i++) {
-            __m512bh ai = (__m512bh)_mm512_set1_epi32((int)a[i]);
-            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, b0);
-            acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
-        }
-        a += MR;
-        b += NR;
-    }
+    KERNEL_LOOP(kernel_step_dot);
     STORE_TILE(acc);
 }
 
@@ -244,16 +256,20 @@ typedef struct {
     tp_dtype wt;
     int64_t T, n, k, tpad;
     int dot;
-    float *ap;          /* f32: x packed once for all threads, per K block
-                           tpad×KC floats of MR-row panels */
-    char *buf;          /* per thread: packed x (dot only), packed W slice, a bf16 row */
+    int64_t kb;         /* K block: KC, or KC_DOT k (KC_DOT / 2 pairs) for dot */
+    float *ap;          /* x packed once for all threads, per K block
+                           tpad×KC floats (dot: tpad×KC_DOT/2 bf16 pairs) of
+                           MR-row panels */
+    char *buf;          /* per thread: the packed W slice */
     size_t buf_stride;
-    size_t a_bytes;     /* of the per-thread packed x (dot only) */
 } gemm_job;
 
-/* The f32 path packs x up front, in a region of its own: thread ti takes
- * a share of the MR-row panels for every K block.  Before, every thread
- * packed all of x for itself (the same T×k floats nt times over). */
+/* Lanes per k of a packed K block: 1 float, or half a bf16 pair. */
+static int64_t packed_lanes(const gemm_job *j, int64_t kc) { return j->dot ? (kc + 1) / 2 : kc; }
+
+/* x is packed up front, in a region of its own: thread ti takes a share of
+ * the MR-row panels for every K block.  Before, every thread packed all of
+ * x for itself (the same T×k floats nt times over). */
 static void pack_a_worker(void *p, int ti, int nt)
 {
     const gemm_job *j = p;
@@ -262,10 +278,12 @@ static void pack_a_worker(void *p, int ti, int nt)
     /* A panel's rows are read along their whole length, K block after K
      * block: long sequential streams for the hardware prefetcher. */
     for (int64_t pi = p0; pi < p1; pi++)
-        for (int64_t k0 = 0; k0 < j->k; k0 += KC) {
-            int64_t kc = min64(KC, j->k - k0);
-            float *blk = j->ap + (k0 / KC) * j->tpad * KC;
-            pack_a_panel(blk + pi * MR * kc, j->x + pi * MR * j->k + k0, min64(MR, j->T - pi * MR), j->k, kc);
+        for (int64_t k0 = 0; k0 < j->k; k0 += j->kb) {
+            int64_t kc = min64(j->kb, j->k - k0), rows = min64(MR, j->T - pi * MR);
+            float *blk = j->ap + (k0 / j->kb) * j->tpad * packed_lanes(j, j->kb);
+            const float *xs = j->x + pi * MR * j->k + k0;
+            if (j->dot) pack_a_dot_panel((uint32_t *)blk + pi * MR * packed_lanes(j, kc), xs, rows, j->k, kc);
+            else pack_a_panel(blk + pi * MR * kc, xs, rows, j->k, kc);
         }
 }
 
@@ -275,23 +293,20 @@ static void gemm_worker(void *p, int ti, int nt)
     int64_t b0, b1;
     tp_split_range((j->n + NR - 1) / NR, ti, nt, &b0, &b1);
     if (b0 == b1) return;
-    char *buf = j->buf + (size_t)ti * j->buf_stride;
-    void *ap = buf, *bp = buf + j->a_bytes;
-    uint16_t *row = (uint16_t *)(buf + j->a_bytes + (size_t)KC * NR * sizeof(float));
-    int64_t kcmax = j->dot ? KC_DOT : KC;
-    for (int64_t k0 = 0; k0 < j->k; k0 += kcmax) {
-        int64_t kc = min64(kcmax, j->k - k0), kp = (kc + 1) / 2;
-        if (j->dot) pack_a_dot(ap, j->x, j->T, j->k, k0, kc, row);
-        else ap = j->ap + (k0 / KC) * j->tpad * KC;
+    void *bp = j->buf + (size_t)ti * j->buf_stride;
+    int64_t es = j->wt == TP_F32 ? 4 : 2;
+    for (int64_t k0 = 0; k0 < j->k; k0 += j->kb) {
+        int64_t kc = min64(j->kb, j->k - k0), kl = packed_lanes(j, kc);
+        const float *ap = j->ap + (k0 / j->kb) * j->tpad * packed_lanes(j, j->kb);
         for (int64_t nb = b0; nb < b1; nb++) {
             int64_t n0 = nb * NR;
             int nr = (int)min64(NR, j->n - n0);
             if (j->dot) pack_b_dot(bp, j->w, j->n, j->k, n0, k0, kc);
             else pack_b_f32(bp, j->w, j->wt, j->n, j->k, n0, k0, kc);
             /* The next slice of this K block, or the first of the next:
-             * tile i prefetches row i of its W block for pack_b_f32. */
-            int64_t pn = nb + 1 < b1 ? n0 + NR : b0 * NR, pk = nb + 1 < b1 ? k0 : k0 + kcmax;
-            int64_t es = j->wt == TP_F32 ? 4 : 2, wlines = (min64(kcmax, j->k - pk) * es + 63) / 64;
+             * tile i prefetches row i of its W block for the packing. */
+            int64_t pn = nb + 1 < b1 ? n0 + NR : b0 * NR, pk = nb + 1 < b1 ? k0 : k0 + j->kb;
+            int64_t wlines = (min64(j->kb, j->k - pk) * es + 63) / 64;
             for (int64_t t0 = 0; t0 < j->T; t0 += MR) {
                 int mr = (int)min64(MR, j->T - t0);
                 float *c = j->y + t0 * j->n + n0;
@@ -303,8 +318,10 @@ static void gemm_worker(void *p, int ti, int nt)
                 int64_t pr = pn + t0 / MR;
                 int nw = wlines > 0 && t0 / MR < NR && pr < j->n ? (int)wlines : 0;
                 const char *pw = nw ? (const char *)j->w + (pr * j->k + pk) * es : NULL;
-                if (j->dot) kernel_dot(kp, (const uint32_t *)ap + t0 * kp, bp, c, j->n, mr, nr, k0 > 0);
-                else kernel_f32(kc, (const float *)ap + t0 * kc, bp, c, j->n, mr, nr, k0 > 0, pc, pc_rows, pw, nw);
+                if (j->dot)
+                    kernel_dot(kl, (const uint32_t *)ap + t0 * kl, bp, c, j->n, mr, nr, k0 > 0, pc, pc_rows, pw, nw);
+                else
+                    kernel_f32(kc, ap + t0 * kc, bp, c, j->n, mr, nr, k0 > 0, pc, pc_rows, pw, nw);
             }
         }
     }
@@ -317,13 +334,14 @@ tp_status tp_gemm_avx512_group(const tp_gemm_part *parts, int count, const float
                                int64_t k, int bf16_dot, tp_threadpool *pool)
 {
     int nt = tp_threadpool_size(pool);
-    int64_t tc = T < TC ? T : TC, tpad = (tc + MR - 1) / MR * MR, nkb = (k + KC - 1) / KC;
-    gemm_job j = {NULL, x, NULL, wt, tc, 0, k, tpad, bf16_dot && wt == TP_BF16, NULL, NULL, 0, 0};
-    /* dot: each thread packs x per K block (tpad×KC_DOT/2 pairs); f32: x is
-     * packed once per pass, shared, all K blocks (tpad×KC floats each). */
-    j.a_bytes = j.dot ? (size_t)tpad * KC * sizeof(float) : 0;
-    j.buf_stride = (j.a_bytes + (size_t)KC * NR * sizeof(float) + (KC_DOT + 64) * sizeof(uint16_t) + 63) / 64 * 64;
-    size_t shared = j.dot ? 0 : (size_t)(nkb * tpad * KC) * sizeof(float);
+    int64_t tc = T < TC ? T : TC, tpad = (tc + MR - 1) / MR * MR;
+    gemm_job j = {NULL, x, NULL, wt, tc, 0, k, tpad, bf16_dot && wt == TP_BF16, 0, NULL, NULL, 0};
+    j.kb = j.dot ? KC_DOT : KC;
+    /* x packed once per pass, shared, all K blocks (tpad×KC floats each, or
+     * tpad×KC_DOT/2 pairs); per thread one W slice, 32 KiB either way. */
+    int64_t nkb = (k + j.kb - 1) / j.kb;
+    j.buf_stride = (size_t)KC * NR * sizeof(float);
+    size_t shared = (size_t)(nkb * tpad * packed_lanes(&j, j.kb)) * sizeof(float);
     size_t bytes = shared + j.buf_stride * (size_t)nt;
     char *mem = tp_threadpool_scratch(pool, bytes), *own = NULL;
     if (!mem) mem = own = tp_alloc(bytes);
@@ -334,7 +352,7 @@ tp_status tp_gemm_avx512_group(const tp_gemm_part *parts, int count, const float
         j.x = x + t0 * k;
         j.T = min64(tc, T - t0);
         j.tpad = (j.T + MR - 1) / MR * MR;
-        if (!j.dot) tp_parallel_run(pool, pack_a_worker, &j);
+        tp_parallel_run(pool, pack_a_worker, &j);
         for (int i = 0; i < count; i++) {
             j.y = parts[i].y + t0 * parts[i].n;
             j.w = parts[i].w;

@@ -210,7 +210,7 @@ static int groupable(const tp_matmul_out *outs, int count, int64_t T, tp_kernel_
     if (count < 2 || count > GROUP_MAX) return 0;
     const tp_tensor *w0 = outs[0].w;
     int kind = gemm_kind(path, T, w0->dtype, bf16_dot, opts);
-    if (!kind || (kind == 1 && bf16_dot) || w0->shape[1] == 0 || w0->dtype == TP_Q8_0 ||
+    if (!kind || w0->shape[1] == 0 || w0->dtype == TP_Q8_0 ||
         w0->dtype == TP_Q4_0)
         return 0;
     for (int i = 0; i < count; i++)
@@ -234,7 +234,7 @@ static tp_status group_simd(const tp_matmul_out *outs, int count, const float *x
     for (int i = 0; i < count; i++) parts[i] = (tp_gemm_part){outs[i].y, outs[i].w->data, outs[i].w->shape[0]};
     int64_t k = w0->shape[1];
     if (kind == 2) return tp_gemm_amx_group(parts, count, x, T, k, amx_passes(bf16_dot, opts), pool);
-    return tp_gemm_avx512_group(parts, count, x, T, w0->dtype, k, 0, pool);
+    return tp_gemm_avx512_group(parts, count, x, T, w0->dtype, k, bf16_dot, pool);
 }
 #else
 /* Other architectures have only the SCALAR path (cpu.c), so tp_kernel_resolve

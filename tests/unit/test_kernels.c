@@ -107,32 +107,39 @@ static void test_matmul(tp_threadpool *pool)
 }
 
 /* The GEMM's threads split the columns of y, so every element is summed in
- * the same order on any number of threads: the bits must match. */
+ * the same order on any number of threads: the bits must match (f32
+ * weights on each SIMD path; bf16 weights through vdpbf16ps where the CPU
+ * has it, k odd so that the last K block ends on half a pair). */
 static void test_matmul_threads_bitwise(tp_threadpool *pool)
 {
     int64_t T = 53, n = 200, k = 777;
     float *x = malloc((size_t)(T * k) * sizeof(float)), *y1 = malloc((size_t)(T * n) * sizeof(float));
     float *y3 = malloc((size_t)(T * n) * sizeof(float));
-    tp_tensor W = {0};
+    tp_tensor W = {0}, Wb = {0};
     int64_t ws[2] = {n, k};
     tp_rng saved = rng;   /* as in test_matmul: leave the shared stream alone */
     tp_rng_seed(&rng, 98);
-    if (!x || !y1 || !y3 || tp_tensor_init(&W, TP_F32, 2, ws)) {
+    if (!x || !y1 || !y3 || tp_tensor_init(&W, TP_F32, 2, ws) || tp_tensor_init(&Wb, TP_BF16, 2, ws)) {
         CHECK(!"out of memory");
     } else {
         fill(x, T * k, 1.0);
         fill(W.data, n * k, 0.5);
-        for (int pi = 1; pi < 3; pi++) {
-            if (!tp_kernel_path_supported(PATHS[pi])) continue;
-            tp_matmul_opts o = {PATHS[pi], 0, 0, 0};
-            CHECK(tp_matmul_ex(y1, x, T, &W, NULL, NULL, &o) == TP_OK);
-            CHECK(tp_matmul_ex(y3, x, T, &W, NULL, pool, &o) == TP_OK);
-            CHECK_MSG(!memcmp(y1, y3, (size_t)(T * n) * sizeof(float)), "%s GEMM: 1 and %d threads differ",
-                      tp_kernel_path_name(PATHS[pi]), tp_threadpool_size(pool));
+        for (int64_t i = 0; i < n * k; i++) ((uint16_t *)Wb.data)[i] = tp_bf16_from_f32(((float *)W.data)[i]);
+        for (int pi = 1; pi < 4; pi++) {   /* 3: AVX-512 with bf16_dot */
+            tp_kernel_path path = PATHS[pi < 3 ? pi : 2];
+            int dot = pi == 3;
+            if (!tp_kernel_path_supported(path) || (dot && !tp_kernel_has_bf16_dot())) continue;
+            tp_matmul_opts o = {path, dot, 0, 0};
+            const tp_tensor *w = dot ? &Wb : &W;
+            CHECK(tp_matmul_ex(y1, x, T, w, NULL, NULL, &o) == TP_OK);
+            CHECK(tp_matmul_ex(y3, x, T, w, NULL, pool, &o) == TP_OK);
+            CHECK_MSG(!memcmp(y1, y3, (size_t)(T * n) * sizeof(float)), "%s%s GEMM: 1 and %d threads differ",
+                      tp_kernel_path_name(path), dot ? " bf16-dot" : "", tp_threadpool_size(pool));
         }
     }
     rng = saved;
     tp_tensor_release(&W);
+    tp_tensor_release(&Wb);
     free(x); free(y1); free(y3);
 }
 
@@ -176,8 +183,8 @@ static void check_group(tp_threadpool *pool, const tp_matmul_opts *o, tp_dtype w
         CHECK(tp_matmul_group(outs, NW, x, T, pool, o) == TP_OK);
         for (int i = 0; i < NW; i++)
             CHECK_MSG(!memcmp(yg[i], y1[i], (size_t)(T * ns[i]) * sizeof(float)),
-                      "%s %s amx=%d T=%lld k=%lld/%lld: weight %d of the group differs from its own call",
-                      tp_kernel_path_name(o->path), tp_dtype_name(wt), o->amx, (long long)T, (long long)k,
+                      "%s %s amx=%d dot=%d T=%lld k=%lld/%lld: weight %d of the group differs from its own call",
+                      tp_kernel_path_name(o->path), tp_dtype_name(wt), o->amx, o->bf16_dot, (long long)T, (long long)k,
                       (long long)k_last, i);
     }
     for (int i = 0; i < NW; i++) { tp_tensor_release(&W[i]); free(yg[i]); free(y1[i]); }
@@ -193,12 +200,14 @@ static void test_matmul_group(tp_threadpool *pool)
     for (int pi = 0; pi < 3; pi++) {
         if (!tp_kernel_path_supported(PATHS[pi])) continue;
         for (int amx = 0; amx < 2; amx++)
-            for (int d = 0; d < 2; d++)
+            for (int d = 0; d < 3; d++) {   /* f32, bf16, bf16 with bf16_dot (vdpbf16ps) */
+                if (d == 2 && (PATHS[pi] != TP_KERNEL_AVX512 || !tp_kernel_has_bf16_dot())) continue;
                 for (size_t t = 0; t < sizeof Ts / sizeof Ts[0]; t++) {
-                    tp_matmul_opts o = {PATHS[pi], 0, 0, amx};
+                    tp_matmul_opts o = {PATHS[pi], d == 2, 0, amx};
                     check_group(pool, &o, d ? TP_BF16 : TP_F32, Ts[t], 129, 129);
                     if (t == 2) check_group(pool, &o, d ? TP_BF16 : TP_F32, Ts[t], 129, 64);
                 }
+            }
     }
     rng = saved;
 }
