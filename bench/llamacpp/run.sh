@@ -11,7 +11,10 @@
 #   --rounds N        rounds (default 3; --quick 1)
 #   --threads LIST    thread counts (default 1,2): 1 pairs TP=1x1 with
 #                     llama.cpp -t 1; T > 1 pairs TP=1xT and TP=Tx1 with -t T
-#   --dtypes LIST     of bf16, f32, q8_0, q4_0 (default bf16,f32,q8_0)
+#   --dtypes LIST     of bf16, f32, q8_0, q4_0, bf16-dot (default bf16,f32,q8_0);
+#                     bf16-dot: tensorpar's bf16 with TENSORPAR_BF16_DOT=1
+#                     (activations rounded to bf16, as llama.cpp's bf16 does)
+#                     against the bf16 GGUF — the like-for-like bf16 figure
 #   --preset NAME     make-model preset (default llama-3.2-1b; --quick tiny)
 #   --arch ARCH       llama, qwen3, or an MoE type: qwen3_moe, mixtral,
 #                     deepseek_v2, deepseek_v3 (default llama); the tokenizer
@@ -62,7 +65,7 @@ done
 rounds=${rounds:-3} preset=${preset:-llama-3.2-1b}
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --rounds must be a positive integer" >&2; return 2; }
 for d in ${dtypes//,/ }; do
-    case "$d" in bf16|f32|q8_0|q4_0) ;; *) echo "run.sh: unknown dtype $d (bf16, f32, q8_0, q4_0)" >&2; return 2 ;; esac
+    case "$d" in bf16|f32|q8_0|q4_0|bf16-dot) ;; *) echo "run.sh: unknown dtype $d (bf16, f32, q8_0, q4_0, bf16-dot)" >&2; return 2 ;; esac
 done
 moe=0
 case "$arch" in llama) tok=llama3 ;; qwen3) tok=qwen3 ;; mixtral) tok=llama3 moe=1 ;;
@@ -93,6 +96,7 @@ if [ ! -f "$model/config.json" ]; then
 fi
 ggufs=()
 for d in ${dtypes//,/ }; do
+    d=${d%-dot}   # bf16-dot runs llama.cpp on the bf16 file
     g=$cache/models/$name.$d.gguf
     newer=0
     for src in convert.py gguf.py checkpoint.py tensormap.py; do [ "$g" -ot "$here/$src" ] && newer=1; done
@@ -104,6 +108,7 @@ for d in ${dtypes//,/ }; do
     fi
     ggufs+=(--gguf "$d=$g")
 done
+[[ ",$dtypes," == *,bf16-dot,* ]] && ggufs+=(--gguf "bf16-dot=$cache/models/$name.bf16.gguf")
 
 out=$cache/runs/$(date -u +%Y%m%d-%H%M%S)
 opts=()
