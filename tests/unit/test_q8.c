@@ -219,12 +219,19 @@ done:
 
 static void test_products(tp_threadpool *pool)
 {
-    static const int64_t Ts[] = {1, 2, 3, 4, 5, 7, 31, 32, 50, 97};
-    static const int64_t ns[] = {1, 3, 6, 9, 37};
-    static const int64_t ks[] = {32, 96, 320, 512, 544};   /* 1, 3, 10, 16, 17 blocks */
-    for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
+    /* T = 1..40: every GEMV width, every integer GEMM tile tail (chunks of
+     * 48 tokens, tiles of 3), the switch to the f32 GEMM at 32; rows: the
+     * AVX-512 kernel's pairs and an odd last row, the 4-row tiles' tails;
+     * blocks: 1, 3, 10, 16, 17 (the 8-block scale chunks' tails). */
+    static const int64_t ns[] = {1, 2, 3, 5, 6, 9, 37};
+    static const int64_t ks[] = {32, 96, 320, 512, 544};
+    for (int64_t T = 1; T <= 40; T++)
         for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
-            for (size_t c = 0; c < sizeof ks / sizeof *ks; c++) check_product(pool, Ts[a], ns[b], ks[c]);
+            for (size_t c = 0; c < sizeof ks / sizeof *ks; c++) check_product(pool, T, ns[b], ks[c]);
+    for (size_t b = 0; b < sizeof ns / sizeof *ns; b++) {   /* longer prompts: whole and partial GEMM tiles */
+        check_product(pool, 50, ns[b], 544);
+        check_product(pool, 97, ns[b], 320);
+    }
     printf("q8_0 products (%d threads): scalar vs exact %.2g of sum|terms|, vs f32 (no outlier) %.2g of sum|terms|\n",
            tp_threadpool_size(pool), worst_ref, worst_f32);
 }
