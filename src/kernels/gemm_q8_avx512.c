@@ -1,22 +1,20 @@
 /* AVX-512 VNNI kernels for Q8_0 weights: y = x·Wᵀ, x quantized per row
- * (gemm_q8.c), fewer than TP_Q8_DEQUANT_MIN_T tokens.
+ * (gemm_q8.c), fewer than TP_Q8_DEQUANT_MIN_T tokens; run where the CPU
+ * has AVX512_VNNI (tp_kernel_has_vnni).
  *
- * The same tiles, schedule (qgemm_tiles.h) and f32 order as the AVX2
- * kernel (gemm_q8_avx2.c), so the same bits: a block pair's 8 int32 lanes
- * of 4 products each come from one vpdpbusd (unsigned × signed bytes, 4
- * products summed into a lane) instead of vpmaddubsw + vpmaddwd, on
- * |a| and b with a's sign — the sign trick: |w| and x·sign(w) when a tile
- * has at least as many tokens as rows, |x| (once per block) and
- * w·sign(x) for the GEMV.  Products are at most 127·127, four of them
- * 64516: exact, as the AVX2 lanes are.  The lanes stay 8 wide (ymm, with
- * AVX512VL): a block's 32 quants are one ymm load, and two blocks lie 34
- * bytes apart, so a zmm of two blocks would cost a second load and an
- * insert for every pair — and would change the canonical 8-lane order
- * that the scalar path reproduces.  What AVX-512 adds besides vpdpbusd:
- * 32 vector registers, so the 4 × 3 tile's 12 accumulators, 3 activation
- * blocks and the temporaries stay in registers (the AVX2 build keeps some
- * on the stack), and vcvtph2ps turns 8 blocks' f16 scales into f32 in one
- * instruction (exact, as tp_q8_scale). */
+ * The same tiles and schedule (qgemm_tiles.h) and the same f32 order as
+ * the AVX2 kernel (gemm_q8_avx2.c), so the same bits.  A block pair's 8
+ * int32 lanes of 4 products come from one vpdpbusd (unsigned × signed
+ * bytes, 4 products summed into a lane) on |x| and w·sign(x) — products of
+ * at most 127·127, four of them 64516: exact, the lanes vpmaddubsw +
+ * vpmaddwd give.  Two rows of W share one zmm (see tile), which halves
+ * the instructions per block and row; the lanes of each row stay 8 wide
+ * in the canonical order.  A zmm of two *blocks* of one row would not
+ * keep that order, and costs as much: blocks lie 34 bytes apart, so it
+ * takes two loads and an insert just as a pair of rows does.  The GEMV
+ * computes 29–43 GB/s of blocks per core from cache on a Zen 5 class CPU,
+ * above what one core reads from memory (bench/README.md, "8-bit
+ * weights"). */
 #include "kernels/kern_internal.h"
 #include "kernels/qgemm_tiles.h"
 #include "kernels/vmath.h"
