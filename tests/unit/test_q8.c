@@ -1,4 +1,4 @@
-/* Q8_0 weights (kernels/quant_q8.c, gemm_q8.c, gemm_q8_avx2.c): the blocks
+/* Q8_0 weights (kernels/quant_q8.c, gemm_q8.c, gemm_q8_avx2.c, gemm_q8_avx512.c): the blocks
  * hold what llama.cpp's Q8_0 holds; the scalar product equals the exact
  * (double) sum of the quantized values to within its f32 roundings; every
  * SIMD path, thread count, tile and GEMV/GEMM split gives the scalar
