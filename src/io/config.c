@@ -424,6 +424,20 @@ static tp_status parse_gpt_oss(tp_model_config *c, const json_doc *d)
         (s = get_double(d, "swiglu_alpha", &c->swiglu_alpha)) ||
         (s = get_double(d, "swiglu_limit", &c->swiglu_limit)) || (s = get_layer_types(c, d)))
         return s;
+    /* Published gpt-oss config.json files carry OpenAI's own key
+     * experts_per_token next to num_experts_per_tok.  GptOssConfig has no
+     * attribute_map entry for it (only num_experts -> num_local_experts): the
+     * model reads num_experts_per_tok (default 4) and ignores the other.  We
+     * read the same key, and refuse a file whose two keys disagree, since
+     * OpenAI's reference code would route with the other one. */
+    int64_t ept = c->num_experts_per_tok;
+    if ((s = get_int(d, "experts_per_token", &ept))) return s;
+    if (ept != c->num_experts_per_tok) {
+        cJSON *k = cJSON_GetObjectItemCaseSensitive(d->root, "num_experts_per_tok");
+        return tp_fail(TP_ERR_FORMAT, "%s: key 'experts_per_token' (%lld) disagrees with key 'num_experts_per_tok' "
+                       "(%lld%s), which Transformers routes with: make the two equal", d->path, (long long)ept,
+                       (long long)c->num_experts_per_tok, k && !cJSON_IsNull(k) ? "" : ", GptOssConfig's default");
+    }
     c->moe_intermediate_size = c->intermediate_size;
     c->decoder_sparse_step = 1;
     if (c->num_experts < 1 || c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_experts ||
