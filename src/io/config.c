@@ -42,7 +42,7 @@ const char *tp_arch_name(tp_arch a)
     return "?";
 }
 
-static const char *architecture_class(tp_arch a)
+const char *tp_arch_class_name(tp_arch a)
 {
     switch (a) {
     case TP_ARCH_LLAMA: return "LlamaForCausalLM";
@@ -56,7 +56,7 @@ static const char *architecture_class(tp_arch a)
     case TP_ARCH_GPT_OSS: return "GptOssForCausalLM";
     case TP_ARCH_LLAMA4_TEXT: return "Llama4ForCausalLM";
     }
-    return "?";
+    return "CausalLM";
 }
 
 /* Transformers' defaults for each model type's config class. */
@@ -910,7 +910,7 @@ static cJSON *config_json(const tp_model_config *c)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON *archs = cJSON_AddArrayToObject(o, "architectures");
-    cJSON_AddItemToArray(archs, cJSON_CreateString(architecture_class(c->arch)));
+    cJSON_AddItemToArray(archs, cJSON_CreateString(tp_arch_class_name(c->arch)));
     if (c->arch == TP_ARCH_LLAMA || c->arch == TP_ARCH_QWEN3 || c->arch == TP_ARCH_QWEN3_MOE || c->mla || c->llama4 ||
         c->arch == TP_ARCH_GPT_OSS)
         cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias);
