@@ -259,9 +259,10 @@ void tp_moe_route_topk_softmax_backward(const float *logits, int64_t T, int64_t 
 
 /* DeepSeek's backward, one token.  V2: w_j = p[id_j]·sf with p =
  * softmax(logits) (the constant 0 for a pick from a masked group), so dp
- * lands on the chosen experts and the softmax's backward spreads it.  V3: w_j = s_j / (Σ s + 1e-20) · sf (or s_j·sf) with
- * s = sigmoid(logits): ds_i = sf·(dw_i − Σ_j dw_j·s_j / D) / D under
- * renormalisation, then ds·s·(1 − s).  The bias only chose: no gradient
+ * lands on the chosen experts and the softmax's backward spreads it.
+ * V3: w_j = s_j / (Σ s + 1e-20) · sf (or s_j·sf) with s = sigmoid(logits):
+ * ds_i = sf·(dw_i − Σ_j dw_j·s_j / D) / D under renormalisation, then
+ * ds·s·(1 − s).  The bias only chose: no gradient
  * reaches it (a buffer in Transformers). */
 static void deepseek_backward_token(const tp_model_config *c, const float *logit, const int32_t *ids,
                                     const float *dw, float *dl)
