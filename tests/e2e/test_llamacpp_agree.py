@@ -173,9 +173,9 @@ def follow(tag, model, dtype, seq, rest, piece, work, n, tie):
 def near_tie(model, dtype, seq, rest, piece, work, top_too=False, tie=TIE):
     """Where the two part: whether llama.cpp's next token (a token whose text
     starts what llama.cpp printed next) is, in tensorpar's own logits, within
-    tie (TIE unless told) of tensorpar's pick — two candidates that close swap under llama.cpp's
-    other roundings (bf16 activations in its bf16 products, an f16 KV
-    cache).  The gap as a share of the logit range, or None; top_too: (the
+    tie (TIE unless told) of tensorpar's pick — two candidates that close
+    swap under llama.cpp's other roundings (bf16 activations in its bf16
+    products, an f16 KV cache).  The gap as a share of the logit range, or None; top_too: (the
     token, its gap), tensorpar's pick (gap 0) when its text comes next."""
     import numpy as np
     out = os.path.join(work, "logits.npy")
