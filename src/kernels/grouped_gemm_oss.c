@@ -21,15 +21,13 @@ static tp_tensor expert_view(const tp_tensor *w, int64_t e)
 
 static const float *bias_row(const tp_tensor *b, int64_t e) { return (const float *)b->data + e * b->shape[1]; }
 
-/* rows of x·W (W [in, out] stored as a Linear's [out, in] would be: the
- * product dx += dy·W of a Linear whose weight is W) into y, zeroed first,
- * plus the bias */
+/* rows of x·W (W [in, out]; a decode's few rows streamed, else the packed
+ * GEMM's dx = dy·W product: tp_expert_xw) into y, plus the bias */
 static tp_status times(float *y, const float *x, int64_t n, const tp_tensor *W, const float *bias,
                        const tp_oss_experts_args *a)
 {
     int64_t out = W->shape[1];
-    memset(y, 0, (size_t)(n * out) * sizeof(float));
-    tp_status s = tp_matmul_backward_ex(y, NULL, NULL, x, NULL, n, W, a->pool, a->opts);
+    tp_status s = tp_expert_xw(y, x, n, W, a->pool, a->opts);
     for (int64_t r = 0; !s && r < n; r++)
         for (int64_t i = 0; i < out; i++) y[r * out + i] += bias[i];
     return s;

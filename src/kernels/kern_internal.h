@@ -207,4 +207,11 @@ tp_status tp_q8_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, 
  * EP sentinel) are left out (grouped_gemm.c, for both expert kernels). */
 tp_status tp_grouped_sort_slots(const int32_t *ids, int64_t n, int64_t E, int64_t *start, int64_t *order);
 
+/* y [n, out] = x [n, in] @ W for an expert weight W [in, out] (f32 or bf16
+ * streamed once for a decode's few rows, else the packed GEMM's dx = dy·W
+ * product), y overwritten; the bits do not depend on the thread count
+ * (expert_xw.c, for Llama 4's and gpt_oss's experts). */
+tp_status tp_expert_xw(float *y, const float *x, int64_t n, const tp_tensor *w, tp_threadpool *pool,
+                       const tp_matmul_opts *opts);
+
 #endif
