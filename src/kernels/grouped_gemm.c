@@ -195,6 +195,21 @@ tp_status tp_grouped_experts(const tp_grouped_experts_args *a, float *scratch)
  * d[gate; up], d gate_up[e] += d[gate; up]ᵀ · X_e, and dX_e = d[gate; up] ·
  * gate_up[e] scattered back to the tokens, experts in ascending order. */
 
+void tp_grouped_slot_grads(const float *dy, const float *weights, const int64_t *slots, int64_t n, int64_t k,
+                           int64_t H, const float *y, float *dyr, float *dweights)
+{
+    for (int64_t r = 0; r < n; r++) {
+        const float *dyt = dy + (slots[r] / k) * H;
+        float wt = weights[slots[r]];
+        double dot = 0;
+        for (int64_t i = 0; i < H; i++) {
+            dot += (double)dyt[i] * y[r * H + i];
+            dyr[r * H + i] = wt * dyt[i];
+        }
+        dweights[slots[r]] = (float)dot;
+    }
+}
+
 static tp_status expert_backward(const tp_grouped_experts_args *a, const tp_grouped_experts_grads *g, int64_t e,
                                  const int64_t *slots, int64_t n, float *scratch)
 {
@@ -210,16 +225,7 @@ static tp_status expert_backward(const tp_grouped_experts_args *a, const tp_grou
     }
     if (!s) s = tp_matmul_ex(y, h, n, &wd, NULL, a->pool, a->opts);
     if (s) return s;
-    for (int64_t r = 0; r < n; r++) {
-        const float *dyt = g->dy + (slots[r] / k) * H;
-        float wt = a->weights[slots[r]];
-        double dot = 0;
-        for (int64_t i = 0; i < H; i++) {
-            dot += (double)dyt[i] * y[r * H + i];
-            dyr[r * H + i] = wt * dyt[i];
-        }
-        g->dweights[slots[r]] = (float)dot;
-    }
+    tp_grouped_slot_grads(g->dy, a->weights, slots, n, k, H, y, dyr, g->dweights);
     memset(dh, 0, (size_t)(n * I) * sizeof(float));
     memset(dgu, 0, (size_t)(n * 2 * I) * sizeof(float));
     memset(dxs, 0, (size_t)(n * H) * sizeof(float));

@@ -143,16 +143,7 @@ static tp_status expert_backward(const tp_oss_experts_args *a, const tp_oss_expe
     float *dh = dyr + n * H, *dgu = dh + n * I, *dxs = dgu + n * 2 * I;
     tp_status s = expert_rows(a, e, slots, n, xs, gu, h, y);
     if (s) return s;
-    for (int64_t r = 0; r < n; r++) {
-        const float *dyt = g->dy + (slots[r] / k) * H;
-        float wt = a->weights[slots[r]];
-        double dot = 0;
-        for (int64_t i = 0; i < H; i++) {
-            dot += (double)dyt[i] * y[r * H + i];
-            dyr[r * H + i] = wt * dyt[i];
-        }
-        g->dweights[slots[r]] = (float)dot;
-    }
+    tp_grouped_slot_grads(g->dy, a->weights, slots, n, k, H, y, dyr, g->dweights);
     tp_tensor wgu = expert_view(a->gate_up, e), wd = expert_view(a->down, e);
     if (g->d_down_bias) add_rows(g->d_down_bias + e * H, dyr, n, H);
     if ((s = tp_matmul_ex(dh, dyr, n, &wd, NULL, a->pool, a->opts))) return s;

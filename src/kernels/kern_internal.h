@@ -207,6 +207,13 @@ tp_status tp_q8_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, 
  * EP sentinel) are left out (grouped_gemm.c, for both expert kernels). */
 tp_status tp_grouped_sort_slots(const int32_t *ids, int64_t n, int64_t E, int64_t *start, int64_t *order);
 
+/* An expert's n rows in the backward (slots[r] = t·k + j, y its unweighted
+ * output rows [n, H]): each slot's weight gradient dweights[slot] = dy_t · y_r
+ * (summed in double) and its output gradient dyr_r = w_slot · dy_t, for
+ * both expert kernels' backward (grouped_gemm.c). */
+void tp_grouped_slot_grads(const float *dy, const float *weights, const int64_t *slots, int64_t n, int64_t k,
+                           int64_t H, const float *y, float *dyr, float *dweights);
+
 /* y [n, out] = x [n, in] @ W for an expert weight W [in, out] (f32 or bf16
  * streamed once for a decode's few rows, else the packed GEMM's dx = dy·W
  * product), y overwritten; the bits do not depend on the thread count
