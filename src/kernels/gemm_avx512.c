@@ -100,12 +100,18 @@ T512 static void pack_a_panel(float *dst, const float *x, int64_t rows, int64_t 
     }
 }
 
-/* 16 weights from W + off (in elements), widened to f32; lanes past m zero. */
+/* 16 weights from W + off (in elements), widened to f32; lanes past m zero.
+ * A full block is read without a mask: packing an MoE expert's cold bf16
+ * weights with masked loads ran the grouped prefill at ~0.7x (Zen 5,
+ * bench kernels --moe), as it did expert_xw.c's decode loop. */
 static inline __attribute__((always_inline)) T512 __m512 load_w16(const void *w, tp_dtype wt, int64_t off,
                                                                   __mmask16 m)
 {
-    if (wt == TP_F32) return _mm512_maskz_loadu_ps(m, (const float *)w + off);
-    __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)w + off));
+    if (wt == TP_F32)
+        return m == 0xffff ? _mm512_loadu_ps((const float *)w + off) : _mm512_maskz_loadu_ps(m, (const float *)w + off);
+    const uint16_t *p = (const uint16_t *)w + off;
+    __m256i h = m == 0xffff ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(m, p);
+    __m512i v = _mm512_cvtepu16_epi32(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
 }
 
