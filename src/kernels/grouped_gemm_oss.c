@@ -2,9 +2,9 @@
  * sorted by expert as in grouped_gemm.c, and each expert with rows runs on
  * them only.  The weights stay in the checkpoint's layout — gate_up [E, H,
  * 2I] and down [E, I, H], multiplied without a transpose — so loading and
- * saving need no conversion: x·W[e] is the "dx = dy·W" product of the
- * packed GEMM (tp_matmul_backward_ex with W viewed as [H, 2I]), and the
- * backward's dy·W[e]ᵀ is its forward product.  Gate and up are interleaved
+ * saving need no conversion: x·W[e] is tp_expert_xw (a decode's few rows
+ * stream W; more rows: the "dx = dy·W" product of the packed GEMM, W viewed
+ * as [H, 2I]), and the backward's dy·W[e]ᵀ is its forward product.  Gate and up are interleaved
  * columns (gate_up[..., ::2], gate_up[..., 1::2]). */
 #include "kernels/kern_internal.h"
 
