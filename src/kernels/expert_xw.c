@@ -3,15 +3,20 @@
  * gradient (dx = dy · W), except for a few rows (a decoded token), where
  * the packed GEMM packs all of W for every call and costs more than the
  * product (3.4x a GEMV at H 2048, I 1024, bf16).  A few rows instead stream
- * W once, a pass of R rows of W at a time, each thread over its own
- * columns: y += Σ_q x[q] · W[q, c0..c1).  Every output element is one
- * thread's sum in the order of W's rows, whatever the thread count. */
+ * W once, a pass of R rows of W at a time (8 on the SIMD paths: half the
+ * passes over y of 4), each thread over its own columns, every row of x
+ * taking the pass while its rows of W are in cache: y += Σ_q x[q] ·
+ * W[q, c0..c1).  Every output element is one thread's sum in the order of
+ * W's rows, whatever the thread count.  On Zen 5 (bench_layouts, one
+ * thread, cold weights) this runs at 0.9-1.0x the GEMV of the same expert
+ * stored [out, in]; the first form (4 rows, one FMA chain, masked loads)
+ * ran at ~0.55x. */
 #include "kern_internal.h"
 
 #include <string.h>
 
 #define XW_MAX_ROWS 4      /* rows of x that take the streaming loop */
-#define XW_PF_BYTES 1024   /* software prefetch distance along a row of W (AVX-512) */
+#define XW_PF_BYTES 1024   /* software prefetch distance along a row of W */
 
 typedef struct {
     float *y;
@@ -19,7 +24,7 @@ typedef struct {
     int64_t n, in, out;
     const void *w;
     int bf16;
-    int pass;               /* rows of W per pass: 8 on AVX-512, else 4 */
+    int pass;               /* rows of W per pass: 8 on the SIMD paths (in >= 8), else 4 */
     tp_kernel_path path;
 } xw_job;
 
@@ -55,21 +60,45 @@ TAVX2 static inline __m256 load8(const void *w, int bf16, int64_t i)
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
 
-TAVX2 static void axpy4_avx2(float *y, const void *w, int bf16, int64_t off, int64_t stride, const float *a,
-                             int64_t n)
+/* R (4 or 8) rows of W, 8 columns a step, the tail by axpy4; each row
+ * prefetched XW_PF_BYTES ahead within the thread's columns. */
+TAVX2 static inline __attribute__((always_inline)) void
+axpy_avx2(float *y, const void *w, int bf16, int64_t off, int64_t stride, const float *a, int64_t n, const int R)
 {
-    __m256 a0 = _mm256_set1_ps(a[0]), a1 = _mm256_set1_ps(a[1]), a2 = _mm256_set1_ps(a[2]);
-    __m256 a3 = _mm256_set1_ps(a[3]);
+    const int esz = bf16 ? 2 : 4;
+    const int64_t pf = XW_PF_BYTES / esz, line = 64 / esz;
+    const char *wb = (const char *)w;
+    __m256 av[8];
+    for (int q = 0; q < R; q++) av[q] = _mm256_set1_ps(a[q]);
     int64_t c = 0;
     for (; c + 8 <= n; c += 8) {
         int64_t i = off + c;
-        /* two chains, not one of four FMAs: the loop's iterations are
-         * independent, but a long chain per iteration fills the scheduler */
-        __m256 p = _mm256_fmadd_ps(a1, load8(w, bf16, i + stride), _mm256_mul_ps(a0, load8(w, bf16, i)));
-        __m256 q = _mm256_fmadd_ps(a3, load8(w, bf16, i + 3 * stride), _mm256_mul_ps(a2, load8(w, bf16, i + 2 * stride)));
-        _mm256_storeu_ps(y + c, _mm256_add_ps(_mm256_loadu_ps(y + c), _mm256_add_ps(p, q)));
+        if (c % line == 0 && c + pf < n)   /* one prefetch a line */
+            for (int q = 0; q < R; q++) _mm_prefetch(wb + (i + pf + q * stride) * esz, _MM_HINT_T0);
+        /* R/2 chains of two, summed as a tree, not one chain of R FMAs:
+         * the iterations are independent, but a long chain per iteration
+         * fills the scheduler before the next iteration's loads issue */
+        __m256 p[4];
+        for (int q = 0; q < R / 2; q++) p[q] = _mm256_mul_ps(av[q], load8(w, bf16, i + q * stride));
+        for (int q = 0; q < R / 2; q++)
+            p[q] = _mm256_fmadd_ps(av[q + R / 2], load8(w, bf16, i + (q + R / 2) * stride), p[q]);
+        __m256 acc = R == 8 ? _mm256_add_ps(_mm256_add_ps(p[0], p[1]), _mm256_add_ps(p[2], p[3]))
+                            : _mm256_add_ps(p[0], p[1]);
+        _mm256_storeu_ps(y + c, _mm256_add_ps(_mm256_loadu_ps(y + c), acc));
     }
-    axpy4(y + c, w, bf16, off + c, stride, a, n - c);
+    for (int q = 0; q < R; q += 4) axpy4(y + c, w, bf16, off + q * stride + c, stride, a + q, n - c);
+}
+
+TAVX2 static void axpy4_avx2(float *y, const void *w, int bf16, int64_t off, int64_t stride, const float *a,
+                             int64_t n)
+{
+    axpy_avx2(y, w, bf16, off, stride, a, n, 4);
+}
+
+TAVX2 static void axpy8_avx2(float *y, const void *w, int bf16, int64_t off, int64_t stride, const float *a,
+                             int64_t n)
+{
+    axpy_avx2(y, w, bf16, off, stride, a, n, 8);
 }
 
 /* 16 weights from element i as f32 */
@@ -97,7 +126,7 @@ axpy_avx512(float *y, const void *w, int bf16, int64_t off, int64_t stride, cons
         int64_t i = off + c;
         if (c + pf < n)
             for (int q = 0; q < R; q++) _mm_prefetch(wb + (i + pf + q * stride) * esz, _MM_HINT_T0);
-        /* R/2 chains of two, summed as a tree (see axpy4_avx2) */
+        /* R/2 chains of two, summed as a tree (see axpy_avx2) */
         __m512 p[4];
         for (int q = 0; q < R / 2; q++) p[q] = _mm512_mul_ps(av[q], load16(w, bf16, i + q * stride));
         for (int q = 0; q < R / 2; q++)
@@ -128,8 +157,9 @@ static void pass_rows(const xw_job *j, float *y, int64_t base, int64_t c0, const
 {
     int64_t off = base * j->out + c0;
 #if TP_KERNELS_X86
-    if (j->pass == 8) { axpy8_avx512(y, j->w, j->bf16, off, j->out, a, n); return; }
-    if (j->path >= TP_KERNEL_AVX512) { axpy4_avx512(y, j->w, j->bf16, off, j->out, a, n); return; }
+    int wide = j->path >= TP_KERNEL_AVX512;
+    if (j->pass == 8) { (wide ? axpy8_avx512 : axpy8_avx2)(y, j->w, j->bf16, off, j->out, a, n); return; }
+    if (wide) { axpy4_avx512(y, j->w, j->bf16, off, j->out, a, n); return; }
     if (j->path >= TP_KERNEL_AVX2) { axpy4_avx2(y, j->w, j->bf16, off, j->out, a, n); return; }
 #endif
     axpy4(y, j->w, j->bf16, off, j->out, a, n);
@@ -142,16 +172,15 @@ static void xw_worker(void *p, int ti, int nt)
     tp_split_range((j->out + 15) / 16, ti, nt, &c0, &c1);   /* blocks of 16 columns */
     c0 *= 16, c1 = c1 * 16 < j->out ? c1 * 16 : j->out;
     if (c1 <= c0) return;
-    for (int64_t r = 0; r < j->n; r++) {
-        float *yr = j->y + r * j->out + c0;
-        memset(yr, 0, (size_t)(c1 - c0) * sizeof(float));
-        for (int64_t i = 0; i < j->in; i += R) {
-            /* a last pass of fewer than R rows takes the R last rows of W
-             * (in >= R), the ones already added with weight 0 */
-            int64_t base = j->in - i < R ? j->in - R : i;
+    for (int64_t r = 0; r < j->n; r++) memset(j->y + r * j->out + c0, 0, (size_t)(c1 - c0) * sizeof(float));
+    for (int64_t i = 0; i < j->in; i += R) {
+        /* a last pass of fewer than R rows takes the R last rows of W
+         * (in >= R), the ones already added with weight 0 */
+        int64_t base = j->in - i < R ? j->in - R : i;
+        for (int64_t r = 0; r < j->n; r++) {   /* the pass's rows of W, still in cache, for every row of x */
             float a[8];
             for (int q = 0; q < R; q++) a[q] = base + q >= i ? j->x[r * j->in + base + q] : 0.0f;
-            pass_rows(j, yr, base, c0, a, c1 - c0);
+            pass_rows(j, j->y + r * j->out + c0, base, c0, a, c1 - c0);
         }
     }
 }
@@ -162,7 +191,7 @@ tp_status tp_expert_xw(float *y, const float *x, int64_t n, const tp_tensor *w, 
     int64_t in = w->shape[0], out = w->shape[1];
     if (n <= XW_MAX_ROWS && in >= 4 && (w->dtype == TP_F32 || w->dtype == TP_BF16)) {
         tp_kernel_path path = tp_kernel_resolve(opts ? opts->path : TP_KERNEL_AUTO);
-        int pass = TP_KERNELS_X86 && path >= TP_KERNEL_AVX512 && in >= 8 ? 8 : 4;
+        int pass = TP_KERNELS_X86 && path >= TP_KERNEL_AVX2 && in >= 8 ? 8 : 4;
         xw_job j = {y, x, n, in, out, w->data, w->dtype == TP_BF16, pass, path};
         tp_parallel_run(pool, xw_worker, &j);
         return TP_OK;
