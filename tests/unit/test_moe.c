@@ -170,7 +170,7 @@ static void test_grouped_experts(void)
 
 /* tp_expert_xw (Llama 4's and gpt_oss's x @ W [in, out]) against a double
  * loop, at widths that reach the SIMD loops' bodies, prefetches and tails
- * (out 1000: 62 blocks of 16 and 8 columns; in 37: a last pass of fewer
+ * (out 1003: 62 blocks of 16 and 11 columns, 125 of 8 and 3; in 37: a last pass of fewer
  * rows than the path's 4 or 8), 1-4 rows streamed and 5 through the packed
  * GEMM; 1 and 3 threads give the bits of 2. */
 static void check_xw(int64_t n, int64_t in, int64_t out, tp_dtype dt)
@@ -216,8 +216,8 @@ static void check_xw(int64_t n, int64_t in, int64_t out, tp_dtype dt)
 static void test_expert_xw(void)
 {
     for (int64_t n = 1; n <= 5; n += 2) {
-        check_xw(n, 37, 1000, TP_BF16);
-        check_xw(n, 37, 1000, TP_F32);
+        check_xw(n, 37, 1003, TP_BF16);
+        check_xw(n, 37, 1003, TP_F32);
     }
     check_xw(2, 6, 40, TP_BF16);   /* in < 8: passes of 4 rows on every path */
     check_xw(1, 4, 3, TP_F32);     /* fewer columns than one SIMD step */
