@@ -1,4 +1,5 @@
-/* AVX-512 matmul: y[T, n] = x[T, k] · W[n, k]ᵀ, W f32 or bf16.
+/* AVX-512 matmul: y[T, n] = x[T, k] · W[n, k]ᵀ, W f32 or bf16 (the GEMM
+ * also q8_0, dequantized while packing: gemm_q8.c's prefill).
  *
  * GEMM (prefill), GotoBLAS style.  y is cut into tiles of MR = 12 rows (T)
  * by NR = 32 columns (n); a tile's 24 accumulators live in zmm registers.
@@ -21,9 +22,12 @@
  * instruction; the activations are rounded to bf16 for it — not exact.
  *
  * GEMV (decode, T <= 4) streams W once: each thread takes a contiguous range
- * of rows, 8 rows at a time for T = 1 (4 for T > 1: the x registers are shared
- * by the rows of a block), dot products along k with horizontal sums at the
- * end, and a software prefetch GEMV_PF_BYTES ahead of every row stream.
+ * of rows.  For T = 1 (decode) it reads them one row after the other, so the
+ * thread's W is one sequential stream, with several accumulators along the
+ * row and a software prefetch GEMV_ROW_PF_BYTES ahead; for T > 1 4 rows at a
+ * time side by side (the x registers are shared by the rows of a block),
+ * with a prefetch GEMV_PF_BYTES ahead of every row stream.  Dot products
+ * along k with horizontal sums at the end.
  * bf16 rows are widened in registers: one 64-byte load is 32 weights, the
  * even ones are (lane << 16), the odd ones (lane & 0xffff0000); x is
  * permuted once per call to match (as tp_gemv_permute_x). */
@@ -101,7 +105,10 @@ T512 static void pack_a_panel(float *dst, const float *x, int64_t rows, int64_t 
 }
 
 /* 16 weights from W + off (in elements), widened to f32; lanes past m zero.
- * A full block is read without a mask: packing an MoE expert's cold bf16
+ * q8_0 (rows of whole blocks, off a multiple of 16: the 16 lie in one
+ * block): d·q, exact in f32 and the value tp_q8_dequantize_row gives, so
+ * the product is the f32 one of the dequantized weights.  A full block of
+ * f32/bf16 is read without a mask: packing an MoE expert's cold bf16
  * weights with masked loads ran the grouped prefill at ~0.7x (Zen 5,
  * bench kernels --moe), as it did expert_xw.c's decode loop. */
 static inline __attribute__((always_inline)) T512 __m512 load_w16(const void *w, tp_dtype wt, int64_t off,
@@ -109,6 +116,11 @@ static inline __attribute__((always_inline)) T512 __m512 load_w16(const void *w,
 {
     if (wt == TP_F32)
         return m == 0xffff ? _mm512_loadu_ps((const float *)w + off) : _mm512_maskz_loadu_ps(m, (const float *)w + off);
+    if (wt == TP_Q8_0) {
+        const tp_q8_block *b = (const tp_q8_block *)w + off / TP_Q8_BLOCK;
+        __m512i q = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, b->q + off % TP_Q8_BLOCK));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(tp_q8_scale(b->d)));
+    }
     const uint16_t *p = (const uint16_t *)w + off;
     __m256i h = m == 0xffff ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(m, p);
     __m512i v = _mm512_cvtepu16_epi32(h);
@@ -275,6 +287,13 @@ static void pack_a_worker(void *p, int ti, int nt)
         }
 }
 
+/* The bytes of `elems` weights of W (for q8_0 a multiple of 32). */
+static int64_t w_bytes(tp_dtype wt, int64_t elems)
+{
+    if (wt == TP_Q8_0) return elems / TP_Q8_BLOCK * (int64_t)sizeof(tp_q8_block);
+    return elems * (wt == TP_F32 ? 4 : 2);
+}
+
 static void gemm_worker(void *p, int ti, int nt)
 {
     const gemm_job *j = p;
@@ -297,7 +316,7 @@ static void gemm_worker(void *p, int ti, int nt)
             /* The next slice of this K block, or the first of the next:
              * tile i prefetches row i of its W block for pack_b_f32. */
             int64_t pn = nb + 1 < b1 ? n0 + NR : b0 * NR, pk = nb + 1 < b1 ? k0 : k0 + kcmax;
-            int64_t es = j->wt == TP_F32 ? 4 : 2, wlines = (min64(kcmax, j->k - pk) * es + 63) / 64;
+            int64_t wlines = (w_bytes(j->wt, min64(kcmax, j->k - pk)) + 63) / 64;
             for (int64_t t0 = 0; t0 < j->T; t0 += MR) {
                 int mr = (int)min64(MR, j->T - t0);
                 float *c = j->y + t0 * j->n + n0;
@@ -308,7 +327,7 @@ static void gemm_worker(void *p, int ti, int nt)
                 int pc_rows = (int)(last ? (n0 + NR < j->n ? min64(MR, j->T) : 0) : min64(MR, j->T - t0 - MR));
                 int64_t pr = pn + t0 / MR;
                 int nw = wlines > 0 && t0 / MR < NR && pr < j->n ? (int)wlines : 0;
-                const char *pw = nw ? (const char *)j->w + (pr * j->k + pk) * es : NULL;
+                const char *pw = nw ? (const char *)j->w + w_bytes(j->wt, pr * j->k + pk) : NULL;
                 if (j->dot) kernel_dot(kp, (const uint32_t *)ap + t0 * kp, bp, c, j->n, mr, nr, k0 > 0);
                 else kernel_f32(kc, (const float *)ap + t0 * kc, bp, c, j->n, mr, nr, k0 > 0, pc, pc_rows, pw, nw);
             }
@@ -370,11 +389,10 @@ typedef struct {
     int dot;
 } gemv_job;
 
-/* Rows per block: T = 1 takes 8 rows (8 accumulators), T > 1 takes 4
- * (4·T accumulators plus 2·T x registers fit the 32 zmm). */
-#define GEMV_ROWS_T1 8
+/* Rows per block for T > 1: 4 (4·T accumulators plus 2·T x registers fit
+ * the 32 zmm). */
 #define GEMV_ROWS 4
-#define GEMV_MAX_ROWS 8
+#define GEMV_MAX_ROWS 4
 
 /* Software prefetch distance, in bytes of W still to be read.  Without it
  * one thread read W at ~0.75 of a plain sum loop over memory, with it at or
@@ -464,6 +482,85 @@ gemv_block(const gemv_job *j, int64_t r0, const int R, const int T, int64_t lim)
         for (int t = 0; t < T; t++) j->y[t * j->n + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
+/* T = 1: row r alone, 4 cache lines of W per step into independent
+ * accumulators (bf16: 8, its even and odd halves apart), the remainder of a
+ * row that is not a multiple of 4 lines masked into the first ones.  On Zen 5
+ * (bench/README.md, "Decode on AVX-512") reading the rows one after another
+ * streams W at 0.9–1.0 of the read probe per CPU-second where 8 rows read
+ * side by side (8 streams 1 row apart, the old T = 1 block) reached 0.5–0.6,
+ * and even 2 side by side lost as much: the core's prefetchers follow one
+ * stream, not several.  The sum's order is fixed per row (the same on any
+ * thread count), but not the T > 1 blocks' order.  lim: the byte offset of
+ * the thread's last byte of W from row r's first byte; prefetches stop
+ * there. */
+#define GEMV_ROW_PF_BYTES 4096
+#define GEMV_ROW_PF(off)                                                                    \
+    do {                                                                                    \
+        int64_t o_ = (off) + GEMV_ROW_PF_BYTES;                                             \
+        _mm_prefetch(wb + (o_ < lim ? o_ : lim), _MM_HINT_T0);                              \
+    } while (0)
+
+static inline __attribute__((always_inline)) T512BF void gemv_row(const gemv_job *j, int64_t r, int64_t lim)
+{
+    const int64_t k = j->k;
+    __m512 a[4], b[4];
+    for (int u = 0; u < 4; u++) a[u] = b[u] = _mm512_setzero_ps();
+    int64_t i = 0;
+    if (j->wt == TP_F32) {
+        const float *w = (const float *)j->w + r * k;
+        const char *wb = (const char *)w;
+        for (; i + 64 <= k; i += 64)
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) {
+                GEMV_ROW_PF(4 * (i + 16 * u));
+                a[u] = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16 * u), _mm512_loadu_ps(j->x + i + 16 * u), a[u]);
+            }
+        for (; i < k; i += 16) {
+            __mmask16 m = col_mask(k - i);
+            a[0] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w + i), _mm512_maskz_loadu_ps(m, j->x + i), a[0]);
+        }
+    } else if (!j->dot) {
+        const uint16_t *w = (const uint16_t *)j->w + r * k;
+        const char *wb = (const char *)w;
+        const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+        for (; i + 128 <= k; i += 128)
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) {
+                int64_t c = i + 32 * u;
+                GEMV_ROW_PF(2 * c);
+                __m512i v = _mm512_loadu_si512(w + c);
+                a[u] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), _mm512_load_ps(j->x + c), a[u]);
+                b[u] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(v, hi)), _mm512_load_ps(j->x + c + 16),
+                                       b[u]);
+            }
+        for (; i < k; i += 32) {
+            __mmask32 m = k - i >= 32 ? 0xffffffffu : (__mmask32)((1u << (k - i)) - 1);
+            __m512i v = _mm512_maskz_loadu_epi16(m, w + i);
+            a[0] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), _mm512_load_ps(j->x + i), a[0]);
+            b[0] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(v, hi)), _mm512_load_ps(j->x + i + 16), b[0]);
+        }
+    } else {
+        const uint16_t *w = (const uint16_t *)j->w + r * k;
+        const char *wb = (const char *)w;
+        const uint16_t *xb = (const uint16_t *)j->x;
+        for (; i + 128 <= k; i += 128)
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) {
+                int64_t c = i + 32 * u;
+                GEMV_ROW_PF(2 * c);
+                a[u] = _mm512_dpbf16_ps(a[u], (__m512bh)_mm512_load_si512(xb + c),
+                                        (__m512bh)_mm512_loadu_si512(w + c));
+            }
+        for (; i < k; i += 32) {
+            __mmask32 m = k - i >= 32 ? 0xffffffffu : (__mmask32)((1u << (k - i)) - 1);
+            a[0] = _mm512_dpbf16_ps(a[0], (__m512bh)_mm512_load_si512(xb + i),
+                                    (__m512bh)_mm512_maskz_loadu_epi16(m, w + i));
+        }
+    }
+    for (int u = 0; u < 4; u++) a[u] = _mm512_add_ps(a[u], b[u]);
+    j->y[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
+}
+
 /* All blocks of R rows in [r0, r1), then single rows. */
 #define GEMV_RUN(R, T)                                                                    \
     do {                                                                                  \
@@ -476,11 +573,13 @@ T512BF static void gemv_worker(void *p, int ti, int nt)
     const gemv_job *j = p;
     int64_t row_bytes = j->k * (j->wt == TP_F32 ? 4 : 2);
     int64_t r0, r1;
-    tp_gemv_thread_rows(j->n, row_bytes, j->T == 1 ? GEMV_ROWS_T1 : GEMV_ROWS, ti, nt, &r0, &r1);
+    tp_gemv_thread_rows(j->n, row_bytes, j->T == 1 ? 1 : GEMV_ROWS, ti, nt, &r0, &r1);
     if (r0 >= r1) return;
     int64_t last = r1 * row_bytes - 1;   /* this thread's last byte of W */
     switch (j->T) {
-    case 1: GEMV_RUN(GEMV_ROWS_T1, 1); break;
+    case 1:
+        for (; r0 < r1; r0++) gemv_row(j, r0, last - r0 * row_bytes);
+        break;
     case 2: GEMV_RUN(GEMV_ROWS, 2); break;
     case 3: GEMV_RUN(GEMV_ROWS, 3); break;
     default: GEMV_RUN(GEMV_ROWS, 4); break;

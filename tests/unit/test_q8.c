@@ -1,4 +1,4 @@
-/* Q8_0 weights (kernels/quant_q8.c, gemm_q8.c, gemm_q8_avx2.c): the blocks
+/* Q8_0 weights (kernels/quant_q8.c, gemm_q8.c, gemm_q8_avx2.c, gemm_q8_avx512.c): the blocks
  * hold what llama.cpp's Q8_0 holds; the scalar product equals the exact
  * (double) sum of the quantized values to within its f32 roundings; every
  * SIMD path, thread count, tile and GEMV/GEMM split gives the scalar
@@ -102,7 +102,7 @@ static double worst_ref, worst_f32;
 
 /* The f32 product of path pi with the dequantized weights wd: what a
  * q8_0 product of TP_Q8_DEQUANT_MIN_T tokens or more gives, bit for bit
- * (the AVX-512 path runs the AVX2 GEMM for q8_0). */
+ * (each path its own GEMM: the AVX-512 one dequantizes in its packing). */
 static void check_dequant_bits(tp_threadpool *pool, const float *y, const float *x, int64_t T, const float *wd,
                                int64_t n, int64_t k, int pi)
 {
@@ -110,7 +110,7 @@ static void check_dequant_bits(tp_threadpool *pool, const float *y, const float 
     float *yf = malloc((size_t)(T * n) * sizeof(float));
     if (!yf || tp_tensor_init(&Wf, TP_F32, 2, (int64_t[2]){n, k})) { CHECK(!"out of memory"); goto done; }
     memcpy(Wf.data, wd, (size_t)(n * k) * sizeof(float));
-    tp_matmul_opts o = {QUANT_PATHS[pi] == TP_KERNEL_AVX512 ? TP_KERNEL_AVX2 : QUANT_PATHS[pi], 0, 0, 0};
+    tp_matmul_opts o = {QUANT_PATHS[pi], 0, 0, 0};
     CHECK(tp_matmul_ex(yf, x, T, &Wf, NULL, pool, &o) == TP_OK);
     CHECK_MSG(!memcmp(y, yf, (size_t)(T * n) * sizeof(float)), "%s T=%lld n=%lld k=%lld: not the f32 product's bits",
               tp_kernel_path_name(QUANT_PATHS[pi]), (long long)T, (long long)n, (long long)k);
@@ -219,12 +219,19 @@ done:
 
 static void test_products(tp_threadpool *pool)
 {
-    static const int64_t Ts[] = {1, 2, 3, 4, 5, 7, 31, 32, 50, 97};
-    static const int64_t ns[] = {1, 3, 6, 9, 37};
-    static const int64_t ks[] = {32, 96, 320, 512, 544};   /* 1, 3, 10, 16, 17 blocks */
-    for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
+    /* T = 1..40: every GEMV width, every integer GEMM tile tail (chunks of
+     * 48 tokens, tiles of 3), the switch to the f32 GEMM at 32; rows: the
+     * AVX-512 kernel's pairs and an odd last row, the 4-row tiles' tails;
+     * blocks: 1, 3, 10, 16, 17 (the 8-block scale chunks' tails). */
+    static const int64_t ns[] = {1, 2, 3, 5, 6, 9, 37};
+    static const int64_t ks[] = {32, 96, 320, 512, 544};
+    for (int64_t T = 1; T <= 40; T++)
         for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
-            for (size_t c = 0; c < sizeof ks / sizeof *ks; c++) check_product(pool, Ts[a], ns[b], ks[c]);
+            for (size_t c = 0; c < sizeof ks / sizeof *ks; c++) check_product(pool, T, ns[b], ks[c]);
+    for (size_t b = 0; b < sizeof ns / sizeof *ns; b++) {   /* longer prompts: whole and partial GEMM tiles */
+        check_product(pool, 50, ns[b], 544);
+        check_product(pool, 97, ns[b], 320);
+    }
     printf("q8_0 products (%d threads): scalar vs exact %.2g of sum|terms|, vs f32 (no outlier) %.2g of sum|terms|\n",
            tp_threadpool_size(pool), worst_ref, worst_f32);
 }
