@@ -60,45 +60,50 @@ TAVX2 static inline __m256 load8(const void *w, int bf16, int64_t i)
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
 
-/* R (4 or 8) rows of W, 8 columns a step, the tail by axpy4; each row
- * prefetched XW_PF_BYTES ahead within the thread's columns. */
+/* y[0..n) += Σ_q a[q] · W[q, 0..n) for R (4 or 8) rows of W, V-wide
+ * vectors (__m256 on AVX2, __m512 on AVX-512: SET1, MUL, FMA, ADD, LOADU,
+ * STOREU and LOADW, the weights widened to f32), the tail by axpy4.  No
+ * masked loads or stores in the loop (on Zen 5 they halved the rate on
+ * cold weights); each row prefetched XW_PF_BYTES ahead within the thread's
+ * columns, one prefetch a line.  The R rows are summed as a tree of R/2
+ * chains of two, not one chain of R FMAs: the iterations are independent,
+ * but a long chain per iteration fills the scheduler before the next
+ * iteration's loads issue. */
+#define XW_AXPY_BODY(VT, V, SET1, MUL, FMA, ADD, LOADU, STOREU, LOADW)                                    \
+    do {                                                                                              \
+        const int esz = bf16 ? 2 : 4;                                                                  \
+        const int64_t pf = XW_PF_BYTES / esz, line = 64 / esz > V ? 64 / esz : V;                      \
+        const char *wb = (const char *)w;                                                              \
+        VT av[8];                                                                                      \
+        for (int q = 0; q < R; q++) av[q] = SET1(a[q]);                                                \
+        int64_t c = 0;                                                                                 \
+        for (; c + V <= n; c += V) {                                                                   \
+            int64_t i = off + c;                                                                       \
+            if (c % line == 0 && c + pf < n)                                                           \
+                for (int q = 0; q < R; q++) _mm_prefetch(wb + (i + pf + q * stride) * esz, _MM_HINT_T0); \
+            VT p[4];                                                                                   \
+            for (int q = 0; q < R / 2; q++) p[q] = MUL(av[q], LOADW(w, bf16, i + q * stride));         \
+            for (int q = 0; q < R / 2; q++)                                                            \
+                p[q] = FMA(av[q + R / 2], LOADW(w, bf16, i + (q + R / 2) * stride), p[q]);             \
+            VT acc = R == 8 ? ADD(ADD(p[0], p[1]), ADD(p[2], p[3])) : ADD(p[0], p[1]);                 \
+            STOREU(y + c, ADD(LOADU(y + c), acc));                                                     \
+        }                                                                                              \
+        for (int q = 0; q < R; q += 4) axpy4(y + c, w, bf16, off + q * stride + c, stride, a + q, n - c); \
+    } while (0)
+
 TAVX2 static inline __attribute__((always_inline)) void
 axpy_avx2(float *y, const void *w, int bf16, int64_t off, int64_t stride, const float *a, int64_t n, const int R)
 {
-    const int esz = bf16 ? 2 : 4;
-    const int64_t pf = XW_PF_BYTES / esz, line = 64 / esz;
-    const char *wb = (const char *)w;
-    __m256 av[8];
-    for (int q = 0; q < R; q++) av[q] = _mm256_set1_ps(a[q]);
-    int64_t c = 0;
-    for (; c + 8 <= n; c += 8) {
-        int64_t i = off + c;
-        if (c % line == 0 && c + pf < n)   /* one prefetch a line */
-            for (int q = 0; q < R; q++) _mm_prefetch(wb + (i + pf + q * stride) * esz, _MM_HINT_T0);
-        /* R/2 chains of two, summed as a tree, not one chain of R FMAs:
-         * the iterations are independent, but a long chain per iteration
-         * fills the scheduler before the next iteration's loads issue */
-        __m256 p[4];
-        for (int q = 0; q < R / 2; q++) p[q] = _mm256_mul_ps(av[q], load8(w, bf16, i + q * stride));
-        for (int q = 0; q < R / 2; q++)
-            p[q] = _mm256_fmadd_ps(av[q + R / 2], load8(w, bf16, i + (q + R / 2) * stride), p[q]);
-        __m256 acc = R == 8 ? _mm256_add_ps(_mm256_add_ps(p[0], p[1]), _mm256_add_ps(p[2], p[3]))
-                            : _mm256_add_ps(p[0], p[1]);
-        _mm256_storeu_ps(y + c, _mm256_add_ps(_mm256_loadu_ps(y + c), acc));
-    }
-    for (int q = 0; q < R; q += 4) axpy4(y + c, w, bf16, off + q * stride + c, stride, a + q, n - c);
+    XW_AXPY_BODY(__m256, 8, _mm256_set1_ps, _mm256_mul_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_loadu_ps,
+                 _mm256_storeu_ps, load8);
 }
 
-TAVX2 static void axpy4_avx2(float *y, const void *w, int bf16, int64_t off, int64_t stride, const float *a,
-                             int64_t n)
+/* the pass for R = 4 or 8 (constants inside, so the loop is unrolled) */
+TAVX2 static void pass_avx2(float *y, const void *w, int bf16, int64_t off, int64_t stride, const float *a, int64_t n,
+                            int R)
 {
-    axpy_avx2(y, w, bf16, off, stride, a, n, 4);
-}
-
-TAVX2 static void axpy8_avx2(float *y, const void *w, int bf16, int64_t off, int64_t stride, const float *a,
-                             int64_t n)
-{
-    axpy_avx2(y, w, bf16, off, stride, a, n, 8);
+    if (R == 8) axpy_avx2(y, w, bf16, off, stride, a, n, 8);
+    else axpy_avx2(y, w, bf16, off, stride, a, n, 4);
 }
 
 /* 16 weights from element i as f32 */
@@ -109,45 +114,18 @@ T512 static inline __m512 load16(const void *w, int bf16, int64_t i)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* The same for R (4 or 8) rows of W, 16 columns a step (no masked loads
- * or stores in the loop: on this Zen they cost ~2x on cold weights), the
- * tail by axpy4; each row prefetched XW_PF_BYTES ahead within the thread's
- * columns. */
 T512 static inline __attribute__((always_inline)) void
 axpy_avx512(float *y, const void *w, int bf16, int64_t off, int64_t stride, const float *a, int64_t n, const int R)
 {
-    const int esz = bf16 ? 2 : 4;
-    const int64_t pf = XW_PF_BYTES / esz;
-    const char *wb = (const char *)w;
-    __m512 av[8];
-    for (int q = 0; q < R; q++) av[q] = _mm512_set1_ps(a[q]);
-    int64_t c = 0;
-    for (; c + 16 <= n; c += 16) {
-        int64_t i = off + c;
-        if (c + pf < n)
-            for (int q = 0; q < R; q++) _mm_prefetch(wb + (i + pf + q * stride) * esz, _MM_HINT_T0);
-        /* R/2 chains of two, summed as a tree (see axpy_avx2) */
-        __m512 p[4];
-        for (int q = 0; q < R / 2; q++) p[q] = _mm512_mul_ps(av[q], load16(w, bf16, i + q * stride));
-        for (int q = 0; q < R / 2; q++)
-            p[q] = _mm512_fmadd_ps(av[q + R / 2], load16(w, bf16, i + (q + R / 2) * stride), p[q]);
-        __m512 acc = R == 8 ? _mm512_add_ps(_mm512_add_ps(p[0], p[1]), _mm512_add_ps(p[2], p[3]))
-                            : _mm512_add_ps(p[0], p[1]);
-        _mm512_storeu_ps(y + c, _mm512_add_ps(_mm512_loadu_ps(y + c), acc));
-    }
-    for (int q = 0; q < R; q += 4) axpy4(y + c, w, bf16, off + q * stride + c, stride, a + q, n - c);
+    XW_AXPY_BODY(__m512, 16, _mm512_set1_ps, _mm512_mul_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_loadu_ps,
+                 _mm512_storeu_ps, load16);
 }
 
-T512 static void axpy8_avx512(float *y, const void *w, int bf16, int64_t off, int64_t stride, const float *a,
-                              int64_t n)
+T512 static void pass_avx512(float *y, const void *w, int bf16, int64_t off, int64_t stride, const float *a,
+                             int64_t n, int R)
 {
-    axpy_avx512(y, w, bf16, off, stride, a, n, 8);
-}
-
-T512 static void axpy4_avx512(float *y, const void *w, int bf16, int64_t off, int64_t stride, const float *a,
-                              int64_t n)
-{
-    axpy_avx512(y, w, bf16, off, stride, a, n, 4);
+    if (R == 8) axpy_avx512(y, w, bf16, off, stride, a, n, 8);
+    else axpy_avx512(y, w, bf16, off, stride, a, n, 4);
 }
 #endif
 
@@ -157,10 +135,8 @@ static void pass_rows(const xw_job *j, float *y, int64_t base, int64_t c0, const
 {
     int64_t off = base * j->out + c0;
 #if TP_KERNELS_X86
-    int wide = j->path >= TP_KERNEL_AVX512;
-    if (j->pass == 8) { (wide ? axpy8_avx512 : axpy8_avx2)(y, j->w, j->bf16, off, j->out, a, n); return; }
-    if (wide) { axpy4_avx512(y, j->w, j->bf16, off, j->out, a, n); return; }
-    if (j->path >= TP_KERNEL_AVX2) { axpy4_avx2(y, j->w, j->bf16, off, j->out, a, n); return; }
+    if (j->path >= TP_KERNEL_AVX512) { pass_avx512(y, j->w, j->bf16, off, j->out, a, n, j->pass); return; }
+    if (j->path >= TP_KERNEL_AVX2) { pass_avx2(y, j->w, j->bf16, off, j->out, a, n, j->pass); return; }
 #endif
     axpy4(y, j->w, j->bf16, off, j->out, a, n);
 }
