@@ -47,6 +47,26 @@ done:
     free(x); free(y1); free(y3);
 }
 
+/* y (T × n, a quantized product of path `path`) holds the bits of the f32
+ * product of x and the dequantized weights wd [n, k] on path f32_path: what
+ * a product of the dtype's DEQUANT_MIN_T tokens or more gives. */
+static inline void quant_check_dequant_bits(tp_threadpool *pool, const float *y, const float *x, int64_t T,
+                                            const float *wd, int64_t n, int64_t k, tp_kernel_path path,
+                                            tp_kernel_path f32_path)
+{
+    tp_tensor Wf = {0};
+    float *yf = malloc((size_t)(T * n) * sizeof(float));
+    if (!yf || tp_tensor_init(&Wf, TP_F32, 2, (int64_t[2]){n, k})) { CHECK(!"out of memory"); goto done; }
+    memcpy(Wf.data, wd, (size_t)(n * k) * sizeof(float));
+    tp_matmul_opts o = {f32_path, 0, 0, 0};
+    CHECK(tp_matmul_ex(yf, x, T, &Wf, NULL, pool, &o) == TP_OK);
+    CHECK_MSG(!memcmp(y, yf, (size_t)(T * n) * sizeof(float)), "%s T=%lld n=%lld k=%lld: not the f32 product's bits",
+              tp_kernel_path_name(path), (long long)T, (long long)n, (long long)k);
+done:
+    tp_tensor_release(&Wf);
+    free(yf);
+}
+
 /* Inference only: the backward refuses the weight, naming its dtype;
  * tp_row_to_f32 (an embedding lookup) dequantizes; a bias is added. */
 static inline void quant_check_refusals(quant_make_weight_fn make, quant_fill_fn fill, const char *dtype)

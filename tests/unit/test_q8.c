@@ -100,25 +100,6 @@ static int make_weight(tp_tensor *W, float *wd, int64_t n, int64_t k)
 
 static double worst_ref, worst_f32;
 
-/* The f32 product of path pi with the dequantized weights wd: what a
- * q8_0 product of TP_Q8_DEQUANT_MIN_T tokens or more gives, bit for bit
- * (the AVX-512 path runs the AVX2 GEMM for q8_0). */
-static void check_dequant_bits(tp_threadpool *pool, const float *y, const float *x, int64_t T, const float *wd,
-                               int64_t n, int64_t k, int pi)
-{
-    tp_tensor Wf = {0};
-    float *yf = malloc((size_t)(T * n) * sizeof(float));
-    if (!yf || tp_tensor_init(&Wf, TP_F32, 2, (int64_t[2]){n, k})) { CHECK(!"out of memory"); goto done; }
-    memcpy(Wf.data, wd, (size_t)(n * k) * sizeof(float));
-    tp_matmul_opts o = {QUANT_PATHS[pi] == TP_KERNEL_AVX512 ? TP_KERNEL_AVX2 : QUANT_PATHS[pi], 0, 0, 0};
-    CHECK(tp_matmul_ex(yf, x, T, &Wf, NULL, pool, &o) == TP_OK);
-    CHECK_MSG(!memcmp(y, yf, (size_t)(T * n) * sizeof(float)), "%s T=%lld n=%lld k=%lld: not the f32 product's bits",
-              tp_kernel_path_name(QUANT_PATHS[pi]), (long long)T, (long long)n, (long long)k);
-done:
-    tp_tensor_release(&Wf);
-    free(yf);
-}
-
 /* Below TP_Q8_DEQUANT_MIN_T tokens: the scalar path against the exact sum
  * of the quantized products, every other path against the scalar path's
  * bits, each token alone (the GEMV) against the batch's bits, and the
@@ -192,7 +173,10 @@ static void check_product(tp_threadpool *pool, int64_t T, int64_t n, int64_t k)
         tp_matmul_opts op = {QUANT_PATHS[pi], 0, 0, 0};
         memset(y, 0xff, (size_t)(T * n) * sizeof(float));
         CHECK(tp_matmul_ex(y, x, T, &W, NULL, pool, &op) == TP_OK);
-        if (deq) check_dequant_bits(pool, y, x, T, wd, n, k, pi);
+        /* the AVX-512 path runs the AVX2 GEMM for q8_0 */
+        if (deq)
+            quant_check_dequant_bits(pool, y, x, T, wd, n, k, QUANT_PATHS[pi],
+                                     QUANT_PATHS[pi] == TP_KERNEL_AVX512 ? TP_KERNEL_AVX2 : QUANT_PATHS[pi]);
         else
             CHECK_MSG(!memcmp(y, yr, (size_t)(T * n) * sizeof(float)), "%s T=%lld n=%lld k=%lld: not the scalar bits",
                       tp_kernel_path_name(QUANT_PATHS[pi]), (long long)T, (long long)n, (long long)k);
