@@ -24,6 +24,7 @@
 typedef struct {
     int has[TP_ISA_COUNT];    /* what the CPU (and, for AMX, the OS) can run */
     int has_bf16;             /* AVX512_BF16 (vdpbf16ps) */
+    int has_vnni;             /* AVX512_VNNI (vpdpbusd) */
     tp_isa isa;               /* the process's choice; scalar when err[0] */
     char err[512];            /* why TENSORPAR_ISA was refused, or "" */
 } cpu_info;
@@ -76,6 +77,10 @@ static void detect_simd(cpu_info *c)
     c->has[TP_ISA_AVX512] = c->has[TP_ISA_AVX2] && __builtin_cpu_supports("avx512f") &&
                             __builtin_cpu_supports("avx512bw");
     c->has_bf16 = cpu_has_bf16(c->has[TP_ISA_AVX512]);
+    unsigned a = 7, b = 0, cx = 0, d = 0;   /* leaf 7, subleaf 0: ECX bit 11 AVX512_VNNI */
+    __asm__("cpuid" : "+a"(a), "=b"(b), "+c"(cx), "=d"(d));
+    (void)b; (void)d;
+    c->has_vnni = c->has[TP_ISA_AVX512] && ((cx >> 11) & 1);
     /* The AMX GEMM splits x with vcvtneps2bf16, hence has_bf16. */
     c->has[TP_ISA_AMX] = amx_usable(c->has_bf16);
 }
@@ -85,6 +90,7 @@ static void detect_simd(cpu_info *c)
 {
     c->has[TP_ISA_AVX2] = c->has[TP_ISA_AVX512] = c->has[TP_ISA_AMX] = 0;
     c->has_bf16 = 0;
+    c->has_vnni = 0;
 }
 #endif
 
@@ -129,6 +135,7 @@ tp_kernel_path tp_kernel_path_default(void)
 
 int tp_kernel_has_bf16_dot(void) { return info()->has_bf16 && info()->isa >= TP_ISA_AVX512; }
 int tp_kernel_has_amx(void) { return info()->isa == TP_ISA_AMX; }
+int tp_kernel_has_vnni(void) { return info()->has_vnni; }
 
 /* The paths are ordered like the ISAs, so the process may run every path
  * up to its own. */

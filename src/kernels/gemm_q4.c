@@ -8,7 +8,8 @@
  * per call, in the pool's scratch, and the threads split the rows of W.
  * The scalar path computes exactly what the AVX2 code does, lane by lane
  * (the order is described in kern_q4.h), so it is the reference for the
- * bits.  The AVX-512 path runs the AVX2 kernels. */
+ * bits.  The AVX-512 path runs gemm_q4_avx512.c's kernels where the CPU
+ * has VNNI, else the AVX2 ones. */
 #include "kernels/kern_q4.h"
 
 #include <math.h>
@@ -72,7 +73,8 @@ tp_status tp_q4_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, 
         xs[l] = 8 * ((int32_t)xq[4 * l] + xq[4 * l + 1] + xq[4 * l + 2] + xq[4 * l + 3]);
     tp_q4_job j = {y, xq, xs, xd, W->data, T, n, nb};
 #if TP_KERNELS_X86
-    if (path != TP_KERNEL_SCALAR) tp_q4_matmul_avx2(&j, pool);
+    if (path == TP_KERNEL_AVX512 && tp_kernel_has_vnni()) tp_q4_matmul_avx512(&j, pool);
+    else if (path != TP_KERNEL_SCALAR) tp_q4_matmul_avx2(&j, pool);
     else tp_q4_matmul_scalar(&j, pool);
 #else
     (void)path;

@@ -159,6 +159,10 @@ void tp_gemv_permute_x(float *dst, const float *x, int64_t T, int64_t k, int64_t
  * does exactly that in C, so every path gives the same bits, whatever the
  * thread count, the tile a row falls in, or whether it runs as a GEMV or
  * a GEMM (tokens 5..31: 4 × 3 tiles, gemm_q8_avx2.c). */
+/* Whether the CPU has AVX512_VNNI (vpdpbusd), for the AVX-512 path's
+ * integer kernels (cpu.c). */
+int tp_kernel_has_vnni(void);
+
 /* The fewest tokens that run as the f32 product (measured: bench/README.md,
  * "8-bit weights"). */
 #define TP_Q8_DEQUANT_MIN_T 32

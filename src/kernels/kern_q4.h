@@ -44,6 +44,9 @@ typedef struct {
 void tp_q4_matmul_scalar(const tp_q4_job *j, tp_threadpool *pool);
 #if TP_KERNELS_X86
 void tp_q4_matmul_avx2(const tp_q4_job *j, tp_threadpool *pool);
+/* AVX-512BW + VNNI (gemm_q4_avx512.c): the same bits; needs
+ * tp_kernel_has_vnni(). */
+void tp_q4_matmul_avx512(const tp_q4_job *j, tp_threadpool *pool);
 #endif
 /* x quantized, then the path's kernel (gemm_q4.c).  k = W's row length, a
  * multiple of 32. */
