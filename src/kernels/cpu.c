@@ -24,7 +24,7 @@
 typedef struct {
     int has[TP_ISA_COUNT];    /* what the CPU (and, for AMX, the OS) can run */
     int has_bf16;             /* AVX512_BF16 (vdpbf16ps) */
-    int has_vnni;             /* AVX512_VNNI (vpdpbusd) */
+    int has_vnni;             /* AVX512_VNNI (vpdpbusd), for the q8_0 kernels */
     tp_isa isa;               /* the process's choice; scalar when err[0] */
     char err[512];            /* why TENSORPAR_ISA was refused, or "" */
 } cpu_info;
@@ -68,6 +68,15 @@ static int cpu_has_bf16(int has_avx512)
 #endif
 }
 
+/* cpuid directly, as for bf16: compilers spell the feature differently. */
+static int cpu_has_vnni(int has_avx512)
+{
+    unsigned a = 7, b = 0, c = 0, d = 0;   /* leaf 7, subleaf 0: ECX bit 11 */
+    __asm__("cpuid" : "+a"(a), "=b"(b), "+c"(c), "=d"(d));
+    (void)a; (void)b; (void)d;
+    return has_avx512 && ((c >> 11) & 1);
+}
+
 static void detect_simd(cpu_info *c)
 {
     __builtin_cpu_init();
@@ -77,10 +86,7 @@ static void detect_simd(cpu_info *c)
     c->has[TP_ISA_AVX512] = c->has[TP_ISA_AVX2] && __builtin_cpu_supports("avx512f") &&
                             __builtin_cpu_supports("avx512bw");
     c->has_bf16 = cpu_has_bf16(c->has[TP_ISA_AVX512]);
-    unsigned a = 7, b = 0, cx = 0, d = 0;   /* leaf 7, subleaf 0: ECX bit 11 AVX512_VNNI */
-    __asm__("cpuid" : "+a"(a), "=b"(b), "+c"(cx), "=d"(d));
-    (void)b; (void)d;
-    c->has_vnni = c->has[TP_ISA_AVX512] && ((cx >> 11) & 1);
+    c->has_vnni = cpu_has_vnni(c->has[TP_ISA_AVX512]);
     /* The AMX GEMM splits x with vcvtneps2bf16, hence has_bf16. */
     c->has[TP_ISA_AMX] = amx_usable(c->has_bf16);
 }
@@ -89,8 +95,7 @@ static void detect_simd(cpu_info *c)
 static void detect_simd(cpu_info *c)
 {
     c->has[TP_ISA_AVX2] = c->has[TP_ISA_AVX512] = c->has[TP_ISA_AMX] = 0;
-    c->has_bf16 = 0;
-    c->has_vnni = 0;
+    c->has_bf16 = c->has_vnni = 0;
 }
 #endif
 
@@ -135,7 +140,7 @@ tp_kernel_path tp_kernel_path_default(void)
 
 int tp_kernel_has_bf16_dot(void) { return info()->has_bf16 && info()->isa >= TP_ISA_AVX512; }
 int tp_kernel_has_amx(void) { return info()->isa == TP_ISA_AMX; }
-int tp_kernel_has_vnni(void) { return info()->has_vnni; }
+int tp_kernel_has_vnni(void) { return info()->has_vnni && info()->isa >= TP_ISA_AVX512; }
 
 /* The paths are ordered like the ISAs, so the process may run every path
  * up to its own. */

@@ -1,4 +1,6 @@
-/* AVX-512 matmul: y[T, n] = x[T, k] · W[n, k]ᵀ, W f32 or bf16.
+/* AVX-512 matmul: y[T, n] = x[T, k] · W[n, k]ᵀ, W f32 or bf16 (the GEMM
+ * also q8_0 and q4_0, dequantized while packing: gemm_q8.c's and
+ * gemm_q4.c's prefill).
  *
  * GEMM (prefill), GotoBLAS style.  y is cut into tiles of MR = 12 rows (T)
  * by NR = 32 columns (n); a tile's 24 accumulators live in zmm registers.
@@ -100,11 +102,28 @@ T512 static void pack_a_panel(float *dst, const float *x, int64_t rows, int64_t 
     }
 }
 
-/* 16 weights from W + off (in elements), widened to f32; lanes past m zero. */
+/* 16 weights from W + off (in elements), widened to f32; lanes past m zero.
+ * q8_0 (rows of whole blocks, off a multiple of 16: the 16 lie in one
+ * block): d·q, exact in f32 and the value tp_q8_dequantize_row gives, so
+ * the product is the f32 one of the dequantized weights.  q4_0 likewise:
+ * d·(nibble - 8), the 16 being the low nibbles of the block's 16 bytes
+ * (off % 32 = 0) or their high ones (16), as tp_q4_dequantize_row. */
 static inline __attribute__((always_inline)) T512 __m512 load_w16(const void *w, tp_dtype wt, int64_t off,
                                                                   __mmask16 m)
 {
     if (wt == TP_F32) return _mm512_maskz_loadu_ps(m, (const float *)w + off);
+    if (wt == TP_Q8_0) {
+        const tp_q8_block *b = (const tp_q8_block *)w + off / TP_Q8_BLOCK;
+        __m512i q = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, b->q + off % TP_Q8_BLOCK));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(tp_q8_scale(b->d)));
+    }
+    if (wt == TP_Q4_0) {
+        const tp_q4_block *b = (const tp_q4_block *)w + off / TP_Q4_BLOCK;
+        __m512i q = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, b->qs));
+        q = off % TP_Q4_BLOCK ? _mm512_srli_epi32(q, 4) : _mm512_and_si512(q, _mm512_set1_epi32(0x0f));
+        q = _mm512_sub_epi32(q, _mm512_set1_epi32(8));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(tp_q8_scale(b->d)));
+    }
     __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)w + off));
     return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
 }
@@ -269,6 +288,14 @@ static void pack_a_worker(void *p, int ti, int nt)
         }
 }
 
+/* The bytes of `elems` weights of W (for q8_0 a multiple of 32). */
+static int64_t w_bytes(tp_dtype wt, int64_t elems)
+{
+    if (wt == TP_Q8_0) return elems / TP_Q8_BLOCK * (int64_t)sizeof(tp_q8_block);
+    if (wt == TP_Q4_0) return elems / TP_Q4_BLOCK * (int64_t)sizeof(tp_q4_block);
+    return elems * (wt == TP_F32 ? 4 : 2);
+}
+
 static void gemm_worker(void *p, int ti, int nt)
 {
     const gemm_job *j = p;
@@ -291,7 +318,7 @@ static void gemm_worker(void *p, int ti, int nt)
             /* The next slice of this K block, or the first of the next:
              * tile i prefetches row i of its W block for pack_b_f32. */
             int64_t pn = nb + 1 < b1 ? n0 + NR : b0 * NR, pk = nb + 1 < b1 ? k0 : k0 + kcmax;
-            int64_t es = j->wt == TP_F32 ? 4 : 2, wlines = (min64(kcmax, j->k - pk) * es + 63) / 64;
+            int64_t wlines = (w_bytes(j->wt, min64(kcmax, j->k - pk)) + 63) / 64;
             for (int64_t t0 = 0; t0 < j->T; t0 += MR) {
                 int mr = (int)min64(MR, j->T - t0);
                 float *c = j->y + t0 * j->n + n0;
@@ -302,7 +329,7 @@ static void gemm_worker(void *p, int ti, int nt)
                 int pc_rows = (int)(last ? (n0 + NR < j->n ? min64(MR, j->T) : 0) : min64(MR, j->T - t0 - MR));
                 int64_t pr = pn + t0 / MR;
                 int nw = wlines > 0 && t0 / MR < NR && pr < j->n ? (int)wlines : 0;
-                const char *pw = nw ? (const char *)j->w + (pr * j->k + pk) * es : NULL;
+                const char *pw = nw ? (const char *)j->w + w_bytes(j->wt, pr * j->k + pk) : NULL;
                 if (j->dot) kernel_dot(kp, (const uint32_t *)ap + t0 * kp, bp, c, j->n, mr, nr, k0 > 0);
                 else kernel_f32(kc, (const float *)ap + t0 * kc, bp, c, j->n, mr, nr, k0 > 0, pc, pc_rows, pw, nw);
             }

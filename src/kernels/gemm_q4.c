@@ -2,9 +2,9 @@
  *
  * As for q8_0 (gemm_q8.c): from TP_Q4_DEQUANT_MIN_T tokens on (prefill)
  * the product is the f32 one with the dequantized weights, d·(nibble - 8)
- * being exact in f32: the path's packed f32 GEMM dequantizes W while it
- * packs (gemm_packed.c, gemm_avx2.c), the scalar path runs its f32 loop
- * (matmul.c).  Below that x is quantized per row into 8-bit blocks once
+ * being exact in f32: the path's f32 GEMM dequantizes W while it packs
+ * (gemm_packed.c with gemm_avx2.c; gemm_avx512.c), the scalar path runs
+ * its f32 loop (matmul.c).  Below that x is quantized per row into 8-bit blocks once
  * per call, in the pool's scratch, and the threads split the rows of W.
  * The scalar path computes exactly what the AVX2 code does, lane by lane
  * (the order is described in kern_q4.h), so it is the reference for the
@@ -55,6 +55,7 @@ tp_status tp_q4_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, 
     if (T >= TP_Q4_DEQUANT_MIN_T) {
         /* Prefill: the f32 GEMM of the dequantized weights, x as it is. */
 #if TP_KERNELS_X86
+        if (path == TP_KERNEL_AVX512) return tp_gemm_avx512(y, x, T, W->data, TP_Q4_0, n, k, 0, pool);
         if (path != TP_KERNEL_SCALAR) return tp_gemm_avx2(y, x, T, W->data, TP_Q4_0, n, k, pool);
 #endif
         tp_matmul_scalar(y, x, T, W->data, TP_Q4_0, n, k, pool);

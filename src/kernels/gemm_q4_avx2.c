@@ -101,7 +101,7 @@ tile(const tp_q4_job *j, int64_t r0, const int R, int64_t t0, const int TT, cons
         for (int t = 0; t < TT; t++) j->y[(t0 + t) * j->n + r0 + r] = tp_hsum256(acc[r][t]);
 }
 
-TP_QTILE_TABLE(tp_q4_job)
+TP_QTILE_TABLE(tp_q4_job, TAVX2)
 
 static void worker(void *p, int ti, int nt)
 {

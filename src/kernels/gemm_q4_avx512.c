@@ -24,10 +24,9 @@
 
 #include <immintrin.h>
 
-#define T512VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
-/* qgemm_tiles.h's tile functions take the file's target attribute. */
-#define TAVX2 T512VNNI
 #include "kernels/qgemm_tiles.h"
+
+#define T512VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
 
 /* Software prefetch this far ahead of each row stream in the GEMV (the
  * AVX2 kernel's distance). */
@@ -165,7 +164,7 @@ tile(const tp_q4_job *j, int64_t r0, const int R, int64_t t0, const int TT, cons
         }
 }
 
-TP_QTILE_TABLE(tp_q4_job)
+TP_QTILE_TABLE(tp_q4_job, T512VNNI)
 
 static void worker(void *p, int ti, int nt)
 {

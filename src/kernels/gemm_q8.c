@@ -55,6 +55,7 @@ tp_status tp_q8_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, 
     if (T >= TP_Q8_DEQUANT_MIN_T) {
         /* Prefill: the f32 GEMM of the dequantized weights, x as it is. */
 #if TP_KERNELS_X86
+        if (path == TP_KERNEL_AVX512) return tp_gemm_avx512(y, x, T, W->data, TP_Q8_0, n, k, 0, pool);
         if (path != TP_KERNEL_SCALAR) return tp_gemm_avx2(y, x, T, W->data, TP_Q8_0, n, k, pool);
 #endif
         tp_matmul_scalar(y, x, T, W->data, TP_Q8_0, n, k, pool);
@@ -69,7 +70,8 @@ tp_status tp_q8_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, 
     tp_q8_quantize_act(xq, xd, x, T, k);
     tp_q8_job j = {y, xq, xd, W->data, T, n, nb};
 #if TP_KERNELS_X86
-    if (path != TP_KERNEL_SCALAR) tp_q8_matmul_avx2(&j, pool);
+    if (path == TP_KERNEL_AVX512 && tp_kernel_has_vnni()) tp_q8_matmul_avx512(&j, pool);
+    else if (path != TP_KERNEL_SCALAR) tp_q8_matmul_avx2(&j, pool);
     else tp_q8_matmul_scalar(&j, pool);
 #else
     (void)path;

@@ -159,10 +159,6 @@ void tp_gemv_permute_x(float *dst, const float *x, int64_t T, int64_t k, int64_t
  * does exactly that in C, so every path gives the same bits, whatever the
  * thread count, the tile a row falls in, or whether it runs as a GEMV or
  * a GEMM (tokens 5..31: 4 × 3 tiles, gemm_q8_avx2.c). */
-/* Whether the CPU has AVX512_VNNI (vpdpbusd), for the AVX-512 path's
- * integer kernels (cpu.c). */
-int tp_kernel_has_vnni(void);
-
 /* The fewest tokens that run as the f32 product (measured: bench/README.md,
  * "8-bit weights"). */
 #define TP_Q8_DEQUANT_MIN_T 32
@@ -200,7 +196,13 @@ typedef struct {
 void tp_q8_matmul_scalar(const tp_q8_job *j, tp_threadpool *pool);
 #if TP_KERNELS_X86
 void tp_q8_matmul_avx2(const tp_q8_job *j, tp_threadpool *pool);
+/* AVX-512 VNNI (gemm_q8_avx512.c): the AVX2 kernel's bits; only where
+ * tp_kernel_has_vnni(). */
+void tp_q8_matmul_avx512(const tp_q8_job *j, tp_threadpool *pool);
 #endif
+/* The CPU has AVX512_VNNI and the process runs the avx512 (or amx) path
+ * (cpu.c). */
+int tp_kernel_has_vnni(void);
 /* x quantized, then the path's kernel (gemm_q8.c).  k = W's row length, a
  * multiple of 32. */
 tp_status tp_q8_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, tp_kernel_path path,

@@ -1,4 +1,4 @@
-/* The tile schedule that the AVX2 kernels of the block-quantized weights
+/* The tile schedule that the kernels of the block-quantized weights
  * (gemm_q8_avx2.c, gemm_q4_avx2.c) share: which R rows × TT tokens tile
  * runs where, and how the rows and tokens split among threads.  Only the
  * tile itself (the block dot products) is each dtype's own; the schedule
@@ -21,18 +21,24 @@ typedef void (*tp_qtile_fn)(const void *job, int64_t r0, int64_t t0);
 /* One function per tile shape, so that each gets its own unrolled code;
  * the GEMV's shapes prefetch, the GEMM's 4 × 2 and 4 × 3 do not (their
  * rows are reused from L1 by the next tokens).  Needs the file's
- * `tile(job, r0, R, t0, TT, prefetch)` and its target attribute TAVX2;
- * defines `tiles`, indexed [rows - 1][tokens - 1]. */
-#define TP_QTILE_FN(JOB, R, TT)                                                   \
-    TAVX2 static void tile_##R##_##TT(const void *j, int64_t r0, int64_t t0)      \
+ * `tile(job, r0, R, t0, TT, prefetch)`; TARGET is the attribute its tiles
+ * are compiled for (the AVX2 files' and the AVX-512 files' own), so the
+ * one schedule serves every ISA; defines `tiles`, indexed
+ * [rows - 1][tokens - 1]. */
+#define TP_QTILE_FN(JOB, R, TT, TARGET)                                           \
+    TARGET static void tile_##R##_##TT(const void *j, int64_t r0, int64_t t0)     \
     {                                                                             \
         tile((const JOB *)j, r0, R, t0, TT, (TT) == 1 || (R) < 3);                \
     }
-#define TP_QTILE_TABLE(JOB)                                                       \
-    TP_QTILE_FN(JOB, 1, 1) TP_QTILE_FN(JOB, 1, 2) TP_QTILE_FN(JOB, 1, 3) TP_QTILE_FN(JOB, 1, 4) \
-    TP_QTILE_FN(JOB, 2, 1) TP_QTILE_FN(JOB, 2, 2) TP_QTILE_FN(JOB, 2, 3) TP_QTILE_FN(JOB, 2, 4) \
-    TP_QTILE_FN(JOB, 3, 1) TP_QTILE_FN(JOB, 3, 2) TP_QTILE_FN(JOB, 3, 3) TP_QTILE_FN(JOB, 3, 4) \
-    TP_QTILE_FN(JOB, 4, 1) TP_QTILE_FN(JOB, 4, 2) TP_QTILE_FN(JOB, 4, 3)          \
+#define TP_QTILE_TABLE(JOB, T)                                                    \
+    TP_QTILE_FN(JOB, 1, 1, T) TP_QTILE_FN(JOB, 1, 2, T)                           \
+    TP_QTILE_FN(JOB, 1, 3, T) TP_QTILE_FN(JOB, 1, 4, T)                           \
+    TP_QTILE_FN(JOB, 2, 1, T) TP_QTILE_FN(JOB, 2, 2, T)                           \
+    TP_QTILE_FN(JOB, 2, 3, T) TP_QTILE_FN(JOB, 2, 4, T)                           \
+    TP_QTILE_FN(JOB, 3, 1, T) TP_QTILE_FN(JOB, 3, 2, T)                           \
+    TP_QTILE_FN(JOB, 3, 3, T) TP_QTILE_FN(JOB, 3, 4, T)                           \
+    TP_QTILE_FN(JOB, 4, 1, T) TP_QTILE_FN(JOB, 4, 2, T)                           \
+    TP_QTILE_FN(JOB, 4, 3, T)                                                     \
     static const tp_qtile_fn tiles[4][4] = {                                      \
         {tile_1_1, tile_1_2, tile_1_3, tile_1_4},                                 \
         {tile_2_1, tile_2_2, tile_2_3, tile_2_4},                                 \

@@ -151,9 +151,6 @@ static int make_weight(tp_tensor *W, float *wd, int64_t n, int64_t k)
 
 static double worst_ref;
 
-/* The f32 product that path pi runs from TP_Q4_DEQUANT_MIN_T tokens on. */
-static tp_kernel_path dequant_path(tp_kernel_path p) { return p == TP_KERNEL_AVX512 ? TP_KERNEL_AVX2 : p; }
-
 /* Below TP_Q4_DEQUANT_MIN_T tokens: the scalar path against the exact sum
  * of the quantized products, every other path against the scalar path's
  * bits, each token alone (the GEMV) against the batch.  From
@@ -222,7 +219,7 @@ static void check_product(tp_threadpool *pool, int64_t T, int64_t n, int64_t k)
         memset(y, 0xff, (size_t)(T * n) * sizeof(float));
         CHECK(tp_matmul_ex(y, x, T, &W, NULL, pool, &op) == TP_OK);
         if (deq)
-            quant_check_dequant_bits(pool, y, x, T, wd, n, k, QUANT_PATHS[pi], dequant_path(QUANT_PATHS[pi]));
+            quant_check_dequant_bits(pool, y, x, T, wd, n, k, QUANT_PATHS[pi], QUANT_PATHS[pi]);
         else
             CHECK_MSG(!memcmp(y, yr, (size_t)(T * n) * sizeof(float)), "%s T=%lld n=%lld k=%lld: not the scalar bits",
                       tp_kernel_path_name(QUANT_PATHS[pi]), (long long)T, (long long)n, (long long)k);
