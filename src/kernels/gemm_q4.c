@@ -53,13 +53,7 @@ tp_status tp_q4_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, 
     int64_t n = W->shape[0], k = W->shape[1], nb = k / TP_Q4_BLOCK;
     if (k % TP_Q4_BLOCK) return tp_fail(TP_ERR_INTERNAL, "tp_matmul: a q4_0 row of %lld values", (long long)k);
     if (T >= TP_Q4_DEQUANT_MIN_T) {
-        /* Prefill: the f32 GEMM of the dequantized weights, x as it is. */
-#if TP_KERNELS_X86
-        if (path == TP_KERNEL_AVX512) return tp_gemm_avx512(y, x, T, W->data, TP_Q4_0, n, k, 0, pool);
-        if (path != TP_KERNEL_SCALAR) return tp_gemm_avx2(y, x, T, W->data, TP_Q4_0, n, k, pool);
-#endif
-        tp_matmul_scalar(y, x, T, W->data, TP_Q4_0, n, k, pool);
-        return TP_OK;
+        return tp_matmul_dequant(y, x, T, W, path, pool);   /* prefill */
     }
     size_t qbytes = (size_t)(T * k + 63) / 64 * 64, sbytes = (size_t)(T * nb) * 8 * sizeof(int32_t);
     size_t bytes = qbytes + sbytes + (size_t)(T * nb) * sizeof(float);

@@ -98,6 +98,20 @@ void tp_matmul_scalar(float *y, const float *x, int64_t T, const void *W, tp_dty
     tp_parallel_run(pool, scalar_worker, &j);
 }
 
+tp_status tp_matmul_dequant(float *y, const float *x, int64_t T, const tp_tensor *W, tp_kernel_path path,
+                            tp_threadpool *pool)
+{
+    int64_t n = W->shape[0], k = W->shape[1];
+#if TP_KERNELS_X86
+    if (path == TP_KERNEL_AVX512) return tp_gemm_avx512(y, x, T, W->data, W->dtype, n, k, 0, pool);
+    if (path != TP_KERNEL_SCALAR) return tp_gemm_avx2(y, x, T, W->data, W->dtype, n, k, pool);
+#else
+    (void)path;
+#endif
+    tp_matmul_scalar(y, x, T, W->data, W->dtype, n, k, pool);
+    return TP_OK;
+}
+
 /* ---- shared by every path ------------------------------------------- */
 
 static tp_status add_bias(float *y, int64_t T, int64_t out, const tp_tensor *bias)

@@ -1,6 +1,8 @@
 /* What tests/unit/test_q4.c and test_q8.c check the same way for any
- * block-quantized weight dtype: the thread split gives one thread's bits,
- * and such a weight is for inference only.  Each test passes the two things
+ * block-quantized weight dtype: every path against the scalar bits (or,
+ * from the dtype's DEQUANT_MIN_T tokens on, its own f32 product's), a
+ * token alone against the batch, the thread split gives one thread's
+ * bits, and such a weight is for inference only.  Each test passes the two things
  * that are its own: how it makes a weight of its dtype and how it fills
  * (from its own seeded generator). */
 #ifndef TP_TEST_QUANT_TEST_H
@@ -9,6 +11,7 @@
 #include "check.h"
 #include "tensorpar/kernels.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,6 +68,43 @@ static inline void quant_check_dequant_bits(tp_threadpool *pool, const float *y,
 done:
     tp_tensor_release(&Wf);
     free(yf);
+}
+
+/* Every path on the product of x [T, k] and W [n, k] (wd: W's dequantized
+ * values): below the dtype's DEQUANT_MIN_T tokens (deq 0) the bits of yr,
+ * the scalar path's; from there on (deq 1) each path's own f32 product's
+ * bits.  Then each token alone (the GEMV): the batch's bits below, else
+ * within xb (x's quantization) of the batch.  yr is overwritten, y is
+ * scratch [T, n]. */
+static inline void quant_check_paths(tp_threadpool *pool, const tp_tensor *W, const float *x, const float *wd,
+                                     int64_t T, int64_t n, int64_t k, int deq, float *yr, float *y, const double *xb)
+{
+    for (int pi = 0; pi < 3; pi++) {
+        if (!tp_kernel_path_supported(QUANT_PATHS[pi])) continue;
+        tp_matmul_opts op = {QUANT_PATHS[pi], 0, 0, 0};
+        memset(y, 0xff, (size_t)(T * n) * sizeof(float));
+        CHECK(tp_matmul_ex(y, x, T, W, NULL, pool, &op) == TP_OK);
+        /* each path its own GEMM: the AVX-512 one dequantizes in its packing */
+        if (deq) quant_check_dequant_bits(pool, y, x, T, wd, n, k, QUANT_PATHS[pi], QUANT_PATHS[pi]);
+        else
+            CHECK_MSG(!memcmp(y, yr, (size_t)(T * n) * sizeof(float)), "%s T=%lld n=%lld k=%lld: not the scalar bits",
+                      tp_kernel_path_name(QUANT_PATHS[pi]), (long long)T, (long long)n, (long long)k);
+        memcpy(yr, y, (size_t)(T * n) * sizeof(float));
+        /* each token alone (the GEMV): the batch's bits below the f32
+         * product's T, else within x's quantization of it */
+        for (int64_t t = 0; t < T; t += T > 4 ? 3 : 1) {
+            CHECK(tp_matmul_ex(y, x + t * k, 1, W, NULL, pool, &op) == TP_OK);
+            if (!deq) {
+                CHECK_MSG(!memcmp(y, yr + t * n, (size_t)n * sizeof(float)), "%s T=%lld token %lld alone differs",
+                          tp_kernel_path_name(QUANT_PATHS[pi]), (long long)T, (long long)t);
+                continue;
+            }
+            for (int64_t r = 0; r < n; r++)
+                CHECK_MSG(fabs(y[r] - yr[t * n + r]) <= xb[t * n + r], "%s T=%lld token %lld row %lld alone: %.6g vs %.6g",
+                          tp_kernel_path_name(QUANT_PATHS[pi]), (long long)T, (long long)t, (long long)r, y[r],
+                          yr[t * n + r]);
+        }
+    }
 }
 
 /* Inference only: the backward refuses the weight, naming its dtype;

@@ -168,32 +168,7 @@ static void check_product(tp_threadpool *pool, int64_t T, int64_t n, int64_t k)
                       (long long)t, (long long)r, yr[t * n + r], f32, xbound);
             if (!(T > 2 && t == 1) && f32mag > 0 && ef / f32mag > worst_f32) worst_f32 = ef / f32mag;
         }
-    for (int pi = 0; pi < 3; pi++) {
-        if (!tp_kernel_path_supported(QUANT_PATHS[pi])) continue;
-        tp_matmul_opts op = {QUANT_PATHS[pi], 0, 0, 0};
-        memset(y, 0xff, (size_t)(T * n) * sizeof(float));
-        CHECK(tp_matmul_ex(y, x, T, &W, NULL, pool, &op) == TP_OK);
-        /* each path its own GEMM: the AVX-512 one dequantizes in its packing */
-        if (deq) quant_check_dequant_bits(pool, y, x, T, wd, n, k, QUANT_PATHS[pi], QUANT_PATHS[pi]);
-        else
-            CHECK_MSG(!memcmp(y, yr, (size_t)(T * n) * sizeof(float)), "%s T=%lld n=%lld k=%lld: not the scalar bits",
-                      tp_kernel_path_name(QUANT_PATHS[pi]), (long long)T, (long long)n, (long long)k);
-        memcpy(yr, y, (size_t)(T * n) * sizeof(float));
-        /* each token alone (the GEMV): the batch's bits below the f32
-         * product's T, else within x's quantization of it */
-        for (int64_t t = 0; t < T; t += T > 4 ? 3 : 1) {
-            CHECK(tp_matmul_ex(y, x + t * k, 1, &W, NULL, pool, &op) == TP_OK);
-            if (!deq) {
-                CHECK_MSG(!memcmp(y, yr + t * n, (size_t)n * sizeof(float)), "%s T=%lld token %lld alone differs",
-                          tp_kernel_path_name(QUANT_PATHS[pi]), (long long)T, (long long)t);
-                continue;
-            }
-            for (int64_t r = 0; r < n; r++)
-                CHECK_MSG(fabs(y[r] - yr[t * n + r]) <= xb[t * n + r], "%s T=%lld token %lld row %lld alone: %.6g vs %.6g",
-                          tp_kernel_path_name(QUANT_PATHS[pi]), (long long)T, (long long)t, (long long)r, y[r],
-                          yr[t * n + r]);
-        }
-    }
+    quant_check_paths(pool, &W, x, wd, T, n, k, deq, yr, y, xb);
 done:
     tp_tensor_release(&W);
     free(x); free(wd); free(yr); free(y); free(xq); free(xd); free(xb);
