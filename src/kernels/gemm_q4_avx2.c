@@ -103,13 +103,4 @@ tile(const tp_q4_job *j, int64_t r0, const int R, int64_t t0, const int TT, cons
 
 TP_QTILE_TABLE(tp_q4_job, TAVX2)
 
-static void worker(void *p, int ti, int nt)
-{
-    const tp_q4_job *j = p;
-    tp_qtile_worker(tiles, j, j->T, j->n, j->nb * (int64_t)sizeof(tp_q4_block), ti, nt);
-}
-
-void tp_q4_matmul_avx2(const tp_q4_job *j, tp_threadpool *pool)
-{
-    tp_parallel_run(pool, worker, (void *)j);
-}
+TP_QTILE_MATMUL(tp_q4_matmul_avx2, tp_q4_job, tp_q4_block)

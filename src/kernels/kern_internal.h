@@ -145,12 +145,12 @@ void tp_gemv_thread_rows(int64_t n, int64_t row_bytes, int R, int ti, int nt, in
  * holds an (even, odd) pair.  Zero-padded to kp = k rounded up to blk. */
 void tp_gemv_permute_x(float *dst, const float *x, int64_t T, int64_t k, int64_t kp, int blk);
 
-/* ---- 8-bit weights (quant_q8.c, gemm_q8.c, gemm_q8_avx2.c) ------------
+/* ---- 8-bit weights (quant_q8.c, gemm_q8.c, gemm_q8_avx2.c, gemm_q8_avx512.c)
  * y = x·Wᵀ with W in TP_Q8_0 blocks.
  *
  * T >= TP_Q8_DEQUANT_MIN_T: the f32 product x·dequant(W)ᵀ, bitwise the
- * f32 product of the path (the AVX-512 path: the AVX2 one) with the
- * dequantized weights, for any thread count.  x is not quantized.  The
+ * f32 product of the path with the dequantized weights, for any thread
+ * count.  x is not quantized.  The
  * packed f32 GEMM that runs it is 1.3× faster than the integer tiles at
  * T = 512 on AVX2 (they need more than 16 registers); below ~T = 28 the
  * integer kernels win, reading 1 byte per weight where the GEMM packs 4.
@@ -163,7 +163,7 @@ void tp_gemv_permute_x(float *dst, const float *x, int64_t T, int64_t k, int64_t
  * the 8 lanes are added at the end as tp_q8_hsum8 does.  The scalar path
  * does exactly that in C, so every path gives the same bits, whatever the
  * thread count, the tile a row falls in, or whether it runs as a GEMV or
- * a GEMM (tokens 5..31: 4 × 3 tiles, gemm_q8_avx2.c). */
+ * a GEMM (tokens 5..31: 4 × 3 tiles, gemm_q8_avx2.c, gemm_q8_avx512.c). */
 /* The fewest tokens that run as the f32 product (measured: bench/README.md,
  * "8-bit weights"). */
 #define TP_Q8_DEQUANT_MIN_T 32

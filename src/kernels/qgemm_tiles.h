@@ -46,6 +46,16 @@ typedef void (*tp_qtile_fn)(const void *job, int64_t r0, int64_t t0);
         {tile_4_1, tile_4_2, tile_4_3, NULL},                                     \
     };
 
+/* The kernel's entry point NAME(job, pool): the threads run
+ * tp_qtile_worker over `tiles` (TP_QTILE_TABLE above), rows of nb BLOCKs. */
+#define TP_QTILE_MATMUL(NAME, JOB, BLOCK)                                         \
+    static void qtile_run(void *p, int ti, int nt)                                \
+    {                                                                             \
+        const JOB *j = p;                                                         \
+        tp_qtile_worker(tiles, j, j->T, j->n, j->nb * (int64_t)sizeof(BLOCK), ti, nt); \
+    }                                                                             \
+    void NAME(const JOB *j, tp_threadpool *pool) { tp_parallel_run(pool, qtile_run, (void *)j); }
+
 /* Rows [r0, r1) for tokens [t0, t0 + tt): blocks of R rows, then single
  * rows (R·tt <= 12). */
 static inline void tp_qtile_rows(const tp_qtile_fn tiles[4][4], const void *j, int64_t r0, int64_t r1, int R,

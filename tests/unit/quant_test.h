@@ -107,6 +107,25 @@ static inline void quant_check_paths(tp_threadpool *pool, const tp_tensor *W, co
     }
 }
 
+/* check(pool, T, n, k) over the shapes that reach every kernel's edges:
+ * T = 1..40 (every GEMV width, every integer GEMM tile tail — chunks of 48
+ * tokens, tiles of 3 —, the switch to the f32 GEMM at 32); rows: the
+ * AVX-512 kernels' pairs and an odd last row, the 4-row tiles' tails;
+ * blocks: 1, 3, 10, 16, 17 (the 8-block scale chunks' tails); then longer
+ * prompts, whole and partial GEMM tiles. */
+static inline void quant_for_shapes(tp_threadpool *pool, void (*check)(tp_threadpool *, int64_t, int64_t, int64_t))
+{
+    static const int64_t ns[] = {1, 2, 3, 5, 6, 9, 37};
+    static const int64_t ks[] = {32, 96, 320, 512, 544};
+    for (int64_t T = 1; T <= 40; T++)
+        for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
+            for (size_t c = 0; c < sizeof ks / sizeof *ks; c++) check(pool, T, ns[b], ks[c]);
+    for (size_t b = 0; b < sizeof ns / sizeof *ns; b++) {
+        check(pool, 50, ns[b], 544);
+        check(pool, 97, ns[b], 320);
+    }
+}
+
 /* Inference only: the backward refuses the weight, naming its dtype;
  * tp_row_to_f32 (an embedding lookup) dequantizes; a bias is added. */
 static inline void quant_check_refusals(quant_make_weight_fn make, quant_fill_fn fill, const char *dtype)

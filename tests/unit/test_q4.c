@@ -221,12 +221,7 @@ done:
 
 static void test_products(tp_threadpool *pool)
 {
-    static const int64_t Ts[] = {1, 2, 3, 4, 5, 7, 31, 32, 50, 97};
-    static const int64_t ns[] = {1, 3, 6, 9, 37};
-    static const int64_t ks[] = {32, 96, 320, 512, 544};   /* 1, 3, 10, 16, 17 blocks */
-    for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
-        for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
-            for (size_t c = 0; c < sizeof ks / sizeof *ks; c++) check_product(pool, Ts[a], ns[b], ks[c]);
+    quant_for_shapes(pool, check_product);
     printf("q4_0 products (%d threads): scalar vs exact %.2g of sum|terms|\n", tp_threadpool_size(pool), worst_ref);
 }
 

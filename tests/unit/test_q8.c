@@ -1,4 +1,4 @@
-/* Q8_0 weights (kernels/quant_q8.c, gemm_q8.c, gemm_q8_avx2.c): the blocks
+/* Q8_0 weights (kernels/quant_q8.c, gemm_q8.c, gemm_q8_avx2.c, gemm_q8_avx512.c): the blocks
  * hold what llama.cpp's Q8_0 holds; the scalar product equals the exact
  * (double) sum of the quantized values to within its f32 roundings; every
  * SIMD path, thread count, tile and GEMV/GEMM split gives the scalar
@@ -176,12 +176,7 @@ done:
 
 static void test_products(tp_threadpool *pool)
 {
-    static const int64_t Ts[] = {1, 2, 3, 4, 5, 7, 31, 32, 50, 97};
-    static const int64_t ns[] = {1, 3, 6, 9, 37};
-    static const int64_t ks[] = {32, 96, 320, 512, 544};   /* 1, 3, 10, 16, 17 blocks */
-    for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
-        for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
-            for (size_t c = 0; c < sizeof ks / sizeof *ks; c++) check_product(pool, Ts[a], ns[b], ks[c]);
+    quant_for_shapes(pool, check_product);
     printf("q8_0 products (%d threads): scalar vs exact %.2g of sum|terms|, vs f32 (no outlier) %.2g of sum|terms|\n",
            tp_threadpool_size(pool), worst_ref, worst_f32);
 }
