@@ -107,6 +107,22 @@ static inline void quant_check_paths(tp_threadpool *pool, const tp_tensor *W, co
     }
 }
 
+/* The f32 product of one dequantized row w and one row of x in double
+ * (*f32), the sum of its terms' magnitudes (*mag), and how far x's 8-bit
+ * quantization (block scales xd, one per 32 values; half a step a value)
+ * can move it
+ * (*xbound). */
+static inline void quant_f32_sums(const float *w, const float *x, const float *xd, int64_t k, double *f32,
+                                  double *mag, double *xbound)
+{
+    *f32 = *mag = *xbound = 0;
+    for (int64_t i = 0; i < k; i++) {
+        *f32 += (double)w[i] * x[i];
+        *mag += fabs((double)w[i] * x[i]);
+        *xbound += fabs((double)w[i]) * xd[i / 32] / 2;
+    }
+}
+
 /* check(pool, T, n, k) over the shapes that reach every kernel's edges:
  * T = 1..40 (every GEMV width, every integer GEMM tile tail — chunks of 48
  * tokens, tiles of 3 —, the switch to the f32 GEMM at 32); rows: the

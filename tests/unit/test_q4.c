@@ -194,11 +194,7 @@ static void check_product(tp_threadpool *pool, int64_t T, int64_t n, int64_t k)
                     mag += fabs(s * (double)lane);
                 }
             }
-            for (int64_t i = 0; i < k; i++) {
-                f32 += (double)wd[r * k + i] * x[t * k + i];
-                f32mag += fabs((double)wd[r * k + i] * x[t * k + i]);
-                xbound += fabs((double)wd[r * k + i]) * xd[t * nb + i / TP_Q4_BLOCK] / 2;
-            }
+            quant_f32_sums(wd + r * k, x + t * k, xd + t * nb, k, &f32, &f32mag, &xbound);
             double bound = (double)(nb + 5) * 0x1p-24 * mag;
             xb[t * n + r] = xbound * (1 + 1e-5) + bound;
             if (deq) {   /* k roundings of a sum in order */
