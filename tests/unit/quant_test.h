@@ -110,8 +110,7 @@ static inline void quant_check_paths(tp_threadpool *pool, const tp_tensor *W, co
 /* The f32 product of one dequantized row w and one row of x in double
  * (*f32), the sum of its terms' magnitudes (*mag), and how far x's 8-bit
  * quantization (block scales xd, one per 32 values; half a step a value)
- * can move it
- * (*xbound). */
+ * can move it (*xbound). */
 static inline void quant_f32_sums(const float *w, const float *x, const float *xd, int64_t k, double *f32,
                                   double *mag, double *xbound)
 {
