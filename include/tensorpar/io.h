@@ -251,6 +251,8 @@ int64_t tp_config_layer_window(const tp_model_config *cfg, int64_t l);
 
 tp_status tp_arch_parse(const char *s, tp_arch *out);
 const char *tp_arch_name(tp_arch a);
+/* "LlamaForCausalLM", ... (architectures[0] of the model type). */
+const char *tp_arch_class_name(tp_arch a);
 
 /* Reads and validates DIR/config.json. Errors name the file and the key. */
 tp_status tp_config_load(tp_model_config *cfg, const char *model_dir);

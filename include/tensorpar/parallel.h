@@ -283,8 +283,6 @@ tp_status tp_plan_set(tp_plan *p, const char *key, const char *style);
 int tp_plan_find(const tp_plan *p, const char *key);          /* index or -1 */
 tp_status tp_plan_copy(tp_plan *dst, const tp_plan *src);
 
-/* "LlamaForCausalLM", ... (architectures[0] of the model type). */
-const char *tp_arch_class_name(tp_arch a);
 /* 1 when the model type has a non-empty built-in base plan. */
 int tp_plan_supports_tp(const tp_model_config *cfg);
 /* The merged built-in TP plan of §4.2 (a fresh copy). */

@@ -206,6 +206,25 @@ int cli_parse_ids(const char *s, int64_t **ids, int *n)
     return 0;
 }
 
+int cli_model_tokens_out(const cli_option *opts, int nopts, const char *cmd, const char **dir, const char **out,
+                         int64_t **ids, int *n, tp_dtype *dtype)
+{
+    const char *toks = cli_value(opts, nopts, "--tokens"), *dt = cli_value(opts, nopts, "--dtype");
+    *dir = cli_value(opts, nopts, "--model");
+    *out = cli_value(opts, nopts, "--out");
+    *ids = NULL;
+    if (!*dir || !toks || !*out) {
+        tp_fail(TP_ERR_INVALID, "--model, --tokens and --out are required (see --help)");
+        return cli_usage_error(cmd);
+    }
+    if (cli_parse_ids(toks, ids, n) || (dt && tp_dtype_parse(dt, dtype))) {
+        free(*ids);
+        *ids = NULL;
+        return cli_usage_error(cmd);
+    }
+    return 0;
+}
+
 int cli_check_dir(const char *cmd, const char *option, const char *dir)
 {
     struct stat st;

@@ -29,6 +29,11 @@ int cli_int(const cli_option *opts, int nopts, const char *name, long long *out)
 int cli_double(const cli_option *opts, int nopts, const char *name, double *out);
 /* Parses "1,2,3" into a malloc'd array. */
 int cli_parse_ids(const char *s, int64_t **ids, int *n);
+/* What logits and grads read first: --model (*dir), --tokens and --out
+ * (*out), all required; the ids in a malloc'd *ids; --dtype into *dtype
+ * when given.  0, or (the usage error of `cmd` printed, nothing held) 2. */
+int cli_model_tokens_out(const cli_option *opts, int nopts, const char *cmd, const char **dir, const char **out,
+                         int64_t **ids, int *n, tp_dtype *dtype);
 /* Exit statuses of every command (README, --help): 0 success, 1 a runtime
  * error (a file, the model, a rank, the system), 2 a usage error (unknown
  * option, bad value, missing required option), found before any work. */

@@ -85,17 +85,11 @@ int cmd_grads(int argc, char **argv)
                        "One forward and backward of the causal-LM loss (labels = the tokens, shifted inside); "
                        "writes every parameter's whole gradient (gathered over the ranks) and the loss.", NULL, NULL);
     if (rc) return rc == 1 ? 0 : CLI_EXIT_USAGE;
-    const char *dir = cli_value(o, n, "--model"), *toks = cli_value(o, n, "--tokens"), *out = cli_value(o, n, "--out");
-    if (!dir || !toks || !out) {
-        tp_fail(TP_ERR_INVALID, "--model, --tokens and --out are required (see --help)");
-        return cli_usage_error("grads");
-    }
+    const char *dir, *out;
     int64_t *ids;
     int nt;
     tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .threads = 1, .show_progress = isatty(2)};
-    const char *dt = cli_value(o, n, "--dtype");
-    if (cli_parse_ids(toks, &ids, &nt) || (dt && tp_dtype_parse(dt, &mo.weight_dtype)))
-        return cli_usage_error("grads");
+    if ((rc = cli_model_tokens_out(o, n, "grads", &dir, &out, &ids, &nt, &mo.weight_dtype))) return rc;
     if (nt < 2) {
         free(ids);
         tp_fail(TP_ERR_INVALID, "--tokens: the causal-LM loss needs at least two tokens");

@@ -65,17 +65,11 @@ int cmd_logits(int argc, char **argv)
     int rc = cli_parse(argc, argv, o, n, "tensorpar logits --model DIR --tokens 1,2,3 --out FILE.npy [--tp N]",
                        "Runs the model over the tokens and writes the logits of every position.", NULL, NULL);
     if (rc) return rc == 1 ? 0 : CLI_EXIT_USAGE;
-    const char *dir = cli_value(o, n, "--model"), *toks = cli_value(o, n, "--tokens"), *out = cli_value(o, n, "--out");
-    if (!dir || !toks || !out) {
-        tp_fail(TP_ERR_INVALID, "--model, --tokens and --out are required (see --help)");
-        return cli_usage_error("logits");
-    }
+    const char *dir, *out;
     int64_t *ids;
     int nt;
     tp_model_options mo = {.weight_dtype = TP_DTYPE_COUNT, .threads = 1, .show_progress = isatty(2)};
-    const char *dt = cli_value(o, n, "--dtype");
-    if (cli_parse_ids(toks, &ids, &nt) || (dt && tp_dtype_parse(dt, &mo.weight_dtype)))
-        return cli_usage_error("logits");
+    if ((rc = cli_model_tokens_out(o, n, "logits", &dir, &out, &ids, &nt, &mo.weight_dtype))) return rc;
     cli_tp tp;
     if (cli_tp_begin("logits", argc, argv, o, n, dir, &tp, &rc)) { free(ids); cli_tp_end(&tp); return rc; }
     if (cli_tp_threads(o, n, &tp, &mo)) { free(ids); cli_tp_end(&tp); return cli_report("logits"); }

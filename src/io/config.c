@@ -42,7 +42,7 @@ const char *tp_arch_name(tp_arch a)
     return "?";
 }
 
-static const char *architecture_class(tp_arch a)
+const char *tp_arch_class_name(tp_arch a)
 {
     switch (a) {
     case TP_ARCH_LLAMA: return "LlamaForCausalLM";
@@ -56,7 +56,7 @@ static const char *architecture_class(tp_arch a)
     case TP_ARCH_GPT_OSS: return "GptOssForCausalLM";
     case TP_ARCH_LLAMA4_TEXT: return "Llama4ForCausalLM";
     }
-    return "?";
+    return "CausalLM";
 }
 
 /* Transformers' defaults for each model type's config class. */
@@ -215,6 +215,31 @@ static tp_status get_positive(const json_doc *d, const char *key, int64_t *out)
     return TP_OK;
 }
 
+/* A size whose null means "none" (0): sliding_window, attention_chunk_size,
+ * n_shared_experts, q_lora_rank; when given, positive if `positive`. */
+static tp_status get_size_or_null(const json_doc *d, const char *key, int positive, int64_t *out)
+{
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(d->root, key);
+    if (v && cJSON_IsNull(v)) {
+        *out = 0;
+        return TP_OK;
+    }
+    return positive ? get_positive(d, key, out) : get_size(d, key, out);
+}
+
+/* The routed experts of gpt_oss and llama4_text: num_local_experts >= 1 and
+ * 1 <= num_experts_per_tok <= num_local_experts, and at most max_k (0: no
+ * cap of its own). */
+static tp_status check_local_experts(const tp_model_config *c, const json_doc *d, int64_t max_k)
+{
+    int64_t E = c->num_experts, k = c->num_experts_per_tok;
+    if (E >= 1 && k >= 1 && k <= E && (!max_k || k <= max_k)) return TP_OK;
+    char cap[40] = "";
+    if (max_k) snprintf(cap, sizeof cap, ", at most %lld", (long long)max_k);
+    return tp_fail(TP_ERR_FORMAT, "%s: %s needs num_local_experts >= 1 and 1 <= num_experts_per_tok <= "
+                   "num_local_experts%s (got %lld of %lld)", d->path, c->model_type, cap, (long long)k, (long long)E);
+}
+
 static tp_status get_double(const json_doc *d, const char *key, double *out)
 {
     cJSON *v = cJSON_GetObjectItemCaseSensitive(d->root, key);
@@ -351,11 +376,9 @@ static tp_status parse_deepseek_moe(tp_model_config *c, const json_doc *d)
     c->n_group = v3 ? 8 : 1;
     c->topk_group = v3 ? 4 : 1;
     c->norm_topk_prob = v3;
-    cJSON *shared = cJSON_GetObjectItemCaseSensitive(d->root, "n_shared_experts");
     tp_status s;
-    if (shared && cJSON_IsNull(shared)) c->n_shared_experts = 0;
-    else if ((s = get_size(d, "n_shared_experts", &c->n_shared_experts))) return s;
-    if ((s = get_size(d, "n_routed_experts", &c->num_experts)) ||
+    if ((s = get_size_or_null(d, "n_shared_experts", 0, &c->n_shared_experts)) ||
+        (s = get_size(d, "n_routed_experts", &c->num_experts)) ||
         (s = get_size(d, "num_experts_per_tok", &c->num_experts_per_tok)) ||
         (s = get_size(d, "moe_intermediate_size", &c->moe_intermediate_size)) ||
         (s = get_double(d, "routed_scaling_factor", &c->routed_scaling_factor)) ||
@@ -415,22 +438,30 @@ static tp_status get_layer_types(tp_model_config *c, const json_doc *d)
 static tp_status parse_gpt_oss(tp_model_config *c, const json_doc *d)
 {
     tp_status s;
-    cJSON *sw = cJSON_GetObjectItemCaseSensitive(d->root, "sliding_window");
-    if (sw && cJSON_IsNull(sw)) c->sliding_window = 0;
-    else if ((s = get_size(d, "sliding_window", &c->sliding_window))) return s;
-    if ((s = get_size(d, "num_local_experts", &c->num_experts)) ||
+    if ((s = get_size_or_null(d, "sliding_window", 0, &c->sliding_window)) ||
+        (s = get_size(d, "num_local_experts", &c->num_experts)) ||
         (s = get_size(d, "num_experts_per_tok", &c->num_experts_per_tok)) ||
         (s = get_bool(d, "output_router_logits", &c->output_router_logits)) ||
         (s = get_double(d, "swiglu_alpha", &c->swiglu_alpha)) ||
         (s = get_double(d, "swiglu_limit", &c->swiglu_limit)) || (s = get_layer_types(c, d)))
         return s;
+    /* Published gpt-oss config.json files carry OpenAI's own key
+     * experts_per_token next to num_experts_per_tok.  GptOssConfig has no
+     * attribute_map entry for it (only num_experts -> num_local_experts): the
+     * model reads num_experts_per_tok (default 4) and ignores the other.  We
+     * read the same key, and refuse a file whose two keys disagree, since
+     * OpenAI's reference code would route with the other one. */
+    int64_t ept = c->num_experts_per_tok;
+    if ((s = get_int(d, "experts_per_token", &ept))) return s;
+    if (ept != c->num_experts_per_tok) {
+        cJSON *k = cJSON_GetObjectItemCaseSensitive(d->root, "num_experts_per_tok");
+        return tp_fail(TP_ERR_FORMAT, "%s: key 'experts_per_token' (%lld) disagrees with key 'num_experts_per_tok' "
+                       "(%lld%s), which Transformers routes with: make the two equal", d->path, (long long)ept,
+                       (long long)c->num_experts_per_tok, k && !cJSON_IsNull(k) ? "" : ", GptOssConfig's default");
+    }
     c->moe_intermediate_size = c->intermediate_size;
     c->decoder_sparse_step = 1;
-    if (c->num_experts < 1 || c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_experts ||
-        c->num_experts_per_tok > 256)
-        return tp_fail(TP_ERR_FORMAT, "%s: gpt_oss needs num_local_experts >= 1 and 1 <= num_experts_per_tok <= "
-                       "num_local_experts, at most 256 (got %lld of %lld)", d->path, (long long)c->num_experts_per_tok,
-                       (long long)c->num_experts);
+    if ((s = check_local_experts(c, d, 256))) return s;   /* the router's backward keeps k weights on the stack */
     if (!(c->swiglu_limit > 0)) return tp_fail(TP_ERR_FORMAT, "%s: key 'swiglu_limit' must be positive", d->path);
     return TP_OK;
 }
@@ -438,11 +469,9 @@ static tp_status parse_gpt_oss(tp_model_config *c, const json_doc *d)
 /* The multi-head latent attention keys (DeepseekV2Config, DeepseekV3Config). */
 static tp_status parse_mla(tp_model_config *c, const json_doc *d)
 {
-    cJSON *ql = cJSON_GetObjectItemCaseSensitive(d->root, "q_lora_rank");
     tp_status s;
-    if (ql && cJSON_IsNull(ql)) c->q_lora_rank = 0;
-    else if ((s = get_positive(d, "q_lora_rank", &c->q_lora_rank))) return s;
-    if ((s = get_positive(d, "kv_lora_rank", &c->kv_lora_rank)) ||
+    if ((s = get_size_or_null(d, "q_lora_rank", 1, &c->q_lora_rank)) ||
+        (s = get_positive(d, "kv_lora_rank", &c->kv_lora_rank)) ||
         (s = get_positive(d, "qk_nope_head_dim", &c->qk_nope_head_dim)) ||
         (s = get_positive(d, "qk_rope_head_dim", &c->qk_rope_head_dim)) ||
         (s = get_positive(d, "v_head_dim", &c->v_head_dim)) ||
@@ -499,10 +528,8 @@ static tp_status parse_llama4(tp_model_config *c, const json_doc *d)
     int64_t vals[TP_MAX_LAYER_FLAGS];
     int64_t L = c->num_hidden_layers;
     tp_status s;
-    cJSON *chunk = cJSON_GetObjectItemCaseSensitive(d->root, "attention_chunk_size");
-    if (chunk && cJSON_IsNull(chunk)) c->attention_chunk_size = 0;
-    else if ((s = get_size(d, "attention_chunk_size", &c->attention_chunk_size))) return s;
-    if ((s = get_size(d, "num_local_experts", &c->num_experts)) ||
+    if ((s = get_size_or_null(d, "attention_chunk_size", 0, &c->attention_chunk_size)) ||
+        (s = get_size(d, "num_local_experts", &c->num_experts)) ||
         (s = get_size(d, "num_experts_per_tok", &c->num_experts_per_tok)) ||
         (s = get_positive(d, "intermediate_size_mlp", &c->intermediate_size_mlp)) ||
         (s = get_positive(d, "interleave_moe_layer_step", &c->interleave_moe_layer_step)) ||
@@ -515,10 +542,7 @@ static tp_status parse_llama4(tp_model_config *c, const json_doc *d)
     if (L > TP_MAX_LAYER_FLAGS)
         return tp_fail(TP_ERR_UNSUPPORTED, "%s: llama4_text with more than %d layers is not supported", d->path,
                        TP_MAX_LAYER_FLAGS);
-    if (c->num_experts < 1 || c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_experts)
-        return tp_fail(TP_ERR_FORMAT, "%s: llama4_text needs num_local_experts >= 1 and 1 <= num_experts_per_tok <= "
-                       "num_local_experts (got %lld of %lld)", d->path, (long long)c->num_experts_per_tok,
-                       (long long)c->num_experts);
+    if ((s = check_local_experts(c, d, 0))) return s;
     if (!(c->floor_scale > 0) || c->attention_chunk_size < 0)
         return tp_fail(TP_ERR_FORMAT, "%s: llama4_text needs a positive floor_scale and attention_chunk_size",
                        d->path);
@@ -886,7 +910,7 @@ static cJSON *config_json(const tp_model_config *c)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON *archs = cJSON_AddArrayToObject(o, "architectures");
-    cJSON_AddItemToArray(archs, cJSON_CreateString(architecture_class(c->arch)));
+    cJSON_AddItemToArray(archs, cJSON_CreateString(tp_arch_class_name(c->arch)));
     if (c->arch == TP_ARCH_LLAMA || c->arch == TP_ARCH_QWEN3 || c->arch == TP_ARCH_QWEN3_MOE || c->mla || c->llama4 ||
         c->arch == TP_ARCH_GPT_OSS)
         cJSON_AddBoolToObject(o, "attention_bias", c->attention_bias);

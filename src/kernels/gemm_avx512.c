@@ -23,9 +23,12 @@
  * instruction; the activations are rounded to bf16 for it — not exact.
  *
  * GEMV (decode, T <= 4) streams W once: each thread takes a contiguous range
- * of rows, 8 rows at a time for T = 1 (4 for T > 1: the x registers are shared
- * by the rows of a block), dot products along k with horizontal sums at the
- * end, and a software prefetch GEMV_PF_BYTES ahead of every row stream.
+ * of rows.  For T = 1 (decode) it reads them one row after the other, so the
+ * thread's W is one sequential stream, with several accumulators along the
+ * row and a software prefetch GEMV_ROW_PF_BYTES ahead; for T > 1 4 rows at a
+ * time side by side (the x registers are shared by the rows of a block),
+ * with a prefetch GEMV_PF_BYTES ahead of every row stream.  Dot products
+ * along k with horizontal sums at the end.
  * bf16 rows are widened in registers: one 64-byte load is 32 weights, the
  * even ones are (lane << 16), the odd ones (lane & 0xffff0000); x is
  * permuted once per call to match (as tp_gemv_permute_x). */
@@ -391,11 +394,10 @@ typedef struct {
     int dot;
 } gemv_job;
 
-/* Rows per block: T = 1 takes 8 rows (8 accumulators), T > 1 takes 4
- * (4·T accumulators plus 2·T x registers fit the 32 zmm). */
-#define GEMV_ROWS_T1 8
+/* Rows per block for T > 1: 4 (4·T accumulators plus 2·T x registers fit
+ * the 32 zmm). */
 #define GEMV_ROWS 4
-#define GEMV_MAX_ROWS 8
+#define GEMV_MAX_ROWS 4
 
 /* Software prefetch distance, in bytes of W still to be read.  Without it
  * one thread read W at ~0.75 of a plain sum loop over memory, with it at or
@@ -485,6 +487,85 @@ gemv_block(const gemv_job *j, int64_t r0, const int R, const int T, int64_t lim)
         for (int t = 0; t < T; t++) j->y[t * j->n + r0 + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
+/* T = 1: row r alone, 4 cache lines of W per step into independent
+ * accumulators (bf16: 8, its even and odd halves apart), the remainder of a
+ * row that is not a multiple of 4 lines masked into the first ones.  On Zen 5
+ * (bench/README.md, "Decode on AVX-512") reading the rows one after another
+ * streams W at 0.9–1.0 of the read probe per CPU-second where 8 rows read
+ * side by side (8 streams 1 row apart, the old T = 1 block) reached 0.5–0.6,
+ * and even 2 side by side lost as much: the core's prefetchers follow one
+ * stream, not several.  The sum's order is fixed per row (the same on any
+ * thread count), but not the T > 1 blocks' order.  lim: the byte offset of
+ * the thread's last byte of W from row r's first byte; prefetches stop
+ * there. */
+#define GEMV_ROW_PF_BYTES 4096
+#define GEMV_ROW_PF(off)                                                                    \
+    do {                                                                                    \
+        int64_t o_ = (off) + GEMV_ROW_PF_BYTES;                                             \
+        _mm_prefetch(wb + (o_ < lim ? o_ : lim), _MM_HINT_T0);                              \
+    } while (0)
+
+static inline __attribute__((always_inline)) T512BF void gemv_row(const gemv_job *j, int64_t r, int64_t lim)
+{
+    const int64_t k = j->k;
+    __m512 a[4], b[4];
+    for (int u = 0; u < 4; u++) a[u] = b[u] = _mm512_setzero_ps();
+    int64_t i = 0;
+    if (j->wt == TP_F32) {
+        const float *w = (const float *)j->w + r * k;
+        const char *wb = (const char *)w;
+        for (; i + 64 <= k; i += 64)
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) {
+                GEMV_ROW_PF(4 * (i + 16 * u));
+                a[u] = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16 * u), _mm512_loadu_ps(j->x + i + 16 * u), a[u]);
+            }
+        for (; i < k; i += 16) {
+            __mmask16 m = col_mask(k - i);
+            a[0] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w + i), _mm512_maskz_loadu_ps(m, j->x + i), a[0]);
+        }
+    } else if (!j->dot) {
+        const uint16_t *w = (const uint16_t *)j->w + r * k;
+        const char *wb = (const char *)w;
+        const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+        for (; i + 128 <= k; i += 128)
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) {
+                int64_t c = i + 32 * u;
+                GEMV_ROW_PF(2 * c);
+                __m512i v = _mm512_loadu_si512(w + c);
+                a[u] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), _mm512_load_ps(j->x + c), a[u]);
+                b[u] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(v, hi)), _mm512_load_ps(j->x + c + 16),
+                                       b[u]);
+            }
+        for (; i < k; i += 32) {
+            __mmask32 m = k - i >= 32 ? 0xffffffffu : (__mmask32)((1u << (k - i)) - 1);
+            __m512i v = _mm512_maskz_loadu_epi16(m, w + i);
+            a[0] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), _mm512_load_ps(j->x + i), a[0]);
+            b[0] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(v, hi)), _mm512_load_ps(j->x + i + 16), b[0]);
+        }
+    } else {
+        const uint16_t *w = (const uint16_t *)j->w + r * k;
+        const char *wb = (const char *)w;
+        const uint16_t *xb = (const uint16_t *)j->x;
+        for (; i + 128 <= k; i += 128)
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) {
+                int64_t c = i + 32 * u;
+                GEMV_ROW_PF(2 * c);
+                a[u] = _mm512_dpbf16_ps(a[u], (__m512bh)_mm512_load_si512(xb + c),
+                                        (__m512bh)_mm512_loadu_si512(w + c));
+            }
+        for (; i < k; i += 32) {
+            __mmask32 m = k - i >= 32 ? 0xffffffffu : (__mmask32)((1u << (k - i)) - 1);
+            a[0] = _mm512_dpbf16_ps(a[0], (__m512bh)_mm512_load_si512(xb + i),
+                                    (__m512bh)_mm512_maskz_loadu_epi16(m, w + i));
+        }
+    }
+    for (int u = 0; u < 4; u++) a[u] = _mm512_add_ps(a[u], b[u]);
+    j->y[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
+}
+
 /* All blocks of R rows in [r0, r1), then single rows. */
 #define GEMV_RUN(R, T)                                                                    \
     do {                                                                                  \
@@ -497,11 +578,13 @@ T512BF static void gemv_worker(void *p, int ti, int nt)
     const gemv_job *j = p;
     int64_t row_bytes = j->k * (j->wt == TP_F32 ? 4 : 2);
     int64_t r0, r1;
-    tp_gemv_thread_rows(j->n, row_bytes, j->T == 1 ? GEMV_ROWS_T1 : GEMV_ROWS, ti, nt, &r0, &r1);
+    tp_gemv_thread_rows(j->n, row_bytes, j->T == 1 ? 1 : GEMV_ROWS, ti, nt, &r0, &r1);
     if (r0 >= r1) return;
     int64_t last = r1 * row_bytes - 1;   /* this thread's last byte of W */
     switch (j->T) {
-    case 1: GEMV_RUN(GEMV_ROWS_T1, 1); break;
+    case 1:
+        for (; r0 < r1; r0++) gemv_row(j, r0, last - r0 * row_bytes);
+        break;
     case 2: GEMV_RUN(GEMV_ROWS, 2); break;
     case 3: GEMV_RUN(GEMV_ROWS, 3); break;
     default: GEMV_RUN(GEMV_ROWS, 4); break;

@@ -66,20 +66,38 @@ void tp_moe_route_llama4(const float *logits, int64_t T, int64_t E, int64_t k, i
  * torch.topk's order within the k does not matter: the experts' sum is
  * over the chosen set. */
 
-/* The topk_group best groups of n_group, by score gs[g]; the experts of
- * the others get `fill` in s (masked_fill), as the modeling code does. */
-static void mask_groups(float *s, const float *gs, int64_t E, int64_t G, int64_t keep, float fill)
+/* kept[g] = 1 for the topk_group best groups of n_group, by score gs[g]
+ * (the lower index first on a tie). */
+static void choose_groups(const float *gs, int64_t G, int64_t keep, unsigned char *kept)
 {
-    unsigned char chosen[1024] = {0};
+    for (int64_t g = 0; g < G; g++) kept[g] = 0;
     for (int64_t j = 0; j < keep; j++) {
         int64_t best = -1;
         for (int64_t g = 0; g < G; g++)
-            if (!chosen[g] && (best < 0 || gs[g] > gs[best])) best = g;
+            if (!kept[g] && (best < 0 || gs[g] > gs[best])) best = g;
         if (best < 0) break;   /* keep <= G, which the config checks */
-        chosen[best] = 1;
+        kept[best] = 1;
     }
+}
+
+/* The experts of the groups not kept get `fill` in s (masked_fill), as the
+ * modeling code does. */
+static void mask_groups(float *s, const unsigned char *kept, int64_t E, int64_t G, float fill)
+{
     for (int64_t e = 0; e < E; e++)
-        if (!chosen[e / (E / G)]) s[e] = fill;
+        if (!kept[e / (E / G)]) s[e] = fill;
+}
+
+/* V2's groups from the probabilities p (a group's score: its best one). */
+static void v2_groups(const tp_model_config *c, const float *p, unsigned char *kept)
+{
+    int64_t E = c->num_experts, G = c->n_group, per = E / G;
+    float gs[1024];
+    for (int64_t g = 0; g < G; g++) {
+        gs[g] = p[g * per];
+        for (int64_t e = g * per; e < (g + 1) * per; e++) gs[g] = p[e] > gs[g] ? p[e] : gs[g];
+    }
+    choose_groups(gs, G, c->topk_group, kept);
 }
 
 /* The k largest of s[0..E) (the lower id first on a tie): ids only. */
@@ -96,23 +114,24 @@ static void top_ids(const float *s, int64_t E, int64_t k, int32_t *ids)
     }
 }
 
-/* V2: softmax in f32; greedy or group_limited_greedy (a group's score: its
- * best probability); the chosen probabilities times the scaling factor. */
+/* V2: softmax in f32; greedy or group_limited_greedy; the chosen scores
+ * times the scaling factor.  The weights are taken from the masked scores,
+ * as torch.topk(tmp_scores) returns them: where fewer than k experts of the
+ * kept groups have a probability above 0 (it underflows in f32 for router
+ * logits ~104 below the best), the top k reach experts masked to 0, and
+ * such a pick weighs 0, whichever of the tied experts it is. */
 static void route_v2(const tp_model_config *c, float *p, float *choice, int32_t *ids, float *w)
 {
     int64_t E = c->num_experts, k = c->num_experts_per_tok, G = c->n_group;
     softmax(p, E);
     for (int64_t e = 0; e < E; e++) choice[e] = p[e];
     if (c->group_limited) {
-        float gs[1024];
-        for (int64_t g = 0; g < G; g++) {
-            gs[g] = p[g * (E / G)];
-            for (int64_t e = g * (E / G); e < (g + 1) * (E / G); e++) gs[g] = p[e] > gs[g] ? p[e] : gs[g];
-        }
-        mask_groups(choice, gs, E, G, c->topk_group, 0.0f);
+        unsigned char kept[1024];
+        v2_groups(c, p, kept);
+        mask_groups(choice, kept, E, G, 0.0f);
     }
     top_ids(choice, E, k, ids);
-    for (int64_t j = 0; j < k; j++) w[j] = (float)(p[ids[j]] * c->routed_scaling_factor);
+    for (int64_t j = 0; j < k; j++) w[j] = (float)(choice[ids[j]] * c->routed_scaling_factor);
 }
 
 /* V3: sigmoid scores; the choice on scores + bias, groups by the sum of
@@ -134,7 +153,9 @@ static void route_v3(const tp_model_config *c, float *p, const float *bias, floa
         }
         gs[g] = a + b;
     }
-    mask_groups(choice, gs, E, G, c->topk_group, 0.0f);
+    unsigned char kept[1024];
+    choose_groups(gs, G, c->topk_group, kept);
+    mask_groups(choice, kept, E, G, 0.0f);
     top_ids(choice, E, k, ids);
     float sum = 0;
     for (int64_t j = 0; j < k; j++) sum += (w[j] = p[ids[j]]);
@@ -237,10 +258,11 @@ void tp_moe_route_topk_softmax_backward(const float *logits, int64_t T, int64_t 
 }
 
 /* DeepSeek's backward, one token.  V2: w_j = p[id_j]·sf with p =
- * softmax(logits), so dp lands on the chosen experts and the softmax's
- * backward spreads it.  V3: w_j = s_j / (Σ s + 1e-20) · sf (or s_j·sf) with
- * s = sigmoid(logits): ds_i = sf·(dw_i − Σ_j dw_j·s_j / D) / D under
- * renormalisation, then ds·s·(1 − s).  The bias only chose: no gradient
+ * softmax(logits) (the constant 0 for a pick from a masked group), so dp
+ * lands on the chosen experts and the softmax's backward spreads it.
+ * V3: w_j = s_j / (Σ s + 1e-20) · sf (or s_j·sf) with s = sigmoid(logits):
+ * ds_i = sf·(dw_i − Σ_j dw_j·s_j / D) / D under renormalisation, then
+ * ds·s·(1 − s).  The bias only chose: no gradient
  * reaches it (a buffer in Transformers). */
 static void deepseek_backward_token(const tp_model_config *c, const float *logit, const int32_t *ids,
                                     const float *dw, float *dl)
@@ -263,18 +285,22 @@ static void deepseek_backward_token(const tp_model_config *c, const float *logit
         }
         return;
     }
-    float mx = logit[0];
-    for (int64_t e = 1; e < E; e++) mx = logit[e] > mx ? logit[e] : mx;
-    double sum = 0, pdp = 0;
-    for (int64_t e = 0; e < E; e++) sum += (dl[e] = expf(logit[e] - mx));
-    for (int64_t e = 0; e < E; e++) dl[e] = (float)(dl[e] / sum);   /* p */
-    for (int64_t j = 0; j < k; j++) pdp += (double)dl[ids[j]] * sf * dw[j];
+    for (int64_t e = 0; e < E; e++) dl[e] = logit[e];
+    softmax(dl, E);   /* p, as the forward computed it; overwritten below */
+    unsigned char kept[1024];
+    if (c->group_limited) v2_groups(c, dl, kept);
+    /* a pick from a masked group weighs the constant 0: no gradient */
+#define LIVE(j) (!c->group_limited || kept[ids[j] / (E / c->n_group)])
+    double pdp = 0;
+    for (int64_t j = 0; j < k; j++)
+        if (LIVE(j)) pdp += (double)dl[ids[j]] * sf * dw[j];
     for (int64_t e = 0; e < E; e++) {
         double dp = 0;   /* the ids are distinct */
         for (int64_t j = 0; j < k; j++)
-            if (ids[j] == e) dp = sf * dw[j];
+            if (ids[j] == e && LIVE(j)) dp = sf * dw[j];
         dl[e] = (float)(dl[e] * (dp - pdp));
     }
+#undef LIVE
 }
 
 void tp_moe_route_deepseek_backward(const tp_model_config *c, const float *logits, int64_t T, const int32_t *ids,

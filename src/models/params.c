@@ -135,14 +135,24 @@ static tp_status add_attention(table *t, const tp_model_config *c, tp_layer_modu
 /* The feed-forward block's name: Llama 4 calls it feed_forward. */
 static const char *ffn_name(const tp_model_config *c) { return c->llama4 ? "feed_forward" : "mlp"; }
 
+/* A gated MLP `name` under parent, I wide: gate_proj, up_proj [I, H],
+ * down_proj [H, I] (a dense layer's, DeepSeek's shared experts, Llama 4's
+ * shared expert). */
+static tp_status add_gated_mlp(table *t, int parent, int64_t l, const char *name, int64_t I, int64_t H, int *mlp,
+                               int *gate, int *up, int *down)
+{
+    tp_status s = add_module(t, parent, TP_MT_MLP, l, mlp, name);
+    if (!s) s = add_linear(t, *mlp, l, 0, I, H, gate, "gate_proj");
+    if (!s) s = add_linear(t, *mlp, l, 0, I, H, up, "up_proj");
+    if (!s) s = add_linear(t, *mlp, l, 0, H, I, down, "down_proj");
+    return s;
+}
+
 static tp_status add_mlp(table *t, const tp_model_config *c, tp_layer_modules *L, int64_t l)
 {
-    int64_t H = c->hidden_size, I = c->llama4 ? c->intermediate_size_mlp : c->intermediate_size;
-    tp_status s = add_module(t, L->layer, TP_MT_MLP, l, &L->mlp, ffn_name(c));
-    if (!s) s = add_linear(t, L->mlp, l, 0, I, H, &L->gate_proj, "gate_proj");
-    if (!s) s = add_linear(t, L->mlp, l, 0, I, H, &L->up_proj, "up_proj");
-    if (!s) s = add_linear(t, L->mlp, l, 0, H, I, &L->down_proj, "down_proj");
-    return s;
+    int64_t I = c->llama4 ? c->intermediate_size_mlp : c->intermediate_size;
+    return add_gated_mlp(t, L->layer, l, ffn_name(c), I, c->hidden_size, &L->mlp, &L->gate_proj, &L->up_proj,
+                         &L->down_proj);
 }
 
 /* A sparse layer's mlp (qwen3_moe, mixtral, as Transformers builds them
@@ -160,13 +170,9 @@ static tp_status add_moe(table *t, const tp_model_config *c, tp_layer_modules *L
      * the checkpoint), and n_shared_experts dense experts run as one MLP. */
     if (!s && c->arch == TP_ARCH_DEEPSEEK_V3)
         s = tp_module_add_param(&t->v[L->router], "e_score_correction_bias", TP_PARAM_BIAS, 1, &E);
-    if (!s && c->mla && c->n_shared_experts > 0) {
-        int64_t S = I * c->n_shared_experts;
-        s = add_module(t, L->mlp, TP_MT_MLP, l, &L->shared_experts, "shared_experts");
-        if (!s) s = add_linear(t, L->shared_experts, l, 0, S, H, &L->shared_gate, "gate_proj");
-        if (!s) s = add_linear(t, L->shared_experts, l, 0, S, H, &L->shared_up, "up_proj");
-        if (!s) s = add_linear(t, L->shared_experts, l, 0, H, S, &L->shared_down, "down_proj");
-    }
+    if (!s && c->mla && c->n_shared_experts > 0)
+        s = add_gated_mlp(t, L->mlp, l, "shared_experts", I * c->n_shared_experts, H, &L->shared_experts,
+                          &L->shared_gate, &L->shared_up, &L->shared_down);
     return s;
 }
 
@@ -200,10 +206,9 @@ static tp_status add_llama4_moe(table *t, const tp_model_config *c, tp_layer_mod
     if (!s) s = tp_module_add_param(&t->v[L->experts], "gate_up_proj", TP_PARAM_WEIGHT, 3, (int64_t[3]){E, H, 2 * I});
     if (!s) s = tp_module_add_param(&t->v[L->experts], "down_proj", TP_PARAM_WEIGHT, 3, (int64_t[3]){E, I, H});
     if (!s) s = add_linear(t, L->mlp, l, 0, E, H, &L->router, "router");
-    if (!s) s = add_module(t, L->mlp, TP_MT_MLP, l, &L->shared_experts, "shared_expert");
-    if (!s) s = add_linear(t, L->shared_experts, l, 0, I, H, &L->shared_gate, "gate_proj");
-    if (!s) s = add_linear(t, L->shared_experts, l, 0, I, H, &L->shared_up, "up_proj");
-    if (!s) s = add_linear(t, L->shared_experts, l, 0, H, I, &L->shared_down, "down_proj");
+    if (!s)
+        s = add_gated_mlp(t, L->mlp, l, "shared_expert", I, H, &L->shared_experts, &L->shared_gate, &L->shared_up,
+                          &L->shared_down);
     return s;
 }
 

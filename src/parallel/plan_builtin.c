@@ -142,23 +142,6 @@ static const rule *ep_plan(tp_arch a)
                ? moe_ep_plan : NULL;
 }
 
-const char *tp_arch_class_name(tp_arch a)
-{
-    switch (a) {
-    case TP_ARCH_LLAMA: return "LlamaForCausalLM";
-    case TP_ARCH_MISTRAL: return "MistralForCausalLM";
-    case TP_ARCH_QWEN2: return "Qwen2ForCausalLM";
-    case TP_ARCH_QWEN3: return "Qwen3ForCausalLM";
-    case TP_ARCH_QWEN3_MOE: return "Qwen3MoeForCausalLM";
-    case TP_ARCH_MIXTRAL: return "MixtralForCausalLM";
-    case TP_ARCH_DEEPSEEK_V2: return "DeepseekV2ForCausalLM";
-    case TP_ARCH_DEEPSEEK_V3: return "DeepseekV3ForCausalLM";
-    case TP_ARCH_GPT_OSS: return "GptOssForCausalLM";
-    case TP_ARCH_LLAMA4_TEXT: return "Llama4ForCausalLM";
-    }
-    return "CausalLM";
-}
-
 int tp_plan_supports_tp(const tp_model_config *cfg)
 {
     const rule *b = base_plan(cfg->arch);

@@ -8,7 +8,8 @@ or crash signature, and a message that names the key, tensor or file.
   0 or > num_experts, moe_intermediate_size 0, mlp_only_layers out of range
   or not a list, decoder_sparse_step 0.
 * llama4_text and gpt_oss config.json: their own keys with a wrong type,
-  a non-positive value or a layer list of the wrong length or content.
+  a non-positive value or a layer list of the wrong length or content;
+  gpt_oss's experts_per_token disagreeing with num_experts_per_tok.
 * MoE checkpoint: one expert's tensor missing, of the wrong shape, of a
   dtype that is no float.
 * adapter_config.json: lora_dropout a string, modules_to_save naming no
@@ -166,6 +167,30 @@ class NewMoeTypesConfig(Case):
         self.bad(OSS, "oss-types-bad", "layer_types", ["weird", "full_attention"], "layer_types[0]")
         self.bad(OSS, "oss-limit-str", "swiglu_limit", "a", "key 'swiglu_limit'")
         self.bad(OSS, "oss-nle0", "num_local_experts", 0, "num_local_experts")
+
+    def test_gpt_oss_experts_per_token(self):
+        """Published gpt-oss configs carry OpenAI's experts_per_token next to
+        num_experts_per_tok; GptOssConfig maps no attribute to it and routes
+        with num_experts_per_tok.  Equal: the same logits as without it;
+        disagreeing (explicitly, or with num_experts_per_tok's default 4):
+        refused naming both keys; a wrong type: refused naming the key."""
+        with open(os.path.join(OSS, "config.json")) as f:
+            k = json.load(f)["num_experts_per_tok"]
+        d = copy(OSS, "cfg-oss-ept-same")
+        edit_json(os.path.join(d, "config.json"), lambda c: c.update(experts_per_token=k))
+        with_key, without = self.logits(d), self.logits(OSS, out_dir=d + "-plain")
+        os.makedirs(d + "-plain")
+        run(*with_key)
+        run(*without)
+        import numpy as np
+        self.assertTrue(np.array_equal(np.load(with_key[6]), np.load(without[6])))
+        self.bad(OSS, "oss-ept-differs", "experts_per_token", k - 1, "key 'experts_per_token' (%d)" % (k - 1),
+                 "key 'num_experts_per_tok' (%d)" % k)
+        d = copy(OSS, "cfg-oss-ept-default")
+        edit_json(os.path.join(d, "config.json"), lambda c: (c.pop("num_experts_per_tok"), c.update(experts_per_token=2)))
+        self.refused_logits(d, needles=("config.json", "key 'experts_per_token' (2)",
+                                        "key 'num_experts_per_tok' (4, GptOssConfig's default)"))
+        self.bad(OSS, "oss-ept-str", "experts_per_token", "2", "key 'experts_per_token'")
 
 
 class MoeCheckpoint(Case):

@@ -12,7 +12,9 @@ shared experts).
   than the query/key head.
 * MoE blocks (the tiny presets: layer 0 dense, layer 1 8 experts top-2):
   V2 greedy and group_limited_greedy (every layer sparse, no shared
-  experts, routed_scaling_factor 1.5); V3's sigmoid router with
+  experts, routed_scaling_factor 1.5), also where top_k reaches experts
+  masked to 0 (their weight is 0, as Transformers takes it from the masked
+  scores); V3's sigmoid router with
   e_score_correction_bias and group limits, with and without norm_topk_prob.
 * TP 2, 3 and 4 (§7.7: q/q_b/kv_b colwise, kv_a_proj_with_mqa mla_kv_a_proj,
   o_proj rowwise; §7.8: deepseek_v3 replicates the attention) give the TP = 1
@@ -28,6 +30,8 @@ import json
 import os
 import sys
 import unittest
+
+import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -98,6 +102,31 @@ class Reference(unittest.TestCase):
         for model in moe_models():
             self.check(model)
         self.check(make("v3-moe-nonorm", "deepseek_v3", "--set", "norm_topk_prob=false", "--set", "num_experts_per_tok=3"))
+
+    def test_group_limited_masked_picks(self):
+        """group_limited_greedy where the kept groups hold fewer probabilities
+        above 0 than top_k: router logits ~500 below the best underflow to 0
+        in Transformers' f32 softmax, so torch.topk(tmp_scores) also picks
+        experts masked to 0 — at weight 0, from tmp_scores.  The router is set
+        so that every token's logits are about (-3, -500, 0, -500, -1, -500,
+        -500, -500) (a large first embedding column that the norm turns into a
+        constant, the router reading only it): the kept groups 1 and 2 hold two
+        live experts, the third pick weighs 0; expert 0 (masked, probability
+        ~0.04) weighing its probability is 9e-5 off.  TP 2 and EP 2 agree."""
+        model = make("v2-masked-picks", "deepseek_v2", *V2_GROUPS, "--set", "num_experts_per_tok=3",
+                     "--set", "num_hidden_layers=1")
+        path = os.path.join(model, "model.safetensors")
+        t = ref.read_safetensors(path, np.float32)
+        emb = t["model.embed_tokens.weight"]
+        emb[:, 0] += 50 * np.abs(emb).max()
+        gate = t["model.layers.0.mlp.gate.weight"]
+        gate[:] = 0
+        gate[:, 0] = np.array([-3, -500, 0, -500, -1, -500, -500, -500], np.float32) / np.sqrt(gate.shape[1])
+        ref.write_safetensors(path, t, metadata={"format": "pt"})
+        want = reference(model)
+        self.check(model)
+        for extra in ((2,), (2, "--ep")):
+            self.assertLessEqual(rel(logits(model, *extra), want), TOL, f"{model} {extra}")
 
     def test_bf16_weights(self):
         model = make("v2-bf16", "deepseek_v2", "--dtype", "bf16")   # layer 1 sparse

@@ -22,8 +22,10 @@ and modeling_rope_utils (not from the C engine), in float64:
   mscale_all_dim (V2 does not).
 * DeepseekV2Moe / DeepseekV3MoE on the per-expert checkpoint tensors
   (mlp.experts.<e>.gate_proj/up_proj/down_proj): V2 routes by softmax,
-  greedy or group_limited_greedy (a group's score: its best probability),
-  weights times routed_scaling_factor; V3 (DeepseekV3TopkRouter) by sigmoid,
+  in float32 as Transformers (dtype=torch.float32), greedy or
+  group_limited_greedy (a group's score: its best probability), the weights
+  the masked scores (0 for a pick of a masked expert) times
+  routed_scaling_factor; V3 (DeepseekV3TopkRouter) by sigmoid,
   choosing on scores + e_score_correction_bias within the topk_group groups
   of best two-expert sums, weights from the scores, renormalised (+1e-20)
   when norm_topk_prob, times routed_scaling_factor; masked experts are
@@ -184,8 +186,12 @@ class DeepseekReference:
         logits = x @ self.t[p + "weight"].T
         E, k, T = self.n_experts, int(self.top_k), x.shape[0]
         if self.arch == "deepseek_v2":
-            probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
-            probs = probs / probs.sum(axis=-1, keepdims=True)
+            # softmax(dim=-1, dtype=torch.float32) as Transformers: a probability
+            # that underflows there is 0, and group_limited_greedy may then pick
+            # a masked expert, at weight 0 (below)
+            z = logits.astype(np.float32)
+            probs = np.exp(z - z.max(axis=-1, keepdims=True))
+            probs = (probs / probs.sum(axis=-1, keepdims=True, dtype=np.float32)).astype(np.float64)
             choice = probs.copy()
             if self.topk_method == "group_limited_greedy":
                 G = int(self.n_group)
@@ -306,7 +312,7 @@ class TorchDeepseek(DeepseekReference):
         logits = x @ self.t[p + "weight"].T
         E, k, T = self.n_experts, int(self.top_k), x.shape[0]
         if self.arch == "deepseek_v2":   # DeepseekV2Moe.route_tokens_to_experts
-            probs = torch.softmax(logits, dim=-1)
+            probs = torch.softmax(logits, dim=-1, dtype=torch.float32).to(logits.dtype)
             scores = probs
             if self.topk_method == "group_limited_greedy":
                 G = int(self.n_group)

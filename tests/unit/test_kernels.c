@@ -214,6 +214,13 @@ static void test_gemv_split(tp_threadpool *pool)
         check_matmul(pool, T, 803, 576, TP_F32, 0);
         check_matmul(pool, T, 517, 1024, TP_BF16, 0);
     }
+    /* T = 1 reads 4 lines of a row per step (AVX-512: 64 f32, 128 bf16) and
+     * masks the rest: rows just under, at and over whole steps. */
+    static const int64_t ks[] = {63, 127, 128, 191, 255, 256, 257, 383};
+    for (size_t i = 0; i < sizeof ks / sizeof *ks; i++) {
+        check_matmul(pool, 1, 37, ks[i], TP_F32, (int)(i & 1));
+        check_matmul(pool, 1, 37, ks[i], TP_BF16, (int)(~i & 1));
+    }
 }
 
 /* ---- element-wise ----------------------------------------------------- */

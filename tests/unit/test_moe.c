@@ -1,6 +1,6 @@
 /* Mixture of experts: the grouped expert kernel against a per-token loop,
- * the router, the MoE config keys and presets, and the module and
- * checkpoint tables of qwen3_moe and mixtral. */
+ * the routers (DeepSeek V2's masked picks), the MoE config keys and
+ * presets, and the module and checkpoint tables of qwen3_moe and mixtral. */
 #include "check.h"
 #include "models/tp_module.h"
 #include "tensorpar/kernels.h"
@@ -181,6 +181,35 @@ static void test_router(void)
     CHECK(fabs(w[0] - exp(2.0) / (exp(2.0) + exp(1.0))) < 1e-6 && fabs(w[0] + w[1] - 1.0) < 1e-6);
 }
 
+/* DeepseekV2Moe's group_limited_greedy where the kept groups have fewer
+ * probabilities above 0 than top_k (they underflow in f32 ~104 below the
+ * best logit): torch.topk(tmp_scores) then also picks experts masked to 0,
+ * and returns their weight from tmp_scores: 0.  Groups of 2, topk_group 2,
+ * k 4; expert 0 (group 0, masked) has a probability well above 0, and the
+ * lowest id among the zeros.  Transformers' output is Σ over the two live
+ * picks; a weight of expert 0's probability would add its expert. */
+static void test_deepseek_v2_masked_picks(void)
+{
+    tp_model_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = TP_ARCH_DEEPSEEK_V2, c.num_experts = 8, c.num_experts_per_tok = 4, c.n_group = 4, c.topk_group = 2;
+    c.group_limited = 1, c.routed_scaling_factor = 1.5;
+    float logits[8] = {-3.0f, -500.0f, 0.0f, -500.0f, -1.0f, -500.0f, -500.0f, -500.0f};
+    int32_t ids[4];
+    float w[4];
+    CHECK(tp_moe_route_deepseek(&c, logits, 1, NULL, ids, w) == TP_OK);
+    double z = 1.0 + exp(-1.0) + exp(-3.0), live = 0, dead = 0;
+    int seen2 = 0, seen4 = 0;
+    for (int j = 0; j < 4; j++) {
+        seen2 += ids[j] == 2, seen4 += ids[j] == 4;
+        if (ids[j] == 2 || ids[j] == 4) live += w[j];
+        else dead += fabs(w[j]);
+    }
+    CHECK_MSG(seen2 == 1 && seen4 == 1, "the two live experts are picked");
+    CHECK_MSG(fabs(live - 1.5 * (1.0 + exp(-1.0)) / z) < 1e-6, "live weights %g", live);
+    CHECK_MSG(dead == 0.0, "picks of masked or underflowed experts weigh 0, got %g", dead);
+}
+
 static void test_config(void)
 {
     tp_model_config c;
@@ -244,6 +273,7 @@ int main(void)
 {
     test_grouped_experts();
     test_router();
+    test_deepseek_v2_masked_picks();
     test_config();
     test_tables();
     return check_summary();

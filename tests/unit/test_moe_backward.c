@@ -73,17 +73,31 @@ static void test_router_backward(void)
 }
 
 /* DeepSeek's weights for one token's fixed choice: V2 the softmax
- * probabilities, V3 the sigmoid scores renormalised (+1e-20) or not; both
- * times the scaling factor; Σ_j c_j · w_j. */
+ * probabilities (group_limited_greedy: 0 for a pick from a group outside
+ * the topk_group of best maximum probability, masked_fill's constant), V3
+ * the sigmoid scores renormalised (+1e-20) or not; both times the scaling
+ * factor; Σ_j c_j · w_j. */
 static double deepseek_loss(const tp_model_config *cfg, const double *logit, const int32_t *ids, const double *c)
 {
-    int64_t E = cfg->num_experts, k = cfg->num_experts_per_tok;
-    double s[16], S = 0, L = 0, mx = logit[0], z = 0;
+    int64_t E = cfg->num_experts, k = cfg->num_experts_per_tok, G = cfg->n_group;
+    double s[16], gmax[16], S = 0, L = 0, mx = logit[0], z = 0;
+    int kept[16] = {0};
     for (int64_t e = 1; e < E; e++) mx = fmax(mx, logit[e]);
     for (int64_t e = 0; e < E; e++) z += exp(logit[e] - mx);
+    for (int64_t g = 0; g < G; g++) {
+        gmax[g] = -1;
+        for (int64_t e = g * (E / G); e < (g + 1) * (E / G); e++) gmax[g] = fmax(gmax[g], exp(logit[e] - mx) / z);
+    }
+    for (int64_t n = 0; n < cfg->topk_group; n++) {
+        int64_t best = -1;
+        for (int64_t g = 0; g < G; g++)
+            if (!kept[g] && (best < 0 || gmax[g] > gmax[best])) best = g;
+        kept[best] = 1;
+    }
     for (int64_t j = 0; j < k; j++) {
         double l = logit[ids[j]];
         s[j] = cfg->arch == TP_ARCH_DEEPSEEK_V3 ? 1.0 / (1.0 + exp(-l)) : exp(l - mx) / z;
+        if (cfg->arch == TP_ARCH_DEEPSEEK_V2 && cfg->group_limited && !kept[ids[j] / (E / G)]) s[j] = 0;
         S += s[j];
     }
     int renorm = cfg->arch == TP_ARCH_DEEPSEEK_V3 && cfg->norm_topk_prob;
@@ -91,7 +105,10 @@ static double deepseek_loss(const tp_model_config *cfg, const double *logit, con
     return L;
 }
 
-static void check_deepseek_router(tp_arch arch, int norm, int groups, double sf)
+/* edge: V2's logits with all but two of the kept groups' experts ~500
+ * below the best (their f32 probability 0), so that the third pick is
+ * expert 0 of a masked group, whose probability is well above 0. */
+static void check_deepseek_router(tp_arch arch, int norm, int groups, double sf, int edge)
 {
     enum { T = 3, E = 8, K = 3 };
     tp_model_config cfg;
@@ -103,10 +120,15 @@ static void check_deepseek_router(tp_arch arch, int norm, int groups, double sf)
     float logits[T * E], scratch[T * E], w[T * K], dw[T * K], dl[T * E];
     int32_t ids[T * K];
     double c[T * K], l64[E];
-    for (int64_t i = 0; i < T * E; i++) logits[i] = (float)(2.0 * drand(&seed));
+    static const float far[E] = {-3.0f, -500.0f, 0.0f, -500.0f, -1.0f, -500.0f, -500.0f, -500.0f};
+    for (int64_t i = 0; i < T * E; i++)
+        logits[i] = edge ? far[i % E] + (float)(0.5 * drand(&seed)) : (float)(2.0 * drand(&seed));
     for (int64_t i = 0; i < T * K; i++) dw[i] = (float)(c[i] = drand(&seed));
     memcpy(scratch, logits, sizeof scratch);
     CHECK(tp_moe_route_deepseek(&cfg, scratch, T, NULL, ids, w) == TP_OK);
+    for (int64_t t = 0; edge && t < T; t++)
+        CHECK_MSG(ids[t * K + 2] == 0 && w[t * K + 2] == 0.0f, "token %lld: the third pick (%d) is the masked "
+                  "expert 0, at weight 0 (%g)", (long long)t, ids[t * K + 2], (double)w[t * K + 2]);
     tp_moe_route_deepseek_backward(&cfg, logits, T, ids, dw, dl);
     double err = 0, mx = 0;
     for (int64_t t = 0; t < T; t++)
@@ -120,16 +142,17 @@ static void check_deepseek_router(tp_arch arch, int norm, int groups, double sf)
             err = fmax(err, fabs(fd - dl[t * E + e]));
             mx = fmax(mx, fabs(fd));
         }
-    CHECK_MSG(mx > 1e-3 && err <= 1e-5 * mx + 1e-7, "deepseek router arch=%d norm=%d groups=%d: err %g of %g",
-              (int)arch, norm, groups, err, mx);
+    CHECK_MSG(mx > 1e-3 && err <= 1e-5 * mx + 1e-7, "deepseek router arch=%d norm=%d groups=%d edge=%d: err %g of %g",
+              (int)arch, norm, groups, edge, err, mx);
 }
 
 static void test_deepseek_router_backward(void)
 {
-    check_deepseek_router(TP_ARCH_DEEPSEEK_V2, 0, 0, 1.0);
-    check_deepseek_router(TP_ARCH_DEEPSEEK_V2, 0, 1, 1.5);   /* group_limited_greedy */
-    check_deepseek_router(TP_ARCH_DEEPSEEK_V3, 1, 1, 2.5);
-    check_deepseek_router(TP_ARCH_DEEPSEEK_V3, 0, 0, 1.0);
+    check_deepseek_router(TP_ARCH_DEEPSEEK_V2, 0, 0, 1.0, 0);
+    check_deepseek_router(TP_ARCH_DEEPSEEK_V2, 0, 1, 1.5, 0);   /* group_limited_greedy */
+    check_deepseek_router(TP_ARCH_DEEPSEEK_V2, 0, 1, 1.5, 1);   /* ... picking a masked expert */
+    check_deepseek_router(TP_ARCH_DEEPSEEK_V3, 1, 1, 2.5, 0);
+    check_deepseek_router(TP_ARCH_DEEPSEEK_V3, 0, 0, 1.0, 0);
 }
 
 /* gpt_oss's router: the chosen logits softmaxed among themselves; the top-k

@@ -413,77 +413,44 @@ static void test_malformed(void)
     write_raw_n(p, 4096, "{}", 0);
     OPEN_FAILS(p, p, "header length 4096", "past the end");
 
-    path_in(p, sizeof p, "not_json.safetensors");
-    write_raw(p, "{\"a\": {\"dtype\": \"F32\", ", 0);
-    OPEN_FAILS(p, p, "not valid JSON", NULL);
-
-    path_in(p, sizeof p, "trailing.safetensors");
-    write_raw(p, "{} x", 0);
-    OPEN_FAILS(p, p, "trailing", NULL);
-
-    path_in(p, sizeof p, "array.safetensors");
-    write_raw(p, "[1, 2]", 0);
-    OPEN_FAILS(p, p, "not an object", NULL);
-
-    path_in(p, sizeof p, "dtype.safetensors");
-    write_raw(p, "{\"w\":{\"dtype\":\"Q4\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4);
-    OPEN_FAILS(p, p, "'w'", "unknown dtype \"Q4\"");
-
-    path_in(p, sizeof p, "count.safetensors");
-    write_raw(p, "{\"model.norm.weight\":" T_F32_4(0, 12) "}", 12);
-    OPEN_FAILS(p, p, "tensor 'model.norm.weight': data_offsets [0, 12] hold 12 bytes but F32 [4] needs 16", NULL);
-
-    path_in(p, sizeof p, "overflow.safetensors");
-    write_raw(p, "{\"w\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,16],\"data_offsets\":[0,0]}}", 0);
-    OPEN_FAILS(p, p, "'w'", "overflow");
-
-    path_in(p, sizeof p, "past_end.safetensors");
-    write_raw(p, "{\"w\":" T_F32_4(16, 32) "}", 20);
-    OPEN_FAILS(p, p, "'w'", "past the end");
-
-    path_in(p, sizeof p, "begin_end.safetensors");
-    write_raw(p, "{\"w\":" T_F32_4(16, 0) "}", 20);
-    OPEN_FAILS(p, p, "'w'", "[16, 0]");
-
-    path_in(p, sizeof p, "overlap.safetensors");
-    write_raw(p, "{\"a\":" T_F32_4(0, 16) ",\"b\":" T_F32_4(8, 24) "}", 24);
-    OPEN_FAILS(p, p, "'b'", "overlaps tensor 'a'");
-
-    path_in(p, sizeof p, "dup.safetensors");
-    write_raw(p, "{\"a\":" T_F32_4(0, 16) ",\"a\":" T_F32_4(16, 32) "}", 32);
-    OPEN_FAILS(p, p, "'a'", "twice");
-
-    path_in(p, sizeof p, "neg_shape.safetensors");
-    write_raw(p, "{\"w\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4);
-    OPEN_FAILS(p, p, "'w'", "shape entry 0");
-
-    path_in(p, sizeof p, "frac_shape.safetensors");
-    write_raw(p, "{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1.5],\"data_offsets\":[0,4]}}", 4);
-    OPEN_FAILS(p, p, "'w'", "shape entry 1");
-
-    path_in(p, sizeof p, "str_shape.safetensors");
-    write_raw(p, "{\"w\":{\"dtype\":\"F32\",\"shape\":[\"1\"],\"data_offsets\":[0,4]}}", 4);
-    OPEN_FAILS(p, p, "'w'", "shape entry 0");
-
-    path_in(p, sizeof p, "rank.safetensors");
-    write_raw(p, "{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4);
-    OPEN_FAILS(p, p, "'w'", "dimensions");
-
-    path_in(p, sizeof p, "no_shape.safetensors");
-    write_raw(p, "{\"w\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4);
-    OPEN_FAILS(p, p, "'w'", "shape");
-
-    path_in(p, sizeof p, "offsets.safetensors");
-    write_raw(p, "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", 4);
-    OPEN_FAILS(p, p, "'w'", "data_offsets");
-
-    path_in(p, sizeof p, "field.safetensors");
-    write_raw(p, "{\"w\":" T_F32_4(0, 16) ",\"version\":3}", 16);
-    OPEN_FAILS(p, p, "'version'", "nor a tensor object");
-
-    path_in(p, sizeof p, "meta.safetensors");
-    write_raw(p, "{\"__metadata__\":{\"format\":1},\"w\":" T_F32_4(0, 16) "}", 16);
-    OPEN_FAILS(p, p, "'format'", "not a string");
+    /* Hand-made headers (and that many bytes of data): the file name,
+     * the header, the data's size, what the message must name. */
+    static const struct { const char *file, *header; size_t data; const char *needle, *needle2; } bad[] = {
+        {"not_json.safetensors", "{\"a\": {\"dtype\": \"F32\", ", 0, "not valid JSON", NULL},
+        {"trailing.safetensors", "{} x", 0, "trailing", NULL},
+        {"array.safetensors", "[1, 2]", 0, "not an object", NULL},
+        {"dtype.safetensors", "{\"w\":{\"dtype\":\"Q4\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4,
+         "'w'", "unknown dtype \"Q4\""},
+        {"count.safetensors", "{\"model.norm.weight\":" T_F32_4(0, 12) "}", 12,
+         "tensor 'model.norm.weight': data_offsets [0, 12] hold 12 bytes but F32 [4] needs 16", NULL},
+        {"overflow.safetensors",
+         "{\"w\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,16],\"data_offsets\":[0,0]}}", 0,
+         "'w'", "overflow"},
+        {"past_end.safetensors", "{\"w\":" T_F32_4(16, 32) "}", 20, "'w'", "past the end"},
+        {"begin_end.safetensors", "{\"w\":" T_F32_4(16, 0) "}", 20, "'w'", "[16, 0]"},
+        {"overlap.safetensors", "{\"a\":" T_F32_4(0, 16) ",\"b\":" T_F32_4(8, 24) "}", 24,
+         "'b'", "overlaps tensor 'a'"},
+        {"dup.safetensors", "{\"a\":" T_F32_4(0, 16) ",\"a\":" T_F32_4(16, 32) "}", 32, "'a'", "twice"},
+        {"neg_shape.safetensors", "{\"w\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4,
+         "'w'", "shape entry 0"},
+        {"frac_shape.safetensors", "{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1.5],\"data_offsets\":[0,4]}}", 4,
+         "'w'", "shape entry 1"},
+        {"str_shape.safetensors", "{\"w\":{\"dtype\":\"F32\",\"shape\":[\"1\"],\"data_offsets\":[0,4]}}", 4,
+         "'w'", "shape entry 0"},
+        {"rank.safetensors", "{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4,
+         "'w'", "dimensions"},
+        {"no_shape.safetensors", "{\"w\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4, "'w'", "shape"},
+        {"offsets.safetensors", "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", 4,
+         "'w'", "data_offsets"},
+        {"field.safetensors", "{\"w\":" T_F32_4(0, 16) ",\"version\":3}", 16, "'version'", "nor a tensor object"},
+        {"meta.safetensors", "{\"__metadata__\":{\"format\":1},\"w\":" T_F32_4(0, 16) "}", 16,
+         "'format'", "not a string"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        path_in(p, sizeof p, bad[i].file);
+        write_raw(p, bad[i].header, bad[i].data);
+        OPEN_FAILS(p, p, bad[i].needle, bad[i].needle2);
+    }
 
     path_in(p, sizeof p, "no_such.safetensors");
     OPEN_FAILS(p, p, "No such file", NULL);
