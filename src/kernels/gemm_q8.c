@@ -3,9 +3,9 @@
  * From TP_Q8_DEQUANT_MIN_T tokens on (prefill) the product is the f32 one
  * with the dequantized weights: the path's packed f32 GEMM dequantizes W
  * while it packs (gemm_packed.c with gemm_avx2.c; gemm_avx512.c), and the
- * scalar path runs its f32 loop on d·q (matmul.c).  Below that (decode, short prompts) x is
- * quantized per row into Q8_0 blocks (quant_q8.c) once per call, in
- * the pool's scratch; the threads then split the rows of W.  The scalar
+ * scalar path runs its f32 loop on d·q (matmul.c).  Below that (decode,
+ * short prompts) x is quantized per row into Q8_0 blocks (quant_q8.c) once
+ * per call, in the pool's scratch; the threads then split the rows of W.  The scalar
  * path computes exactly what the AVX2 code does, lane by lane (the order
  * is described in kern_internal.h), so it is the reference for the bits
  * and not only for the values.  The AVX-512 path (AMX included) runs
