@@ -33,6 +33,11 @@ tp_status tp_isa_choose_env(const int has[TP_ISA_COUNT], tp_isa *out);
  * W is f32 or bf16 [n, k] row-major.  The GEMV functions take T <= 4.
  * They allocate their packing buffers before starting the threads and fail
  * only with TP_ERR_NOMEM. */
+/* y = x·dequant(W)ᵀ for block-quantized W (q8_0, q4_0; matmul.c): the
+ * path's f32 GEMM, which dequantizes W while packing (d·q is exact in
+ * f32), or the scalar loop on the dequantized values; x as it is. */
+tp_status tp_matmul_dequant(float *y, const float *x, int64_t T, const tp_tensor *W, tp_kernel_path path,
+                            tp_threadpool *pool);
 void tp_matmul_scalar(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
                       int64_t n, int64_t k, tp_threadpool *pool);
 #if TP_KERNELS_X86
