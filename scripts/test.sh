@@ -25,7 +25,7 @@ echo "== gcc tests"
 
 # The suite above ran the chosen path; the others this CPU has get the tests
 # that tell paths apart (about 1 minute per path on 2 cores).
-per_path='^(unit\.test_(kernels|kernels_amx|kernel_grad|gemm|attention|isa|comm_reduce|q8|q4)|e2e\.test_(reference_logits|tp_inference|bench|isa|q8))$'
+per_path='^(unit\.test_(kernels|kernels_amx|kernel_grad|gemm|attention|isa|comm_reduce|q8|q4)|e2e\.test_(reference_logits|tp_inference|bench|isa|q8|q4))$'
 for isa in $(build/tensorpar --isa-list | grep -v ' (chosen)$'); do
   echo "== gcc tests on the $isa path"
   (cd build && TENSORPAR_ISA="$isa" ctest --output-on-failure -j"$jobs" -R "$per_path")

@@ -8,8 +8,10 @@
 #    once into WORK, 3.7 GB): TP=1 x 1 thread against EP=2 x 1 thread, with
 #    the built-in EP plan (experts split, the rest replicated: spec §4.2),
 #    then with bench/moe/ep_tp_plan.json (experts split, attention and
-#    lm_head TP-sharded), then TP=1 x 2 threads for reference (target: EP=2
-#    >= 1.6x EP=1, weight bytes/s within 10 % of the read probe).
+#    lm_head TP-sharded), then for reference TP=2 x 1 thread (the built-in
+#    TP plan: every expert split, so no rank waits for one that got more of
+#    a token's experts) and TP=1 x 2 threads (target: EP=2 >= 1.6x EP=1,
+#    weight bytes/s within 10 % of the read probe).
 # Needs ~5 GB of memory at the EP=2 step; on a shared machine run it under
 # the shared lock (flock /work/wt/bigmem.lock bash bench/moe/run.sh).
 set -euo pipefail
@@ -29,6 +31,8 @@ echo "== $(uptime)"
 echo "== $(uptime)"
 "$bin" bench decode --model "$model" --tp 2 --ep --tp-plan "$here/ep_tp_plan.json" --threads 1 --new-tokens 32 \
     --reps 3 2>/dev/null
+echo "== $(uptime)"
+"$bin" bench decode --model "$model" --tp 2 --threads 1 --new-tokens 32 --reps 3 2>/dev/null
 echo "== $(uptime)"
 "$bin" bench model --mode decode --model "$model" --tp 1 --threads 2 --new-tokens 32 --reps 3 2>/dev/null
 echo "== $(uptime)"

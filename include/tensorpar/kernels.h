@@ -429,6 +429,11 @@ typedef struct {
 } tp_bench_moe_dims;
 typedef struct {
     double grouped_gflops, dense_gflops, ratio;
+    /* decode: one token's k experts, weight GB/s of the stacked layout
+     * [E, 2I, H] / [E, H, I] (x·Wᵀ, the GEMV) and of the same bytes as
+     * [E, H, 2I] / [E, I, H] (x @ W: Llama 4's and gpt_oss's layout,
+     * expert_xw.c), and the median of the reps' ratios [in, out] / stacked */
+    double decode_stacked_gbs, decode_inout_gbs, decode_ratio;
 } tp_bench_moe_result;
 tp_status tp_kernel_bench_moe(FILE *out, tp_threadpool *pool, int quick, const tp_bench_moe_dims *d,
                               tp_bench_moe_result *res);

@@ -43,8 +43,8 @@ int cmd_bench_kernels(int argc, char **argv)
         {"--quick", NULL, "fewer repetitions (~1 minute on 2 cores)", 0, {0}},
         {"--smoke", NULL, "one repetition, small buffers, no lm_head shapes: proves it runs, figures mean nothing",
          0, {0}},
-        {"--moe", NULL, "only the MoE experts: grouped kernel vs dense GEMM (--shapes: a qwen3_moe/mixtral preset, "
-         "default qwen3-30b-a3b)", 0, {0}},
+        {"--moe", NULL, "only the MoE experts: grouped kernel vs dense GEMM, then a decode in the stacked vs the "
+         "[in, out] expert layout (--shapes: a qwen3_moe/mixtral preset, default qwen3-30b-a3b)", 0, {0}},
         {"--seq", "N", "--moe: tokens of the prefill (default 512)", 0, {0}},
     };
     int n = (int)(sizeof o / sizeof o[0]);

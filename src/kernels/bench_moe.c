@@ -6,13 +6,16 @@
  * one expert's weights.  Same FLOPs, so the ratio of the rates is what
  * splitting the rows over E experts costs.  Each repetition times the two
  * back to back (alternating which goes first); the ratio is the median of
- * the repetitions' own ratios, since the machine drifts. */
+ * the repetitions' own ratios, since the machine drifts.  Then a decode:
+ * one token's k experts in the stacked layout against the same bytes read
+ * as [in, out] matrices (Llama 4's and gpt_oss's x @ W), alternated too. */
 #include "kernels/kern_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #define MOE_REPS_MAX 15
+#define DECODE_TOKENS 8   /* decoded tokens per timed sample */
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -104,6 +107,49 @@ static tp_status measure(const moe_bufs *b, int reps, double flops, tp_bench_moe
     return TP_OK;
 }
 
+/* Decode: one token (its own k experts each repetition, so the weights
+ * come from memory) through the stacked layout and through the same bytes
+ * read as [in, out] matrices (bmm: Llama 4's form; the values do not
+ * change the time), alternated; GB/s of the k experts' weights. */
+static tp_status measure_decode(const moe_bufs *b, const tp_tensor *gate_up, const tp_tensor *down, int reps,
+                                tp_rng *rng, tp_bench_moe_result *r)
+{
+    const tp_grouped_experts_args *g = &b->g;
+    int64_t H = g->H, I = b->I, E = gate_up->shape[0], k = g->k;
+    tp_tensor gu_io = *gate_up, dn_io = *down;   /* [E, H, 2I], [E, I, H] over the same bytes */
+    gu_io.shape[1] = H, gu_io.shape[2] = 2 * I;
+    dn_io.shape[1] = I, dn_io.shape[2] = H;
+    double ts[MOE_REPS_MAX], ti[MOE_REPS_MAX], ratio[MOE_REPS_MAX];
+    int32_t *ids = malloc((size_t)k * sizeof *ids);
+    float *w = malloc((size_t)k * sizeof *w);
+    tp_status s = ids && w ? TP_OK : tp_fail(TP_ERR_NOMEM, "tp_kernel_bench_moe: no memory");
+    for (int i = -1; i < reps && !s; i++) {   /* i = -1: warm-up */
+        for (int q = 0; q < 2 && !s; q++) {
+            int inout = (q + i + 1) % 2;
+            tp_grouped_experts_args a = *g;
+            a.T = 1, a.ids = ids, a.weights = w;
+            if (inout) a.gate_up = &gu_io, a.down = &dn_io, a.bmm = 1, a.scale_input = 1;
+            double t = 0;
+            for (int tok = 0; tok < DECODE_TOKENS && !s; tok++) {   /* each its own experts */
+                route(ids, w, 1, k, E, rng);
+                double t0 = tp_now();
+                s = tp_grouped_experts(&a, b->scratch);
+                t += tp_now() - t0;
+            }
+            if (i >= 0) (inout ? ti : ts)[i] = t;
+        }
+        if (!s && i >= 0) ratio[i] = ts[i] / ti[i];
+    }
+    free(ids);
+    free(w);
+    if (s) return s;
+    double bytes = DECODE_TOKENS * (double)k * 3.0 * (double)(H * I) * 2.0;
+    r->decode_stacked_gbs = bytes / median(ts, reps) / 1e9;
+    r->decode_inout_gbs = bytes / median(ti, reps) / 1e9;
+    r->decode_ratio = median(ratio, reps);
+    return TP_OK;
+}
+
 tp_status tp_kernel_bench_moe(FILE *out, tp_threadpool *pool, int quick, const tp_bench_moe_dims *d,
                               tp_bench_moe_result *res)
 {
@@ -145,16 +191,20 @@ tp_status tp_kernel_bench_moe(FILE *out, tp_threadpool *pool, int quick, const t
         b.I = I;
         double flops = 2.0 * (double)n * (double)(3 * H * I);
         st = measure(&b, reps, flops, res);
+        if (!st) st = measure_decode(&b, &gate_up, &down, reps, &rng, res);
     }
     if (!st && out)
         fprintf(out, "MoE experts, %s shapes (hidden %lld, expert width %lld, %lld experts, top-%lld), prefill of "
                 "%lld tokens, bf16 weights, %d thread(s), median of %d:\n"
                 "  grouped (%lld rows over %lld experts, ~%.0f each) %8.1f GFLOP/s\n"
                 "  dense (one GEMM pair over the %lld rows)          %8.1f GFLOP/s\n"
-                "  grouped / dense %.3f (issue 16 target >= 0.5)\n",
+                "  grouped / dense %.3f (issue 16 target >= 0.5)\n"
+                "decode of one token's %lld experts, weight GB/s: stacked [E, 2I, H] %.1f, the same bytes as "
+                "[E, H, 2I] (Llama 4, gpt_oss) %.1f, ratio %.3f\n",
                 d->name, (long long)H, (long long)I, (long long)E, (long long)k, (long long)T,
                 tp_threadpool_size(pool), reps, (long long)n, (long long)E, (double)n / (double)E,
-                res->grouped_gflops, (long long)n, res->dense_gflops, res->ratio);
+                res->grouped_gflops, (long long)n, res->dense_gflops, res->ratio, (long long)k,
+                res->decode_stacked_gbs, res->decode_inout_gbs, res->decode_ratio);
     tp_tensor_release(&gate_up);
     tp_tensor_release(&down);
     free(ids); free(wts); free(x); free(y);

@@ -142,32 +142,48 @@ static inline __attribute__((always_inline)) TAVX2 void transpose8(__m256 v[8])
     v[6] = _mm256_permute2f128_ps(s2, s6, 0x31), v[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
 }
 
-/* 8 quants of a q8_0 block times its scale d: d·q, exact in f32. */
-TAVX2 static __m256 dequant8(const int8_t *q, __m256 d)
+/* 8 values of a block from element e (a multiple of 8) times its scale d,
+ * exact in f32: q8_0's d·q; q4_0's d·(nibble - 8), elements 0..15 the low
+ * nibbles of bytes 0..15, 16..31 the high ones. */
+static inline __attribute__((always_inline)) TAVX2 __m256 dequant8(const char *blk, tp_dtype dt, int e, __m256 d)
 {
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q))), d);
+    __m256i v;
+    if (dt == TP_Q8_0) {
+        v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(((const tp_q8_block *)blk)->q + e)));
+    } else {
+        v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(((const tp_q4_block *)blk)->qs + e % 16)));
+        v = e < 16 ? _mm256_and_si256(v, _mm256_set1_epi32(0x0f)) : _mm256_srli_epi32(v, 4);
+        v = _mm256_sub_epi32(v, _mm256_set1_epi32(8));
+    }
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(v), d);
 }
 
-/* q8_0 rows (b->cs = k, whole blocks; p0 and kc multiples of 32): per 8
- * rows, one block of each at a time — its scale read once — as 4
- * transposes of 8 × 8 dequantized values.  The values are the generic
- * packing's (gemm_packed.c load_q8). */
-TAVX2 static void pack_bt_q8(float *dst, const tp_gemm_operand *b, int64_t p0, int64_t kc, int64_t j0)
+/* q8_0 or q4_0 rows (b->cs = k, whole blocks of 32; p0 and kc multiples of
+ * 32): per 8 rows, one block of each at a time — its scale (the f16 both
+ * formats start with) read once — as 4 transposes of 8 × 8 dequantized
+ * values.  The values are the generic packing's (gemm_packed.c load_q8,
+ * load_q4). */
+static inline __attribute__((always_inline)) TAVX2 void
+pack_bt_blocks(float *dst, const tp_gemm_operand *b, int64_t p0, int64_t kc, int64_t j0, tp_dtype dt)
 {
-    const int64_t nb = b->cs / TP_Q8_BLOCK;
+    _Static_assert(TP_Q8_BLOCK == 32 && TP_Q4_BLOCK == 32, "blocks of 32");
+    const size_t bsz = dt == TP_Q8_0 ? sizeof(tp_q8_block) : sizeof(tp_q4_block);
+    const int64_t nb = b->cs / 32;
     for (int h = 0; h < NR; h += 8) {
-        const tp_q8_block *row = (const tp_q8_block *)b->p + (j0 + h) * nb + p0 / TP_Q8_BLOCK;
-        for (int64_t p = 0; p < kc; p += TP_Q8_BLOCK) {
-            const tp_q8_block *blk = row + p / TP_Q8_BLOCK;
+        const char *row = (const char *)b->p + (size_t)((j0 + h) * nb + p0 / 32) * bsz;
+        for (int64_t p = 0; p < kc; p += 32) {
+            const char *blk = row + (size_t)(p / 32) * bsz;
             __m256 d[8];
             for (int r = 0; r < 8; r++) {
+                uint16_t h16;
                 /* the same block of the next panel's rows, as pack_bt does */
-                _mm_prefetch((const char *)((uintptr_t)blk + (uintptr_t)((NR + r) * nb) * sizeof *blk), _MM_HINT_T0);
-                d[r] = _mm256_set1_ps(tp_q8_scale(blk[r * nb].d));
+                _mm_prefetch((const char *)((uintptr_t)blk + (uintptr_t)((NR + r) * nb) * bsz), _MM_HINT_T0);
+                memcpy(&h16, blk + (size_t)(r * nb) * bsz, sizeof h16);
+                d[r] = _mm256_set1_ps(tp_q8_scale(h16));
             }
-            for (int e = 0; e < TP_Q8_BLOCK; e += 8) {
+            for (int e = 0; e < 32; e += 8) {
                 __m256 v[8];
-                for (int r = 0; r < 8; r++) v[r] = dequant8(blk[r * nb].q + e, d[r]);
+                for (int r = 0; r < 8; r++) v[r] = dequant8(blk + (size_t)(r * nb) * bsz, dt, e, d[r]);
                 transpose8(v);
                 for (int q = 0; q < 8; q++) _mm256_storeu_ps(dst + (p + e + q) * NR + h, v[q]);
             }
@@ -175,10 +191,24 @@ TAVX2 static void pack_bt_q8(float *dst, const tp_gemm_operand *b, int64_t p0, i
     }
 }
 
+TAVX2 static void pack_bt_q8(float *dst, const tp_gemm_operand *b, int64_t p0, int64_t kc, int64_t j0)
+{
+    pack_bt_blocks(dst, b, p0, kc, j0, TP_Q8_0);
+}
+
+TAVX2 static void pack_bt_q4(float *dst, const tp_gemm_operand *b, int64_t p0, int64_t kc, int64_t j0)
+{
+    pack_bt_blocks(dst, b, p0, kc, j0, TP_Q4_0);
+}
+
 TAVX2 static void pack_bt(float *dst, const tp_gemm_operand *b, int64_t p0, int64_t kc, int64_t j0)
 {
     if (b->dt == TP_Q8_0) {
         pack_bt_q8(dst, b, p0, kc, j0);
+        return;
+    }
+    if (b->dt == TP_Q4_0) {
+        pack_bt_q4(dst, b, p0, kc, j0);
         return;
     }
     int64_t cs = b->cs, esz = b->dt == TP_F32 ? 4 : 2, line = 64 / esz;

@@ -1,5 +1,6 @@
 /* AVX-512 matmul: y[T, n] = x[T, k] · W[n, k]ᵀ, W f32 or bf16 (the GEMM
- * also q8_0, dequantized while packing: gemm_q8.c's prefill).
+ * also q8_0 and q4_0, dequantized while packing: gemm_q8.c's and
+ * gemm_q4.c's prefill).
  *
  * GEMM (prefill), GotoBLAS style.  y is cut into tiles of MR = 12 rows (T)
  * by NR = 32 columns (n); a tile's 24 accumulators live in zmm registers.
@@ -103,17 +104,32 @@ T512BF static void pack_a_dot_panel(uint32_t *dst, const float *x, int64_t rows,
 /* 16 weights from W + off (in elements), widened to f32; lanes past m zero.
  * q8_0 (rows of whole blocks, off a multiple of 16: the 16 lie in one
  * block): d·q, exact in f32 and the value tp_q8_dequantize_row gives, so
- * the product is the f32 one of the dequantized weights. */
+ * the product is the f32 one of the dequantized weights.  q4_0 likewise:
+ * d·(nibble - 8), the 16 being the low nibbles of the block's 16 bytes
+ * (off % 32 = 0) or their high ones (16), as tp_q4_dequantize_row.  A full
+ * block of f32/bf16 is read without a mask: packing an MoE expert's cold
+ * bf16 weights with masked loads ran the grouped prefill at ~0.7x (Zen 5,
+ * bench kernels --moe), as it did expert_xw.c's decode loop. */
 static inline __attribute__((always_inline)) T512 __m512 load_w16(const void *w, tp_dtype wt, int64_t off,
                                                                   __mmask16 m)
 {
-    if (wt == TP_F32) return _mm512_maskz_loadu_ps(m, (const float *)w + off);
+    if (wt == TP_F32)
+        return m == 0xffff ? _mm512_loadu_ps((const float *)w + off) : _mm512_maskz_loadu_ps(m, (const float *)w + off);
     if (wt == TP_Q8_0) {
         const tp_q8_block *b = (const tp_q8_block *)w + off / TP_Q8_BLOCK;
         __m512i q = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, b->q + off % TP_Q8_BLOCK));
         return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(tp_q8_scale(b->d)));
     }
-    __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)w + off));
+    if (wt == TP_Q4_0) {
+        const tp_q4_block *b = (const tp_q4_block *)w + off / TP_Q4_BLOCK;
+        __m512i q = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, b->qs));
+        q = off % TP_Q4_BLOCK ? _mm512_srli_epi32(q, 4) : _mm512_and_si512(q, _mm512_set1_epi32(0x0f));
+        q = _mm512_sub_epi32(q, _mm512_set1_epi32(8));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(tp_q8_scale(b->d)));
+    }
+    const uint16_t *p = (const uint16_t *)w + off;
+    __m256i h = m == 0xffff ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(m, p);
+    __m512i v = _mm512_cvtepu16_epi32(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
 }
 
@@ -303,6 +319,7 @@ static void pack_a_worker(void *p, int ti, int nt)
 static int64_t w_bytes(tp_dtype wt, int64_t elems)
 {
     if (wt == TP_Q8_0) return elems / TP_Q8_BLOCK * (int64_t)sizeof(tp_q8_block);
+    if (wt == TP_Q4_0) return elems / TP_Q4_BLOCK * (int64_t)sizeof(tp_q4_block);
     return elems * (wt == TP_F32 ? 4 : 2);
 }
 

@@ -24,7 +24,8 @@
  * B may also be q8_0 blocks (rows of W whole blocks of 32: element e of the
  * row-major matrix is quant e % 32 of block e / 32): each element is
  * dequantized while packing to d·q, exact in f32 (an 11-bit scale times an
- * 8-bit integer), the value tp_q8_dequantize_row gives. */
+ * 8-bit integer), the value tp_q8_dequantize_row gives; or q4_0 blocks, the
+ * same way: d·(nibble - 8), as tp_q4_dequantize_row. */
 #include "kernels/kern_internal.h"
 
 #include <string.h>
@@ -56,9 +57,20 @@ static float load_q8(const void *p, int64_t off)
     return tp_q8_scale(blk->d) * (float)blk->q[off % TP_Q8_BLOCK];
 }
 
+/* Element j of a q4_0 block is the low nibble of byte j (j < 16), else the
+ * high nibble of byte j - 16. */
+static float load_q4(const void *p, int64_t off)
+{
+    const tp_q4_block *blk = (const tp_q4_block *)p + off / TP_Q4_BLOCK;
+    int j = (int)(off % TP_Q4_BLOCK), half = TP_Q4_BLOCK / 2;
+    int q = j < half ? blk->qs[j] & 0x0f : blk->qs[j - half] >> 4;
+    return tp_q8_scale(blk->d) * (float)(q - 8);
+}
+
 static float load_b(const tp_gemm_operand *b, int64_t off)
 {
     if (b->dt == TP_Q8_0) return load_q8(b->p, off);
+    if (b->dt == TP_Q4_0) return load_q4(b->p, off);
     return b->dt == TP_F32 ? ((const float *)b->p)[off] : widen(((const uint16_t *)b->p)[off]);
 }
 
@@ -67,8 +79,8 @@ static float load_b(const tp_gemm_operand *b, int64_t off)
 static __m128 load4_b(const tp_gemm_operand *b, int64_t off)
 {
     if (b->dt == TP_F32) return _mm_loadu_ps((const float *)b->p + off);
-    if (b->dt == TP_Q8_0)
-        return _mm_setr_ps(load_q8(b->p, off), load_q8(b->p, off + 1), load_q8(b->p, off + 2), load_q8(b->p, off + 3));
+    if (b->dt == TP_Q8_0 || b->dt == TP_Q4_0)
+        return _mm_setr_ps(load_b(b, off), load_b(b, off + 1), load_b(b, off + 2), load_b(b, off + 3));
     __m128i h = _mm_loadl_epi64((const __m128i *)((const uint16_t *)b->p + off));
     return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), h));
 }

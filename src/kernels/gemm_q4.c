@@ -1,10 +1,15 @@
 /* y = x·Wᵀ with Q4_0 weights: the dispatch and the scalar path.
  *
- * As for q8_0 (gemm_q8.c): x is quantized per row into 8-bit blocks once
+ * As for q8_0 (gemm_q8.c): from TP_Q4_DEQUANT_MIN_T tokens on (prefill)
+ * the product is the f32 one with the dequantized weights, d·(nibble - 8)
+ * being exact in f32: the path's f32 GEMM dequantizes W while it packs
+ * (gemm_packed.c with gemm_avx2.c; gemm_avx512.c), the scalar path runs
+ * its f32 loop (matmul.c).  Below that x is quantized per row into 8-bit blocks once
  * per call, in the pool's scratch, and the threads split the rows of W.
  * The scalar path computes exactly what the AVX2 code does, lane by lane
  * (the order is described in kern_q4.h), so it is the reference for the
- * bits.  The AVX-512 path runs the AVX2 kernels. */
+ * bits.  The AVX-512 path runs gemm_q4_avx512.c's kernels where the CPU
+ * has VNNI, else the AVX2 ones. */
 #include "kernels/kern_q4.h"
 
 #include <math.h>
@@ -47,6 +52,9 @@ tp_status tp_q4_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, 
 {
     int64_t n = W->shape[0], k = W->shape[1], nb = k / TP_Q4_BLOCK;
     if (k % TP_Q4_BLOCK) return tp_fail(TP_ERR_INTERNAL, "tp_matmul: a q4_0 row of %lld values", (long long)k);
+    if (T >= TP_Q4_DEQUANT_MIN_T) {
+        return tp_matmul_dequant(y, x, T, W, path, pool);   /* prefill */
+    }
     size_t qbytes = (size_t)(T * k + 63) / 64 * 64, sbytes = (size_t)(T * nb) * 8 * sizeof(int32_t);
     size_t bytes = qbytes + sbytes + (size_t)(T * nb) * sizeof(float);
     char *mem = tp_threadpool_scratch(pool, bytes), *own = NULL;
@@ -60,7 +68,8 @@ tp_status tp_q4_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, 
         xs[l] = 8 * ((int32_t)xq[4 * l] + xq[4 * l + 1] + xq[4 * l + 2] + xq[4 * l + 3]);
     tp_q4_job j = {y, xq, xs, xd, W->data, T, n, nb};
 #if TP_KERNELS_X86
-    if (path != TP_KERNEL_SCALAR) tp_q4_matmul_avx2(&j, pool);
+    if (path == TP_KERNEL_AVX512 && tp_kernel_has_vnni()) tp_q4_matmul_avx512(&j, pool);
+    else if (path != TP_KERNEL_SCALAR) tp_q4_matmul_avx2(&j, pool);
     else tp_q4_matmul_scalar(&j, pool);
 #else
     (void)path;

@@ -55,13 +55,7 @@ tp_status tp_q8_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, 
     int64_t n = W->shape[0], k = W->shape[1], nb = k / TP_Q8_BLOCK;
     if (k % TP_Q8_BLOCK) return tp_fail(TP_ERR_INTERNAL, "tp_matmul: a q8_0 row of %lld values", (long long)k);
     if (T >= TP_Q8_DEQUANT_MIN_T) {
-        /* Prefill: the f32 GEMM of the dequantized weights, x as it is. */
-#if TP_KERNELS_X86
-        if (path == TP_KERNEL_AVX512) return tp_gemm_avx512(y, x, T, W->data, TP_Q8_0, n, k, 0, pool);
-        if (path != TP_KERNEL_SCALAR) return tp_gemm_avx2(y, x, T, W->data, TP_Q8_0, n, k, pool);
-#endif
-        tp_matmul_scalar(y, x, T, W->data, TP_Q8_0, n, k, pool);
-        return TP_OK;
+        return tp_matmul_dequant(y, x, T, W, path, pool);   /* prefill */
     }
     size_t qbytes = (size_t)(T * k + 63) / 64 * 64, bytes = qbytes + (size_t)(T * nb) * sizeof(float);
     char *mem = tp_threadpool_scratch(pool, bytes), *own = NULL;

@@ -50,138 +50,13 @@ static int64_t inter_of(const tp_grouped_experts_args *a)
     return a->bmm ? a->gate_up->shape[2] / 2 : a->gate_up->shape[1] / 2;
 }
 
-/* ---- x @ W for a few rows (decode) ------------------------------------------
- * The packed GEMM packs all of W for every call, which for one row costs
- * more than the product (3.4x a GEMV at H 2048, I 1024, bf16); a few rows
- * instead stream W once, row by row, each thread over its own columns:
- * every output element is one thread's sum in the order of W's rows,
- * whatever the thread count. */
-#define XW_ROWS 4
-
-typedef struct {
-    float *y;
-    const float *x;
-    int64_t n, in, out;
-    const tp_tensor *w;
-    int avx2;           /* the AVX2 + FMA path may run */
-} xw_job;
-
-static inline float bf16_value(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* y += Σ_q a[q] · w_q over n columns for 4 rows w_q of W, stride apart:
- * one pass over y for four rows (restrict lets the compiler vectorize). */
-static void axpy4_bf16(float *restrict y, const uint16_t *restrict w, int64_t stride, const float *a, int64_t n)
-{
-    const uint16_t *w1 = w + stride, *w2 = w1 + stride, *w3 = w2 + stride;
-    for (int64_t c = 0; c < n; c++)
-        y[c] += a[0] * bf16_value(w[c]) + a[1] * bf16_value(w1[c]) + a[2] * bf16_value(w2[c]) +
-                a[3] * bf16_value(w3[c]);
-}
-
-static void axpy4_f32(float *restrict y, const float *restrict w, int64_t stride, const float *a, int64_t n)
-{
-    const float *w1 = w + stride, *w2 = w1 + stride, *w3 = w2 + stride;
-    for (int64_t c = 0; c < n; c++) y[c] += a[0] * w[c] + a[1] * w1[c] + a[2] * w2[c] + a[3] * w3[c];
-}
-
-#if TP_KERNELS_X86
-#include <immintrin.h>
-
-#define TAVX2 __attribute__((target("avx2,fma")))
-
-TAVX2 static inline __m256 widen_bf16(const uint16_t *w)
-{
-    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)w));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-}
-
-TAVX2 static void axpy4_bf16_avx2(float *y, const uint16_t *w, int64_t stride, const float *a, int64_t n)
-{
-    const uint16_t *w1 = w + stride, *w2 = w1 + stride, *w3 = w2 + stride;
-    __m256 a0 = _mm256_set1_ps(a[0]), a1 = _mm256_set1_ps(a[1]), a2 = _mm256_set1_ps(a[2]);
-    __m256 a3 = _mm256_set1_ps(a[3]);
-    int64_t c = 0;
-    for (; c + 8 <= n; c += 8) {
-        __m256 acc = _mm256_mul_ps(a0, widen_bf16(w + c));
-        acc = _mm256_fmadd_ps(a1, widen_bf16(w1 + c), acc);
-        acc = _mm256_fmadd_ps(a2, widen_bf16(w2 + c), acc);
-        acc = _mm256_fmadd_ps(a3, widen_bf16(w3 + c), acc);
-        _mm256_storeu_ps(y + c, _mm256_add_ps(_mm256_loadu_ps(y + c), acc));
-    }
-    axpy4_bf16(y + c, w + c, stride, a, n - c);
-}
-
-TAVX2 static void axpy4_f32_avx2(float *y, const float *w, int64_t stride, const float *a, int64_t n)
-{
-    const float *w1 = w + stride, *w2 = w1 + stride, *w3 = w2 + stride;
-    __m256 a0 = _mm256_set1_ps(a[0]), a1 = _mm256_set1_ps(a[1]), a2 = _mm256_set1_ps(a[2]);
-    __m256 a3 = _mm256_set1_ps(a[3]);
-    int64_t c = 0;
-    for (; c + 8 <= n; c += 8) {
-        __m256 acc = _mm256_mul_ps(a0, _mm256_loadu_ps(w + c));
-        acc = _mm256_fmadd_ps(a1, _mm256_loadu_ps(w1 + c), acc);
-        acc = _mm256_fmadd_ps(a2, _mm256_loadu_ps(w2 + c), acc);
-        acc = _mm256_fmadd_ps(a3, _mm256_loadu_ps(w3 + c), acc);
-        _mm256_storeu_ps(y + c, _mm256_add_ps(_mm256_loadu_ps(y + c), acc));
-    }
-    axpy4_f32(y + c, w + c, stride, a, n - c);
-}
-#endif
-
-static void axpy4(const xw_job *j, float *y, int64_t row, int64_t c0, const float *a, int64_t n)
-{
-    int64_t off = row * j->out + c0;
-#if TP_KERNELS_X86
-    if (j->avx2 && j->w->dtype == TP_BF16) { axpy4_bf16_avx2(y, (const uint16_t *)j->w->data + off, j->out, a, n); return; }
-    if (j->avx2) { axpy4_f32_avx2(y, (const float *)j->w->data + off, j->out, a, n); return; }
-#endif
-    if (j->w->dtype == TP_BF16) axpy4_bf16(y, (const uint16_t *)j->w->data + off, j->out, a, n);
-    else axpy4_f32(y, (const float *)j->w->data + off, j->out, a, n);
-}
-
-static void xw_worker(void *p, int ti, int nt)
-{
-    const xw_job *j = p;
-    int64_t c0, c1;
-    tp_split_range((j->out + 15) / 16, ti, nt, &c0, &c1);   /* blocks of 16 columns */
-    c0 *= 16, c1 = c1 * 16 < j->out ? c1 * 16 : j->out;
-    if (c1 <= c0) return;
-    for (int64_t r = 0; r < j->n; r++) {
-        float *yr = j->y + r * j->out + c0;
-        memset(yr, 0, (size_t)(c1 - c0) * sizeof(float));
-        for (int64_t i = 0; i < j->in; i += 4) {
-            /* a last group of fewer than 4 rows takes the 4 last rows of W
-             * (in >= 4), the ones already added with weight 0 */
-            int64_t base = j->in - i < 4 ? j->in - 4 : i;
-            float a[4];
-            for (int q = 0; q < 4; q++) a[q] = base + q >= i ? j->x[r * j->in + base + q] : 0.0f;
-            axpy4(j, yr, base, c0, a, c1 - c0);
-        }
-    }
-}
-
 /* y [n, out] = x [n, in] times expert weight W: x · Wᵀ for a linear-style
- * W [out, in]; x @ W for a bmm-style W [in, out]: the loop above for a few
- * rows, else the product tp_matmul_backward_ex forms for an input gradient
- * (dx += dy · W). */
+ * W [out, in], x @ W for a bmm-style W [in, out] (expert_xw.c). */
 static tp_status expert_matmul(const tp_grouped_experts_args *a, tp_threadpool *pool, float *y, const float *x,
                                int64_t n, const tp_tensor *w)
 {
     if (!a->bmm) return tp_matmul_ex(y, x, n, w, NULL, pool, a->opts);
-    if (n <= XW_ROWS && w->shape[0] >= 4 && (w->dtype == TP_F32 || w->dtype == TP_BF16)) {
-        xw_job j = {y, x, n, w->shape[0], w->shape[1], w,
-                    tp_kernel_resolve(a->opts ? a->opts->path : TP_KERNEL_AUTO) >= TP_KERNEL_AVX2};
-        tp_parallel_run(pool, xw_worker, &j);
-        return TP_OK;
-    }
-    memset(y, 0, (size_t)(n * w->shape[1]) * sizeof(float));
-    return tp_matmul_backward_ex(y, NULL, NULL, x, NULL, n, w, pool, a->opts);
+    return tp_expert_xw(y, x, n, w, pool, a->opts);
 }
 
 /* One expert's rows: gather, the two GEMMs with SwiGLU between; their
@@ -320,6 +195,21 @@ tp_status tp_grouped_experts(const tp_grouped_experts_args *a, float *scratch)
  * d[gate; up], d gate_up[e] += d[gate; up]ᵀ · X_e, and dX_e = d[gate; up] ·
  * gate_up[e] scattered back to the tokens, experts in ascending order. */
 
+void tp_grouped_slot_grads(const float *dy, const float *weights, const int64_t *slots, int64_t n, int64_t k,
+                           int64_t H, const float *y, float *dyr, float *dweights)
+{
+    for (int64_t r = 0; r < n; r++) {
+        const float *dyt = dy + (slots[r] / k) * H;
+        float wt = weights[slots[r]];
+        double dot = 0;
+        for (int64_t i = 0; i < H; i++) {
+            dot += (double)dyt[i] * y[r * H + i];
+            dyr[r * H + i] = wt * dyt[i];
+        }
+        dweights[slots[r]] = (float)dot;
+    }
+}
+
 static tp_status expert_backward(const tp_grouped_experts_args *a, const tp_grouped_experts_grads *g, int64_t e,
                                  const int64_t *slots, int64_t n, float *scratch)
 {
@@ -335,16 +225,7 @@ static tp_status expert_backward(const tp_grouped_experts_args *a, const tp_grou
     }
     if (!s) s = tp_matmul_ex(y, h, n, &wd, NULL, a->pool, a->opts);
     if (s) return s;
-    for (int64_t r = 0; r < n; r++) {
-        const float *dyt = g->dy + (slots[r] / k) * H;
-        float wt = a->weights[slots[r]];
-        double dot = 0;
-        for (int64_t i = 0; i < H; i++) {
-            dot += (double)dyt[i] * y[r * H + i];
-            dyr[r * H + i] = wt * dyt[i];
-        }
-        g->dweights[slots[r]] = (float)dot;
-    }
+    tp_grouped_slot_grads(g->dy, a->weights, slots, n, k, H, y, dyr, g->dweights);
     memset(dh, 0, (size_t)(n * I) * sizeof(float));
     memset(dgu, 0, (size_t)(n * 2 * I) * sizeof(float));
     memset(dxs, 0, (size_t)(n * H) * sizeof(float));

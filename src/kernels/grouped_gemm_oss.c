@@ -2,9 +2,9 @@
  * sorted by expert as in grouped_gemm.c, and each expert with rows runs on
  * them only.  The weights stay in the checkpoint's layout — gate_up [E, H,
  * 2I] and down [E, I, H], multiplied without a transpose — so loading and
- * saving need no conversion: x·W[e] is the "dx = dy·W" product of the
- * packed GEMM (tp_matmul_backward_ex with W viewed as [H, 2I]), and the
- * backward's dy·W[e]ᵀ is its forward product.  Gate and up are interleaved
+ * saving need no conversion: x·W[e] is tp_expert_xw (a decode's few rows
+ * stream W; more rows: the "dx = dy·W" product of the packed GEMM, W viewed
+ * as [H, 2I]), and the backward's dy·W[e]ᵀ is its forward product.  Gate and up are interleaved
  * columns (gate_up[..., ::2], gate_up[..., 1::2]). */
 #include "kernels/kern_internal.h"
 
@@ -21,15 +21,13 @@ static tp_tensor expert_view(const tp_tensor *w, int64_t e)
 
 static const float *bias_row(const tp_tensor *b, int64_t e) { return (const float *)b->data + e * b->shape[1]; }
 
-/* rows of x·W (W [in, out] stored as a Linear's [out, in] would be: the
- * product dx += dy·W of a Linear whose weight is W) into y, zeroed first,
- * plus the bias */
+/* rows of x·W (W [in, out]; a decode's few rows streamed, else the packed
+ * GEMM's dx = dy·W product: tp_expert_xw) into y, plus the bias */
 static tp_status times(float *y, const float *x, int64_t n, const tp_tensor *W, const float *bias,
                        const tp_oss_experts_args *a)
 {
     int64_t out = W->shape[1];
-    memset(y, 0, (size_t)(n * out) * sizeof(float));
-    tp_status s = tp_matmul_backward_ex(y, NULL, NULL, x, NULL, n, W, a->pool, a->opts);
+    tp_status s = tp_expert_xw(y, x, n, W, a->pool, a->opts);
     for (int64_t r = 0; !s && r < n; r++)
         for (int64_t i = 0; i < out; i++) y[r * out + i] += bias[i];
     return s;
@@ -145,16 +143,7 @@ static tp_status expert_backward(const tp_oss_experts_args *a, const tp_oss_expe
     float *dh = dyr + n * H, *dgu = dh + n * I, *dxs = dgu + n * 2 * I;
     tp_status s = expert_rows(a, e, slots, n, xs, gu, h, y);
     if (s) return s;
-    for (int64_t r = 0; r < n; r++) {
-        const float *dyt = g->dy + (slots[r] / k) * H;
-        float wt = a->weights[slots[r]];
-        double dot = 0;
-        for (int64_t i = 0; i < H; i++) {
-            dot += (double)dyt[i] * y[r * H + i];
-            dyr[r * H + i] = wt * dyt[i];
-        }
-        g->dweights[slots[r]] = (float)dot;
-    }
+    tp_grouped_slot_grads(g->dy, a->weights, slots, n, k, H, y, dyr, g->dweights);
     tp_tensor wgu = expert_view(a->gate_up, e), wd = expert_view(a->down, e);
     if (g->d_down_bias) add_rows(g->d_down_bias + e * H, dyr, n, H);
     if ((s = tp_matmul_ex(dh, dyr, n, &wd, NULL, a->pool, a->opts))) return s;

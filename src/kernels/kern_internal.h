@@ -33,6 +33,11 @@ tp_status tp_isa_choose_env(const int has[TP_ISA_COUNT], tp_isa *out);
  * W is f32 or bf16 [n, k] row-major.  The GEMV functions take T <= 4.
  * They allocate their packing buffers before starting the threads and fail
  * only with TP_ERR_NOMEM. */
+/* y = x·dequant(W)ᵀ for block-quantized W (q8_0, q4_0; matmul.c): the
+ * path's f32 GEMM, which dequantizes W while packing (d·q is exact in
+ * f32), or the scalar loop on the dequantized values; x as it is. */
+tp_status tp_matmul_dequant(float *y, const float *x, int64_t T, const tp_tensor *W, tp_kernel_path path,
+                            tp_threadpool *pool);
 void tp_matmul_scalar(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
                       int64_t n, int64_t k, tp_threadpool *pool);
 #if TP_KERNELS_X86
@@ -212,5 +217,19 @@ tp_status tp_q8_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, 
  * order[start[e] .. start[e + 1]), in slot order.  Ids outside [0, E) (the
  * EP sentinel) are left out (grouped_gemm.c, for both expert kernels). */
 tp_status tp_grouped_sort_slots(const int32_t *ids, int64_t n, int64_t E, int64_t *start, int64_t *order);
+
+/* An expert's n rows in the backward (slots[r] = t·k + j, y its unweighted
+ * output rows [n, H]): each slot's weight gradient dweights[slot] = dy_t · y_r
+ * (summed in double) and its output gradient dyr_r = w_slot · dy_t, for
+ * both expert kernels' backward (grouped_gemm.c). */
+void tp_grouped_slot_grads(const float *dy, const float *weights, const int64_t *slots, int64_t n, int64_t k,
+                           int64_t H, const float *y, float *dyr, float *dweights);
+
+/* y [n, out] = x [n, in] @ W for an expert weight W [in, out] (f32 or bf16
+ * streamed once for a decode's few rows, else the packed GEMM's dx = dy·W
+ * product), y overwritten; the bits do not depend on the thread count
+ * (expert_xw.c, for Llama 4's and gpt_oss's experts). */
+tp_status tp_expert_xw(float *y, const float *x, int64_t n, const tp_tensor *w, tp_threadpool *pool,
+                       const tp_matmul_opts *opts);
 
 #endif

@@ -25,6 +25,10 @@ static inline void tp_q4_unpack(int8_t q[TP_Q4_BLOCK], const tp_q4_block *b)
     }
 }
 
+/* From this many tokens on, the product is the f32 one of x and the
+ * dequantized weights (gemm_q4.c), not the integer one described above. */
+#define TP_Q4_DEQUANT_MIN_T 32
+
 /* One product: W [n, nb·32] in q4_0, x [T, nb·32] quantized (xq, xd);
  * xs [T, nb, 8]: 8 times the sum of each lane's 4 quants of x (the AVX2
  * path multiplies the unsigned nibbles and takes 8·x away per lane). */
@@ -40,6 +44,9 @@ typedef struct {
 void tp_q4_matmul_scalar(const tp_q4_job *j, tp_threadpool *pool);
 #if TP_KERNELS_X86
 void tp_q4_matmul_avx2(const tp_q4_job *j, tp_threadpool *pool);
+/* AVX-512BW + VNNI (gemm_q4_avx512.c): the same bits; needs
+ * tp_kernel_has_vnni(). */
+void tp_q4_matmul_avx512(const tp_q4_job *j, tp_threadpool *pool);
 #endif
 /* x quantized, then the path's kernel (gemm_q4.c).  k = W's row length, a
  * multiple of 32. */

@@ -74,6 +74,14 @@ static void scalar_worker(void *p, int ti, int nt)
                 const tp_q8_block *w = (const tp_q8_block *)j->w + r * (j->k / TP_Q8_BLOCK);
                 for (int64_t i = 0; i < j->k; i++)
                     acc += x[i] * (tp_q8_scale(w[i / TP_Q8_BLOCK].d) * (float)w[i / TP_Q8_BLOCK].q[i % TP_Q8_BLOCK]);
+            } else if (j->wt == TP_Q4_0) {   /* d·(nibble - 8) is exact too */
+                const tp_q4_block *w = (const tp_q4_block *)j->w + r * (j->k / TP_Q4_BLOCK);
+                int8_t q[TP_Q4_BLOCK];
+                for (int64_t b = 0; b < j->k / TP_Q4_BLOCK; b++) {
+                    float d = tp_q8_scale(w[b].d);
+                    tp_q4_unpack(q, &w[b]);
+                    for (int i = 0; i < TP_Q4_BLOCK; i++) acc += x[b * TP_Q4_BLOCK + i] * (d * (float)q[i]);
+                }
             } else {
                 const uint16_t *w = (const uint16_t *)j->w + r * j->k;
                 for (int64_t i = 0; i < j->k; i++) acc += x[i] * tp_f32_from_bf16(w[i]);
@@ -88,6 +96,20 @@ void tp_matmul_scalar(float *y, const float *x, int64_t T, const void *W, tp_dty
 {
     mm_job j = {y, x, W, wt, T, n, k};
     tp_parallel_run(pool, scalar_worker, &j);
+}
+
+tp_status tp_matmul_dequant(float *y, const float *x, int64_t T, const tp_tensor *W, tp_kernel_path path,
+                            tp_threadpool *pool)
+{
+    int64_t n = W->shape[0], k = W->shape[1];
+#if TP_KERNELS_X86
+    if (path == TP_KERNEL_AVX512) return tp_gemm_avx512(y, x, T, W->data, W->dtype, n, k, 0, pool);
+    if (path != TP_KERNEL_SCALAR) return tp_gemm_avx2(y, x, T, W->data, W->dtype, n, k, pool);
+#else
+    (void)path;
+#endif
+    tp_matmul_scalar(y, x, T, W->data, W->dtype, n, k, pool);
+    return TP_OK;
 }
 
 /* ---- shared by every path ------------------------------------------- */

@@ -212,7 +212,8 @@ if __name__ == "__main__":
 class MoeKernelBenchTest(unittest.TestCase):
     def test_kernels_moe(self):
         """bench kernels --moe runs the grouped kernel and the dense GEMM on
-        the preset's expert shapes and prints both rates and their ratio."""
+        the preset's expert shapes and prints both rates and their ratio,
+        then a decode in the stacked and the [in, out] expert layouts."""
         p = run("bench", "kernels", "--moe", "--shapes", "tiny", "--smoke", "--seq", "16")
         self.assertIn("hidden 64, expert width 40, 8 experts, top-2", p.stdout)
         self.assertIn("32 rows over 8 experts", p.stdout)   # 16 tokens x top-2
@@ -221,6 +222,11 @@ class MoeKernelBenchTest(unittest.TestCase):
         self.assertEqual(len(rates), 2)
         self.assertGreater(min(rates), 0)
         self.assertGreater(ratio, 0)
+        # the decode line: one token's top-2 experts in both layouts
+        m = re.search(r"decode of one token's 2 experts, weight GB/s: stacked \[E, 2I, H\] ([0-9.]+), "
+                      r"the same bytes as \[E, H, 2I\] \(Llama 4, gpt_oss\) ([0-9.]+), ratio ([0-9.]+)", p.stdout)
+        self.assertIsNotNone(m, p.stdout)
+        self.assertGreater(min(float(v) for v in m.groups()), 0)
         p = run("bench", "kernels", "--moe", "--shapes", "no-such-preset", check=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("no-such-preset", p.stderr)

@@ -1,12 +1,14 @@
 """bench/llamacpp/convert.py, the GGUF converter of the llama.cpp harness,
 without llama.cpp: tiny llama and qwen3 checkpoints (f32 and bf16, the real
-Llama 3 and Qwen3 tokenizers) are converted to F32, BF16 and Q8_0, and the
-files are read back — the fixed header bytes by hand, the rest with the
+Llama 3 and Qwen3 tokenizers) are converted to F32, BF16, Q8_0 and Q4_0, and
+the files are read back — the fixed header bytes by hand, the rest with the
 harness's own GGUF reader — and compared with the checkpoint read here from
 the safetensors bytes: every key llama.cpp needs, every tensor's name,
 shape, type and values (F32 and BF16 exact, Q8_0 within half a step of its
-block), the llama q/k row order, the vocabulary, and the encodings against
-values worked out by hand."""
+block, Q4_0 within half a step, a step where the top nibble was clamped;
+Q4_0's embedding as stored and its output.weight written for a tied model
+too, as tensorpar --dtype q4_0 holds them), the llama q/k row order, the
+vocabulary, and the encodings against values worked out by hand."""
 
 import json
 import os
@@ -23,6 +25,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench", "llamacpp"))
 import gguf  # noqa: E402
 
 CONVERT = os.path.join(ROOT, "bench", "llamacpp", "convert.py")
+DTYPES = {"f32": gguf.F32, "bf16": gguf.BF16, "q8_0": gguf.Q8_0, "q4_0": gguf.Q4_0}
 ck = Checks()
 
 
@@ -90,10 +93,11 @@ F32_ALWAYS = ("ffn_gate_inp", "exp_probs_b")   # routers and biases stay F32, as
 def expected(g, w, cfg):
     """(the checkpoint tensors GGUF tensor g holds, as one f32 array in
     Hugging Face's order, the names used): experts stacked along a new
-    first dimension, deepseek's k_b / v_b cut from kv_b_proj by hand."""
+    first dimension, deepseek's k_b / v_b cut from kv_b_proj by hand; a tied
+    model's output.weight (written under Q4_0) is the embedding."""
     arch = cfg["model_type"]
     top = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-           "output.weight": "lm_head.weight"}
+           "output.weight": "model.embed_tokens.weight" if cfg.get("tie_word_embeddings") else "lm_head.weight"}
     if g in top:
         return w[top[g]], [top[g]]
     _, i, part, _ = g.split(".")
@@ -120,9 +124,11 @@ def expected(g, w, cfg):
 
 
 def check_tensors(r, w, arch, cfg, dtype, tag, experts_stored=False):
-    want = {gguf.F32: "f32", gguf.BF16: "bf16", gguf.Q8_0: "q8_0"}
+    want = {v: k for k, v in DTYPES.items()}
     stored = {n for n in w if n != "lm_head.weight" or not cfg.get("tie_word_embeddings")}
     seen = set()
+    if dtype == "q4_0":
+        ck("output.weight" in r.tensors, f"{tag}: no output.weight")
     for g, (gtype, dims, off) in r.tensors.items():
         ck(off % 32 == 0, f"{tag} {g}: offset {off} not aligned to 32")
         src, names = expected(g, w, cfg)
@@ -131,22 +137,30 @@ def check_tensors(r, w, arch, cfg, dtype, tag, experts_stored=False):
         part = g.split(".")[-2]
         if src.ndim == 1 or part in F32_ALWAYS:
             exp_type = gguf.F32
-        elif experts_stored and part in EXPERTS:
+        elif (experts_stored and part in EXPERTS) or (dtype == "q4_0" and g == "token_embd.weight"):
             exp_type = gguf.BF16 if cfg["torch_dtype"] == "bfloat16" else gguf.F32
         else:
-            exp_type = {"f32": gguf.F32, "bf16": gguf.BF16, "q8_0": gguf.Q8_0}[dtype]
-            if exp_type == gguf.Q8_0 and src.shape[-1] % 32:
+            exp_type = DTYPES[dtype]
+            if exp_type in (gguf.Q8_0, gguf.Q4_0) and src.shape[-1] % 32:
                 exp_type = gguf.F32   # rows that are not whole blocks
         ck(gtype == exp_type, f"{tag} {g}: type {gguf.TYPE_NAMES.get(gtype)}, expected {want[exp_type]}")
         got = hf_rows(g, r.array(g), arch, cfg)
-        if gtype == gguf.Q8_0:
-            # each value within half a step of its block (the step d = max|x| / 127),
-            # plus what storing d as f16 moves the largest q (127 d 2^-11)
+        if gtype in (gguf.Q4_0, gguf.Q8_0):
+            # each value within half a step of its block (d = max|x| / 8 for Q4_0,
+            # / 127 for Q8_0), plus what storing d as f16 moves the extreme value
+            # (8 or 127 d 2^-11); Q4_0 a whole step where the nibble was clamped
+            # at 15 (x / d in [7.5, 8]), so at most 5 % of values past half
+            levels = 8 if gtype == gguf.Q4_0 else 127
             blocks = src.reshape(-1, 32)
-            step = np.abs(blocks).max(axis=1, keepdims=True) / 127
+            step = np.abs(blocks).max(axis=1, keepdims=True) / levels
             err = np.abs(got.reshape(-1, 32) - blocks)
-            ck(bool((err <= step * (0.5 + 127 * 2.0 ** -11) + 1e-12).all()),
-               f"{tag} {g}: Q8_0 error {float((err / np.maximum(step, 1e-30)).max()):.3f} steps")
+            half = err <= step * (0.5 + levels * 2.0 ** -11) + 1e-12
+            within = half if gtype == gguf.Q8_0 else err <= step * (1 + levels * 2.0 ** -11) + 1e-12
+            ck(bool(within.all()), f"{tag} {g}: {want[gtype]} error {float((err / np.maximum(step, 1e-30)).max()):.3f} steps")
+            ck(float(half.mean()) > 0.95, f"{tag} {g}: {want[gtype]} over half a step too often")
+            if gtype == gguf.Q4_0:
+                # and the values are those of the blocks ggml's rule gives, restated here
+                ck(np.array_equal(got.reshape(-1, 32), q4_0_values(blocks)), f"{tag} {g}: not ggml's Q4_0 blocks")
         elif gtype == gguf.BF16:
             # the checkpoint's values rounded to bf16 (exact when stored as bf16)
             exp = gguf.bf16_to_f32(gguf.bf16_bits(src)).reshape(src.shape)
@@ -154,6 +168,22 @@ def check_tensors(r, w, arch, cfg, dtype, tag, experts_stored=False):
         else:
             ck(np.array_equal(got, src), f"{tag} {g}: F32 values differ")
     ck(seen == stored, f"{tag}: tensors {sorted(stored - seen)[:4]} missing, {sorted(seen - stored)[:4]} extra")
+
+
+def q4_0_values(blocks):
+    """The values of ggml's Q4_0 blocks of f32 rows [n, 32], block by block
+    (quantize_row_q4_0_ref): m the first value of largest magnitude, d =
+    m / -8, nibble min(15, (int)(x·(1/d) + 8.5)) in f32, (nibble - 8)·d with
+    d rounded to f16 — written out apart from the converter's numpy."""
+    x = blocks.astype(np.float32)
+    a = np.abs(x)
+    # the first index where |x| reaches the block's maximum
+    first = (a == a.max(axis=1, keepdims=True)).cumsum(axis=1).clip(0, 1).sum(axis=1, keepdims=True)
+    m = np.take_along_axis(x, 32 - first, axis=1)
+    d = (m / np.float32(-8)).astype(np.float32)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    q = np.minimum(15, np.trunc((x * inv).astype(np.float32) + np.float32(8.5)))
+    return ((q - 8) * d.astype(np.float16).astype(np.float32)).astype(np.float32)
 
 
 # llama.cpp's architecture of each model type
@@ -197,7 +227,7 @@ def check_kv(r, cfg, model, dtype, tag, pre):
     arch = GGUF_ARCH[cfg["model_type"]]
     kv = r.kv
     ck(kv.get("general.architecture") == arch, f"{tag}: architecture {kv.get('general.architecture')}")
-    ck(kv.get("general.file_type") == {"f32": 0, "bf16": 32, "q8_0": 7}[dtype], f"{tag}: file_type {kv.get('general.file_type')}")
+    ck(kv.get("general.file_type") == {"f32": 0, "bf16": 32, "q8_0": 7, "q4_0": 2}[dtype], f"{tag}: file_type {kv.get('general.file_type')}")
     for k, v in expected_u32(cfg).items():
         ck(kv.get(f"{arch}.{k}") == v and r.kv_types.get(f"{arch}.{k}") == gguf.UINT32,
            f"{tag}: {arch}.{k} = {kv.get(f'{arch}.{k}')}, expected {v} (u32)")
@@ -276,11 +306,13 @@ def check_encodings():
     ck(bool(np.isnan(gguf.bf16_to_f32(b[4:]))[0]), "bf16 of NaN")
 
 
-def expected_count(cfg, w):
+def expected_count(cfg, w, dtype):
     """How many tensors the GGUF file holds: the checkpoint's, less a tied
-    lm_head, each sparse layer's E tensors per projection stacked into one,
-    deepseek's kv_b_proj cut in two, plus rope_freqs under llama3 scaling."""
-    n = len(w) - bool(cfg.get("tie_word_embeddings") and "lm_head.weight" in w) + bool(cfg.get("rope_scaling"))
+    lm_head (kept under Q4_0), each sparse layer's E tensors per projection
+    stacked into one, deepseek's kv_b_proj cut in two, plus rope_freqs under
+    llama3 scaling."""
+    tied = bool(cfg.get("tie_word_embeddings"))
+    n = len(w) - (tied and "lm_head.weight" in w) + (tied and dtype == "q4_0") + bool(cfg.get("rope_scaling"))
     E = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0
     sparse = len({k.split(".")[2] for k in w if ".experts." in k})
     n -= sparse * 3 * (E - 1)
@@ -428,14 +460,14 @@ def main():
             with open(os.path.join(m, "config.json")) as f:
                 cfg = json.load(f)
             w = safetensors(os.path.join(m, "model.safetensors"))
-            runs = [("f32", False), ("bf16", False), ("q8_0", False)]
+            runs = [("f32", False), ("bf16", False), ("q8_0", False), ("q4_0", False)]
             if arch in ("mixtral", "deepseek_v2"):
                 runs.append(("q8_0", True))
             for dtype, stored in runs:
                 out = os.path.join(work, os.path.basename(m) + f".{dtype}{'-stored' if stored else ''}.gguf")
                 convert(m, out, dtype, ["--experts", "stored"] if stored else [])
                 tag = f"{os.path.basename(m)} -> {dtype}{' (experts stored)' if stored else ''}"
-                check_header_by_hand(out, expected_count(cfg, w))
+                check_header_by_hand(out, expected_count(cfg, w, dtype))
                 r = gguf.Reader(out)
                 if cfg.get("rope_scaling"):
                     f = r.tensors.pop("rope_freqs.weight")

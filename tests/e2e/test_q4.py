@@ -13,6 +13,9 @@ each rank its own shard) under TP = 1, 2 and 4:
     gives the same blocks, so the C and Python quantizers agree on every
     block), and, loaded as f32, logits within 2e-2 of the q4_0 ones (what is
     left is the 8-bit quantization of the activations);
+  - a prompt of 40 tokens (from 32 on the prefill's products are the f32 ones
+    of the dequantized weights) gives, bit for bit, the logits of that copy
+    loaded as f32, and TP = 2 TP = 1's up to f32 rounding;
   - TP = 2 and 4 give the TP = 1 q4_0 logits up to the order of the
     row-parallel sums (bound 5e-3 as for q8_0) and the same greedy tokens;
   - greedy generation over 64 tokens is compared with f32 and q8_0 (printed);
@@ -98,6 +101,25 @@ class Q4Logits(unittest.TestCase):
         print(f"\nllama q4_0 vs f32 on the Q4_0 values: {err:.3g} (the activations' 8-bit rounding)", end="")
         self.assertLess(err, 2e-2)
         self.assertGreater(err, 0)
+
+    def test_long_prompt_is_the_f32_product(self):
+        # 40 tokens: from 32 on (TP_Q4_DEQUANT_MIN_T) every product of the
+        # prefill is the f32 one with the dequantized weights, x as it is, so
+        # the checkpoint holding the Q4_0 values, loaded as f32, gives the
+        # q4_0 logits bit for bit (the same f32 GEMM on the same values); TP = 2
+        # the TP = 1 logits up to the row-parallel sums' order.
+        toks = ",".join(str((i * 37 + 5) % 500 + 1) for i in range(40))
+        model = MODELS["llama"]
+        copy = os.path.join(work(), "llama-q4-values-long")
+        q4_values_copy(model, copy)
+        q1 = tp_logits(work(), model, 1, "--dtype", "q4_0", tokens=toks)
+        f32 = tp_logits(work(), copy, 1, "--dtype", "f32", tokens=toks)
+        q2 = tp_logits(work(), model, 2, "--dtype", "q4_0", tokens=toks)
+        print(f"\nllama q4_0 40 tokens: vs f32 on the Q4_0 values {rel(q1, f32):.3g}, "
+              f"TP=2 vs TP=1 {rel(q2, q1):.2g}", end="")
+        self.assertTrue(np.array_equal(q1, f32), "the q4_0 prefill is not the f32 product of its values")
+        self.assertLess(rel(q2, q1), 1e-4)
+        self.assertTrue(np.array_equal(q2.argmax(-1), q1.argmax(-1)))
 
     def test_greedy_generation(self):
         for arch, model in MODELS.items():

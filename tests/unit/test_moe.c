@@ -1,7 +1,9 @@
 /* Mixture of experts: the grouped expert kernel against a per-token loop,
+ * x @ W for [in, out] expert weights (tp_expert_xw) against a double loop,
  * the routers (DeepSeek V2's masked picks), the MoE config keys and
  * presets, and the module and checkpoint tables of qwen3_moe and mixtral. */
 #include "check.h"
+#include "kernels/kern_internal.h"
 #include "models/tp_module.h"
 #include "tensorpar/kernels.h"
 #include "tensorpar/models.h"
@@ -166,6 +168,61 @@ static void test_grouped_experts(void)
     check_grouped(64, 4, 4, TP_F32);     /* every expert on every token */
 }
 
+/* tp_expert_xw (Llama 4's and gpt_oss's x @ W [in, out]) against a double
+ * loop, at widths that reach the SIMD loops' bodies, prefetches and tails
+ * (out 1003: 62 blocks of 16 and 11 columns, 125 of 8 and 3; in 37: a last pass of fewer
+ * rows than the path's 4 or 8), 1-4 rows streamed and 5 through the packed
+ * GEMM; 1 and 3 threads give the bits of 2. */
+static void check_xw(int64_t n, int64_t in, int64_t out, tp_dtype dt)
+{
+    uint64_t seed = (uint64_t)(n * 7 + in + out);
+    float *x = malloc((size_t)(n * in) * sizeof *x), *wf = malloc((size_t)(in * out) * sizeof *wf);
+    float *y = malloc((size_t)(n * out) * sizeof *y), *again = malloc((size_t)(n * out) * sizeof *again);
+    for (int64_t i = 0; i < n * in; i++) x[i] = frand(&seed);
+    for (int64_t i = 0; i < in * out; i++) wf[i] = frand(&seed);
+    tp_tensor w;
+    CHECK(tp_tensor_init(&w, dt, 2, (int64_t[2]){in, out}) == TP_OK);
+    tp_convert(w.data, dt, wf, TP_F32, (size_t)(in * out));
+    tp_convert(wf, TP_F32, w.data, dt, (size_t)(in * out));   /* the reference sees the stored values */
+    tp_matmul_opts opts;
+    tp_matmul_opts_default(&opts);
+    tp_threadpool *pool;
+    tp_threadpool_create(&pool, 2);
+    for (int64_t i = 0; i < n * out; i++) y[i] = 1e30f;   /* overwritten, not added to */
+    CHECK(tp_expert_xw(y, x, n, &w, pool, &opts) == TP_OK);
+    double err = 0, mx = 0;
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t c = 0; c < out; c++) {
+            double want = 0;
+            for (int64_t i = 0; i < in; i++) want += (double)x[r * in + i] * wf[i * out + c];
+            err = fmax(err, fabs(y[r * out + c] - want));
+            mx = fmax(mx, fabs(want));
+        }
+    CHECK_MSG(mx > 0 && err <= 1e-5 * mx, "xw n=%lld in=%lld out=%lld %s: max err %g of %g", (long long)n,
+              (long long)in, (long long)out, tp_dtype_name(dt), err, mx);
+    for (int nt = 1; nt <= 3; nt += 2) {
+        tp_threadpool *p2;
+        tp_threadpool_create(&p2, nt);
+        CHECK(tp_expert_xw(again, x, n, &w, p2, &opts) == TP_OK);
+        CHECK_MSG(memcmp(again, y, (size_t)(n * out) * sizeof *y) == 0, "xw n=%lld: %d threads differ", (long long)n,
+                  nt);
+        tp_threadpool_destroy(p2);
+    }
+    tp_threadpool_destroy(pool);
+    tp_tensor_release(&w);
+    free(x); free(wf); free(y); free(again);
+}
+
+static void test_expert_xw(void)
+{
+    for (int64_t n = 1; n <= 5; n += 2) {
+        check_xw(n, 37, 1003, TP_BF16);
+        check_xw(n, 37, 1003, TP_F32);
+    }
+    check_xw(2, 6, 40, TP_BF16);   /* in < 8: passes of 4 rows on every path */
+    check_xw(1, 4, 3, TP_F32);     /* fewer columns than one SIMD step */
+}
+
 static void test_router(void)
 {
     /* token 0: a clear order; token 1: a tie between experts 1 and 3 */
@@ -272,6 +329,7 @@ static void test_tables(void)
 int main(void)
 {
     test_grouped_experts();
+    test_expert_xw();
     test_router();
     test_deepseek_v2_masked_picks();
     test_config();

@@ -3,8 +3,10 @@
  * hand, a plain re-statement of its rule, the nibble order); the scalar
  * product equals the exact (double) sum of the quantized values to within
  * its f32 roundings; every SIMD path, thread count, tile and GEMV/GEMM
- * split gives the scalar path's bits; the backward and element-wise
- * conversions refuse q4_0. */
+ * split gives the scalar path's bits below TP_Q4_DEQUANT_MIN_T tokens; from
+ * there on every path gives the bits of its f32 product with the
+ * dequantized weights; the backward and element-wise conversions refuse
+ * q4_0. */
 #include "check.h"
 #include "tensorpar/kernels.h"
 #include "kernels/kern_q4.h"
@@ -149,18 +151,27 @@ static int make_weight(tp_tensor *W, float *wd, int64_t n, int64_t k)
 
 static double worst_ref;
 
-/* The scalar path against the exact sum of the quantized products, every
- * other path against the scalar path's bits, each token alone (the GEMV)
- * against the batch. */
+/* Below TP_Q4_DEQUANT_MIN_T tokens: the scalar path against the exact sum
+ * of the quantized products, every other path against the scalar path's
+ * bits, each token alone (the GEMV) against the batch.  From
+ * TP_Q4_DEQUANT_MIN_T on: the scalar path within f32 rounding of the exact
+ * product of x and the dequantized weights, every path the bits of its f32
+ * product, a token alone (the quantized GEMV) within x's quantization of
+ * it. */
 static void check_product(tp_threadpool *pool, int64_t T, int64_t n, int64_t k)
 {
     int64_t nb = k / TP_Q4_BLOCK;
+    int deq = T >= TP_Q4_DEQUANT_MIN_T;
     float *x = malloc((size_t)(T * k) * sizeof(float)), *wd = malloc((size_t)(n * k) * sizeof(float));
     float *yr = malloc((size_t)(T * n) * sizeof(float)), *y = malloc((size_t)(T * n) * sizeof(float));
     int8_t *xq = malloc((size_t)(T * k));
     float *xd = malloc((size_t)(T * nb) * sizeof(float));
+    double *xb = malloc((size_t)(T * n) * sizeof(double));
     tp_tensor W = {0};
-    if (!x || !wd || !yr || !y || !xq || !xd || make_weight(&W, wd, n, k)) { CHECK(!"out of memory"); goto done; }
+    if (!x || !wd || !yr || !y || !xq || !xd || !xb || make_weight(&W, wd, n, k)) {
+        CHECK(!"out of memory");
+        goto done;
+    }
     fill(x, T * k, 1.0);
     if (T > 2) x[k + 3] = 40.0f;   /* one block with an outlier */
     tp_q8_quantize_act(xq, xd, x, T, k);
@@ -168,7 +179,7 @@ static void check_product(tp_threadpool *pool, int64_t T, int64_t n, int64_t k)
     CHECK(tp_matmul_ex(yr, x, T, &W, NULL, pool, &o) == TP_OK);
     for (int64_t t = 0; t < T; t++)
         for (int64_t r = 0; r < n; r++) {
-            double exact = 0, mag = 0;
+            double exact = 0, mag = 0, f32 = 0, f32mag = 0, xbound = 0;
             for (int64_t b = 0; b < nb; b++) {
                 /* the dequantized weight is (q - 8)·d exactly in f32 */
                 double dw = tp_f32_from_f16(((const tp_q4_block *)W.data)[r * nb + b].d);
@@ -183,38 +194,30 @@ static void check_product(tp_threadpool *pool, int64_t T, int64_t n, int64_t k)
                     mag += fabs(s * (double)lane);
                 }
             }
-            double e = fabs(yr[t * n + r] - exact), bound = (double)(nb + 5) * 0x1p-24 * mag;
+            quant_f32_sums(wd + r * k, x + t * k, xd + t * nb, k, &f32, &f32mag, &xbound);
+            double bound = (double)(nb + 5) * 0x1p-24 * mag;
+            xb[t * n + r] = xbound * (1 + 1e-5) + bound;
+            if (deq) {   /* k roundings of a sum in order */
+                double ef = fabs(yr[t * n + r] - f32), fb = (double)k * 0x1p-24 * f32mag;
+                CHECK_MSG(ef <= fb, "T=%lld [%lld, %lld]: scalar %.9g f32 %.9g (bound %.3g)", (long long)T,
+                          (long long)t, (long long)r, yr[t * n + r], f32, fb);
+                continue;
+            }
+            double e = fabs(yr[t * n + r] - exact);
             CHECK_MSG(e <= bound, "T=%lld n=%lld k=%lld [%lld, %lld]: scalar %.9g exact %.9g (bound %.3g)",
                       (long long)T, (long long)n, (long long)k, (long long)t, (long long)r, yr[t * n + r], exact,
                       bound);
             if (mag > 0 && e / mag > worst_ref) worst_ref = e / mag;
         }
-    for (int pi = 1; pi < 3; pi++) {
-        if (!tp_kernel_path_supported(QUANT_PATHS[pi])) continue;
-        tp_matmul_opts op = {QUANT_PATHS[pi], 0, 0, 0};
-        memset(y, 0xff, (size_t)(T * n) * sizeof(float));
-        CHECK(tp_matmul_ex(y, x, T, &W, NULL, pool, &op) == TP_OK);
-        CHECK_MSG(!memcmp(y, yr, (size_t)(T * n) * sizeof(float)), "%s T=%lld n=%lld k=%lld: not the scalar bits",
-                  tp_kernel_path_name(QUANT_PATHS[pi]), (long long)T, (long long)n, (long long)k);
-        for (int64_t t = 0; t < T; t += T > 4 ? 3 : 1) {
-            CHECK(tp_matmul_ex(y, x + t * k, 1, &W, NULL, pool, &op) == TP_OK);
-            CHECK_MSG(!memcmp(y, yr + t * n, (size_t)n * sizeof(float)), "%s T=%lld token %lld alone differs",
-                      tp_kernel_path_name(QUANT_PATHS[pi]), (long long)T, (long long)t);
-        }
-    }
+    quant_check_paths(pool, &W, x, wd, T, n, k, deq, yr, y, xb);
 done:
     tp_tensor_release(&W);
-    free(x); free(wd); free(yr); free(y); free(xq); free(xd);
+    free(x); free(wd); free(yr); free(y); free(xq); free(xd); free(xb);
 }
 
 static void test_products(tp_threadpool *pool)
 {
-    static const int64_t Ts[] = {1, 2, 3, 4, 5, 7, 50, 97};
-    static const int64_t ns[] = {1, 3, 6, 9, 37};
-    static const int64_t ks[] = {32, 96, 320, 512, 544};   /* 1, 3, 10, 16, 17 blocks */
-    for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
-        for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
-            for (size_t c = 0; c < sizeof ks / sizeof *ks; c++) check_product(pool, Ts[a], ns[b], ks[c]);
+    quant_for_shapes(pool, check_product);
     printf("q4_0 products (%d threads): scalar vs exact %.2g of sum|terms|\n", tp_threadpool_size(pool), worst_ref);
 }
 
@@ -228,7 +231,7 @@ int main(void)
     test_quantize();
     test_products(NULL);
     test_products(pool3);
-    static const int64_t ts[] = {1, 101};   /* GEMV, GEMM */
+    static const int64_t ts[] = {1, 20, 101};   /* GEMV, integer GEMM, f32 GEMM */
     quant_check_threads(pool3, make_weight, fill, ts, sizeof ts / sizeof *ts);
     quant_check_refusals(make_weight, fill, "q4_0");
     tp_threadpool_destroy(pool3);

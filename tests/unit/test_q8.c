@@ -100,25 +100,6 @@ static int make_weight(tp_tensor *W, float *wd, int64_t n, int64_t k)
 
 static double worst_ref, worst_f32;
 
-/* The f32 product of path pi with the dequantized weights wd: what a
- * q8_0 product of TP_Q8_DEQUANT_MIN_T tokens or more gives, bit for bit
- * (each path its own GEMM: the AVX-512 one dequantizes in its packing). */
-static void check_dequant_bits(tp_threadpool *pool, const float *y, const float *x, int64_t T, const float *wd,
-                               int64_t n, int64_t k, int pi)
-{
-    tp_tensor Wf = {0};
-    float *yf = malloc((size_t)(T * n) * sizeof(float));
-    if (!yf || tp_tensor_init(&Wf, TP_F32, 2, (int64_t[2]){n, k})) { CHECK(!"out of memory"); goto done; }
-    memcpy(Wf.data, wd, (size_t)(n * k) * sizeof(float));
-    tp_matmul_opts o = {QUANT_PATHS[pi], 0, 0, 0};
-    CHECK(tp_matmul_ex(yf, x, T, &Wf, NULL, pool, &o) == TP_OK);
-    CHECK_MSG(!memcmp(y, yf, (size_t)(T * n) * sizeof(float)), "%s T=%lld n=%lld k=%lld: not the f32 product's bits",
-              tp_kernel_path_name(QUANT_PATHS[pi]), (long long)T, (long long)n, (long long)k);
-done:
-    tp_tensor_release(&Wf);
-    free(yf);
-}
-
 /* Below TP_Q8_DEQUANT_MIN_T tokens: the scalar path against the exact sum
  * of the quantized products, every other path against the scalar path's
  * bits, each token alone (the GEMV) against the batch's bits, and the
@@ -160,11 +141,7 @@ static void check_product(tp_threadpool *pool, int64_t T, int64_t n, int64_t k)
                     mag += fabs(s * (double)lane);
                 }
             }
-            for (int64_t i = 0; i < k; i++) {
-                f32 += (double)wd[r * k + i] * x[t * k + i];
-                f32mag += fabs((double)wd[r * k + i] * x[t * k + i]);
-                xbound += fabs((double)wd[r * k + i]) * xd[t * nb + i / TP_Q8_BLOCK] / 2;
-            }
+            quant_f32_sums(wd + r * k, x + t * k, xd + t * nb, k, &f32, &f32mag, &xbound);
             /* nb + 3 roundings of at most 2^-24 each, and the scale's own */
             double bound = (double)(nb + 5) * 0x1p-24 * mag;
             xb[t * n + r] = xbound * (1 + 1e-5) + bound;
@@ -187,31 +164,7 @@ static void check_product(tp_threadpool *pool, int64_t T, int64_t n, int64_t k)
                       (long long)t, (long long)r, yr[t * n + r], f32, xbound);
             if (!(T > 2 && t == 1) && f32mag > 0 && ef / f32mag > worst_f32) worst_f32 = ef / f32mag;
         }
-    for (int pi = 0; pi < 3; pi++) {
-        if (!tp_kernel_path_supported(QUANT_PATHS[pi])) continue;
-        tp_matmul_opts op = {QUANT_PATHS[pi], 0, 0, 0};
-        memset(y, 0xff, (size_t)(T * n) * sizeof(float));
-        CHECK(tp_matmul_ex(y, x, T, &W, NULL, pool, &op) == TP_OK);
-        if (deq) check_dequant_bits(pool, y, x, T, wd, n, k, pi);
-        else
-            CHECK_MSG(!memcmp(y, yr, (size_t)(T * n) * sizeof(float)), "%s T=%lld n=%lld k=%lld: not the scalar bits",
-                      tp_kernel_path_name(QUANT_PATHS[pi]), (long long)T, (long long)n, (long long)k);
-        memcpy(yr, y, (size_t)(T * n) * sizeof(float));
-        /* each token alone (the GEMV): the batch's bits below the f32
-         * product's T, else within x's quantization of it */
-        for (int64_t t = 0; t < T; t += T > 4 ? 3 : 1) {
-            CHECK(tp_matmul_ex(y, x + t * k, 1, &W, NULL, pool, &op) == TP_OK);
-            if (!deq) {
-                CHECK_MSG(!memcmp(y, yr + t * n, (size_t)n * sizeof(float)), "%s T=%lld token %lld alone differs",
-                          tp_kernel_path_name(QUANT_PATHS[pi]), (long long)T, (long long)t);
-                continue;
-            }
-            for (int64_t r = 0; r < n; r++)
-                CHECK_MSG(fabs(y[r] - yr[t * n + r]) <= xb[t * n + r], "%s T=%lld token %lld row %lld alone: %.6g vs %.6g",
-                          tp_kernel_path_name(QUANT_PATHS[pi]), (long long)T, (long long)t, (long long)r, y[r],
-                          yr[t * n + r]);
-        }
-    }
+    quant_check_paths(pool, &W, x, wd, T, n, k, deq, yr, y, xb);
 done:
     tp_tensor_release(&W);
     free(x); free(wd); free(yr); free(y); free(xq); free(xd); free(xb);
@@ -219,19 +172,7 @@ done:
 
 static void test_products(tp_threadpool *pool)
 {
-    /* T = 1..40: every GEMV width, every integer GEMM tile tail (chunks of
-     * 48 tokens, tiles of 3), the switch to the f32 GEMM at 32; rows: the
-     * AVX-512 kernel's pairs and an odd last row, the 4-row tiles' tails;
-     * blocks: 1, 3, 10, 16, 17 (the 8-block scale chunks' tails). */
-    static const int64_t ns[] = {1, 2, 3, 5, 6, 9, 37};
-    static const int64_t ks[] = {32, 96, 320, 512, 544};
-    for (int64_t T = 1; T <= 40; T++)
-        for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
-            for (size_t c = 0; c < sizeof ks / sizeof *ks; c++) check_product(pool, T, ns[b], ks[c]);
-    for (size_t b = 0; b < sizeof ns / sizeof *ns; b++) {   /* longer prompts: whole and partial GEMM tiles */
-        check_product(pool, 50, ns[b], 544);
-        check_product(pool, 97, ns[b], 320);
-    }
+    quant_for_shapes(pool, check_product);
     printf("q8_0 products (%d threads): scalar vs exact %.2g of sum|terms|, vs f32 (no outlier) %.2g of sum|terms|\n",
            tp_threadpool_size(pool), worst_ref, worst_f32);
 }
