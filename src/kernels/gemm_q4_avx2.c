@@ -20,10 +20,6 @@
 
 #define TAVX2 __attribute__((target("avx2,fma")))
 
-/* Software prefetch this far ahead of each row stream of W in the GEMV,
- * as gemm_q8_avx2.c does (its distance, measured there). */
-#define GEMV_PF_BYTES 32768
-
 /* The f32 scales of 8 consecutive blocks of W: tp_q8_scale in 8 lanes
  * (the same bits). */
 TAVX2 static inline __m256 w_scales8(const tp_q4_block *w)
@@ -62,8 +58,8 @@ tile(const tp_q4_job *j, int64_t r0, const int R, int64_t t0, const int TT, cons
         int nbk = nb - b < 8 ? (int)(nb - b) : 8;
         for (int r = 0; r < R; r++) {
             if (pf) {
-                /* the 144 bytes of these 8 blocks, GEMV_PF_BYTES on */
-                const char *p = (const char *)(w + r * nb + b) + GEMV_PF_BYTES;
+                /* the 144 bytes of these 8 blocks, TP_QTILE_PF_BYTES on */
+                const char *p = (const char *)(w + r * nb + b) + TP_QTILE_PF_BYTES;
                 _mm_prefetch(p, _MM_HINT_T0);
                 _mm_prefetch(p + 64, _MM_HINT_T0);
                 _mm_prefetch(p + 128, _MM_HINT_T0);

@@ -27,10 +27,6 @@
 
 #define T512VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
 
-/* Software prefetch this far ahead of each row stream in the GEMV (the
- * AVX2 kernel's distance). */
-#define GEMV_PF_BYTES 32768
-
 /* The nibbles of block b of rows a and c, unsigned, in the pair layout. */
 static inline __attribute__((always_inline)) T512VNNI __m512i unpack_pair(const tp_q4_block *a,
                                                                           const tp_q4_block *c)
@@ -111,8 +107,8 @@ tile(const tp_q4_job *j, int64_t r0, const int R, int64_t t0, const int TT, cons
         __m512 s[PMAX][TP_GEMV_MAX_T];
         for (int p = 0; p < P; p++) {
             if (pf) {
-                /* the 144 bytes of these 8 blocks of each row, GEMV_PF_BYTES on */
-                const char *pa = (const char *)(wa[p] + b) + GEMV_PF_BYTES, *pc = (const char *)(wc[p] + b) + GEMV_PF_BYTES;
+                /* the 144 bytes of these 8 blocks of each row, TP_QTILE_PF_BYTES on */
+                const char *pa = (const char *)(wa[p] + b) + TP_QTILE_PF_BYTES, *pc = (const char *)(wc[p] + b) + TP_QTILE_PF_BYTES;
                 _mm_prefetch(pa, _MM_HINT_T0);
                 _mm_prefetch(pa + 64, _MM_HINT_T0);
                 _mm_prefetch(pa + 128, _MM_HINT_T0);

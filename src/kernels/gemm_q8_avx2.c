@@ -22,11 +22,6 @@
 
 #define TAVX2 __attribute__((target("avx2,fma")))
 
-/* Software prefetch this far ahead of each row stream of W in the GEMV,
- * as gemm_avx2.c's bf16 GEMV does (16 KiB there; here 32 KiB measured
- * better on rows of 8192: 18.5 against 15 GB/s, bench/README.md). */
-#define GEMV_PF_BYTES 32768
-
 /* The f32 scales of 8 consecutive blocks of W: tp_q8_scale in 8 lanes
  * (the same bits). */
 TAVX2 static inline __m256 w_scales8(const tp_q8_block *w)
@@ -74,7 +69,7 @@ tile(const tp_q8_job *j, int64_t r0, const int R, int64_t t0, const int TT, cons
                 const tp_q8_block *wb = w + r * nb + b + i;
                 /* every block, not every other one: the branch made gcc keep an
                  * accumulator in memory (5-7 % of the GEMV, per CPU-second) */
-                if (pf) _mm_prefetch((const char *)wb + GEMV_PF_BYTES, _MM_HINT_T0);
+                if (pf) _mm_prefetch((const char *)wb + TP_QTILE_PF_BYTES, _MM_HINT_T0);
                 __m256i wv = _mm256_loadu_si256((const __m256i *)wb->q);
                 __m256i aw = TT < R ? wv : _mm256_sign_epi8(wv, wv);
 #pragma GCC unroll 4

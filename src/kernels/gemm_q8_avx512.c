@@ -23,10 +23,6 @@
 
 #define T512Q __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,avx2,f16c")))
 
-/* As gemm_q8_avx2.c: prefetch this far ahead of each row stream of W in
- * the GEMV. */
-#define GEMV_PF_BYTES 32768
-
 /* The f32 scales of 8 consecutive blocks of W (the bits of tp_q8_scale:
  * f16 to f32 is exact).  Block i's scale is 16-bit word 17·i of the 272
  * bytes: four 64-byte loads (all inside the 8 blocks) and two word
@@ -107,8 +103,8 @@ tile(const tp_q8_job *j, int64_t r0, const int R, int64_t t0, const int TT, cons
             for (int p = 0; p < P; p++) {
                 const tp_q8_block *wb = w + 2 * p * nb + b + i;
                 if (pf) {
-                    _mm_prefetch((const char *)wb + GEMV_PF_BYTES, _MM_HINT_T0);
-                    _mm_prefetch((const char *)(wb + nb) + GEMV_PF_BYTES, _MM_HINT_T0);
+                    _mm_prefetch((const char *)wb + TP_QTILE_PF_BYTES, _MM_HINT_T0);
+                    _mm_prefetch((const char *)(wb + nb) + TP_QTILE_PF_BYTES, _MM_HINT_T0);
                 }
                 __m512i wv = w_pair(wb, wb + nb);
 #pragma GCC unroll 4
@@ -120,7 +116,7 @@ tile(const tp_q8_job *j, int64_t r0, const int R, int64_t t0, const int TT, cons
             }
             if (odd) {
                 const tp_q8_block *wb = w + (R - 1) * nb + b + i;
-                if (pf) _mm_prefetch((const char *)wb + GEMV_PF_BYTES, _MM_HINT_T0);
+                if (pf) _mm_prefetch((const char *)wb + TP_QTILE_PF_BYTES, _MM_HINT_T0);
                 __m256i wv = _mm256_loadu_si256((const __m256i *)wb->q);
 #pragma GCC unroll 4
                 for (int t = 0; t < TT; t++) {

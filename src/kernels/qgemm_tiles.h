@@ -9,6 +9,12 @@
 
 #include "kernels/kern_internal.h"
 
+/* Software prefetch this far ahead of each row stream of W in the
+ * quantized GEMVs (every dtype and path): 32 KiB measured better than the
+ * bf16 GEMV's 16 KiB on rows of 8192 (18.5 against 15 GB/s; 64 KiB the
+ * same as 32; bench/README.md, "8-bit weights"). */
+#define TP_QTILE_PF_BYTES 32768
+
 /* Tokens per chunk of the GEMM: 48 rows of x (a multiple of the tile's
  * 3); 48 × 8192/32 × 36 bytes = 432 KiB at the widest K of a 1B model. */
 #define TP_QTILE_GEMM_TOKENS 48
