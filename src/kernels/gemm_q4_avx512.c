@@ -108,7 +108,8 @@ tile(const tp_q4_job *j, int64_t r0, const int R, int64_t t0, const int TT, cons
         for (int p = 0; p < P; p++) {
             if (pf) {
                 /* the 144 bytes of these 8 blocks of each row, TP_QTILE_PF_BYTES on */
-                const char *pa = (const char *)(wa[p] + b) + TP_QTILE_PF_BYTES, *pc = (const char *)(wc[p] + b) + TP_QTILE_PF_BYTES;
+                const char *pa = (const char *)(wa[p] + b) + TP_QTILE_PF_BYTES;
+                const char *pc = (const char *)(wc[p] + b) + TP_QTILE_PF_BYTES;
                 _mm_prefetch(pa, _MM_HINT_T0);
                 _mm_prefetch(pa + 64, _MM_HINT_T0);
                 _mm_prefetch(pa + 128, _MM_HINT_T0);
