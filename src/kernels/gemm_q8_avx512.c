@@ -55,8 +55,13 @@ T512Q static inline __m512i w_pair(const tp_q8_block *w0, const tp_q8_block *w1)
  * vpdpbusd gives both rows' 8 lanes, and one FMA by the pair's scales
  * (lanes 0-7 row 2p's d_w·d_x of the block, 8-15 row 2p+1's: a vpermps of
  * the 8 blocks' scales) adds them — lane by lane the AVX2 order.  An odd
- * last row runs 8 lanes wide, as the AVX2 kernel does.  pf: prefetch W
- * ahead (the GEMV streams it from memory). */
+ * last row runs 8 lanes wide, as the AVX2 kernel does.  R <= 8 (the
+ * decode GEMV's tile; the schedule's go to 4).  pf: prefetch W ahead (the
+ * GEMV streams it from memory): 0 not, PF_ROWS TP_QTILE_PF_BYTES ahead of
+ * each row stream (any true value: qgemm_tiles.h's GEMV shapes), PF_TILES
+ * TP_QTILE_PF_BYTES ahead in the order the thread reads its W. */
+#define PF_ROWS 1
+#define PF_TILES 2
 static inline __attribute__((always_inline)) T512Q void
 tile(const tp_q8_job *j, int64_t r0, const int R, int64_t t0, const int TT, const int pf)
 {
@@ -65,14 +70,21 @@ tile(const tp_q8_job *j, int64_t r0, const int R, int64_t t0, const int TT, cons
     const tp_q8_block *w = j->w + r0 * nb;
     const int8_t *xq = j->xq + t0 * nb * TP_Q8_BLOCK;
     const float *xd = j->xd + t0 * nb;
-    __m512 acc[2][TP_GEMV_MAX_T];
+    __m512 acc[4][TP_GEMV_MAX_T];
     __m256 acc1[TP_GEMV_MAX_T];
     /* [token][row][block]: a pair's 16 scales are contiguous */
-    float s[TP_GEMV_MAX_T][4][8] __attribute__((aligned(64)));
+    float s[TP_GEMV_MAX_T][8][8] __attribute__((aligned(64)));
     for (int t = 0; t < TT; t++) {
         for (int p = 0; p < P; p++) acc[p][t] = _mm512_setzero_ps();
         if (odd) acc1[t] = _mm256_setzero_ps();
     }
+    /* PF_TILES: the thread reads its rows R at a time, so TP_QTILE_PF_BYTES
+     * of its W later each row stream is D block steps on: m0 tiles further
+     * at block b + r0 while that is inside the row (pf_near bytes on), else
+     * one tile more, past the row's start (pf_far). */
+    const int64_t bs = (int64_t)sizeof(tp_q8_block), rb = nb * bs, D = TP_QTILE_PF_BYTES / (R * bs);
+    const int64_t pf_m0 = D / nb, pf_r0 = D % nb;
+    const int64_t pf_near = pf_m0 * R * rb + pf_r0 * bs, pf_far = (pf_m0 + 1) * R * rb + (pf_r0 - nb) * bs;
     for (int64_t b = 0; b < nb; b += 8) {
         int nbk = nb - b < 8 ? (int)(nb - b) : 8;
         for (int r = 0; r < R; r++) {
@@ -85,7 +97,7 @@ tile(const tp_q8_job *j, int64_t r0, const int R, int64_t t0, const int TT, cons
                     for (int i = 0; i < nbk; i++) s[t][r][i] = tp_q8_scale(w[r * nb + b + i].d) * xd[t * nb + b + i];
             }
         }
-        __m512 sp[2][TP_GEMV_MAX_T];
+        __m512 sp[4][TP_GEMV_MAX_T];
         for (int t = 0; t < TT; t++)
             for (int p = 0; p < P; p++) sp[p][t] = _mm512_load_ps(s[t][2 * p]);
         for (int i = 0; i < nbk; i++) {
@@ -93,18 +105,23 @@ tile(const tp_q8_job *j, int64_t r0, const int R, int64_t t0, const int TT, cons
                                                                                        0, 0, 0, 0, 0, 0, 0));
             __m512i ax[TP_GEMV_MAX_T];
             __mmask64 neg[TP_GEMV_MAX_T];
+            const int64_t pfd = b + i + pf_r0 < nb ? pf_near : pf_far;   /* PF_TILES */
 #pragma GCC unroll 4
             for (int t = 0; t < TT; t++) {
                 __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq + (t * nb + b + i) * TP_Q8_BLOCK)));
                 ax[t] = _mm512_abs_epi8(xv);
                 neg[t] = _mm512_movepi8_mask(xv);
             }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int p = 0; p < P; p++) {
                 const tp_q8_block *wb = w + 2 * p * nb + b + i;
-                if (pf) {
+                if (pf == PF_ROWS) {
                     _mm_prefetch((const char *)wb + TP_QTILE_PF_BYTES, _MM_HINT_T0);
                     _mm_prefetch((const char *)(wb + nb) + TP_QTILE_PF_BYTES, _MM_HINT_T0);
+                }
+                if (pf == PF_TILES) {
+                    _mm_prefetch((const char *)wb + pfd, _MM_HINT_T0);
+                    _mm_prefetch((const char *)(wb + nb) + pfd, _MM_HINT_T0);
                 }
                 __m512i wv = w_pair(wb, wb + nb);
 #pragma GCC unroll 4
@@ -116,7 +133,8 @@ tile(const tp_q8_job *j, int64_t r0, const int R, int64_t t0, const int TT, cons
             }
             if (odd) {
                 const tp_q8_block *wb = w + (R - 1) * nb + b + i;
-                if (pf) _mm_prefetch((const char *)wb + TP_QTILE_PF_BYTES, _MM_HINT_T0);
+                if (pf == PF_ROWS) _mm_prefetch((const char *)wb + TP_QTILE_PF_BYTES, _MM_HINT_T0);
+                if (pf == PF_TILES) _mm_prefetch((const char *)wb + pfd, _MM_HINT_T0);
                 __m256i wv = _mm256_loadu_si256((const __m256i *)wb->q);
 #pragma GCC unroll 4
                 for (int t = 0; t < TT; t++) {
@@ -139,4 +157,34 @@ tile(const tp_q8_job *j, int64_t r0, const int R, int64_t t0, const int TT, cons
 
 TP_QTILE_TABLE(tp_q8_job, T512Q)
 
-TP_QTILE_MATMUL(tp_q8_matmul_avx512, tp_q8_job, tp_q8_block)
+/* The decode GEMV (T = 1): tiles of 8 rows (4 pairs), then the schedule's
+ * 4-row and single-row tiles for the thread's last rows.  8 rows share |x|
+ * and its sign mask among 4 pairs and keep 4 FMA chains in flight where
+ * the 4-row tile has 2; prefetched along the tile sequence.  Measured
+ * against the 4-row tile (bench/README.md, "8-bit weights"). */
+#define GEMV_ROWS 8
+
+T512Q static void tile_8_1(const void *j, int64_t r0, int64_t t0)
+{
+    tile((const tp_q8_job *)j, r0, GEMV_ROWS, t0, 1, PF_TILES);
+}
+
+static void gemv_worker(void *p, int ti, int nt)
+{
+    const tp_q8_job *j = p;
+    int64_t r0, r1;
+    tp_gemv_thread_rows(j->n, j->nb * (int64_t)sizeof(tp_q8_block), GEMV_ROWS, ti, nt, &r0, &r1);
+    for (; r0 + GEMV_ROWS <= r1; r0 += GEMV_ROWS) tile_8_1(j, r0, 0);
+    if (r0 < r1) tp_qtile_rows(tiles, j, r0, r1, 4, 0, 1);
+}
+
+static void tiles_worker(void *p, int ti, int nt)
+{
+    const tp_q8_job *j = p;
+    tp_qtile_worker(tiles, j, j->T, j->n, j->nb * (int64_t)sizeof(tp_q8_block), ti, nt);
+}
+
+void tp_q8_matmul_avx512(const tp_q8_job *j, tp_threadpool *pool)
+{
+    tp_parallel_run(pool, j->T == 1 ? gemv_worker : tiles_worker, (void *)j);
+}
