@@ -1,5 +1,6 @@
 /* Mixture of experts: the grouped expert kernel against a per-token loop,
- * x @ W for [in, out] expert weights (tp_expert_xw) against a double loop,
+ * x @ W for [in, out] expert weights (tp_expert_xw) and an expert's rows
+ * (tp_matmul_rows) against a double loop,
  * the routers (DeepSeek V2's masked picks), the MoE config keys and
  * presets, and the module and checkpoint tables of qwen3_moe and mixtral. */
 #include "check.h"
@@ -223,6 +224,63 @@ static void test_expert_xw(void)
     check_xw(1, 4, 3, TP_F32);     /* fewer columns than one SIMD step */
 }
 
+/* tp_matmul_rows (an expert's rows; on the AVX-512 path W read in place,
+ * gemm_rows_avx512.c) against a double loop: T = 5..64 reaches every row
+ * tile (4 rows and the 1-3 left over), n every column edge of the 5-column
+ * tiles and a split of a few tiles over 3 threads, k the 16- and 32-lane
+ * tails (f32, bf16) below and above one step; y is overwritten, not added
+ * to, and 1 and 3 threads give the bits of 2. */
+static void check_rows(int64_t T, int64_t n, int64_t k, tp_dtype dt)
+{
+    uint64_t seed = (uint64_t)(T * 1009 + n * 31 + k);
+    float *x = malloc((size_t)(T * k) * sizeof *x), *wf = malloc((size_t)(n * k) * sizeof *wf);
+    float *y = malloc((size_t)(T * n) * sizeof *y), *again = malloc((size_t)(T * n) * sizeof *again);
+    for (int64_t i = 0; i < T * k; i++) x[i] = frand(&seed);
+    for (int64_t i = 0; i < n * k; i++) wf[i] = frand(&seed);
+    tp_tensor w;
+    CHECK(tp_tensor_init(&w, dt, 2, (int64_t[2]){n, k}) == TP_OK);
+    tp_convert(w.data, dt, wf, TP_F32, (size_t)(n * k));
+    tp_convert(wf, TP_F32, w.data, dt, (size_t)(n * k));   /* the reference sees the stored values */
+    tp_matmul_opts opts;
+    tp_matmul_opts_default(&opts);
+    tp_threadpool *pool;
+    tp_threadpool_create(&pool, 2);
+    for (int64_t i = 0; i < T * n; i++) y[i] = 1e30f;
+    CHECK(tp_matmul_rows(y, x, T, &w, pool, &opts) == TP_OK);
+    double err = 0, mx = 0;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t c = 0; c < n; c++) {
+            double want = 0;
+            for (int64_t i = 0; i < k; i++) want += (double)x[t * k + i] * wf[c * k + i];
+            err = fmax(err, fabs(y[t * n + c] - want));
+            mx = fmax(mx, fabs(want));
+        }
+    CHECK_MSG(mx > 0 && err <= 1e-5 * mx, "rows T=%lld n=%lld k=%lld %s: max err %g of %g", (long long)T,
+              (long long)n, (long long)k, tp_dtype_name(dt), err, mx);
+    for (int nt = 1; nt <= 3; nt += 2) {
+        tp_threadpool *p2;
+        tp_threadpool_create(&p2, nt);
+        CHECK(tp_matmul_rows(again, x, T, &w, p2, &opts) == TP_OK);
+        CHECK_MSG(memcmp(again, y, (size_t)(T * n) * sizeof *y) == 0, "rows T=%lld n=%lld k=%lld: %d threads differ",
+                  (long long)T, (long long)n, (long long)k, nt);
+        tp_threadpool_destroy(p2);
+    }
+    tp_threadpool_destroy(pool);
+    tp_tensor_release(&w);
+    free(x); free(wf); free(y); free(again);
+}
+
+static void test_matmul_rows(void)
+{
+    static const int64_t Ts[] = {5, 6, 7, 32, 45, 64}, ns[] = {1, 5, 13, 101}, ks[] = {7, 32, 45, 100, 300};
+    for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
+        for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
+            for (size_t c = 0; c < sizeof ks / sizeof *ks; c++) {
+                check_rows(Ts[a], ns[b], ks[c], TP_BF16);
+                check_rows(Ts[a], ns[b], ks[c], TP_F32);
+            }
+}
+
 static void test_router(void)
 {
     /* token 0: a clear order; token 1: a tie between experts 1 and 3 */
@@ -330,6 +388,7 @@ int main(void)
 {
     test_grouped_experts();
     test_expert_xw();
+    test_matmul_rows();
     test_router();
     test_deepseek_v2_masked_picks();
     test_config();
