@@ -225,11 +225,12 @@ static void test_expert_xw(void)
 }
 
 /* tp_matmul_rows (an expert's rows; on the AVX-512 path W read in place,
- * gemm_rows_avx512.c) against a double loop: T = 5..64 reaches every row
- * tile (4 rows and the 1-3 left over), n every column edge of the 5-column
- * tiles and a split of a few tiles over 3 threads, k the 16- and 32-lane
- * tails (f32, bf16) below and above one step; y is overwritten, not added
- * to, and 1 and 3 threads give the bits of 2. */
+ * gemm_rows_avx512.c) against a double loop: T = 5..128 (the most it
+ * takes) reaches every row tile (4 rows and the 1-3 left over), n every
+ * column edge of the 5-column tiles and a split of a few tiles over 3
+ * threads, k the 16- and 32-lane tails (f32, bf16) below and above one
+ * step; y is overwritten, not added to, and 1 and 3 threads give the bits
+ * of 2. */
 static void check_rows(int64_t T, int64_t n, int64_t k, tp_dtype dt)
 {
     uint64_t seed = (uint64_t)(T * 1009 + n * 31 + k);
@@ -272,7 +273,7 @@ static void check_rows(int64_t T, int64_t n, int64_t k, tp_dtype dt)
 
 static void test_matmul_rows(void)
 {
-    static const int64_t Ts[] = {5, 6, 7, 32, 45, 64}, ns[] = {1, 5, 13, 101}, ks[] = {7, 32, 45, 100, 300};
+    static const int64_t Ts[] = {5, 6, 7, 32, 45, 128}, ns[] = {1, 5, 13, 101}, ks[] = {7, 32, 45, 100, 300};
     for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
         for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
             for (size_t c = 0; c < sizeof ks / sizeof *ks; c++) {
