@@ -41,8 +41,8 @@ tp_status tp_matmul_dequant(float *y, const float *x, int64_t T, const tp_tensor
 void tp_matmul_scalar(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
                       int64_t n, int64_t k, tp_threadpool *pool);
 /* y = x·Wᵀ (no bias) for an MoE expert's rows: tp_matmul_ex, except on
- * the AVX-512 GEMM path with f32/bf16 W and TP_GEMV_MAX_T < T <=
- * TP_ROWS_MAX_T, where W is read in place (gemm_rows_avx512.c; other bits
+ * the AVX-512 GEMM path with f32/bf16 W, the exact product (not bf16_dot)
+ * and TP_GEMV_MAX_T < T <= TP_ROWS_MAX_T, where W is read in place (gemm_rows_avx512.c; other bits
  * than the packed GEMM's, the same on any thread count). */
 /* One thread, cold bf16 [1536, 2048] weights (Zen 5): 1.6-1.9x the packed
  * GEMM at 32 rows, 1.2x at 96, 1.1x at 128, even from 192 on (x no longer
@@ -223,8 +223,8 @@ void tp_q8_matmul_avx2(const tp_q8_job *j, tp_threadpool *pool);
  * tp_kernel_has_vnni(). */
 void tp_q8_matmul_avx512(const tp_q8_job *j, tp_threadpool *pool);
 #endif
-/* The CPU has AVX512_VNNI and the process runs the avx512 (or amx) path
- * (cpu.c). */
+/* The CPU has AVX512_VNNI, TENSORPAR_NO_VNNI does not hide it, and the
+ * process runs the avx512 (or amx) path (cpu.c). */
 int tp_kernel_has_vnni(void);
 /* x quantized, then the path's kernel (gemm_q8.c).  k = W's row length, a
  * multiple of 32. */

@@ -242,8 +242,39 @@ static void test_expert_xw(void)
  * tile (4 rows and the 1-3 left over), n every column edge of the
  * 5-column tiles and a split of a few tiles over 3 threads, k the 16- and
  * 32-lane tails (f32, bf16) below and above one step. */
+/* opts.bf16_dot is tp_matmul_ex's product (vdpbf16ps, or x rounded to
+ * bf16 first where that is emulated), not the rows kernel's exact one:
+ * tp_matmul_rows gives its bits, and they differ from the exact ones. */
+static void check_rows_bf16_dot(void)
+{
+    int64_t T = 32, n = 13, k = 100;
+    uint64_t seed = 77;
+    float *x = malloc((size_t)(T * k) * sizeof *x), *wf = malloc((size_t)(n * k) * sizeof *wf);
+    float *y = malloc((size_t)(T * n) * sizeof *y), *want = malloc((size_t)(T * n) * sizeof *want);
+    float *exact = malloc((size_t)(T * n) * sizeof *exact);
+    for (int64_t i = 0; i < T * k; i++) x[i] = frand(&seed) * 1.001f;   /* not bf16 values */
+    for (int64_t i = 0; i < n * k; i++) wf[i] = frand(&seed);
+    tp_tensor w;
+    CHECK(tp_tensor_init(&w, TP_BF16, 2, (int64_t[2]){n, k}) == TP_OK);
+    tp_convert(w.data, TP_BF16, wf, TP_F32, (size_t)(n * k));
+    tp_matmul_opts opts;
+    tp_matmul_opts_default(&opts);
+    tp_threadpool *pool;
+    tp_threadpool_create(&pool, 2);
+    CHECK(tp_matmul_rows(exact, x, T, &w, pool, &opts) == TP_OK);
+    opts.bf16_dot = 1;
+    CHECK(tp_matmul_rows(y, x, T, &w, pool, &opts) == TP_OK);
+    CHECK(tp_matmul_ex(want, x, T, &w, NULL, pool, &opts) == TP_OK);
+    CHECK_MSG(memcmp(y, want, (size_t)(T * n) * sizeof *y) == 0, "rows bf16_dot: not tp_matmul_ex's bits");
+    CHECK_MSG(memcmp(y, exact, (size_t)(T * n) * sizeof *y) != 0, "rows bf16_dot: the exact product");
+    tp_threadpool_destroy(pool);
+    tp_tensor_release(&w);
+    free(x); free(wf); free(y); free(want); free(exact);
+}
+
 static void test_matmul_rows(void)
 {
+    check_rows_bf16_dot();
     static const int64_t Ts[] = {5, 6, 7, 32, 45, 128}, ns[] = {1, 5, 13, 101}, ks[] = {7, 32, 45, 100, 300};
     for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
         for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
