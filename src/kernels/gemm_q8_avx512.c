@@ -83,7 +83,7 @@ tile(const tp_q8_job *j, int64_t r0, const int R, int64_t t0, const int TT, cons
      * at block b + r0 while that is inside the row (pf_near bytes on), else
      * one tile more, past the row's start (pf_far). */
     const int64_t bs = (int64_t)sizeof(tp_q8_block), rb = nb * bs, D = TP_QTILE_PF_BYTES / (R * bs);
-    const int64_t pf_m0 = D / nb, pf_r0 = D % nb;
+    const int64_t pf_m0 = nb ? D / nb : 0, pf_r0 = nb ? D % nb : 0;   /* k = 0: no blocks, no division */
     const int64_t pf_near = pf_m0 * R * rb + pf_r0 * bs, pf_far = (pf_m0 + 1) * R * rb + (pf_r0 - nb) * bs;
     for (int64_t b = 0; b < nb; b += 8) {
         int nbk = nb - b < 8 ? (int)(nb - b) : 8;
