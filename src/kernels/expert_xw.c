@@ -23,6 +23,18 @@
  * of the [out, in] GEMV, 4 KiB 1.00-1.03, 8 KiB 1.07-1.10, 16 KiB 1.06-1.11. */
 #define XW_PF_BYTES 8192
 #define XW_COLS 32         /* columns a thread's range is made of: a line of bf16 */
+/* Rows of W summed apart, then added in order (SIMD paths): at least
+ * XW_CHUNK_MIN, and at most XW_CHUNKS chunks.  Each chunk costs a pass over
+ * its n × out sums (cleared, then added to y), ~n/32 of its weights' bytes
+ * at 64 rows, serial to the stream; more chunks split more evenly over the
+ * threads (Qwen3-30B-A3B's down, 768 rows: 12). */
+#define XW_CHUNK_MIN 64
+#define XW_CHUNKS 32
+/* The chunk sums start XW_SKEW floats (17 lines) past a page, each chunk's
+ * a whole number of pages apart: sums that started on a page, as the
+ * weights do, ran 8 % slower at Llama 4's shapes on Zen 5 (one thread; the
+ * sums' stores alias the weights' loads modulo 4 KiB). */
+#define XW_SKEW 272
 
 typedef struct {
     float *y;
@@ -31,6 +43,8 @@ typedef struct {
     const void *w;
     int bf16;
     tp_kernel_path path;
+    float *part;            /* the chunks' sums (chunk_worker) */
+    int64_t chunks, chunk_rows, part_stride;
 } xw_job;
 
 static inline float w_at(const void *w, int bf16, int64_t i)
@@ -75,18 +89,23 @@ TAVX2 static inline __m256 load8(const void *w, int bf16, int64_t i)
  * the row after it once c passes m - dc (the last row at the end).  A
  * step's y rows are all loaded before any is stored: rows of y 4 KiB
  * apart alias, and a load after a store to the same 4 KiB offset waits
- * for it. */
-#define XW_PASS(VT, V, SET1, FMA, LOADU, STOREU, LOADW, R)                                                 \
+ * for it.  The stream's first pass (i = 0) starts y from zero instead of
+ * loading it, and where fin is given its last pass adds the finished sums
+ * to fin instead of storing them: no separate passes to clear a chunk's
+ * sums and add them to the output, which would idle the stream. */
+#define XW_PASS(VT, V, SET1, FMA, ADD, LOADU, STOREU, LOADW, R)                                            \
     do {                                                                                              \
         const char *pa[R], *pb[R];                                                                     \
         VT av[R][XW_MAX_ROWS];                                                                         \
         for (int q = 0; q < R; q++) {                                                                  \
-            int64_t ra = i + q + dr < in ? i + q + dr : in - 1, rb = ra + 1 < in ? ra + 1 : in - 1;    \
+            int64_t ra = i + q + dr < lim ? i + q + dr : lim - 1, rb = ra + 1 < lim ? ra + 1 : lim - 1; \
             pa[q] = wb + (off + ra * stride + dc) * esz;                                               \
             pb[q] = wb + (off + rb * stride + dc - m) * esz;                                           \
             for (int r = 0; r < n; r++) av[q][r] = SET1(x[r * xs + i + q]);                            \
         }                                                                                              \
         const int64_t o = off + i * stride;                                                            \
+        const int first = i == 0;                                                                      \
+        float *to = i + R == in ? fin : NULL;                                                          \
         int64_t c = 0;                                                                                 \
         for (; c + 32 <= m; c += 32) {                                                                 \
             VT wv[R][32 / V], yv[XW_MAX_ROWS][32 / V];                                                 \
@@ -96,43 +115,55 @@ TAVX2 static inline __m256 load8(const void *w, int bf16, int64_t i)
                 for (int u = 0; u < 32 / V; u++) wv[q][u] = LOADW(w, bf16, o + q * stride + c + u * V); \
             }                                                                                          \
             for (int r = 0; r < n; r++)                                                                \
-                for (int u = 0; u < 32 / V; u++) yv[r][u] = LOADU(y + r * ys + c + u * V);             \
+                for (int u = 0; u < 32 / V; u++) yv[r][u] = first ? SET1(0.0f) : LOADU(y + r * ys + c + u * V); \
             for (int q = 0; q < R; q++)                                                                \
                 for (int r = 0; r < n; r++)                                                            \
                     for (int u = 0; u < 32 / V; u++) yv[r][u] = FMA(av[q][r], wv[q][u], yv[r][u]);     \
-            for (int r = 0; r < n; r++)                                                                \
-                for (int u = 0; u < 32 / V; u++) STOREU(y + r * ys + c + u * V, yv[r][u]);             \
+            if (to)                                                                                    \
+                for (int r = 0; r < n; r++)                                                            \
+                    for (int u = 0; u < 32 / V; u++) {                                                 \
+                        float *tp = to + r * ys + c + u * V;                                           \
+                        STOREU(tp, ADD(LOADU(tp), yv[r][u]));                                          \
+                    }                                                                                  \
+            else                                                                                       \
+                for (int r = 0; r < n; r++)                                                            \
+                    for (int u = 0; u < 32 / V; u++) STOREU(y + r * ys + c + u * V, yv[r][u]);         \
         }                                                                                              \
-        for (int q = 0; q < R; q++) {                                                                  \
+        for (int q = 0; q < R; q++) {   /* the tail: y itself, cleared at the start, added to fin at the end */ \
             int64_t t = c;                                                                             \
+            if (first && q == 0)                                                                       \
+                for (int r = 0; r < n; r++) memset(y + r * ys + t, 0, (size_t)(m - t) * sizeof(float));   \
             for (; t + V <= m; t += V) {                                                               \
                 VT wv = LOADW(w, bf16, o + q * stride + t);                                            \
                 for (int r = 0; r < n; r++) STOREU(y + r * ys + t, FMA(av[q][r], wv, LOADU(y + r * ys + t))); \
             }                                                                                          \
             for (; t < m; t++)                                                                         \
                 for (int r = 0; r < n; r++) y[r * ys + t] += x[r * xs + i + q] * w_at(w, bf16, o + q * stride + t); \
+            if (to && q == R - 1)                                                                      \
+                for (int r = 0; r < n; r++)                                                            \
+                    for (t = c; t < m; t++) to[r * ys + t] += y[r * ys + t];                           \
         }                                                                                              \
     } while (0)
 
 /* The thread's stream: the rows of W in order, two a pass for 3 or 4 rows
  * of x (half the y traffic; the sum per element stays one FMA per row in
  * row order, so the bits do not depend on the pass). */
-#define XW_STREAM_BODY(VT, V, SET1, FMA, LOADU, STOREU, LOADW)                                           \
+#define XW_STREAM_BODY(VT, V, SET1, FMA, ADD, LOADU, STOREU, LOADW)                                           \
     do {                                                                                              \
         const int esz = bf16 ? 2 : 4;                                                                  \
         const int64_t line = 64 / esz, dr = pf / m, dc = pf % m;                                       \
         const char *wb = (const char *)w;                                                              \
         int64_t i = 0;                                                                                 \
         if (n >= 3)                                                                                    \
-            for (; i + 2 <= in; i += 2) XW_PASS(VT, V, SET1, FMA, LOADU, STOREU, LOADW, 2);            \
-        for (; i < in; i++) XW_PASS(VT, V, SET1, FMA, LOADU, STOREU, LOADW, 1);                        \
+            for (; i + 2 <= in; i += 2) XW_PASS(VT, V, SET1, FMA, ADD, LOADU, STOREU, LOADW, 2);            \
+        for (; i < in; i++) XW_PASS(VT, V, SET1, FMA, ADD, LOADU, STOREU, LOADW, 1);                        \
     } while (0)
 
 TAVX2 static inline __attribute__((always_inline)) void
 stream_avx2(float *restrict y, int64_t ys, const float *restrict x, int64_t xs, const int n, const void *w,
-            const int bf16, int64_t off, int64_t stride, int64_t in, int64_t m, int64_t pf)
+            const int bf16, int64_t off, int64_t stride, int64_t in, int64_t lim, int64_t m, int64_t pf, float *fin)
 {
-    XW_STREAM_BODY(__m256, 8, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_storeu_ps, load8);
+    XW_STREAM_BODY(__m256, 8, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_loadu_ps, _mm256_storeu_ps, load8);
 }
 
 /* 16 weights from element i as f32 */
@@ -145,9 +176,9 @@ T512 static inline __m512 load16(const void *w, int bf16, int64_t i)
 
 T512 static inline __attribute__((always_inline)) void
 stream_avx512(float *restrict y, int64_t ys, const float *restrict x, int64_t xs, const int n, const void *w,
-              const int bf16, int64_t off, int64_t stride, int64_t in, int64_t m, int64_t pf)
+              const int bf16, int64_t off, int64_t stride, int64_t in, int64_t lim, int64_t m, int64_t pf, float *fin)
 {
-    XW_STREAM_BODY(__m512, 16, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_storeu_ps, load16);
+    XW_STREAM_BODY(__m512, 16, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_loadu_ps, _mm512_storeu_ps, load16);
 }
 
 /* the stream with n (1-4) and the dtype as constants, so that the loops over
@@ -155,31 +186,32 @@ stream_avx512(float *restrict y, int64_t ys, const float *restrict x, int64_t xs
 #define XW_DISPATCH(FN)                                                                                  \
     do {                                                                                              \
         switch (n * 2 + bf16) {                                                                        \
-        case 2: FN(y, ys, x, xs, 1, w, 0, off, stride, in, m, pf); break;                              \
-        case 3: FN(y, ys, x, xs, 1, w, 1, off, stride, in, m, pf); break;                              \
-        case 4: FN(y, ys, x, xs, 2, w, 0, off, stride, in, m, pf); break;                              \
-        case 5: FN(y, ys, x, xs, 2, w, 1, off, stride, in, m, pf); break;                              \
-        case 6: FN(y, ys, x, xs, 3, w, 0, off, stride, in, m, pf); break;                              \
-        case 7: FN(y, ys, x, xs, 3, w, 1, off, stride, in, m, pf); break;                              \
-        case 8: FN(y, ys, x, xs, 4, w, 0, off, stride, in, m, pf); break;                              \
-        default: FN(y, ys, x, xs, 4, w, 1, off, stride, in, m, pf); break;                             \
+        case 2: FN(y, ys, x, xs, 1, w, 0, off, stride, in, lim, m, pf, fin); break;                              \
+        case 3: FN(y, ys, x, xs, 1, w, 1, off, stride, in, lim, m, pf, fin); break;                              \
+        case 4: FN(y, ys, x, xs, 2, w, 0, off, stride, in, lim, m, pf, fin); break;                              \
+        case 5: FN(y, ys, x, xs, 2, w, 1, off, stride, in, lim, m, pf, fin); break;                              \
+        case 6: FN(y, ys, x, xs, 3, w, 0, off, stride, in, lim, m, pf, fin); break;                              \
+        case 7: FN(y, ys, x, xs, 3, w, 1, off, stride, in, lim, m, pf, fin); break;                              \
+        case 8: FN(y, ys, x, xs, 4, w, 0, off, stride, in, lim, m, pf, fin); break;                              \
+        default: FN(y, ys, x, xs, 4, w, 1, off, stride, in, lim, m, pf, fin); break;                             \
         }                                                                                             \
     } while (0)
 
 TAVX2 static void run_avx2(float *y, int64_t ys, const float *x, int64_t xs, int64_t n, const void *w, int bf16,
-                           int64_t off, int64_t stride, int64_t in, int64_t m, int64_t pf)
+                           int64_t off, int64_t stride, int64_t in, int64_t lim, int64_t m, int64_t pf, float *fin)
 {
     XW_DISPATCH(stream_avx2);
 }
 
 T512 static void run_avx512(float *y, int64_t ys, const float *x, int64_t xs, int64_t n, const void *w, int bf16,
-                            int64_t off, int64_t stride, int64_t in, int64_t m, int64_t pf)
+                            int64_t off, int64_t stride, int64_t in, int64_t lim, int64_t m, int64_t pf, float *fin)
 {
     XW_DISPATCH(stream_avx512);
 }
 #endif
 
-static void xw_worker(void *p, int ti, int nt)
+/* The scalar path: each thread over its own columns, 4 rows of W a pass. */
+static void scalar_worker(void *p, int ti, int nt)
 {
     const xw_job *j = p;
     int64_t c0, c1;
@@ -187,16 +219,6 @@ static void xw_worker(void *p, int ti, int nt)
     c0 *= XW_COLS, c1 = c1 * XW_COLS < j->out ? c1 * XW_COLS : j->out;
     if (c1 <= c0) return;
     for (int64_t r = 0; r < j->n; r++) memset(j->y + r * j->out + c0, 0, (size_t)(c1 - c0) * sizeof(float));
-#if TP_KERNELS_X86
-    if (j->path >= TP_KERNEL_AVX2) {
-        int64_t pf = XW_PF_BYTES / (j->bf16 ? 2 : 4);
-        if (j->path >= TP_KERNEL_AVX512)
-            run_avx512(j->y + c0, j->out, j->x, j->in, j->n, j->w, j->bf16, c0, j->out, j->in, c1 - c0, pf);
-        else
-            run_avx2(j->y + c0, j->out, j->x, j->in, j->n, j->w, j->bf16, c0, j->out, j->in, c1 - c0, pf);
-        return;
-    }
-#endif
     for (int64_t i = 0; i < j->in; i += 4) {
         /* a last pass of fewer than 4 rows takes the 4 last rows of W
          * (in >= 4), the ones already added with weight 0 */
@@ -209,14 +231,64 @@ static void xw_worker(void *p, int ti, int nt)
     }
 }
 
+#if TP_KERNELS_X86
+/* The SIMD paths: W's rows in fixed chunks (of chunk_rows), each thread a
+ * run of whole chunks, so that its part of W is one stream.  Chunk k's sum
+ * p_k = Σ x[i]·W[i, :] over its rows starts from zero, and y = ((p_0 + p_1)
+ * + p_2) + ... in chunk order, whatever the thread count: thread 0 sums
+ * chunk 0 into y and each further chunk of its run into part[0], added to
+ * y with its last row; the other threads leave chunk k in part[k], added
+ * by the caller after the region, in order. */
+static void chunk_worker(void *p, int ti, int nt)
+{
+    const xw_job *j = p;
+    int64_t k0, k1, pf = XW_PF_BYTES / (j->bf16 ? 2 : 4);
+    tp_split_range(j->chunks, ti, nt, &k0, &k1);
+    int64_t ch = j->chunk_rows, lim = k1 * ch < j->in ? k1 * ch : j->in;   /* the run's end: prefetches stop there */
+    for (int64_t k = k0; k < k1; k++) {
+        int64_t i0 = k * ch, rows = i0 + ch < j->in ? ch : j->in - i0;
+        float *dst = ti == 0 && k == 0 ? j->y : j->part + (ti == 0 ? 0 : k) * j->part_stride;
+        float *fin = ti == 0 && k > 0 ? j->y : NULL;   /* thread 0 adds its chunk to y as it ends */
+        if (j->path >= TP_KERNEL_AVX512)
+            run_avx512(dst, j->out, j->x + i0, j->in, j->n, j->w, j->bf16, i0 * j->out, j->out, rows, lim - i0,
+                       j->out, pf, fin);
+        else
+            run_avx2(dst, j->out, j->x + i0, j->in, j->n, j->w, j->bf16, i0 * j->out, j->out, rows, lim - i0,
+                     j->out, pf, fin);
+    }
+}
+#endif
+
 tp_status tp_expert_xw(float *y, const float *x, int64_t n, const tp_tensor *w, tp_threadpool *pool,
                        const tp_matmul_opts *opts)
 {
     int64_t in = w->shape[0], out = w->shape[1];
     if (n <= XW_MAX_ROWS && in >= 4 && (w->dtype == TP_F32 || w->dtype == TP_BF16)) {
         tp_kernel_path path = tp_kernel_resolve(opts ? opts->path : TP_KERNEL_AUTO);
-        xw_job j = {y, x, n, in, out, w->data, w->dtype == TP_BF16, path};
-        tp_parallel_run(pool, xw_worker, &j);
+        xw_job j = {y, x, n, in, out, w->data, w->dtype == TP_BF16, path, NULL, 0, 0, 0};
+        if (!TP_KERNELS_X86 || path < TP_KERNEL_AVX2) {
+            tp_parallel_run(pool, scalar_worker, &j);
+            return TP_OK;
+        }
+        j.chunk_rows = (in + XW_CHUNKS - 1) / XW_CHUNKS;
+        if (j.chunk_rows < XW_CHUNK_MIN) j.chunk_rows = XW_CHUNK_MIN;
+        j.chunks = (in + j.chunk_rows - 1) / j.chunk_rows;
+        int nt = tp_threadpool_size(pool);
+        int64_t k0, first_end, sz = n * out;
+        tp_split_range(j.chunks, 0, nt, &k0, &first_end);   /* thread 0's run: chunks [0, first_end) */
+        /* part[0]: thread 0's chunk in progress; part[k], k >= first_end: the others' */
+        j.part_stride = (sz + 1023) / 1024 * 1024;
+        size_t bytes = (size_t)((first_end < j.chunks ? j.chunks : 1) * j.part_stride + XW_SKEW) * sizeof(float);
+        float *own = NULL, *mem = tp_threadpool_scratch(pool, bytes);
+        if (!mem) mem = own = tp_alloc(bytes);
+        if (!mem) return tp_fail(TP_ERR_NOMEM, "tp_expert_xw: out of memory for the chunk sums");
+        j.part = mem + XW_SKEW;
+#if TP_KERNELS_X86
+        tp_parallel_run(pool, chunk_worker, &j);
+#endif
+        for (int64_t k = first_end; k < j.chunks; k++)
+            for (int64_t e = 0; e < sz; e++) y[e] += j.part[k * j.part_stride + e];
+        tp_free(own);
         return TP_OK;
     }
     memset(y, 0, (size_t)(n * out) * sizeof(float));

@@ -226,6 +226,11 @@ static void test_expert_xw(void)
      * on one thread: prefetches within the row, then into the next one */
     check_xw(1, 9, 4133, TP_BF16);
     check_xw(4, 9, 4133, TP_F32);
+    /* 5 chunks of 64 rows, the last of 44 (SIMD paths): summed apart and
+     * added in order, 1, 2 and 3 threads owning 5, 3 + 2, 2 + 2 + 1 */
+    check_xw(1, 300, 200, TP_BF16);
+    check_xw(3, 300, 200, TP_F32);
+    check_xw(2, 2100, 40, TP_BF16);   /* 32 chunks of 66 rows, the last of 54 */
 }
 
 static void test_router(void)
