@@ -3,16 +3,18 @@
  * gradient (dx = dy · W), except for a few rows (a decoded token), where
  * the packed GEMM packs all of W for every call and costs more than the
  * product (3.4x a GEMV at H 2048, I 1024, bf16).  A few rows instead stream
- * W once: each thread owns a range of columns and reads its part of W's
- * rows one after another, y[r] += x[r, i] · W[i, c0..c1) for every row r of
- * x while row i is in cache.  One stream per thread is what the core's
- * prefetchers follow: the form that read 8 rows side by side (8 streams a
- * row apart, y touched once per 8 rows) ran at 0.74 of the GEMV of the
- * same bytes stored [out, in] on Zen 5 (bench kernels --moe, 1 thread),
- * the same as the dense GEMV before it moved to one stream per thread
- * (gemm_avx512.c gemv_row); row after row it runs at 1.0-1.1.  Every
- * output element is one thread's FMA chain in the order of W's rows,
- * whatever the thread count. */
+ * W once, and each thread reads its part of W as one stream: W's rows one
+ * after another, y[r] += x[r, i] · W[i, :] for every row r of x while row
+ * i is in cache.  The core's prefetchers follow one stream, not several:
+ * the form that read 8 rows side by side (8 streams a row apart) ran at
+ * 0.74 of the GEMV of the same bytes stored [out, in] on Zen 5 (bench
+ * kernels --moe, 1 thread), as the dense GEMV did before it moved to one
+ * stream per thread (gemm_avx512.c gemv_row).  On the SIMD paths the
+ * threads split W's rows, not its columns (a column range is a strided
+ * stream, and at 2 threads it ran at 0.6-0.8 of the [out, in] GEMV where
+ * row ranges ran at 0.9-1.0): the rows in fixed chunks, each chunk summed
+ * apart and the sums added in chunk order, so the bits do not depend on
+ * the thread count (chunk_worker). */
 #include "kern_internal.h"
 
 #include <string.h>
@@ -24,17 +26,12 @@
 #define XW_PF_BYTES 8192
 #define XW_COLS 32         /* columns a thread's range is made of: a line of bf16 */
 /* Rows of W summed apart, then added in order (SIMD paths): at least
- * XW_CHUNK_MIN, and at most XW_CHUNKS chunks.  Each chunk costs a pass over
- * its n × out sums (cleared, then added to y), ~n/32 of its weights' bytes
- * at 64 rows, serial to the stream; more chunks split more evenly over the
- * threads (Qwen3-30B-A3B's down, 768 rows: 12). */
+ * XW_CHUNK_MIN, and at most XW_CHUNKS chunks.  A chunk's n × out sums are
+ * read back once to be added (~n/32 of its weights' bytes at 64 rows);
+ * more chunks split more evenly over the threads (Qwen3-30B-A3B's down,
+ * 768 rows: 12, 6 + 6 on 2 threads). */
 #define XW_CHUNK_MIN 64
 #define XW_CHUNKS 32
-/* The chunk sums start XW_SKEW floats (17 lines) past a page, each chunk's
- * a whole number of pages apart: sums that started on a page, as the
- * weights do, ran 8 % slower at Llama 4's shapes on Zen 5 (one thread; the
- * sums' stores alias the weights' loads modulo 4 KiB). */
-#define XW_SKEW 272
 
 typedef struct {
     float *y;
@@ -43,7 +40,7 @@ typedef struct {
     const void *w;
     int bf16;
     tp_kernel_path path;
-    float *part;            /* the chunks' sums (chunk_worker) */
+    float *part;            /* the chunks' sums (chunk_worker), part_stride floats apart */
     int64_t chunks, chunk_rows, part_stride;
 } xw_job;
 
@@ -178,23 +175,24 @@ T512 static inline __attribute__((always_inline)) void
 stream_avx512(float *restrict y, int64_t ys, const float *restrict x, int64_t xs, const int n, const void *w,
               const int bf16, int64_t off, int64_t stride, int64_t in, int64_t lim, int64_t m, int64_t pf, float *fin)
 {
-    XW_STREAM_BODY(__m512, 16, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_loadu_ps, _mm512_storeu_ps, load16);
+    XW_STREAM_BODY(__m512, 16, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_loadu_ps, _mm512_storeu_ps,
+                   load16);
 }
 
 /* the stream with n (1-4) and the dtype as constants, so that the loops over
  * them unroll and av stays in registers */
-#define XW_DISPATCH(FN)                                                                                  \
-    do {                                                                                              \
-        switch (n * 2 + bf16) {                                                                        \
-        case 2: FN(y, ys, x, xs, 1, w, 0, off, stride, in, lim, m, pf, fin); break;                              \
-        case 3: FN(y, ys, x, xs, 1, w, 1, off, stride, in, lim, m, pf, fin); break;                              \
-        case 4: FN(y, ys, x, xs, 2, w, 0, off, stride, in, lim, m, pf, fin); break;                              \
-        case 5: FN(y, ys, x, xs, 2, w, 1, off, stride, in, lim, m, pf, fin); break;                              \
-        case 6: FN(y, ys, x, xs, 3, w, 0, off, stride, in, lim, m, pf, fin); break;                              \
-        case 7: FN(y, ys, x, xs, 3, w, 1, off, stride, in, lim, m, pf, fin); break;                              \
-        case 8: FN(y, ys, x, xs, 4, w, 0, off, stride, in, lim, m, pf, fin); break;                              \
-        default: FN(y, ys, x, xs, 4, w, 1, off, stride, in, lim, m, pf, fin); break;                             \
-        }                                                                                             \
+#define XW_DISPATCH(FN)                                                                                       \
+    do {                                                                                                      \
+        switch (n * 2 + bf16) {                                                                               \
+        case 2: FN(y, ys, x, xs, 1, w, 0, off, stride, in, lim, m, pf, fin); break;                           \
+        case 3: FN(y, ys, x, xs, 1, w, 1, off, stride, in, lim, m, pf, fin); break;                           \
+        case 4: FN(y, ys, x, xs, 2, w, 0, off, stride, in, lim, m, pf, fin); break;                           \
+        case 5: FN(y, ys, x, xs, 2, w, 1, off, stride, in, lim, m, pf, fin); break;                           \
+        case 6: FN(y, ys, x, xs, 3, w, 0, off, stride, in, lim, m, pf, fin); break;                           \
+        case 7: FN(y, ys, x, xs, 3, w, 1, off, stride, in, lim, m, pf, fin); break;                           \
+        case 8: FN(y, ys, x, xs, 4, w, 0, off, stride, in, lim, m, pf, fin); break;                           \
+        default: FN(y, ys, x, xs, 4, w, 1, off, stride, in, lim, m, pf, fin); break;                          \
+        }                                                                                                     \
     } while (0)
 
 TAVX2 static void run_avx2(float *y, int64_t ys, const float *x, int64_t xs, int64_t n, const void *w, int bf16,
@@ -257,6 +255,28 @@ static void chunk_worker(void *p, int ti, int nt)
                      j->out, pf, fin);
     }
 }
+
+static tp_status run_chunks(xw_job *j, tp_threadpool *pool)
+{
+    int64_t in = j->in, sz = j->n * j->out, k0, first_end;
+    j->chunk_rows = (in + XW_CHUNKS - 1) / XW_CHUNKS;
+    if (j->chunk_rows < XW_CHUNK_MIN) j->chunk_rows = XW_CHUNK_MIN;
+    j->chunks = (in + j->chunk_rows - 1) / j->chunk_rows;
+    tp_split_range(j->chunks, 0, tp_threadpool_size(pool), &k0, &first_end);   /* thread 0's run */
+    /* part[0]: thread 0's chunk in progress; part[k], k >= first_end: the
+     * other threads' chunks, a whole number of lines apart */
+    j->part_stride = (sz + 15) / 16 * 16;
+    size_t bytes = (size_t)((first_end < j->chunks ? j->chunks : 1) * j->part_stride) * sizeof(float);
+    float *own = NULL;
+    j->part = tp_threadpool_scratch(pool, bytes);
+    if (!j->part) j->part = own = tp_alloc(bytes);
+    if (!j->part) return tp_fail(TP_ERR_NOMEM, "tp_expert_xw: out of memory for the chunk sums");
+    tp_parallel_run(pool, chunk_worker, j);
+    for (int64_t k = first_end; k < j->chunks; k++)
+        for (int64_t e = 0; e < sz; e++) j->y[e] += j->part[k * j->part_stride + e];
+    tp_free(own);
+    return TP_OK;
+}
 #endif
 
 tp_status tp_expert_xw(float *y, const float *x, int64_t n, const tp_tensor *w, tp_threadpool *pool,
@@ -266,29 +286,10 @@ tp_status tp_expert_xw(float *y, const float *x, int64_t n, const tp_tensor *w, 
     if (n <= XW_MAX_ROWS && in >= 4 && (w->dtype == TP_F32 || w->dtype == TP_BF16)) {
         tp_kernel_path path = tp_kernel_resolve(opts ? opts->path : TP_KERNEL_AUTO);
         xw_job j = {y, x, n, in, out, w->data, w->dtype == TP_BF16, path, NULL, 0, 0, 0};
-        if (!TP_KERNELS_X86 || path < TP_KERNEL_AVX2) {
-            tp_parallel_run(pool, scalar_worker, &j);
-            return TP_OK;
-        }
-        j.chunk_rows = (in + XW_CHUNKS - 1) / XW_CHUNKS;
-        if (j.chunk_rows < XW_CHUNK_MIN) j.chunk_rows = XW_CHUNK_MIN;
-        j.chunks = (in + j.chunk_rows - 1) / j.chunk_rows;
-        int nt = tp_threadpool_size(pool);
-        int64_t k0, first_end, sz = n * out;
-        tp_split_range(j.chunks, 0, nt, &k0, &first_end);   /* thread 0's run: chunks [0, first_end) */
-        /* part[0]: thread 0's chunk in progress; part[k], k >= first_end: the others' */
-        j.part_stride = (sz + 1023) / 1024 * 1024;
-        size_t bytes = (size_t)((first_end < j.chunks ? j.chunks : 1) * j.part_stride + XW_SKEW) * sizeof(float);
-        float *own = NULL, *mem = tp_threadpool_scratch(pool, bytes);
-        if (!mem) mem = own = tp_alloc(bytes);
-        if (!mem) return tp_fail(TP_ERR_NOMEM, "tp_expert_xw: out of memory for the chunk sums");
-        j.part = mem + XW_SKEW;
 #if TP_KERNELS_X86
-        tp_parallel_run(pool, chunk_worker, &j);
+        if (path >= TP_KERNEL_AVX2) return run_chunks(&j, pool);
 #endif
-        for (int64_t k = first_end; k < j.chunks; k++)
-            for (int64_t e = 0; e < sz; e++) y[e] += j.part[k * j.part_stride + e];
-        tp_free(own);
+        tp_parallel_run(pool, scalar_worker, &j);
         return TP_OK;
     }
     memset(y, 0, (size_t)(n * out) * sizeof(float));
