@@ -24,7 +24,7 @@
  * thread, cold bf16 experts at Qwen3-30B-A3B's shapes) 2 KiB reached 0.88-0.90
  * of the [out, in] GEMV, 4 KiB 1.00-1.03, 8 KiB 1.07-1.10, 16 KiB 1.06-1.11. */
 #define XW_PF_BYTES 8192
-#define XW_COLS 32         /* columns a thread's range is made of: a line of bf16 */
+#define XW_COLS 32         /* the scalar path: columns a thread's range is made of */
 /* Rows of W summed apart, then added in order (SIMD paths): at least
  * XW_CHUNK_MIN, and at most XW_CHUNKS chunks.  A chunk's n × out sums are
  * read back once to be added (~n/32 of its weights' bytes at 64 rows);
@@ -76,9 +76,10 @@ TAVX2 static inline __m256 load8(const void *w, int bf16, int64_t i)
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
 
-/* One pass of the thread's stream: rows i..i+R of W (R = 1 or 2), over the
- * thread's columns [0, m) (element off of row 0), y[r][c] += x[r][i] ·
- * W[i, c] for the n rows of x (y rows ys apart), row after row, V-wide
+/* One pass of the thread's stream: rows i..i+R of W (R = 1 or 2), over
+ * columns [0, m) (element off of row 0; all of W's columns on the chunked
+ * path), y[r][c] += x[r][i] · W[i, c] for the n rows of x (y rows ys
+ * apart), row after row, V-wide
  * vectors (__m256 on AVX2, __m512 on AVX-512: SET1, FMA, LOADU, STOREU and
  * LOADW, the weights widened to f32), a step of 32 columns, the last < 32
  * one vector or one column at a time.  Each line of W is prefetched pf
