@@ -36,6 +36,7 @@
  * even ones are (lane << 16), the odd ones (lane & 0xffff0000); x is
  * permuted once per call to match (as tp_gemv_permute_x). */
 #include "kernels/kern_internal.h"
+#include "kernels/kern_q4.h"
 #include "kernels/vmath.h"
 
 #include <immintrin.h>
@@ -106,12 +107,13 @@ T512BF static void pack_a_dot_panel(uint32_t *dst, const float *x, int64_t rows,
  * block): d·q, exact in f32 and the value tp_q8_dequantize_row gives, so
  * the product is the f32 one of the dequantized weights.  q4_0 likewise:
  * d·(nibble - 8), the 16 being the low nibbles of the block's 16 bytes
- * (off % 32 = 0) or their high ones (16), as tp_q4_dequantize_row.  A full
+ * (off % 32 = 0) or their high ones (16), as tp_q4_dequantize_row, the
+ * block found in the repacked layout of W's n rows of ldw (kern_q4.h).  A full
  * block of f32/bf16 is read without a mask: packing an MoE expert's cold
  * bf16 weights with masked loads ran the grouped prefill at ~0.7x (Zen 5,
  * bench kernels --moe), as it did expert_xw.c's decode loop. */
-static inline __attribute__((always_inline)) T512 __m512 load_w16(const void *w, tp_dtype wt, int64_t off,
-                                                                  __mmask16 m)
+static inline __attribute__((always_inline)) T512 __m512 load_w16(const void *w, tp_dtype wt, int64_t n,
+                                                                  int64_t ldw, int64_t off, __mmask16 m)
 {
     if (wt == TP_F32)
         return m == 0xffff ? _mm512_loadu_ps((const float *)w + off) : _mm512_maskz_loadu_ps(m, (const float *)w + off);
@@ -121,11 +123,13 @@ static inline __attribute__((always_inline)) T512 __m512 load_w16(const void *w,
         return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(tp_q8_scale(b->d)));
     }
     if (wt == TP_Q4_0) {
-        const tp_q4_block *b = (const tp_q4_block *)w + off / TP_Q4_BLOCK;
-        __m512i q = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, b->qs));
+        int64_t qs, ds = tp_q4_locate(n, ldw / TP_Q4_BLOCK, off / ldw, off % ldw / TP_Q4_BLOCK, &qs);
+        uint16_t d;
+        memcpy(&d, (const char *)w + ds, sizeof d);
+        __m512i q = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, (const char *)w + qs));
         q = off % TP_Q4_BLOCK ? _mm512_srli_epi32(q, 4) : _mm512_and_si512(q, _mm512_set1_epi32(0x0f));
         q = _mm512_sub_epi32(q, _mm512_set1_epi32(8));
-        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(tp_q8_scale(b->d)));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(tp_q8_scale(d)));
     }
     const uint16_t *p = (const uint16_t *)w + off;
     __m256i h = m == 0xffff ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(m, p);
@@ -146,7 +150,7 @@ T512 static void pack_b_f32(float *dst, const void *w, tp_dtype wt, int64_t n, i
             __mmask16 m = col_mask(kc - k);
             __m512 r[16];
             for (int i = 0; i < 16; i++)
-                r[i] = i < rows ? load_w16(w, wt, (c0 + i) * ldw + k0 + k, m) : _mm512_setzero_ps();
+                r[i] = i < rows ? load_w16(w, wt, n, ldw, (c0 + i) * ldw + k0 + k, m) : _mm512_setzero_ps();
             tp_transpose16x16(r);
             int nk = kc - k < 16 ? (int)(kc - k) : 16;
             for (int j = 0; j < nk; j++) _mm512_store_ps(d + (k + j) * NR, r[j]);
