@@ -174,20 +174,25 @@ pack_bt_blocks(float *dst, const tp_gemm_operand *b, int64_t p0, int64_t kc, int
     const char *w = b->p;
     for (int h = 0; h < NR; h += 8) {
         for (int64_t p = 0; p < kc; p += 32) {
-            int64_t blk = (p0 + p) / 32;
+            int64_t blk = (p0 + p) / 32, gds = 0, gqs = 0;
             const char *q[8];
             __m256 d[8];
             for (int r = 0; r < 8; r++) {
-                int64_t row = j0 + h + r, ds, qs, nqs;
+                int64_t row = j0 + h + r, ds, qs;
                 if (dt == TP_Q8_0) {
                     ds = (row * nb + blk) * (int64_t)bsz;
                     qs = ds + 2;
-                    nqs = ds + NR * nb * (int64_t)bsz;
                 } else {
-                    ds = tp_q4_locate(b->rows, nb, row, blk, &qs);
-                    /* past the last row: an address for a prefetch only */
-                    tp_q4_locate(b->rows, nb, row + NR < b->rows ? row + NR : row, blk, &nqs);
+                    /* j0 + h is a multiple of 4 and the panel's groups are
+                     * whole (j0 + NR <= rows): a group is located once a
+                     * block, its rows 2 (scale) and 16 bytes apart */
+                    if (r % TP_Q4_ROWS == 0) gds = tp_q4_locate(b->rows, nb, row, blk, &gqs);
+                    ds = gds + 2 * (r % TP_Q4_ROWS);
+                    qs = gqs + 16 * (r % TP_Q4_ROWS);
                 }
+                /* the next panel's rows lie NR·nb blocks on in either layout (a
+                 * q4_0 group past the last row: an address for a prefetch only) */
+                int64_t nqs = qs + NR * nb * (int64_t)bsz;
                 /* the same block of the next panel's rows, as pack_bt does */
                 _mm_prefetch((const char *)((uintptr_t)w + (uintptr_t)nqs), _MM_HINT_T0);
                 uint16_t h16;
