@@ -107,19 +107,9 @@ static inline __attribute__((always_inline)) TAVX2 void tile(const tp_q4_job *j,
     for (int p = 0; p < 2 * G; p += np) pass(j, g0, p, np, t0, TT);
 }
 
-#define Q4_TILE(G, TT)                                                          \
-    TAVX2 static void tile_##G##_##TT(const tp_q4_job *j, int64_t g0, int64_t t0) \
-    {                                                                           \
-        tile(j, g0, G, t0, TT);                                                 \
-    }
-Q4_TILE(1, 1) Q4_TILE(1, 2) Q4_TILE(1, 3) Q4_TILE(1, 4)
-Q4_TILE(2, 1) Q4_TILE(2, 2) Q4_TILE(2, 3) Q4_TILE(2, 4)
+TP_Q4_TILES(TAVX2)
 
 void tp_q4_matmul_avx2(const tp_q4_job *j, tp_threadpool *pool)
 {
-    static const tp_q4_tile_fn tiles[2][TP_GEMV_MAX_T] = {
-        {tile_1_1, tile_1_2, tile_1_3, tile_1_4},
-        {tile_2_1, tile_2_2, tile_2_3, tile_2_4},
-    };
     tp_q4_run_tiles(j, tiles, pool);
 }

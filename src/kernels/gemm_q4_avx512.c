@@ -100,19 +100,9 @@ tile(const tp_q4_job *j, int64_t g0, const int G, int64_t t0, const int TT)
         for (int t = 0; t < TT; t++) hsum4(lo[g][t], hi[g][t], j->y + (t0 + t) * j->n + g0 + TP_Q4_ROWS * g);
 }
 
-#define Q4_TILE(G, TT)                                                          \
-    T512VNNI static void tile_##G##_##TT(const tp_q4_job *j, int64_t g0, int64_t t0) \
-    {                                                                           \
-        tile(j, g0, G, t0, TT);                                                 \
-    }
-Q4_TILE(1, 1) Q4_TILE(1, 2) Q4_TILE(1, 3) Q4_TILE(1, 4)
-Q4_TILE(2, 1) Q4_TILE(2, 2) Q4_TILE(2, 3) Q4_TILE(2, 4)
+TP_Q4_TILES(T512VNNI)
 
 void tp_q4_matmul_avx512(const tp_q4_job *j, tp_threadpool *pool)
 {
-    static const tp_q4_tile_fn tiles[2][TP_GEMV_MAX_T] = {
-        {tile_1_1, tile_1_2, tile_1_3, tile_1_4},
-        {tile_2_1, tile_2_2, tile_2_3, tile_2_4},
-    };
     tp_q4_run_tiles(j, tiles, pool);
 }

@@ -95,6 +95,23 @@ void tp_q4_matmul_scalar(const tp_q4_job *j, tp_threadpool *pool);
 /* A SIMD tile: the full group of 4 rows from row g0 (G groups of them,
  * G = 1 or 2) for tokens [t0, t0 + TT); indexed [G - 1][TT - 1]. */
 typedef void (*tp_q4_tile_fn)(const tp_q4_job *j, int64_t g0, int64_t t0);
+/* The file's tp_q4_tile_fn functions, one per shape so that each gets its
+ * own unrolled code, and their table `tiles`: needs the file's
+ * `tile(job, g0, G, t0, TT)`; TARGET is its target attribute. */
+#define TP_Q4_TILE(G, TT, TARGET)                                               \
+    TARGET static void tile_##G##_##TT(const tp_q4_job *j, int64_t g0, int64_t t0) \
+    {                                                                           \
+        tile(j, g0, G, t0, TT);                                                 \
+    }
+#define TP_Q4_TILES(TARGET)                                                     \
+    TP_Q4_TILE(1, 1, TARGET) TP_Q4_TILE(1, 2, TARGET)                           \
+    TP_Q4_TILE(1, 3, TARGET) TP_Q4_TILE(1, 4, TARGET)                           \
+    TP_Q4_TILE(2, 1, TARGET) TP_Q4_TILE(2, 2, TARGET)                           \
+    TP_Q4_TILE(2, 3, TARGET) TP_Q4_TILE(2, 4, TARGET)                           \
+    static const tp_q4_tile_fn tiles[2][TP_GEMV_MAX_T] = {                      \
+        {tile_1_1, tile_1_2, tile_1_3, tile_1_4},                               \
+        {tile_2_1, tile_2_2, tile_2_3, tile_2_4},                               \
+    };
 /* The threads split the groups; each runs the tiles (gemm_q4.c). */
 void tp_q4_run_tiles(const tp_q4_job *j, const tp_q4_tile_fn tiles[2][TP_GEMV_MAX_T], tp_threadpool *pool);
 void tp_q4_matmul_avx2(const tp_q4_job *j, tp_threadpool *pool);
