@@ -102,11 +102,14 @@ void tp_attention_path(tp_kernel_path p, float *out, const float *q, const float
 
 /* ---- the packed GEMM (gemm_packed.c) ----------------------------------
  * A strided matrix view: element (i, j) at p[i·rs + j·cs].  dt is TP_F32,
- * or TP_BF16 / TP_Q8_0 for B (widened / dequantized while packing). */
+ * or TP_BF16 / TP_Q8_0 / TP_Q4_0 for B (widened / dequantized while
+ * packing).  A q4_0 B is Wᵀ (cs = k) and rows is W's row count, which its
+ * repacked layout depends on (kern_q4.h); 0 for every other operand. */
 typedef struct {
     const void *p;
     tp_dtype dt;
     int64_t rs, cs;
+    int64_t rows;
 } tp_gemm_operand;
 
 /* The micro-kernel: c[0:mr, 0:nr] (ldc apart) gets the sum over kc of the
