@@ -35,3 +35,16 @@ void tp_gemv_thread_rows(int64_t n, int64_t row_bytes, int R, int ti, int nt, in
     *r0 = g0 * u;
     *r1 = g1 * u < n ? g1 * u : n;
 }
+
+/* 64 KiB: a chunk's claim (one atomic add on the thread's own cache line)
+ * and the prefetch stream's restart after a stolen chunk are lost in ~3 µs
+ * of reading, and a thread that the OS or the host stops for a while
+ * leaves all but one chunk of its share to the others. */
+#define TP_GEMV_CHUNK_BYTES 65536
+
+int64_t tp_gemv_chunk_rows(int64_t row_bytes, int R)
+{
+    int64_t rows = row_bytes > 0 ? TP_GEMV_CHUNK_BYTES / row_bytes : 1;
+    rows = (rows + R - 1) / R * R;
+    return rows > R ? rows : R;
+}
