@@ -1,5 +1,6 @@
 /* What the AVX2 and AVX-512 GEMM/GEMV files share: plain C with no target
- * attributes (the activation panel packing, the GEMV's thread split). */
+ * attributes (the activation panel packing, the static row split of the
+ * quantized GEMM, the GEMV's chunk size). */
 #include "kern_internal.h"
 
 void tp_gemm_pack_a(float *dst, const float *x, int64_t T, int64_t ldx, int64_t k0, int64_t kc, int mr)
@@ -17,7 +18,7 @@ void tp_gemm_pack_a(float *dst, const float *x, int64_t T, int64_t ldx, int64_t 
     }
 }
 
-/* Rows per unit of the GEMV's thread split: whole blocks of R rows, and
+/* Rows per unit of the static thread split: whole blocks of R rows, and
  * whole 4 KiB pages where that still shares the rows evenly (each thread's
  * prefetch stream then starts on a page of its own). */
 static int64_t gemv_split_unit(int64_t n, int64_t row_bytes, int R, int nt)

@@ -137,8 +137,9 @@ extern const tp_gemm_ukernel tp_gemm_ukernel_avx512;
 /* x[0:T, k0:k0+kc] -> panels [T/mr][kc][mr], rows past T zero (gemm_shared.c). */
 void tp_gemm_pack_a(float *dst, const float *x, int64_t T, int64_t ldx, int64_t k0, int64_t kc, int mr);
 
-/* Thread ti's rows [*r0, *r1) of an n-row GEMV with blocks of R rows
- * (gemm_shared.c). */
+/* Thread ti's rows [*r0, *r1) of n rows with blocks of R rows, a static
+ * split (the quantized GEMM's; the GEMVs take tp_gemv_chunk_rows chunks
+ * dynamically) (gemm_shared.c). */
 void tp_gemv_thread_rows(int64_t n, int64_t row_bytes, int R, int ti, int nt, int64_t *r0, int64_t *r1);
 /* Rows per chunk of a GEMV split dynamically (tp_parallel_for): whole
  * blocks of R rows, about TP_GEMV_CHUNK_BYTES of W (gemm_shared.c). */
