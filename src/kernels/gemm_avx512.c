@@ -652,8 +652,8 @@ T512BF static void x_to_bf16(uint16_t *dst, const float *x, int64_t T, int64_t k
 
 /* tp_gemv_permute_x for blocks of 32 with two vpermt2ps per block: the
  * generic loop divides per element and cost ~4 µs per call at k = 1024,
- * serial before the threads start. */
-T512 static void permute_x(float *dst, const float *x, int64_t T, int64_t k, int64_t kp)
+ * serial before the threads start.  Also gemm_rows_avx512.c's. */
+T512 void tp_permute_x_avx512(float *dst, const float *x, int64_t T, int64_t k, int64_t kp)
 {
     const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
@@ -679,7 +679,7 @@ tp_status tp_gemv_avx512_group(const tp_gemm_part *parts, int count, const float
         tmp = tp_alloc((size_t)(T * j.kp) * sizeof(float));
         if (!tmp) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for GEMV");
         if (j.dot) x_to_bf16(tmp, x, T, k, j.kp);
-        else permute_x(tmp, x, T, k, j.kp);
+        else tp_permute_x_avx512(tmp, x, T, k, j.kp);
         j.x = tmp;
     }
     gemv_group g = {.count = count, .rows = tp_gemv_chunk_rows(k * (wt == TP_F32 ? 4 : 2), T == 1 ? 1 : GEMV_ROWS)};
