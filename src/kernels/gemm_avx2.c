@@ -399,14 +399,16 @@ gemv_block(const gemv_job *j, int64_t r0, const int R, const int T, int64_t lim)
         for (; r0 < r1; r0++) gemv_block(j, r0, 1, (T), last - r0 * row_bytes);           \
     } while (0)
 
-TAVX2 static void gemv_worker(void *p, int ti, int nt)
+/* Rows [r0, r1) (a chunk of tp_parallel_for): each row's sum is the same
+ * whoever computes it and whatever rows share its block, so the dynamic
+ * split keeps the bits of any thread count.  Prefetches may run into the
+ * rest of W (usually this thread's next chunk), never past its end. */
+TAVX2 static void gemv_chunk(void *p, int64_t r0, int64_t r1, int ti)
 {
+    (void)ti;
     const gemv_job *j = p;
     int64_t row_bytes = j->k * (j->wt == TP_F32 ? 4 : 2);
-    int64_t r0, r1;
-    tp_gemv_thread_rows(j->n, row_bytes, j->T == 1 ? GEMV_ROWS_T1 : GEMV_ROWS, ti, nt, &r0, &r1);
-    if (r0 >= r1) return;
-    int64_t last = r1 * row_bytes - 1;   /* this thread's last byte of W */
+    int64_t last = j->n * row_bytes - 1;
     switch (j->T) {
     case 1: GEMV_RUN(GEMV_ROWS_T1, 1); break;
     case 2: GEMV_RUN(GEMV_ROWS, 2); break;
@@ -444,7 +446,8 @@ tp_status tp_gemv_avx2(float *y, const float *x, int64_t T, const void *W, tp_dt
         permute_x(tmp, x, T, k, j.kp);
         j.x = tmp;
     }
-    tp_parallel_run(pool, gemv_worker, &j);
+    int64_t rows = tp_gemv_chunk_rows(k * (wt == TP_F32 ? 4 : 2), T == 1 ? GEMV_ROWS_T1 : GEMV_ROWS);
+    tp_parallel_for(pool, n, rows, gemv_chunk, &j);
     tp_free(tmp);
     return TP_OK;
 }

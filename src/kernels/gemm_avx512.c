@@ -648,14 +648,13 @@ static inline __attribute__((always_inline)) T512BF void gemv_row(const gemv_job
         for (; r0 < r1; r0++) gemv_block(j, r0, 1, (T), last - r0 * row_bytes);           \
     } while (0)
 
-T512BF static void gemv_worker(void *p, int ti, int nt)
+/* Rows [r0, r1) of one weight.  Prefetches may run past the rows into the
+ * rest of the weight (usually the same thread's next chunk), never past
+ * its last byte. */
+static inline __attribute__((always_inline)) T512BF void gemv_rows(const gemv_job *j, int64_t r0, int64_t r1)
 {
-    const gemv_job *j = p;
     int64_t row_bytes = j->k * (j->wt == TP_F32 ? 4 : 2);
-    int64_t r0, r1;
-    tp_gemv_thread_rows(j->n, row_bytes, j->T == 1 ? 1 : GEMV_ROWS, ti, nt, &r0, &r1);
-    if (r0 >= r1) return;
-    int64_t last = r1 * row_bytes - 1;   /* this thread's last byte of W */
+    int64_t last = j->n * row_bytes - 1;
     switch (j->T) {
     case 1:
         for (; r0 < r1; r0++) gemv_row(j, r0, last - r0 * row_bytes);
@@ -663,6 +662,32 @@ T512BF static void gemv_worker(void *p, int ti, int nt)
     case 2: GEMV_RUN(GEMV_ROWS, 2); break;
     case 3: GEMV_RUN(GEMV_ROWS, 3); break;
     default: GEMV_RUN(GEMV_ROWS, 4); break;
+    }
+}
+
+/* The weights of one call (a group shares x) cut into chunks of `rows`
+ * rows, numbered across the weights: weight i's chunks start at first[i]. */
+#define GEMV_GROUP_MAX 8
+typedef struct {
+    gemv_job part[GEMV_GROUP_MAX];
+    int64_t first[GEMV_GROUP_MAX + 1];
+    int64_t rows;
+    int count;
+} gemv_group;
+
+/* Chunks [c0, c1) (tp_parallel_for).  Each row's sum is the same whoever
+ * computes it and whatever rows share its chunk, so the dynamic split
+ * keeps the bits of any thread count. */
+T512BF static void gemv_chunks(void *p, int64_t c0, int64_t c1, int ti)
+{
+    (void)ti;
+    const gemv_group *g = p;
+    for (int64_t c = c0; c < c1; c++) {
+        int i = 0;
+        while (c >= g->first[i + 1]) i++;
+        const gemv_job *j = &g->part[i];
+        int64_t r0 = (c - g->first[i]) * g->rows, r1 = r0 + g->rows < j->n ? r0 + g->rows : j->n;
+        gemv_rows(j, r0, r1);
     }
 }
 
@@ -694,10 +719,12 @@ T512 void tp_permute_x_avx512(float *dst, const float *x, int64_t T, int64_t k, 
         }
 }
 
-tp_status tp_gemv_avx512(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
-                         int64_t n, int64_t k, int bf16_dot, tp_threadpool *pool)
+tp_status tp_gemv_avx512_group(const tp_gemm_part *parts, int count, const float *x, int64_t T, tp_dtype wt,
+                               int64_t k, int bf16_dot, tp_threadpool *pool)
 {
-    gemv_job j = {y, x, W, wt, T, n, k, k, bf16_dot && wt == TP_BF16};
+    if (count < 1 || count > GEMV_GROUP_MAX)
+        return tp_fail(TP_ERR_INTERNAL, "tp_gemv_avx512_group: %d weights (1..%d)", count, GEMV_GROUP_MAX);
+    gemv_job j = {NULL, x, NULL, wt, T, 0, k, k, bf16_dot && wt == TP_BF16};
     void *tmp = NULL;
     if (wt == TP_BF16) {
         j.kp = (k + 31) / 32 * 32;
@@ -707,7 +734,23 @@ tp_status tp_gemv_avx512(float *y, const float *x, int64_t T, const void *W, tp_
         else tp_permute_x_avx512(tmp, x, T, k, j.kp);
         j.x = tmp;
     }
-    tp_parallel_run(pool, gemv_worker, &j);
+    gemv_group g = {.count = count, .rows = tp_gemv_chunk_rows(k * (wt == TP_F32 ? 4 : 2), T == 1 ? 1 : GEMV_ROWS)};
+    g.first[0] = 0;
+    for (int i = 0; i < count; i++) {
+        g.part[i] = j;
+        g.part[i].y = parts[i].y;
+        g.part[i].w = parts[i].w;
+        g.part[i].n = parts[i].n;
+        g.first[i + 1] = g.first[i] + (parts[i].n + g.rows - 1) / g.rows;
+    }
+    tp_parallel_for(pool, g.first[count], 1, gemv_chunks, &g);
     tp_free(tmp);
     return TP_OK;
+}
+
+tp_status tp_gemv_avx512(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
+                         int64_t n, int64_t k, int bf16_dot, tp_threadpool *pool)
+{
+    tp_gemm_part part = {y, W, n};
+    return tp_gemv_avx512_group(&part, 1, x, T, wt, k, bf16_dot, pool);
 }

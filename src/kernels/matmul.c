@@ -227,14 +227,19 @@ static tp_status matmul_simd(float *y, const float *x, int64_t T, const tp_tenso
 
 #define GROUP_MAX 8
 
-/* The weights can go through one GEMM call: same input width, same dtype,
- * the same GEMM kind, and nothing empty. */
+/* The AVX-512 GEMV of a group (decode's q/k/v, gate/up): one parallel
+ * region for all the weights instead of one each. */
+#define GROUP_GEMV 3
+
+/* The weights can go through one GEMM (or GEMV) call: same input width,
+ * same dtype, the same GEMM kind, and nothing empty. */
 static int groupable(const tp_matmul_out *outs, int count, int64_t T, tp_kernel_path path, int bf16_dot,
                      const tp_matmul_opts *opts)
 {
     if (count < 2 || count > GROUP_MAX) return 0;
     const tp_tensor *w0 = outs[0].w;
     int kind = gemm_kind(path, T, w0->dtype, bf16_dot, opts);
+    if (path == TP_KERNEL_AVX512 && T <= TP_GEMV_MAX_T) kind = GROUP_GEMV;
     if (!kind || w0->shape[1] == 0 || w0->dtype == TP_Q8_0 ||
         w0->dtype == TP_Q4_0)
         return 0;
@@ -258,6 +263,7 @@ static tp_status group_simd(const tp_matmul_out *outs, int count, const float *x
     tp_gemm_part parts[GROUP_MAX];
     for (int i = 0; i < count; i++) parts[i] = (tp_gemm_part){outs[i].y, outs[i].w->data, outs[i].w->shape[0]};
     int64_t k = w0->shape[1];
+    if (kind == GROUP_GEMV) return tp_gemv_avx512_group(parts, count, x, T, w0->dtype, k, bf16_dot, pool);
     if (kind == 2) return tp_gemm_amx_group(parts, count, x, T, k, amx_passes(bf16_dot, opts), pool);
     return tp_gemm_avx512_group(parts, count, x, T, w0->dtype, k, bf16_dot, pool);
 }
