@@ -104,16 +104,17 @@ def llama_bench(a, gguf_path, test, threads):
 
 
 def tensorpar_bench(a, dtype, test, tp, threads):
-    """dtype bf16-dot: bf16 weights with TENSORPAR_BF16_DOT=1, the activations
-    rounded to bf16 for vdpbf16ps/AMX as llama.cpp's bf16 matmuls round them."""
+    """dtype bf16-dot: bf16 weights with --matmul bf16, the activations
+    rounded to bf16 (vdpbf16ps/AMX) as llama.cpp's bf16 matmuls round them;
+    every other dtype --matmul exact, whatever TENSORPAR_BF16_DOT says."""
     mode = ["--mode", "prefill", "--seq", str(a.pp), "--reps", str(a.pp_reps)] if test == "pp" else \
         ["--mode", "decode", "--prompt", "1", "--new-tokens", str(a.tg), "--reps", "1"]
-    env = bench_env()
+    matmul = "bf16" if dtype == "bf16-dot" else "exact"
     if dtype == "bf16-dot":
-        dtype, env["TENSORPAR_BF16_DOT"] = "bf16", "1"
+        dtype = "bf16"
     cmd = [a.tensorpar, "bench", "model", "--model", a.model, *mode, "--tp", str(tp), "--threads", str(threads),
-           "--dtype", dtype, "--json"]
-    j = run_json(cmd, env, "tensorpar bench model")
+           "--dtype", dtype, "--matmul", matmul, "--json"]
+    j = run_json(cmd, bench_env(), "tensorpar bench model")
     return {"seconds": j["seconds"], "tokens_per_s": j["tokens_per_s"], "info": {"isa": j["isa"]}}
 
 

@@ -12,7 +12,7 @@
 #   --threads LIST    thread counts (default 1,2): 1 pairs TP=1x1 with
 #                     llama.cpp -t 1; T > 1 pairs TP=1xT and TP=Tx1 with -t T
 #   --dtypes LIST     of bf16, f32, q8_0, q4_0, bf16-dot (default bf16,f32,q8_0);
-#                     bf16-dot: tensorpar's bf16 with TENSORPAR_BF16_DOT=1
+#                     bf16-dot: tensorpar's bf16 with --matmul bf16
 #                     (activations rounded to bf16, as llama.cpp's bf16 does)
 #                     against the bf16 GGUF — the like-for-like bf16 figure
 #   --preset NAME     make-model preset (default llama-3.2-1b; --quick tiny)

@@ -79,11 +79,15 @@ typedef struct {
     tp_kernel_path path; /* AUTO: tp_kernel_path_default(); a path this
                             process may not run (tp_kernel_path_supported)
                             is refused with TP_ERR_UNSUPPORTED */
-    int bf16_dot;        /* bf16 weights only, AVX-512 BF16 only: round the
-                            activations to bf16 and use vdpbf16ps (about 2x
-                            the f32 rate, NOT exact: products carry x's bf16
-                            rounding, ~2^-9 relative).  0 = exact: weights are
-                            widened to f32 in registers, products exact. */
+    int bf16_dot;        /* bf16 weights only: round the activations to
+                            bf16 (NOT exact: products carry x's bf16
+                            rounding, ~2^-9 relative; logits ~1e-2).  On the
+                            AVX-512 path of an AVX512_BF16 CPU vdpbf16ps
+                            (about 2x the f32 rate; AMX: one part); on any
+                            other path x is rounded first and the exact
+                            product runs: the same numerics, no faster.
+                            0 = exact: weights are widened to f32 in
+                            registers, products exact. */
     int blas;            /* 1: T > 4, and the backward's dX and dW, go to
                             OpenBLAS sgemm (bf16 widened by blocks) instead
                             of the own GEMM. */
@@ -98,11 +102,13 @@ typedef struct {
 
 /* The kernel choices a caller makes (the model keeps them from
  * tp_model_options.kernels).  They choose numerics and a library, not an
- * ISA, so TENSORPAR_ISA leaves them alone: bf16_dot is ignored where
- * tp_kernel_has_bf16_dot() is 0, and OpenBLAS picks its own kernels from
- * cpuid.  Zero-initialised: both off. */
+ * ISA, so TENSORPAR_ISA leaves them alone: bf16_dot gives the same
+ * numerics on every path (vdpbf16ps only where tp_kernel_has_bf16_dot()),
+ * and OpenBLAS picks its own kernels from cpuid.  Zero-initialised: both
+ * off. */
 typedef struct {
-    tp_switch bf16_dot;  /* tp_matmul_opts.bf16_dot; default off        */
+    tp_switch bf16_dot;  /* tp_matmul_opts.bf16_dot (the CLI's --matmul
+                            bf16, TENSORPAR_BF16_DOT=1); default off  */
     tp_switch blas;      /* tp_matmul_opts.blas; default off            */
 } tp_kernel_options;
 

@@ -8,8 +8,8 @@
  * tp_settings_check() (all) returns the error.  The library reads the table
  * only in one function per options struct (tp_model_options_from_env,
  * tp_kernel_options_from_env, tp_comm_options_from_env), which return that
- * error, and for the two process-wide knobs: TENSORPAR_ISA (kernels/isa.c)
- * and TENSORPAR_LOG (base/log.c).  `tensorpar --help-env` prints the table.
+ * error, and for the process-wide knobs: TENSORPAR_ISA (kernels/isa.c),
+ * TENSORPAR_NO_VNNI (kernels/cpu.c) and TENSORPAR_LOG (base/log.c).  `tensorpar --help-env` prints the table.
  */
 #ifndef TENSORPAR_SETTINGS_H
 #define TENSORPAR_SETTINGS_H
@@ -36,6 +36,7 @@ typedef enum {
 
 typedef enum {
     TP_SET_ISA,
+    TP_SET_NO_VNNI,
     TP_SET_BF16_DOT,
     TP_SET_BLAS,
     TP_SET_FUSE_NORM,

@@ -22,8 +22,10 @@ static const char *const isa_names[] = {"scalar", "avx2", "avx512", "amx", NULL}
 static const tp_setting_info table[TP_SET_COUNT] = {
     [TP_SET_ISA] = {"TENSORPAR_ISA", TP_SETTING_STRING, TP_SCOPE_USER, 0, 0, 0, isa_names, "",
                     "the kernels' path (default: the best this CPU has; see --isa-list)"},
+    [TP_SET_NO_VNNI] = {"TENSORPAR_NO_VNNI", TP_SETTING_BOOL, TP_SCOPE_USER, 0, 0, 0, NULL, "0",
+                        "act as a CPU without AVX512_VNNI: q8_0/q4_0 on avx512/amx use the AVX2 kernels (tests)"},
     [TP_SET_BF16_DOT] = {"TENSORPAR_BF16_DOT", TP_SETTING_BOOL, TP_SCOPE_USER, 0, 0, 0, NULL, "0",
-                         "bf16 weights: round the activations to bf16 for vdpbf16ps/AMX (faster, not exact)"},
+                         "bf16 weights: round the activations to bf16 (--matmul bf16 where it is absent; faster, not exact)"},
     [TP_SET_BLAS] = {"TENSORPAR_BLAS", TP_SETTING_BOOL, TP_SCOPE_USER, 0, 0, 0, NULL, "0",
                      "prefill GEMMs through OpenBLAS on the avx2/avx512 paths"},
     [TP_SET_FUSE_NORM] = {"TENSORPAR_FUSE_NORM", TP_SETTING_BOOL, TP_SCOPE_USER, 0, 0, 0, NULL, "1",

@@ -171,7 +171,16 @@ typedef struct {
     int64_t seq, new_tokens;
     int reps;
     int ep;                /* --ep: the TP = N side splits the experts (EP plan) */
+    const char *matmul;    /* --matmul, passed to the ranks; NULL: TENSORPAR_BF16_DOT decides */
 } job;
+
+/* What the ranks multiply with: --matmul, else the environment's default. */
+static const char *matmul_label(const job *j)
+{
+    tp_kernel_options k;
+    if (j->matmul) return j->matmul;
+    return tp_kernel_options_from_env(&k) == TP_OK && k.bf16_dot == TP_ON ? "bf16" : "exact";
+}
 
 static int measure(const job *j, bench_mode mode, const config *c, figures *out)
 {
@@ -181,7 +190,7 @@ static int measure(const job *j, bench_mode mode, const config *c, figures *out)
     snprintf(sbuf, sizeof sbuf, "%lld", (long long)j->seq);
     snprintf(kbuf, sizeof kbuf, "%lld", (long long)j->new_tokens);
     snprintf(rbuf, sizeof rbuf, "%d", j->reps);
-    char *argv[24];
+    char *argv[28];
     int k = 0;
     argv[k++] = "tensorpar";
     argv[k++] = "bench";
@@ -196,6 +205,7 @@ static int measure(const job *j, bench_mode mode, const config *c, figures *out)
     if (c->dtype) { argv[k++] = "--dtype"; argv[k++] = (char *)c->dtype; }
     if (j->plan) { argv[k++] = "--tp-plan"; argv[k++] = (char *)j->plan; }
     if (j->ep) argv[k++] = "--ep";
+    if (j->matmul) { argv[k++] = "--matmul"; argv[k++] = (char *)j->matmul; }
     argv[k] = NULL;
     int rc = 0;
     if (tp_launch_self(c->tp, TP_BACKEND_AUTO, argv, &rc)) return -1;
@@ -301,7 +311,7 @@ static int machine_peaks(tp_machine_peaks *pk, int threads, int smoke)
 
 /* ---- options shared by forward and decode ------------------------------ */
 
-enum { N_OWN = 10 };
+enum { N_OWN = 11 };
 static const cli_option pair_options[N_OWN] = {
     {"--model", "DIR", "model directory (required)", 0, {0}},
     {"--seq", "N", "forward: tokens of the prefill (default 512)", 0, {0}},
@@ -310,6 +320,7 @@ static const cli_option pair_options[N_OWN] = {
     {"--threads", "T", "threads per rank (default: cores / ranks, for each TP size)", 0, {0}},
     {"--reps", "R", "repetitions; the median is reported (default 5)", 0, {0}},
     {"--dtype", "f32|bf16|q8_0|q4_0", "weight dtype in memory (default: as stored; f16 is converted to f32; q8_0/q4_0: 8-/4-bit Linear weights)", 0, {0}},
+    CLI_MATMUL_OPTION,
     {"--json", NULL, "print one JSON object", 0, {0}},
     {"--report", "FILE", "(internal) where a rank writes its figures", 0, {0}},
     {"--smoke", NULL, "decode: measure the read bandwidth only roughly (tests: proves the bench runs)", 0, {0}},
@@ -322,6 +333,7 @@ static int read_common(const cli_option *o, int n, const char *cmd, job *j, long
     j->dir = cli_value(o, n, "--model");
     j->plan = cli_value(o, n, "--tp-plan");
     j->ep = cli_flag(o, n, "--ep");
+    j->matmul = cli_value(o, n, "--matmul");
     j->report = cli_value(o, n, "--report");
     if (!j->dir) { fprintf(stderr, "tensorpar %s: error: --model is required\n", cmd); return 2; }
     if (cli_int(o, n, mode == MODE_FORWARD ? "--seq" : "--prompt", &seq) || cli_int(o, n, "--new-tokens", &newt) ||
@@ -391,16 +403,19 @@ static int bench_pair(int argc, char **argv, bench_mode mode)
     if (mode == MODE_FORWARD) {
         double fl = prefill_flops(&mc, j.seq);
         if (cli_flag(o, n, "--json")) {
-            printf("{\"bench\": \"forward\", \"isa\": \"%s\", \"seq\": %lld, \"dtype\": \"%s\", \"flops\": %.0f, "
+            printf("{\"bench\": \"forward\", \"isa\": \"%s\", \"seq\": %lld, \"dtype\": \"%s\", \"matmul\": \"%s\", "
+                   "\"flops\": %.0f, "
                    "\"tp1\": {\"tp\": 1, \"threads\": %d, \"seconds\": %.6f, \"gflops\": %.3f, \"comm_share\": %.4f}, "
                    "\"tpN\": {\"tp\": %d, \"threads\": %d, \"seconds\": %.6f, \"gflops\": %.3f, \"comm_share\": %.4f}, "
                    "\"speedup\": %.4f}\n",
-                   tp_isa_name(tp_isa_selected()), (long long)j.seq, dtype_label(&c1, &mc), fl, c1.threads, f1.seconds, fl / f1.seconds / 1e9,
+                   tp_isa_name(tp_isa_selected()), (long long)j.seq, dtype_label(&c1, &mc), matmul_label(&j), fl,
+                   c1.threads, f1.seconds, fl / f1.seconds / 1e9,
                    f1.comm_share, cn.tp, cn.threads, fn.seconds, fl / fn.seconds / 1e9, fn.comm_share, speedup);
             return 0;
         }
-        printf("forward pass of %lld tokens, %s weights, median of %d (%.1f GFLOP per pass); kernel path %s\n\n",
-               (long long)j.seq, dtype_label(&c1, &mc), j.reps, fl / 1e9, tp_isa_name(tp_isa_selected()));
+        printf("forward pass of %lld tokens, %s weights, matmul %s, median of %d (%.1f GFLOP per pass); kernel path "
+               "%s\n\n", (long long)j.seq, dtype_label(&c1, &mc), matmul_label(&j), j.reps, fl / 1e9,
+               tp_isa_name(tp_isa_selected()));
         printf("%-16s %10s %10s %10s %11s\n", "config", "seconds", "tokens/s", "GFLOP/s", "comm share");
         const config *cs[2] = {&c1, &cn};
         const figures *fs[2] = {&f1, &fn};
@@ -421,9 +436,10 @@ static int bench_pair(int argc, char **argv, bench_mode mode)
         ratio[i] = fs[i]->weight_bytes * toks[i] / 1e9 / bw[i];
     }
     if (cli_flag(o, n, "--json")) {
-        printf("{\"bench\": \"decode\", \"isa\": \"%s\", \"new_tokens\": %lld, \"dtype\": \"%s\", "
+        printf("{\"bench\": \"decode\", \"isa\": \"%s\", \"new_tokens\": %lld, \"dtype\": \"%s\", \"matmul\": \"%s\", "
                "\"probe_threads\": %d, \"read_gbs_1\": %.3f, \"read_gbs_n\": %.3f, ",
-               tp_isa_name(tp_isa_selected()), (long long)j.new_tokens, dtype_label(&c1, &mc), pk.threads,
+               tp_isa_name(tp_isa_selected()), (long long)j.new_tokens, dtype_label(&c1, &mc), matmul_label(&j),
+               pk.threads,
                pk.read_gbs_1, pk.read_gbs_n);
         for (int i = 0; i < 2; i++)
             printf("\"%s\": {\"tp\": %d, \"threads\": %d, \"tokens_per_s\": %.4f, \"weight_bytes_per_token\": %.0f, "
@@ -433,8 +449,9 @@ static int bench_pair(int argc, char **argv, bench_mode mode)
         printf("\"expert_parallel\": %s, \"speedup\": %.4f}\n", j.ep ? "true" : "false", speedup);
         return 0;
     }
-    printf("decode of %lld tokens after a %lld-token prompt, %s weights, median of %d; kernel path %s\n",
-           (long long)j.new_tokens, (long long)j.seq, dtype_label(&c1, &mc), j.reps, tp_isa_name(tp_isa_selected()));
+    printf("decode of %lld tokens after a %lld-token prompt, %s weights, matmul %s, median of %d; kernel path %s\n",
+           (long long)j.new_tokens, (long long)j.seq, dtype_label(&c1, &mc), matmul_label(&j), j.reps,
+           tp_isa_name(tp_isa_selected()));
     printf("read bandwidth probe (pinned): %.2f GB/s on 1 thread, %.2f GB/s on %d\n\n", pk.read_gbs_1, pk.read_gbs_n,
            pk.threads);
     printf("%-16s %10s %16s %12s %12s %9s %11s\n", "config", "tokens/s", "weight MB/token", "weight GB/s",
@@ -462,21 +479,23 @@ static void print_one(const job *j, bench_mode mode, const config *c, const figu
     double tps = (double)toks / f->seconds;
     if (json) {
         printf("{\"bench\": \"model\", \"mode\": \"%s\", \"isa\": \"%s\", \"tp\": %d, \"threads\": %d, "
-               "\"dtype\": \"%s\", \"seq\": %lld, \"new_tokens\": %lld, \"reps\": %d, \"seconds\": %.9g, "
+               "\"dtype\": \"%s\", \"matmul\": \"%s\", \"seq\": %lld, \"new_tokens\": %lld, \"reps\": %d, "
+               "\"seconds\": %.9g, "
                "\"tokens_per_s\": %.4f, \"comm_share\": %.4f, \"weight_bytes_per_token\": %.0f}\n",
                mode == MODE_FORWARD ? "prefill" : "decode", tp_isa_name(tp_isa_selected()), c->tp, c->threads,
-               dtype_label(c, mc), (long long)j->seq, (long long)(mode == MODE_DECODE ? j->new_tokens : 0), j->reps,
+               dtype_label(c, mc), matmul_label(j), (long long)j->seq,
+               (long long)(mode == MODE_DECODE ? j->new_tokens : 0), j->reps,
                f->seconds, tps, f->comm_share, f->weight_bytes);
         return;
     }
     if (mode == MODE_FORWARD)
-        printf("prefill of %lld tokens, %s weights, TP=%d x %d threads, median of %d; kernel path %s\n"
-               "%.4f s, %.1f tokens/s, comm share %.1f%%\n", (long long)j->seq, dtype_label(c, mc), c->tp,
+        printf("prefill of %lld tokens, %s weights, matmul %s, TP=%d x %d threads, median of %d; kernel path %s\n"
+               "%.4f s, %.1f tokens/s, comm share %.1f%%\n", (long long)j->seq, dtype_label(c, mc), matmul_label(j), c->tp,
                c->threads, j->reps, tp_isa_name(tp_isa_selected()), f->seconds, tps, 100 * f->comm_share);
     else
-        printf("decode of %lld tokens after a %lld-token prompt, %s weights, TP=%d x %d threads, median of %d; "
-               "kernel path %s\n%.2f tokens/s, %.2f weight GB/s, comm share %.1f%%\n", (long long)j->new_tokens,
-               (long long)j->seq, dtype_label(c, mc), c->tp, c->threads, j->reps, tp_isa_name(tp_isa_selected()),
+        printf("decode of %lld tokens after a %lld-token prompt, %s weights, matmul %s, TP=%d x %d threads, median "
+               "of %d; kernel path %s\n%.2f tokens/s, %.2f weight GB/s, comm share %.1f%%\n", (long long)j->new_tokens,
+               (long long)j->seq, dtype_label(c, mc), matmul_label(j), c->tp, c->threads, j->reps, tp_isa_name(tp_isa_selected()),
                tps, f->weight_bytes * tps / 1e9, 100 * f->comm_share);
 }
 

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define N_OWN 7
+#define N_OWN 8
 
 /* Feeds the tokens one at a time through the KV cache (the decode path),
  * keeping each step's logits: must equal the full forward at every row. */
@@ -55,6 +55,7 @@ int cmd_logits(int argc, char **argv)
         {"--tokens", "IDS", "comma-separated token ids (required)", 0, {0}},
         {"--out", "FILE.npy", "output file: float32 [T, vocab] (required); %r = rank: every rank writes", 0, {0}},
         {"--dtype", "f32|bf16|q8_0|q4_0", "weight dtype in memory (default: as stored; f16 is converted to f32; q8_0/q4_0: 8-/4-bit Linear weights)", 0, {0}},
+        CLI_MATMUL_OPTION,
         {"--threads", "N", "threads per rank (default: cores / local ranks)", 0, {0}},
         {"--incremental", NULL, "feed tokens one at a time through the KV cache", 0, {0}},
         {"--bytes-read", NULL, "print the checkpoint bytes each rank read (stderr)", 0, {0}},

@@ -21,6 +21,7 @@ const cli_option session_sampling_options[SESSION_N_SAMPLING] = {
     {"--stop", "TEXT", "stop when TEXT is generated; repeatable", 0, {0}},
     {"--max-new-tokens", "N", "tokens to generate (default: generation_config.json, else 256)", 0, {0}},
     {"--dtype", "f32|bf16|q8_0|q4_0", "weight dtype in memory (default: as stored; f16 is converted to f32; q8_0/q4_0: 8-/4-bit Linear weights)", 0, {0}},
+    CLI_MATMUL_OPTION,
     {"--threads", "N", "threads per rank (default: cores / local ranks)", 0, {0}},
     {"--adapter", "DIR", "a PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors) on the model", 0, {0}},
     {"--merge-adapter", NULL, "fold the adapter into the weights at load (f32 weights; no cost per token)", 0, {0}},

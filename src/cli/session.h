@@ -8,7 +8,7 @@
 #include "tensorpar/models.h"
 #include "tensorpar/text.h"
 
-#define SESSION_N_SAMPLING 14
+#define SESSION_N_SAMPLING 15
 extern const cli_option session_sampling_options[SESSION_N_SAMPLING];
 
 typedef struct {

@@ -212,6 +212,8 @@ int cli_tp_threads(const cli_option *o, int n, const cli_tp *tp, tp_model_option
     long long threads = cores / local_size;
     if (threads < 1) threads = 1;
     if (tp_model_options_from_env(mo) || cli_int(o, n, "--threads", &threads)) return -1;
+    const char *matmul = cli_value(o, n, "--matmul");   /* cli_parse allowed only exact|bf16 */
+    if (matmul) mo->kernels.bf16_dot = strcmp(matmul, "bf16") ? TP_OFF : TP_ON;
     if (threads < 1 || threads > 4096) { tp_fail(TP_ERR_INVALID, "--threads must be in [1, 4096]"); return -1; }
     if (cli_value(o, n, "--threads") && threads * local_size > cores && local_rank == 0)
         tp_log(TP_LOG_WARN, "%d rank(s) x %lld threads = %lld threads on %d cores: oversubscribed, expect it to "

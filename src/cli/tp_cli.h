@@ -55,14 +55,26 @@ int cli_tp_agree(const char *cmd, cli_tp *tp, int failed);
  * rank r takes cores [r·T, (r+1)·T) mod ncores (TENSORPAR_PIN=0: unpinned).
  * Asking for more threads than cores works, with a warning.  Fills mo's
  * settings from the environment (tp_model_options_from_env: pin_threads,
- * fuse_norm, kernels), mo->threads and mo->first_cpu; -1 on a bad
- * --threads or setting. */
+ * fuse_norm, kernels), then --matmul where the command has it, mo->threads
+ * and mo->first_cpu; -1 on a bad --threads or setting. */
 int cli_tp_threads(const cli_option *o, int n, const cli_tp *tp, tp_model_options *mo);
 /* 0 when TENSORPAR_PIN=0 asks for ranks and threads to stay unpinned. */
 int cli_pin_wanted(void);
 
 /* A tp_choose_callback: every rank takes rank 0's token. */
 tp_status cli_tp_choose(void *ctx, int64_t *id);
+
+/* --matmul exact|bf16 for the inference commands (logits, generate, chat,
+ * bench forward/decode/model): tp_kernel_options.bf16_dot, which
+ * cli_tp_threads sets; absent, TENSORPAR_BF16_DOT decides.  The training
+ * commands leave it to TENSORPAR_BF16_DOT. */
+#define CLI_MATMUL_OPTION                                                                                           \
+    {"--matmul", "exact|bf16",                                                                                     \
+     "bf16 weights: exact (default; f32 products) or bf16 (activations rounded to bf16, as llama.cpp and "         \
+     "PyTorch: ~2x the prefill rate with AVX512_BF16, logits ~1e-2 off; emulated elsewhere, not faster); "          \
+     "unset: TENSORPAR_BF16_DOT",                                                                                   \
+     0,                                                                                                             \
+     {0}}
 
 /* --adapter DIR and --merge-adapter (cli_adapter.c). */
 #define CLI_ADAPTER_N_OPTIONS 2

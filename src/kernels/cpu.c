@@ -6,6 +6,7 @@
  * The decision lives in a static filled under pthread_once, so it is
  * computed exactly once, thread-safely, and never changes after. */
 #include "kernels/kern_internal.h"
+#include "tensorpar/settings.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -24,7 +25,7 @@
 typedef struct {
     int has[TP_ISA_COUNT];    /* what the CPU (and, for AMX, the OS) can run */
     int has_bf16;             /* AVX512_BF16 (vdpbf16ps) */
-    int has_vnni;             /* AVX512_VNNI (vpdpbusd), for the q8_0 kernels */
+    int has_vnni;             /* AVX512_VNNI (vpdpbusd), for the q8_0/q4_0 kernels; 0 under TENSORPAR_NO_VNNI */
     tp_isa isa;               /* the process's choice; scalar when err[0] */
     char err[512];            /* why TENSORPAR_ISA was refused, or "" */
 } cpu_info;
@@ -107,7 +108,12 @@ static void detect(void)
     cpu_info *c = &g_info;
     c->has[TP_ISA_SCALAR] = 1;
     detect_simd(c);
-    if (tp_isa_choose_env(c->has, &c->isa) != TP_OK) {
+    /* TENSORPAR_NO_VNNI: the AVX-512 CPUs without VNNI (Skylake-X) run the
+     * AVX2 q8_0/q4_0 kernels; this makes any CPU take that branch, so it
+     * is tested where no such CPU is at hand.  Read here, with the ISA,
+     * because it is as much the process's as the path. */
+    c->has_vnni = c->has_vnni && !tp_setting_bool(TP_SET_NO_VNNI);
+    if (tp_setting_check(TP_SET_NO_VNNI) || tp_isa_choose_env(c->has, &c->isa) != TP_OK) {
         /* Refused: run nothing but the plain loops until the caller sees
          * the error (tp_isa_check), which every status-returning entry
          * point reports. */

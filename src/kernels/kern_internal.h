@@ -205,8 +205,8 @@ void tp_q8_matmul_avx2(const tp_q8_job *j, tp_threadpool *pool);
  * tp_kernel_has_vnni(). */
 void tp_q8_matmul_avx512(const tp_q8_job *j, tp_threadpool *pool);
 #endif
-/* The CPU has AVX512_VNNI and the process runs the avx512 (or amx) path
- * (cpu.c). */
+/* The CPU has AVX512_VNNI, TENSORPAR_NO_VNNI does not hide it, and the
+ * process runs the avx512 (or amx) path (cpu.c). */
 int tp_kernel_has_vnni(void);
 /* x quantized, then the path's kernel (gemm_q8.c).  k = W's row length, a
  * multiple of 32. */

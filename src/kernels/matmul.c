@@ -9,6 +9,9 @@
  *   SCALAR:          the plain loops below — the reference the tests use.
  *   q8_0 weights:    gemm_q8.c, on every path (forward only).
  *   q4_0 weights:    gemm_q4.c, likewise.
+ *   opts->bf16_dot:  bf16 weights, x rounded to bf16: vdpbf16ps on the
+ *                    AVX-512 path of an AVX512_BF16 CPU (AMX: one part);
+ *                    elsewhere x rounded here, then the exact product.
  * The bias is added in one pass at the end. */
 #include "kernels/kern_internal.h"
 #include "kernels/kern_q4.h"
@@ -277,6 +280,44 @@ static tp_status group_simd(const tp_matmul_out *outs, int count, const float *x
 }
 #endif /* TP_KERNELS_X86 */
 
+/* ---- bf16_dot without vdpbf16ps ---------------------------------------
+ * opts->bf16_dot means one thing on every path: x rounded to bf16 (round to
+ * nearest even, as vcvtne2ps2bf16), times the bf16 weights.  A bf16 × bf16
+ * product is exact in f32, so where vdpbf16ps is missing (scalar, avx2, an
+ * AVX-512 CPU without AVX512_BF16) rounding x first and running the path's
+ * exact bf16 product gives the same numerics, up to the order of the sums
+ * (as between any two paths) and vdpbf16ps's flushing of denormals.  It is
+ * no faster than exact there; it exists so that the option's results can be
+ * had, and tested, on every machine. */
+
+static int bf16_emulated(const tp_matmul_opts *opts, tp_dtype wt, tp_kernel_path path)
+{
+    return opts->bf16_dot && wt == TP_BF16 && !(path == TP_KERNEL_AVX512 && tp_kernel_has_bf16_dot());
+}
+
+/* x[T, k] rounded to bf16 and widened back, in a new buffer (free it). */
+static float *round_to_bf16(const float *x, int64_t T, int64_t k)
+{
+    size_t count = (size_t)T * (size_t)k;
+    float *r = malloc(count * sizeof(float));
+    if (!r) {
+        tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for the bf16-rounded activations");
+        return NULL;
+    }
+    for (size_t i = 0; i < count; i++) r[i] = tp_f32_from_bf16(tp_bf16_from_f32(x[i]));
+    return r;
+}
+
+/* Every weight bf16 and of one input width, and bf16_dot emulated: else
+ * each weight's own tp_matmul_ex decides (and rounds x for itself). */
+static int group_emulated(const tp_matmul_out *outs, int count, const tp_matmul_opts *opts)
+{
+    if (count < 1 || !bf16_emulated(opts, outs[0].w->dtype, tp_kernel_resolve(opts->path))) return 0;
+    for (int i = 0; i < count; i++)
+        if (outs[i].w->dtype != TP_BF16 || outs[i].w->shape[1] != outs[0].w->shape[1]) return 0;
+    return outs[0].w->shape[1] > 0;
+}
+
 /* ---- entry points ----------------------------------------------------- */
 
 tp_status tp_matmul_ex(float *y, const float *x, int64_t T, const tp_tensor *W,
@@ -288,6 +329,15 @@ tp_status tp_matmul_ex(float *y, const float *x, int64_t T, const tp_tensor *W,
     int64_t n = W->shape[0], k = W->shape[1];
     if (T == 0 || n == 0) return TP_OK;
     tp_kernel_path path = tp_kernel_resolve(opts->path);
+    if (k > 0 && bf16_emulated(opts, W->dtype, path)) {
+        float *xr = round_to_bf16(x, T, k);
+        if (!xr) return TP_ERR_NOMEM;
+        tp_matmul_opts exact = *opts;
+        exact.bf16_dot = 0;
+        st = tp_matmul_ex(y, xr, T, W, bias, pool, &exact);
+        free(xr);
+        return st;
+    }
     if (k == 0) memset(y, 0, (size_t)(T * n) * sizeof(float));
     else if (W->dtype == TP_Q8_0) st = tp_q8_matmul(y, x, T, W, path, pool);
     else if (W->dtype == TP_Q4_0) st = tp_q4_matmul(y, x, T, W, path, pool);
@@ -307,6 +357,15 @@ tp_status tp_matmul_group(const tp_matmul_out *outs, int count, const float *x, 
         if (st) return st;
     }
     if (count < 1 || T == 0) return TP_OK;
+    if (group_emulated(outs, count, opts)) {   /* x rounded once for all the weights */
+        float *xr = round_to_bf16(x, T, outs[0].w->shape[1]);
+        if (!xr) return TP_ERR_NOMEM;
+        tp_matmul_opts exact = *opts;
+        exact.bf16_dot = 0;
+        st0 = tp_matmul_group(outs, count, xr, T, pool, &exact);
+        free(xr);
+        return st0;
+    }
     int grouped = 0;
     tp_status st = group_simd(outs, count, x, T, pool, opts, &grouped);
     if (!grouped) {

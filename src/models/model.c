@@ -217,6 +217,19 @@ static void log_q8(const tp_model *m)
            (double)other / 1e6);
 }
 
+/* --matmul bf16 (kernels.bf16_dot) where it is not what a user expects: no
+ * bf16 weights, or no vdpbf16ps on this path.  Once per job. */
+static void log_bf16_matmul(const tp_model *m)
+{
+    if (m->tp && m->tp->mesh && tp_mesh_world_rank(m->tp->mesh) != 0) return;
+    if (m->weight_dtype != TP_BF16)
+        tp_log(TP_LOG_INFO, "matmul bf16: bf16 weights only; the %s weights multiply as before",
+               tp_dtype_name(m->weight_dtype));
+    else if (!tp_kernel_has_bf16_dot())
+        tp_log(TP_LOG_INFO, "matmul bf16: emulated on the %s path (vdpbf16ps needs avx512 and AVX512_BF16): the activations are "
+               "rounded to bf16 as with vdpbf16ps, but no faster than exact", tp_isa_name(tp_isa_selected()));
+}
+
 tp_status tp_model_load(tp_model **out, const char *model_dir, const tp_model_options *opt)
 {
     *out = NULL;
@@ -261,6 +274,7 @@ tp_status tp_model_load(tp_model **out, const char *model_dir, const tp_model_op
         }
     }
     if (is_quantized(m->weight_dtype)) log_q8(m);
+    if (m->matmul.bf16_dot) log_bf16_matmul(m);
     if ((s = tp_act_arena_init(m))) { tp_model_free(m); return s; }
     if (m->tp) tp_plan_log_coverage(m->tp->res, m->tp->mesh ? tp_mesh_world_rank(m->tp->mesh) : 0);
     int threads = opt && opt->threads > 0 ? opt->threads : 1;

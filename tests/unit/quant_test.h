@@ -10,6 +10,7 @@
 
 #include "check.h"
 #include "tensorpar/kernels.h"
+#include "kernels/kern_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -21,6 +22,17 @@ typedef int (*quant_make_weight_fn)(tp_tensor *W, float *wd, int64_t n, int64_t 
 typedef void (*quant_fill_fn)(float *x, int64_t n, double scale);
 
 static const tp_kernel_path QUANT_PATHS[] = {TP_KERNEL_SCALAR, TP_KERNEL_AVX2, TP_KERNEL_AVX512};
+
+/* Which kernel the avx512 path runs for the dtype: vpdpbusd where the CPU
+ * has AVX512_VNNI, else (Skylake-X, or TENSORPAR_NO_VNNI=1, which
+ * scripts/test.sh sets for one run) the AVX2 kernel; the bits must be the
+ * same either way. */
+static inline void quant_print_vnni(const char *dtype)
+{
+    if (tp_kernel_path_supported(TP_KERNEL_AVX512))
+        printf("%s on the avx512 path: %s\n", dtype,
+               tp_kernel_has_vnni() ? "the AVX-512 VNNI kernel" : "the AVX2 kernel (no AVX512_VNNI, or TENSORPAR_NO_VNNI=1)");
+}
 
 /* Wider shapes through a pool: the rows split among threads (and the GEMMs'
  * chunks of tokens or panels) give the bits of one thread, for each token

@@ -152,7 +152,12 @@ static void test_process_choice(void)
     CHECK(tp_kernel_path_default() == want);
     CHECK(tp_kernel_resolve(TP_KERNEL_AVX512) == want);
     CHECK(tp_kernel_has_amx() == (isa == TP_ISA_AMX));
-    if (isa < TP_ISA_AVX512) CHECK(!tp_kernel_has_bf16_dot());
+    if (isa < TP_ISA_AVX512) CHECK(!tp_kernel_has_bf16_dot() && !tp_kernel_has_vnni());
+    /* TENSORPAR_NO_VNNI=1 (scripts/test.sh's run of the q8_0/q4_0 tests)
+     * hides AVX512_VNNI, so the AVX2 fallback of an AVX-512 CPU without it
+     * runs here. */
+    if (tp_setting_bool(TP_SET_NO_VNNI)) CHECK(!tp_kernel_has_vnni());
+    printf("AVX512_VNNI kernels: %s\n", tp_kernel_has_vnni() ? "yes" : "no");
     printf("this CPU: ");
     for (int i = 0; i < TP_ISA_COUNT; i++)
         if (tp_isa_cpu_has((tp_isa)i)) printf("%s ", tp_isa_name((tp_isa)i));

@@ -23,7 +23,33 @@ static const tp_kernel_path PATHS[] = {TP_KERNEL_SCALAR, TP_KERNEL_AVX2, TP_KERN
 /* ---- matmul ----------------------------------------------------------- */
 
 
-static double worst_exact[4], worst_dot;
+static double worst_exact[4], worst_dot[4];
+
+/* bf16_dot where the path has no vdpbf16ps: x rounded to bf16 first, then
+ * the exact product (matmul.c), so y must be bitwise the exact product of
+ * the rounded x. */
+static int dot_emulated(tp_kernel_path p)
+{
+    return p != TP_KERNEL_AVX512 || !tp_kernel_has_bf16_dot();
+}
+
+static void check_emulated(tp_threadpool *pool, const float *y, const float *x, int64_t T, const tp_tensor *W,
+                           const tp_tensor *B, tp_kernel_path path)
+{
+    int64_t n = W->shape[0], k = W->shape[1];
+    float *xr = malloc((size_t)(T * k + 1) * sizeof(float)), *ye = malloc((size_t)(T * n + 1) * sizeof(float));
+    if (!xr || !ye) {
+        CHECK(!"out of memory");
+    } else {
+        for (int64_t i = 0; i < T * k; i++) xr[i] = tp_f32_from_bf16(tp_bf16_from_f32(x[i]));
+        tp_matmul_opts exact = {path, 0, 0, 0};
+        CHECK(tp_matmul_ex(ye, xr, T, W, B, pool, &exact) == TP_OK);
+        CHECK_MSG(!memcmp(y, ye, (size_t)(T * n) * sizeof(float)), "%s bf16-dot T=%lld n=%lld k=%lld: not the exact "
+                  "product of x rounded to bf16", tp_kernel_path_name(path), (long long)T, (long long)n, (long long)k);
+    }
+    free(xr);
+    free(ye);
+}
 
 static void check_matmul(tp_threadpool *pool, int64_t T, int64_t n, int64_t k, tp_dtype wt, int with_bias)
 {
@@ -52,20 +78,29 @@ static void check_matmul(tp_threadpool *pool, int64_t T, int64_t n, int64_t k, t
     for (int pi = 0; pi < 3; pi++) {
         if (!tp_kernel_path_supported(PATHS[pi])) continue;
         for (int dot = 0; dot < 2; dot++) {
-            if (dot && (wt != TP_BF16 || PATHS[pi] != TP_KERNEL_AVX512 || !tp_kernel_has_bf16_dot())) continue;
+            if (dot && wt != TP_BF16) continue;   /* bf16_dot leaves f32 weights alone (below) */
             tp_matmul_opts o = {PATHS[pi], dot, 0, 0};
             for (int64_t i = 0; i < T * n; i++) y[i] = NAN;
             CHECK(tp_matmul_ex(y, x, T, &W, with_bias ? &B : NULL, pool, &o) == TP_OK);
             double e = matmul_err(y, x, wf, with_bias ? b : NULL, T, n, k);
             if (dot) {
                 /* x rounded to bf16 (8 significant bits): each product off by <= 2^-8 relative. */
-                if (e > worst_dot) worst_dot = e;
+                if (e > worst_dot[PATHS[pi]]) worst_dot[PATHS[pi]] = e;
+                if (dot_emulated(PATHS[pi])) check_emulated(pool, y, x, T, &W, with_bias ? &B : NULL, PATHS[pi]);
                 if (getenv("TK_DEBUG")) printf("dot T=%lld n=%lld k=%lld err %.3g\n", (long long)T, (long long)n, (long long)k, e);
                 CHECK_MSG(e <= 0x1p-8 + 1e-6, "bf16-dot T=%lld n=%lld k=%lld err %.3g", (long long)T, (long long)n, (long long)k, e);
             } else {
                 if (e > worst_exact[PATHS[pi]]) worst_exact[PATHS[pi]] = e;
                 CHECK_MSG(e <= 1e-6, "%s %s T=%lld n=%lld k=%lld bias=%d err %.3g", tp_kernel_path_name(PATHS[pi]),
                           tp_dtype_name(wt), (long long)T, (long long)n, (long long)k, with_bias, e);
+            }
+            if (!dot && wt == TP_F32) {   /* f32 weights: bf16_dot changes nothing */
+                float *y2 = malloc((size_t)(T * n + 1) * sizeof(float));
+                tp_matmul_opts od = {PATHS[pi], 1, 0, 0};
+                CHECK(y2 && tp_matmul_ex(y2, x, T, &W, with_bias ? &B : NULL, pool, &od) == TP_OK);
+                CHECK_MSG(y2 && !memcmp(y, y2, (size_t)(T * n) * sizeof(float)), "%s f32 weights: bf16_dot changed y",
+                          tp_kernel_path_name(PATHS[pi]));
+                free(y2);
             }
         }
     }
@@ -102,7 +137,11 @@ static void test_matmul(tp_threadpool *pool)
     printf("matmul max |err| / sum|x*w|:");
     for (int pi = 0; pi < 3; pi++)
         if (tp_kernel_path_supported(PATHS[pi])) printf(" %s %.2g", tp_kernel_path_name(PATHS[pi]), worst_exact[PATHS[pi]]);
-    if (tp_kernel_has_bf16_dot()) printf(" avx512 bf16-dot %.2g", worst_dot);
+    printf("; bf16-dot:");
+    for (int pi = 0; pi < 3; pi++)
+        if (tp_kernel_path_supported(PATHS[pi]))
+            printf(" %s%s %.2g", tp_kernel_path_name(PATHS[pi]), dot_emulated(PATHS[pi]) ? " (emulated)" : "",
+                   worst_dot[PATHS[pi]]);
     printf(" (other paths not run)\n");
 }
 
@@ -125,10 +164,10 @@ static void test_matmul_threads_bitwise(tp_threadpool *pool)
         fill(x, T * k, 1.0);
         fill(W.data, n * k, 0.5);
         for (int64_t i = 0; i < n * k; i++) ((uint16_t *)Wb.data)[i] = tp_bf16_from_f32(((float *)W.data)[i]);
-        for (int pi = 1; pi < 4; pi++) {   /* 3: AVX-512 with bf16_dot */
+        for (int pi = 1; pi < 4; pi++) {   /* 3: AVX-512 with bf16_dot (emulated without AVX512_BF16) */
             tp_kernel_path path = PATHS[pi < 3 ? pi : 2];
             int dot = pi == 3;
-            if (!tp_kernel_path_supported(path) || (dot && !tp_kernel_has_bf16_dot())) continue;
+            if (!tp_kernel_path_supported(path)) continue;
             tp_matmul_opts o = {path, dot, 0, 0};
             const tp_tensor *w = dot ? &Wb : &W;
             CHECK(tp_matmul_ex(y1, x, T, w, NULL, NULL, &o) == TP_OK);
@@ -200,8 +239,7 @@ static void test_matmul_group(tp_threadpool *pool)
     for (int pi = 0; pi < 3; pi++) {
         if (!tp_kernel_path_supported(PATHS[pi])) continue;
         for (int amx = 0; amx < 2; amx++)
-            for (int d = 0; d < 3; d++) {   /* f32, bf16, bf16 with bf16_dot (vdpbf16ps) */
-                if (d == 2 && (PATHS[pi] != TP_KERNEL_AVX512 || !tp_kernel_has_bf16_dot())) continue;
+            for (int d = 0; d < 3; d++) {   /* f32, bf16, bf16 with bf16_dot (vdpbf16ps, or emulated) */
                 for (size_t t = 0; t < sizeof Ts / sizeof Ts[0]; t++) {
                     tp_matmul_opts o = {PATHS[pi], d == 2, 0, amx};
                     check_group(pool, &o, d ? TP_BF16 : TP_F32, Ts[t], 129, 129);

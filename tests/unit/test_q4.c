@@ -227,6 +227,7 @@ int main(void)
     tp_threadpool *pool3 = NULL;
     if (tp_threadpool_create(&pool3, 3)) { fprintf(stderr, "no pool: %s\n", tp_error()); return 1; }
     print_skipped_paths("test_q4");
+    quant_print_vnni("q4_0");
     test_known_block();
     test_quantize();
     test_products(NULL);

@@ -183,6 +183,7 @@ int main(void)
     tp_threadpool *pool3 = NULL;
     if (tp_threadpool_create(&pool3, 3)) { fprintf(stderr, "no pool: %s\n", tp_error()); return 1; }
     print_skipped_paths("test_q8");
+    quant_print_vnni("q8_0");
     test_quantize();
     test_products(NULL);
     test_products(pool3);
