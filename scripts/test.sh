@@ -48,9 +48,9 @@ done
 # An AVX-512 CPU without AVX512_VNNI (Skylake-X) runs the AVX2 q8_0/q4_0
 # kernels on its avx512 path; TENSORPAR_NO_VNNI=1 takes that branch here.
 if build/tensorpar --isa-list | grep -q '^avx512'; then
-  echo "== gcc tests on the avx512 path without VNNI (TENSORPAR_NO_VNNI=1)"
-  (cd build && TENSORPAR_ISA=avx512 TENSORPAR_NO_VNNI=1 ctest --output-on-failure -j"$jobs" \
-     -R '^(unit\.test_(q8|q4|isa)|e2e\.test_(q8|q4))$')
+  step "gcc tests on the avx512 path without VNNI (TENSORPAR_NO_VNNI=1)" \
+    bash -c "cd build && TENSORPAR_ISA=avx512 TENSORPAR_NO_VNNI=1 ctest --output-on-failure -j$jobs \
+      -R '^(unit\.test_(q8|q4|isa)|e2e\.test_(q8|q4))$'"
 fi
 
 asan_build() {
