@@ -627,8 +627,8 @@ T512BF static void x_to_bf16(uint16_t *dst, const float *x, int64_t T, int64_t k
 
 /* tp_gemv_permute_x for blocks of 32 with two vpermt2ps per block: the
  * generic loop divides per element and cost ~4 µs per call at k = 1024,
- * serial before the threads start. */
-T512 static void permute_x(float *dst, const float *x, int64_t T, int64_t k, int64_t kp)
+ * serial before the threads start.  Also gemm_rows_avx512.c's. */
+T512 void tp_permute_x_avx512(float *dst, const float *x, int64_t T, int64_t k, int64_t kp)
 {
     const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
@@ -652,7 +652,7 @@ tp_status tp_gemv_avx512(float *y, const float *x, int64_t T, const void *W, tp_
         tmp = tp_alloc((size_t)(T * j.kp) * sizeof(float));
         if (!tmp) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for GEMV");
         if (j.dot) x_to_bf16(tmp, x, T, k, j.kp);
-        else permute_x(tmp, x, T, k, j.kp);
+        else tp_permute_x_avx512(tmp, x, T, k, j.kp);
         j.x = tmp;
     }
     tp_parallel_run(pool, gemv_worker, &j);

@@ -55,7 +55,7 @@ static int64_t inter_of(const tp_grouped_experts_args *a)
 static tp_status expert_matmul(const tp_grouped_experts_args *a, tp_threadpool *pool, float *y, const float *x,
                                int64_t n, const tp_tensor *w)
 {
-    if (!a->bmm) return tp_matmul_ex(y, x, n, w, NULL, pool, a->opts);
+    if (!a->bmm) return tp_matmul_rows(y, x, n, w, pool, a->opts);
     return tp_expert_xw(y, x, n, w, pool, a->opts);
 }
 
@@ -218,12 +218,12 @@ static tp_status expert_backward(const tp_grouped_experts_args *a, const tp_grou
     float *dh = dyr + n * H, *dgu = dh + n * I, *dxs = dgu + n * 2 * I;
     for (int64_t r = 0; r < n; r++) memcpy(xs + r * H, a->x + (slots[r] / k) * H, (size_t)H * sizeof(float));
     tp_tensor wgu = expert_view(a->gate_up, e), wd = expert_view(a->down, e);
-    tp_status s = tp_matmul_ex(gu, xs, n, &wgu, NULL, a->pool, a->opts);
+    tp_status s = tp_matmul_rows(gu, xs, n, &wgu, a->pool, a->opts);
     for (int64_t r = 0; !s && r < n; r++) {
         memcpy(h + r * I, gu + r * 2 * I, (size_t)I * sizeof(float));
         tp_silu_mul(h + r * I, gu + r * 2 * I + I, I);
     }
-    if (!s) s = tp_matmul_ex(y, h, n, &wd, NULL, a->pool, a->opts);
+    if (!s) s = tp_matmul_rows(y, h, n, &wd, a->pool, a->opts);
     if (s) return s;
     tp_grouped_slot_grads(g->dy, a->weights, slots, n, k, H, y, dyr, g->dweights);
     memset(dh, 0, (size_t)(n * I) * sizeof(float));

@@ -40,11 +40,29 @@ tp_status tp_matmul_dequant(float *y, const float *x, int64_t T, const tp_tensor
                             tp_threadpool *pool);
 void tp_matmul_scalar(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
                       int64_t n, int64_t k, tp_threadpool *pool);
+/* y = x·Wᵀ (no bias) for an MoE expert's rows: tp_matmul_ex, except on
+ * the AVX-512 GEMM path with f32/bf16 W, the exact product (not bf16_dot)
+ * and TP_GEMV_MAX_T < T <= TP_ROWS_MAX_T, where W is read in place (gemm_rows_avx512.c; other bits
+ * than the packed GEMM's, the same on any thread count). */
+/* One thread, cold bf16 [1536, 2048] weights (Zen 5): 1.6-1.9x the packed
+ * GEMM at 32 rows, 1.2x at 96, 1.1x at 128, even from 192 on (x no longer
+ * in L2 for every W tile). */
+#define TP_ROWS_MAX_T 128
+tp_status tp_matmul_rows(float *y, const float *x, int64_t T, const tp_tensor *W, tp_threadpool *pool,
+                         const tp_matmul_opts *opts);
 #if TP_KERNELS_X86
 tp_status tp_gemm_avx512(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
                     int64_t n, int64_t k, int bf16_dot, tp_threadpool *pool);
 tp_status tp_gemv_avx512(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
                     int64_t n, int64_t k, int bf16_dot, tp_threadpool *pool);
+/* x [T, k] -> dst [T, kp] (kp a multiple of 32, zero past k), each block of
+ * 32 as its 16 even then its 16 odd elements: the order in which the
+ * AVX-512 kernels widen a 64-byte load of 32 bf16 weights (gemm_avx512.c). */
+void tp_permute_x_avx512(float *dst, const float *x, int64_t T, int64_t k, int64_t kp);
+/* A few rows (an MoE expert's in a prefill) with W f32 or bf16 read in
+ * place, nothing packed: gemm_rows_avx512.c, through tp_matmul_rows. */
+tp_status tp_gemm_rows_avx512(float *y, const float *x, int64_t T, const void *W, tp_dtype wt, int64_t n, int64_t k,
+                              tp_threadpool *pool);
 /* One weight of a GEMM group: y[T, n] = x · W[n, k]ᵀ, the same x and k for
  * every part.  A group packs (or splits) x once for all its parts and
  * gives the same bits as one call per part. */

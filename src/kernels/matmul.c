@@ -347,6 +347,29 @@ tp_status tp_matmul_ex(float *y, const float *x, int64_t T, const tp_tensor *W,
     return st;
 }
 
+/* An MoE expert's few rows (grouped_gemm.c): on the AVX-512 GEMM's path,
+ * for f32 or bf16 weights, the exact product (not bf16_dot) and
+ * TP_GEMV_MAX_T < T <= TP_ROWS_MAX_T, the product that reads W in place
+ * (gemm_rows_avx512.c) — the packed GEMM packs each slice of W for a few
+ * rows only there; else tp_matmul_ex. */
+tp_status tp_matmul_rows(float *y, const float *x, int64_t T, const tp_tensor *W, tp_threadpool *pool,
+                         const tp_matmul_opts *opts)
+{
+#if TP_KERNELS_X86
+    tp_status st = check_path(opts);
+    if (!st) st = check_weight(W, T, 0);
+    if (st) return st;
+    int64_t n = W->shape[0], k = W->shape[1];
+    /* bf16_dot (vdpbf16ps, or x rounded first where it is emulated) stays
+     * tp_matmul_ex's: the rows kernel is the exact product only. */
+    int bf16_dot = opts->bf16_dot && W->dtype == TP_BF16;
+    if (T <= TP_ROWS_MAX_T && n > 0 && k > 0 && !bf16_dot && (W->dtype == TP_F32 || W->dtype == TP_BF16) &&
+        gemm_kind(tp_kernel_resolve(opts->path), T, W->dtype, 0, opts) == 1)
+        return tp_gemm_rows_avx512(y, x, T, W->data, W->dtype, n, k, pool);
+#endif
+    return tp_matmul_ex(y, x, T, W, NULL, pool, opts);
+}
+
 tp_status tp_matmul_group(const tp_matmul_out *outs, int count, const float *x, int64_t T, tp_threadpool *pool,
                           const tp_matmul_opts *opts)
 {

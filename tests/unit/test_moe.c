@@ -1,5 +1,6 @@
 /* Mixture of experts: the grouped expert kernel against a per-token loop,
- * x @ W for [in, out] expert weights (tp_expert_xw) against a double loop,
+ * x @ W for [in, out] expert weights (tp_expert_xw) and an expert's rows
+ * (tp_matmul_rows) against a double loop,
  * the routers (DeepSeek V2's masked picks), the MoE config keys and
  * presets, and the module and checkpoint tables of qwen3_moe and mixtral. */
 #include "check.h"
@@ -168,49 +169,62 @@ static void test_grouped_experts(void)
     check_grouped(64, 4, 4, TP_F32);     /* every expert on every token */
 }
 
-/* tp_expert_xw (Llama 4's and gpt_oss's x @ W [in, out]) against a double
- * loop, at widths that reach the SIMD loops' bodies, prefetches and tails
- * (out 1003: 62 blocks of 16 and 11 columns, 125 of 8 and 3; in 37: a last pass of fewer
- * rows than the path's 4 or 8), 1-4 rows streamed and 5 through the packed
- * GEMM; 1 and 3 threads give the bits of 2. */
-static void check_xw(int64_t n, int64_t in, int64_t out, tp_dtype dt)
+/* y [n, out] = x [n, in] times W through `prod` against a double loop: W
+ * stored [in, out] (x @ W, tp_expert_xw) or, with w_out_in, [out, in]
+ * (x · Wᵀ, tp_matmul_rows); y is overwritten, not added to, and 1 and 3
+ * threads give the bits of 2. */
+typedef tp_status (*product_fn)(float *y, const float *x, int64_t n, const tp_tensor *w, tp_threadpool *pool,
+                                const tp_matmul_opts *opts);
+
+static void check_product(const char *name, product_fn prod, int w_out_in, int64_t n, int64_t in, int64_t out,
+                          tp_dtype dt)
 {
-    uint64_t seed = (uint64_t)(n * 7 + in + out);
+    uint64_t seed = (uint64_t)(n * 1009 + in * 31 + out + w_out_in);
     float *x = malloc((size_t)(n * in) * sizeof *x), *wf = malloc((size_t)(in * out) * sizeof *wf);
     float *y = malloc((size_t)(n * out) * sizeof *y), *again = malloc((size_t)(n * out) * sizeof *again);
     for (int64_t i = 0; i < n * in; i++) x[i] = frand(&seed);
     for (int64_t i = 0; i < in * out; i++) wf[i] = frand(&seed);
     tp_tensor w;
-    CHECK(tp_tensor_init(&w, dt, 2, (int64_t[2]){in, out}) == TP_OK);
+    CHECK(tp_tensor_init(&w, dt, 2, w_out_in ? (int64_t[2]){out, in} : (int64_t[2]){in, out}) == TP_OK);
     tp_convert(w.data, dt, wf, TP_F32, (size_t)(in * out));
     tp_convert(wf, TP_F32, w.data, dt, (size_t)(in * out));   /* the reference sees the stored values */
     tp_matmul_opts opts;
     tp_matmul_opts_default(&opts);
     tp_threadpool *pool;
     tp_threadpool_create(&pool, 2);
-    for (int64_t i = 0; i < n * out; i++) y[i] = 1e30f;   /* overwritten, not added to */
-    CHECK(tp_expert_xw(y, x, n, &w, pool, &opts) == TP_OK);
+    for (int64_t i = 0; i < n * out; i++) y[i] = 1e30f;
+    CHECK(prod(y, x, n, &w, pool, &opts) == TP_OK);
     double err = 0, mx = 0;
     for (int64_t r = 0; r < n; r++)
         for (int64_t c = 0; c < out; c++) {
             double want = 0;
-            for (int64_t i = 0; i < in; i++) want += (double)x[r * in + i] * wf[i * out + c];
+            for (int64_t i = 0; i < in; i++) want += (double)x[r * in + i] * wf[w_out_in ? c * in + i : i * out + c];
             err = fmax(err, fabs(y[r * out + c] - want));
             mx = fmax(mx, fabs(want));
         }
-    CHECK_MSG(mx > 0 && err <= 1e-5 * mx, "xw n=%lld in=%lld out=%lld %s: max err %g of %g", (long long)n,
+    CHECK_MSG(mx > 0 && err <= 1e-5 * mx, "%s n=%lld in=%lld out=%lld %s: max err %g of %g", name, (long long)n,
               (long long)in, (long long)out, tp_dtype_name(dt), err, mx);
     for (int nt = 1; nt <= 3; nt += 2) {
         tp_threadpool *p2;
         tp_threadpool_create(&p2, nt);
-        CHECK(tp_expert_xw(again, x, n, &w, p2, &opts) == TP_OK);
-        CHECK_MSG(memcmp(again, y, (size_t)(n * out) * sizeof *y) == 0, "xw n=%lld: %d threads differ", (long long)n,
-                  nt);
+        CHECK(prod(again, x, n, &w, p2, &opts) == TP_OK);
+        CHECK_MSG(memcmp(again, y, (size_t)(n * out) * sizeof *y) == 0, "%s n=%lld in=%lld out=%lld: %d threads differ",
+                  name, (long long)n, (long long)in, (long long)out, nt);
         tp_threadpool_destroy(p2);
     }
     tp_threadpool_destroy(pool);
     tp_tensor_release(&w);
     free(x); free(wf); free(y); free(again);
+}
+
+/* tp_expert_xw (Llama 4's and gpt_oss's x @ W [in, out]) at widths that
+ * reach the SIMD loops' bodies, prefetches and tails (out 1003: 62 blocks
+ * of 16 and 11 columns, 125 of 8 and 3; in 37: a last pass of fewer rows
+ * than the path's 4 or 8), 1-4 rows streamed and 5 through the packed
+ * GEMM. */
+static void check_xw(int64_t n, int64_t in, int64_t out, tp_dtype dt)
+{
+    check_product("xw", tp_expert_xw, 0, n, in, out, dt);
 }
 
 static void test_expert_xw(void)
@@ -221,6 +235,53 @@ static void test_expert_xw(void)
     }
     check_xw(2, 6, 40, TP_BF16);   /* in < 8: passes of 4 rows on every path */
     check_xw(1, 4, 3, TP_F32);     /* fewer columns than one SIMD step */
+}
+
+/* tp_matmul_rows (an expert's rows; on the AVX-512 path W read in place,
+ * gemm_rows_avx512.c): T = 5..128 (the most it takes) reaches every row
+ * tile (4 rows and the 1-3 left over), n every column edge of the
+ * 5-column tiles and a split of a few tiles over 3 threads, k the 16- and
+ * 32-lane tails (f32, bf16) below and above one step. */
+/* opts.bf16_dot is tp_matmul_ex's product (vdpbf16ps, or x rounded to
+ * bf16 first where that is emulated), not the rows kernel's exact one:
+ * tp_matmul_rows gives its bits, and they differ from the exact ones. */
+static void check_rows_bf16_dot(void)
+{
+    int64_t T = 32, n = 13, k = 100;
+    uint64_t seed = 77;
+    float *x = malloc((size_t)(T * k) * sizeof *x), *wf = malloc((size_t)(n * k) * sizeof *wf);
+    float *y = malloc((size_t)(T * n) * sizeof *y), *want = malloc((size_t)(T * n) * sizeof *want);
+    float *exact = malloc((size_t)(T * n) * sizeof *exact);
+    for (int64_t i = 0; i < T * k; i++) x[i] = frand(&seed) * 1.001f;   /* not bf16 values */
+    for (int64_t i = 0; i < n * k; i++) wf[i] = frand(&seed);
+    tp_tensor w;
+    CHECK(tp_tensor_init(&w, TP_BF16, 2, (int64_t[2]){n, k}) == TP_OK);
+    tp_convert(w.data, TP_BF16, wf, TP_F32, (size_t)(n * k));
+    tp_matmul_opts opts;
+    tp_matmul_opts_default(&opts);
+    tp_threadpool *pool;
+    tp_threadpool_create(&pool, 2);
+    CHECK(tp_matmul_rows(exact, x, T, &w, pool, &opts) == TP_OK);
+    opts.bf16_dot = 1;
+    CHECK(tp_matmul_rows(y, x, T, &w, pool, &opts) == TP_OK);
+    CHECK(tp_matmul_ex(want, x, T, &w, NULL, pool, &opts) == TP_OK);
+    CHECK_MSG(memcmp(y, want, (size_t)(T * n) * sizeof *y) == 0, "rows bf16_dot: not tp_matmul_ex's bits");
+    CHECK_MSG(memcmp(y, exact, (size_t)(T * n) * sizeof *y) != 0, "rows bf16_dot: the exact product");
+    tp_threadpool_destroy(pool);
+    tp_tensor_release(&w);
+    free(x); free(wf); free(y); free(want); free(exact);
+}
+
+static void test_matmul_rows(void)
+{
+    check_rows_bf16_dot();
+    static const int64_t Ts[] = {5, 6, 7, 32, 45, 128}, ns[] = {1, 5, 13, 101}, ks[] = {7, 32, 45, 100, 300};
+    for (size_t a = 0; a < sizeof Ts / sizeof *Ts; a++)
+        for (size_t b = 0; b < sizeof ns / sizeof *ns; b++)
+            for (size_t c = 0; c < sizeof ks / sizeof *ks; c++) {
+                check_product("rows", tp_matmul_rows, 1, Ts[a], ks[c], ns[b], TP_BF16);
+                check_product("rows", tp_matmul_rows, 1, Ts[a], ks[c], ns[b], TP_F32);
+            }
 }
 
 static void test_router(void)
@@ -330,6 +391,7 @@ int main(void)
 {
     test_grouped_experts();
     test_expert_xw();
+    test_matmul_rows();
     test_router();
     test_deepseek_v2_masked_picks();
     test_config();
