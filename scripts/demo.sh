@@ -8,7 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)"
+# The CLI is all the demo runs (scripts/test.sh builds the tests too).
+cmake --build build -j"$(nproc)" --target tensorpar_cli
 
 model=${TP_DEMO_MODEL:-$(mktemp -d /tmp/tensorpar-demo-XXXXXX)}
 tokenizer=tests/data/tokenizers/llama3   # shipped with the repository (see its NOTICE)

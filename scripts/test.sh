@@ -8,9 +8,22 @@
 #      (`tensorpar --isa-list`: scalar, avx2, avx512, amx), and the q8_0/q4_0
 #      ones on avx512 as a CPU without AVX512_VNNI (TENSORPAR_NO_VNNI=1),
 #   4. build with clang under AddressSanitizer + UBSan and run every test again.
+# Each step ends with a line "== STEP: W s (CPU U s user, S s sys)": wall
+# seconds and the CPU time of everything the step ran.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install-deps.sh
+
+# step NAME COMMAND...: runs COMMAND under the heading NAME, then its times.
+step() {
+  local name=$1 TIMEFORMAT
+  shift
+  echo "== $name"
+  TIMEFORMAT="== $name: %0R s (CPU %0U s user, %0S s sys)"
+  time "$@"
+}
+suite_start=$SECONDS
+
+step "install-deps" bash scripts/install-deps.sh
 
 jobs=$(nproc)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -18,32 +31,36 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 
-echo "== gcc build, -Werror"
-CC=gcc cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTP_WERROR=ON >/dev/null
-cmake --build build -j"$jobs"
-echo "== gcc tests"
-(cd build && ctest --output-on-failure -j"$jobs")
+gcc_build() {
+  CC=gcc cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTP_WERROR=ON >/dev/null
+  cmake --build build -j"$jobs"
+}
+step "gcc build, -Werror" gcc_build
+step "gcc tests" bash -c "cd build && ctest --output-on-failure -j$jobs"
 
 # The suite above ran the chosen path; the others this CPU has get the tests
 # that tell paths apart (about 1 minute per path on 2 cores).
 per_path='^(unit\.test_(kernels|kernels_amx|kernel_grad|gemm|attention|isa|comm_reduce|q8|q4)|e2e\.test_(reference_logits|tp_inference|bench|isa|q8|q4|matmul_bf16))$'
 for isa in $(build/tensorpar --isa-list | grep -v ' (chosen)$'); do
-  echo "== gcc tests on the $isa path"
-  (cd build && TENSORPAR_ISA="$isa" ctest --output-on-failure -j"$jobs" -R "$per_path")
+  step "gcc tests on the $isa path" \
+    bash -c "cd build && TENSORPAR_ISA=$isa ctest --output-on-failure -j$jobs -R '$per_path'"
 done
 # An AVX-512 CPU without AVX512_VNNI (Skylake-X) runs the AVX2 q8_0/q4_0
 # kernels on its avx512 path; TENSORPAR_NO_VNNI=1 takes that branch here.
 if build/tensorpar --isa-list | grep -q '^avx512'; then
-  echo "== gcc tests on the avx512 path without VNNI (TENSORPAR_NO_VNNI=1)"
-  (cd build && TENSORPAR_ISA=avx512 TENSORPAR_NO_VNNI=1 ctest --output-on-failure -j"$jobs" \
-     -R '^(unit\.test_(q8|q4|isa)|e2e\.test_(q8|q4))$')
+  step "gcc tests on the avx512 path without VNNI (TENSORPAR_NO_VNNI=1)" \
+    bash -c "cd build && TENSORPAR_ISA=avx512 TENSORPAR_NO_VNNI=1 ctest --output-on-failure -j$jobs \
+      -R '^(unit\.test_(q8|q4|isa)|e2e\.test_(q8|q4))$'"
 fi
 
-echo "== clang build, AddressSanitizer + UBSan, -Werror"
-CC=clang cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTP_SANITIZE=ON -DTP_WERROR=ON >/dev/null
-cmake --build build-asan -j"$jobs"
-echo "== sanitized tests"
-(cd build-asan && ctest --output-on-failure -j"$jobs")
+asan_build() {
+  CC=clang cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTP_SANITIZE=ON -DTP_WERROR=ON >/dev/null
+  cmake --build build-asan -j"$jobs"
+}
+step "clang build, AddressSanitizer + UBSan, -Werror" asan_build
+step "sanitized tests" bash -c "cd build-asan && ctest --output-on-failure -j$jobs"
 
-echo "== fuzz smoke: each libFuzzer harness for 3000 executions (clang, ASan + UBSan)"
-bash scripts/fuzz.sh 3000
+# Two harnesses at a time: each is one process.
+step "fuzz smoke: each libFuzzer harness for 3000 executions (clang, ASan + UBSan)" \
+  env FUZZ_JOBS="$jobs" bash scripts/fuzz.sh 3000
+echo "== all steps: $((SECONDS - suite_start)) s"

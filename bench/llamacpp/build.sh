@@ -2,7 +2,8 @@
 # Builds llama.cpp's llama-bench and llama-simple from the source that npm's
 # node-llama-cpp@3.22.1 ships (llama/gitRelease.bundle, a git bundle), CPU
 # backend only, native instructions, Release.  Everything goes under one
-# cache folder; a finished build is kept and not redone.
+# cache folder; a finished build is kept and not redone.  Builds in the same
+# cache folder take turns (flock on CACHE/.build.lock).
 #   bash bench/llamacpp/build.sh [CACHE]   (default: <repo>/build-llamacpp)
 # Prints the folder that holds the two binaries.
 set -euo pipefail
@@ -16,6 +17,14 @@ cache=${1:-$root/build-llamacpp}
 pkg=node-llama-cpp@3.22.1
 mkdir -p "$cache"
 cache=$(cd "$cache" && pwd)
+# One build at a time per cache folder: two harness runs building at once
+# in the same folder broke a link.  The second waits here, then finds the
+# first one's finished build below.  The lock goes with this process.
+exec 9>"$cache/.build.lock"
+if ! flock -n 9; then
+    echo "== waiting for another build in $cache" >&2
+    flock 9
+fi
 bin=$cache/build/bin
 if [ -x "$bin/llama-bench" ] && [ -x "$bin/llama-simple" ]; then echo "$bin"; return 0; fi
 

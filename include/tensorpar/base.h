@@ -226,9 +226,26 @@ typedef void (*tp_parallel_fn)(void *ctx, int ti, int nt);
 tp_status tp_threadpool_create(tp_threadpool **out, int nthreads);
 void tp_threadpool_destroy(tp_threadpool *pool);
 int tp_threadpool_size(const tp_threadpool *pool);
-/* Runs fn on every thread (the caller is thread 0) and waits for all.
- * pool may be NULL: fn then runs once on the caller with nt = 1. */
+/* Runs fn(ctx, ti, nt) once for every ti in [0, nt) and waits for all.
+ * The caller runs ti = 0 and, when it is done, every index whose worker
+ * has not started yet (a worker descheduled by the OS or the host then
+ * delays nothing): fn must not wait for another index or depend on which
+ * OS thread runs it.  pool may be NULL: fn then runs once on the caller
+ * with nt = 1. */
 void tp_parallel_run(tp_threadpool *pool, tp_parallel_fn fn, void *ctx);
+/* As tp_parallel_run, but index ti runs on the pool's thread ti (for what
+ * acts on the calling thread itself: pinning). */
+void tp_parallel_run_each(tp_threadpool *pool, tp_parallel_fn fn, void *ctx);
+/* fn(ctx, begin, end, ti) on consecutive ranges of `chunk` items (the last
+ * one shorter) covering [0, n), each exactly once, over the pool: thread ti
+ * takes the chunks of its own tp_split_range share in order, then helps the
+ * others with the chunks they have not reached, so a thread slowed by the
+ * OS or the host hands its work over.  Which thread runs a chunk varies
+ * from call to call: fn's result for a range must not depend on ti (use ti
+ * only to pick scratch).  One chunk, or one thread: fn(ctx, 0, n, 0) on
+ * the caller. */
+typedef void (*tp_range_fn)(void *ctx, int64_t begin, int64_t end, int ti);
+void tp_parallel_for(tp_threadpool *pool, int64_t n, int64_t chunk, tp_range_fn fn, void *ctx);
 /* How long an idle thread of the pool (and the caller waiting for them)
  * spins before it sleeps on a condition variable.  The default is 100 µs
  * when the pool's threads fit on the CPUs the process may use, else 0.

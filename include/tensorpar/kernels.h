@@ -480,10 +480,17 @@ void tp_q8_dequantize_row(float *dst, const tp_q8_block *src, int64_t k);
  * llama.cpp's reference quantizer makes them: per block m = the value of
  * largest magnitude (the first of equals), d = m/-8 stored as f16, nibble =
  * min(15, floor(x·(1/d) + 8.5)) with 1/d of the unrounded d.  k must be a
- * multiple of 32; a value that is not finite is refused. */
-tp_status tp_q4_quantize_rows(tp_q4_block *dst, const void *src, tp_dtype st, int64_t rows, int64_t k);
-/* (nibble - 8)·d for the k values of one row (k a multiple of 32). */
-void tp_q4_dequantize_row(float *dst, const tp_q4_block *src, int64_t k);
+ * multiple of 32; a value that is not finite is refused.  dst (rows·k/32·18
+ * bytes, the size of the plain blocks) gets them in tensorpar's repacked
+ * layout (kern_q4.h: 4 rows interleaved, scales together), the layout
+ * every q4_0 tensor has in memory; tp_q4_block_at reads one block back. */
+tp_status tp_q4_quantize_rows(void *dst, const void *src, tp_dtype st, int64_t rows, int64_t k);
+/* Block b of row r of a repacked q4_0 tensor of rows × k values, as
+ * llama.cpp's block_q4_0. */
+tp_q4_block tp_q4_block_at(const void *w, int64_t rows, int64_t k, int64_t r, int64_t b);
+/* (nibble - 8)·d for the k values of row r of a repacked q4_0 tensor of
+ * rows × k values (k a multiple of 32). */
+void tp_q4_dequantize_row(float *dst, const void *w, int64_t rows, int64_t k, int64_t r);
 
 #ifdef __cplusplus
 }

@@ -68,7 +68,7 @@ tp_status tp_threadpool_pin(tp_threadpool *pool, int first)
     j.first = first < 0 ? 0 : first % j.ncpus;
     memset(j.failed, 0, sizeof j.failed);
     /* Every thread of the pool (the caller is thread 0) pins itself. */
-    tp_parallel_run(pool, pin_worker, &j);
+    tp_parallel_run_each(pool, pin_worker, &j);
     for (int i = 0; i < CPU_SETSIZE; i++)
         if (j.failed[i]) return tp_fail(TP_ERR_INTERNAL, "pthread_setaffinity_np: %s", strerror(j.failed[i]));
     return TP_OK;

@@ -9,7 +9,19 @@
  * the spin is what makes short regions worth threading.  But ranks may
  * outnumber cores, and a spinning idle thread steals the core another rank
  * computes on: the spin is bounded, and 0 (sleep at once) where the caller
- * says the threads outnumber the cores (tp_threadpool_set_spin). */
+ * says the threads outnumber the cores (tp_threadpool_set_spin).
+ *
+ * A region's parts (the thread indices 0..n-1) are claimed, not assigned:
+ * a worker claims its own part when it sees the job, and the caller, once
+ * its own part is done, claims and runs every part whose worker has not
+ * started yet.  A worker whose core is busy elsewhere (another process, or
+ * a virtual CPU the host has descheduled) then costs the region nothing
+ * instead of holding the caller until it wakes; a late worker finds its
+ * part taken and goes back to waiting.  Every part still runs exactly once,
+ * with its own index, so results do not depend on which thread ran it.
+ * tp_parallel_run_each keeps every part on its own thread (pinning).
+ * tp_parallel_for adds dynamic chunks on top: a thread that has finished
+ * its share takes the chunks the others have not reached. */
 #include "tensorpar/base.h"
 
 #include <pthread.h>
@@ -31,7 +43,11 @@ struct tp_threadpool {
     tp_parallel_fn fn;
     void *ctx;
     _Atomic uint64_t generation;   /* bumped for each job */
-    atomic_int pending;            /* workers still running the current job */
+    /* Part p of job g is claimed by moving claim[p] from g - 1 to g, so a
+     * claim is for one job only: a late worker cannot claim a later job's
+     * part by mistake, nor run a part twice. */
+    _Atomic uint64_t *claim;
+    atomic_int pending;            /* parts 1..n-1 of the current job not yet done */
     atomic_int sleepers;           /* workers inside (or entering) the condvar wait */
     atomic_int caller_sleeps;      /* the caller waits on `done` */
     atomic_int stop;
@@ -44,9 +60,28 @@ struct tp_threadpool {
     /* Scratch lent to the caller between regions (tp_threadpool_scratch). */
     void *scratch;
     size_t scratch_bytes;
+    struct tp_chunk_cursor *cursors;   /* tp_parallel_for's, one per thread */
 };
 
+/* One thread's share of tp_parallel_for's chunks: the next one and the end,
+ * on a cache line of its own, since its owner updates it per chunk. */
+typedef struct tp_chunk_cursor {
+    _Alignas(64) _Atomic int64_t next;
+    int64_t end;
+} tp_chunk_cursor;
+
 typedef struct { tp_threadpool *pool; int index; } worker_arg;
+
+/* Runs part ti of the current job (generation gen) if nobody has claimed it
+ * yet; returns whether it did.  The claim comes before reading fn and ctx:
+ * while part ti is unclaimed the job cannot end, so they are this job's. */
+static int run_part(tp_threadpool *pool, uint64_t gen, int ti)
+{
+    uint64_t expect = gen - 1;
+    if (!atomic_compare_exchange_strong(&pool->claim[ti], &expect, gen)) return 0;
+    pool->fn(pool->ctx, ti, pool->n);
+    return 1;
+}
 
 /* Spins until generation != seen or stop, for at most spin_s seconds;
  * returns whether it saw the change. */
@@ -85,7 +120,7 @@ static void *worker_main(void *p)
         }
         if (atomic_load(&pool->stop)) break;
         seen = atomic_load_explicit(&pool->generation, memory_order_acquire);
-        pool->fn(pool->ctx, arg.index, pool->n);
+        if (!run_part(pool, seen, arg.index)) continue;   /* the caller ran it */
         if (atomic_fetch_sub(&pool->pending, 1) == 1 && atomic_load(&pool->caller_sleeps)) {
             pthread_mutex_lock(&pool->mu);
             pthread_cond_signal(&pool->done);
@@ -113,7 +148,16 @@ tp_status tp_threadpool_create(tp_threadpool **out, int nthreads)
     pthread_cond_init(&pool->wake, NULL);
     pthread_cond_init(&pool->done, NULL);
     pool->threads = calloc((size_t)nthreads, sizeof(pthread_t));
-    if (!pool->threads) { free(pool); return tp_fail(TP_ERR_NOMEM, "out of memory creating thread pool"); }
+    pool->claim = calloc((size_t)nthreads, sizeof *pool->claim);
+    pool->cursors = aligned_alloc(64, (size_t)nthreads * sizeof *pool->cursors);
+    if (!pool->threads || !pool->claim || !pool->cursors) {
+        free(pool->threads);
+        free(pool->claim);
+        free(pool->cursors);
+        free(pool);
+        return tp_fail(TP_ERR_NOMEM, "out of memory creating thread pool");
+    }
+    for (int i = 0; i < nthreads; i++) atomic_init(&pool->claim[i], 0);
     for (int i = 1; i < nthreads; i++) {
         worker_arg *arg = malloc(sizeof *arg);
         if (arg) { arg->pool = pool; arg->index = i; }
@@ -145,6 +189,8 @@ void tp_threadpool_destroy(tp_threadpool *pool)
     pthread_cond_destroy(&pool->wake);
     pthread_cond_destroy(&pool->done);
     free(pool->threads);
+    free(pool->claim);
+    free(pool->cursors);
     tp_free(pool->scratch);
     free(pool);
 }
@@ -165,19 +211,24 @@ void *tp_threadpool_scratch(tp_threadpool *pool, size_t bytes)
 
 int tp_threadpool_size(const tp_threadpool *pool) { return pool ? pool->n : 1; }
 
-void tp_parallel_run(tp_threadpool *pool, tp_parallel_fn fn, void *ctx)
+/* Publishes the job, runs part 0, then (unless each) the parts no worker
+ * has claimed, and waits for the rest. */
+static void run_job(tp_threadpool *pool, tp_parallel_fn fn, void *ctx, int each)
 {
     if (!pool || pool->n == 1) { fn(ctx, 0, 1); return; }
     pool->fn = fn;
     pool->ctx = ctx;
     atomic_store(&pool->pending, pool->n - 1);
-    atomic_fetch_add(&pool->generation, 1);   /* publishes fn, ctx, pending */
+    uint64_t gen = atomic_fetch_add(&pool->generation, 1) + 1;   /* publishes fn, ctx, pending */
     if (atomic_load(&pool->sleepers) > 0) {
         pthread_mutex_lock(&pool->mu);
         pthread_cond_broadcast(&pool->wake);
         pthread_mutex_unlock(&pool->mu);
     }
-    fn(ctx, 0, pool->n);
+    run_part(pool, gen, 0);
+    if (!each)
+        for (int p = 1; p < pool->n; p++)
+            if (run_part(pool, gen, p)) atomic_fetch_sub(&pool->pending, 1);
     /* Wait for the workers: spin (they usually finish within the spin),
      * then sleep until the last one signals. */
     double deadline = 0, spin_s = atomic_load_explicit(&pool->spin_s, memory_order_relaxed);
@@ -194,6 +245,50 @@ void tp_parallel_run(tp_threadpool *pool, tp_parallel_fn fn, void *ctx)
         pthread_mutex_unlock(&pool->mu);
         break;
     }
+}
+
+void tp_parallel_run(tp_threadpool *pool, tp_parallel_fn fn, void *ctx) { run_job(pool, fn, ctx, 0); }
+
+void tp_parallel_run_each(tp_threadpool *pool, tp_parallel_fn fn, void *ctx) { run_job(pool, fn, ctx, 1); }
+
+typedef struct {
+    tp_range_fn fn;
+    void *ctx;
+    int64_t n, chunk;
+    tp_chunk_cursor *cur;
+} for_job;
+
+/* Thread ti's own chunks in order, then the others' that are left, each
+ * from the front of its owner's remaining share. */
+static void for_worker(void *p, int ti, int nt)
+{
+    const for_job *j = p;
+    for (int o = 0; o < nt; o++) {
+        tp_chunk_cursor *c = &j->cur[(ti + o) % nt];
+        for (;;) {
+            int64_t i = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
+            if (i >= c->end) break;
+            int64_t b = i * j->chunk, e = b + j->chunk < j->n ? b + j->chunk : j->n;
+            j->fn(j->ctx, b, e, ti);
+        }
+    }
+}
+
+void tp_parallel_for(tp_threadpool *pool, int64_t n, int64_t chunk, tp_range_fn fn, void *ctx)
+{
+    if (n <= 0) return;
+    if (chunk < 1) chunk = 1;
+    int nt = tp_threadpool_size(pool);
+    int64_t chunks = (n + chunk - 1) / chunk;
+    if (nt == 1 || chunks == 1) { fn(ctx, 0, n, 0); return; }
+    for (int t = 0; t < nt; t++) {
+        int64_t b, e;
+        tp_split_range(chunks, t, nt, &b, &e);
+        atomic_store_explicit(&pool->cursors[t].next, b, memory_order_relaxed);
+        pool->cursors[t].end = e;
+    }
+    for_job j = {fn, ctx, n, chunk, pool->cursors};
+    run_job(pool, for_worker, &j, 0);   /* publishing the job publishes the cursors */
 }
 
 void tp_split_range(int64_t n, int ti, int nt, int64_t *begin, int64_t *end)

@@ -3,20 +3,35 @@
  * gradient (dx = dy · W), except for a few rows (a decoded token), where
  * the packed GEMM packs all of W for every call and costs more than the
  * product (3.4x a GEMV at H 2048, I 1024, bf16).  A few rows instead stream
- * W once, a pass of R rows of W at a time (8 on the SIMD paths: half the
- * passes over y of 4), each thread over its own columns, every row of x
- * taking the pass while its rows of W are in cache: y += Σ_q x[q] ·
- * W[q, c0..c1).  Every output element is one thread's sum in the order of
- * W's rows, whatever the thread count.  On Zen 5 (bench_layouts, one
- * thread, cold weights) this runs at 0.9-1.0x the GEMV of the same expert
- * stored [out, in]; the first form (4 rows, one FMA chain, masked loads)
- * ran at ~0.55x. */
+ * W once, and each thread reads its part of W as one stream: W's rows one
+ * after another, y[r] += x[r, i] · W[i, :] for every row r of x while row
+ * i is in cache.  The core's prefetchers follow one stream, not several:
+ * the form that read 8 rows side by side (8 streams a row apart) ran at
+ * 0.74 of the GEMV of the same bytes stored [out, in] on Zen 5 (bench
+ * kernels --moe, 1 thread), as the dense GEMV did before it moved to one
+ * stream per thread (gemm_avx512.c gemv_row).  On the SIMD paths the
+ * threads split W's rows, not its columns (a column range is a strided
+ * stream, and at 2 threads it ran at 0.6-0.8 of the [out, in] GEMV where
+ * row ranges ran at 0.9-1.0): the rows in fixed chunks, each chunk summed
+ * apart and the sums added in chunk order, so the bits do not depend on
+ * the thread count (chunk_worker). */
 #include "kern_internal.h"
 
 #include <string.h>
 
 #define XW_MAX_ROWS 4      /* rows of x that take the streaming loop */
-#define XW_PF_BYTES 1024   /* software prefetch distance along a row of W */
+/* Software prefetch distance along a thread's stream of W: on Zen 5 (one
+ * thread, cold bf16 experts at Qwen3-30B-A3B's shapes) 2 KiB reached 0.88-0.90
+ * of the [out, in] GEMV, 4 KiB 1.00-1.03, 8 KiB 1.07-1.10, 16 KiB 1.06-1.11. */
+#define XW_PF_BYTES 8192
+#define XW_COLS 32         /* the scalar path: columns a thread's range is made of */
+/* Rows of W summed apart, then added in order (SIMD paths): at least
+ * XW_CHUNK_MIN, and at most XW_CHUNKS chunks.  A chunk's n × out sums are
+ * read back once to be added (~n/32 of its weights' bytes at 64 rows);
+ * more chunks split more evenly over the threads (Qwen3-30B-A3B's down,
+ * 768 rows: 12, 6 + 6 on 2 threads). */
+#define XW_CHUNK_MIN 64
+#define XW_CHUNKS 32
 
 typedef struct {
     float *y;
@@ -24,8 +39,9 @@ typedef struct {
     int64_t n, in, out;
     const void *w;
     int bf16;
-    int pass;               /* rows of W per pass: 8 on the SIMD paths (in >= 8), else 4 */
     tp_kernel_path path;
+    float *part;            /* the chunks' sums (chunk_worker), part_stride floats apart */
+    int64_t chunks, chunk_rows, part_stride;
 } xw_job;
 
 static inline float w_at(const void *w, int bf16, int64_t i)
@@ -38,7 +54,7 @@ static inline float w_at(const void *w, int bf16, int64_t i)
 }
 
 /* y[0..n) += Σ_q a[q] · W[q, 0..n) for the 4 rows of W from w (element
- * offset off), stride apart: the scalar path and the SIMD paths' tails. */
+ * offset off), stride apart: the scalar path. */
 static void axpy4(float *restrict y, const void *w, int bf16, int64_t off, int64_t stride, const float *a, int64_t n)
 {
     for (int64_t c = 0; c < n; c++)
@@ -60,50 +76,92 @@ TAVX2 static inline __m256 load8(const void *w, int bf16, int64_t i)
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
 
-/* y[0..n) += Σ_q a[q] · W[q, 0..n) for R (4 or 8) rows of W, V-wide
- * vectors (__m256 on AVX2, __m512 on AVX-512: SET1, MUL, FMA, ADD, LOADU,
- * STOREU and LOADW, the weights widened to f32), the tail by axpy4.  No
- * masked loads or stores in the loop (on Zen 5 they halved the rate on
- * cold weights); each row prefetched XW_PF_BYTES ahead within the thread's
- * columns, one prefetch a line.  The R rows are summed as a tree of R/2
- * chains of two, not one chain of R FMAs: the iterations are independent,
- * but a long chain per iteration fills the scheduler before the next
- * iteration's loads issue. */
-#define XW_AXPY_BODY(VT, V, SET1, MUL, FMA, ADD, LOADU, STOREU, LOADW)                                    \
+/* One pass of the thread's stream: rows i..i+R of W (R = 1 or 2), over
+ * columns [0, m) (element off of row 0; all of W's columns on the chunked
+ * path), y[r][c] += x[r][i] · W[i, c] for the n rows of x (y rows ys
+ * apart), row after row, V-wide
+ * vectors (__m256 on AVX2, __m512 on AVX-512: SET1, FMA, LOADU, STOREU and
+ * LOADW, the weights widened to f32), a step of 32 columns, the last < 32
+ * one vector or one column at a time.  Each line of W is prefetched pf
+ * elements ahead along the stream: pa + c in row i + q + dr, or pb + c in
+ * the row after it once c passes m - dc (the last row at the end).  A
+ * step's y rows are all loaded before any is stored: rows of y 4 KiB
+ * apart alias, and a load after a store to the same 4 KiB offset waits
+ * for it.  The stream's first pass (i = 0) starts y from zero instead of
+ * loading it, and where fin is given its last pass adds the finished sums
+ * to fin instead of storing them: no separate passes to clear a chunk's
+ * sums and add them to the output, which would idle the stream. */
+#define XW_PASS(VT, V, SET1, FMA, ADD, LOADU, STOREU, LOADW, R)                                            \
+    do {                                                                                              \
+        const char *pa[R], *pb[R];                                                                     \
+        VT av[R][XW_MAX_ROWS];                                                                         \
+        for (int q = 0; q < R; q++) {                                                                  \
+            int64_t ra = i + q + dr < lim ? i + q + dr : lim - 1, rb = ra + 1 < lim ? ra + 1 : lim - 1; \
+            pa[q] = wb + (off + ra * stride + dc) * esz;                                               \
+            pb[q] = wb + (off + rb * stride + dc - m) * esz;                                           \
+            for (int r = 0; r < n; r++) av[q][r] = SET1(x[r * xs + i + q]);                            \
+        }                                                                                              \
+        const int64_t o = off + i * stride;                                                            \
+        const int first = i == 0;                                                                      \
+        float *to = i + R == in ? fin : NULL;                                                          \
+        int64_t c = 0;                                                                                 \
+        for (; c + 32 <= m; c += 32) {                                                                 \
+            VT wv[R][32 / V], yv[XW_MAX_ROWS][32 / V];                                                 \
+            for (int q = 0; q < R; q++) {                                                              \
+                for (int64_t l = 0; l < 32; l += line)                                                 \
+                    _mm_prefetch((c + l < m - dc ? pa[q] : pb[q]) + (c + l) * esz, _MM_HINT_T0);       \
+                for (int u = 0; u < 32 / V; u++) wv[q][u] = LOADW(w, bf16, o + q * stride + c + u * V); \
+            }                                                                                          \
+            for (int r = 0; r < n; r++)                                                                \
+                for (int u = 0; u < 32 / V; u++) yv[r][u] = first ? SET1(0.0f) : LOADU(y + r * ys + c + u * V); \
+            for (int q = 0; q < R; q++)                                                                \
+                for (int r = 0; r < n; r++)                                                            \
+                    for (int u = 0; u < 32 / V; u++) yv[r][u] = FMA(av[q][r], wv[q][u], yv[r][u]);     \
+            if (to)                                                                                    \
+                for (int r = 0; r < n; r++)                                                            \
+                    for (int u = 0; u < 32 / V; u++) {                                                 \
+                        float *tp = to + r * ys + c + u * V;                                           \
+                        STOREU(tp, ADD(LOADU(tp), yv[r][u]));                                          \
+                    }                                                                                  \
+            else                                                                                       \
+                for (int r = 0; r < n; r++)                                                            \
+                    for (int u = 0; u < 32 / V; u++) STOREU(y + r * ys + c + u * V, yv[r][u]);         \
+        }                                                                                              \
+        for (int q = 0; q < R; q++) {   /* the tail: y itself, cleared at the start, added to fin at the end */ \
+            int64_t t = c;                                                                             \
+            if (first && q == 0)                                                                       \
+                for (int r = 0; r < n; r++) memset(y + r * ys + t, 0, (size_t)(m - t) * sizeof(float));   \
+            for (; t + V <= m; t += V) {                                                               \
+                VT wv = LOADW(w, bf16, o + q * stride + t);                                            \
+                for (int r = 0; r < n; r++) STOREU(y + r * ys + t, FMA(av[q][r], wv, LOADU(y + r * ys + t))); \
+            }                                                                                          \
+            for (; t < m; t++)                                                                         \
+                for (int r = 0; r < n; r++) y[r * ys + t] += x[r * xs + i + q] * w_at(w, bf16, o + q * stride + t); \
+            if (to && q == R - 1)                                                                      \
+                for (int r = 0; r < n; r++)                                                            \
+                    for (t = c; t < m; t++) to[r * ys + t] += y[r * ys + t];                           \
+        }                                                                                              \
+    } while (0)
+
+/* The thread's stream: the rows of W in order, two a pass for 3 or 4 rows
+ * of x (half the y traffic; the sum per element stays one FMA per row in
+ * row order, so the bits do not depend on the pass). */
+#define XW_STREAM_BODY(VT, V, SET1, FMA, ADD, LOADU, STOREU, LOADW)                                           \
     do {                                                                                              \
         const int esz = bf16 ? 2 : 4;                                                                  \
-        const int64_t pf = XW_PF_BYTES / esz, line = 64 / esz > V ? 64 / esz : V;                      \
+        const int64_t line = 64 / esz, dr = pf / m, dc = pf % m;                                       \
         const char *wb = (const char *)w;                                                              \
-        VT av[8];                                                                                      \
-        for (int q = 0; q < R; q++) av[q] = SET1(a[q]);                                                \
-        int64_t c = 0;                                                                                 \
-        for (; c + V <= n; c += V) {                                                                   \
-            int64_t i = off + c;                                                                       \
-            if (c % line == 0 && c + pf < n)                                                           \
-                for (int q = 0; q < R; q++) _mm_prefetch(wb + (i + pf + q * stride) * esz, _MM_HINT_T0); \
-            VT p[4];                                                                                   \
-            for (int q = 0; q < R / 2; q++) p[q] = MUL(av[q], LOADW(w, bf16, i + q * stride));         \
-            for (int q = 0; q < R / 2; q++)                                                            \
-                p[q] = FMA(av[q + R / 2], LOADW(w, bf16, i + (q + R / 2) * stride), p[q]);             \
-            VT acc = R == 8 ? ADD(ADD(p[0], p[1]), ADD(p[2], p[3])) : ADD(p[0], p[1]);                 \
-            STOREU(y + c, ADD(LOADU(y + c), acc));                                                     \
-        }                                                                                              \
-        for (int q = 0; q < R; q += 4) axpy4(y + c, w, bf16, off + q * stride + c, stride, a + q, n - c); \
+        int64_t i = 0;                                                                                 \
+        if (n >= 3)                                                                                    \
+            for (; i + 2 <= in; i += 2) XW_PASS(VT, V, SET1, FMA, ADD, LOADU, STOREU, LOADW, 2);            \
+        for (; i < in; i++) XW_PASS(VT, V, SET1, FMA, ADD, LOADU, STOREU, LOADW, 1);                        \
     } while (0)
 
 TAVX2 static inline __attribute__((always_inline)) void
-axpy_avx2(float *y, const void *w, int bf16, int64_t off, int64_t stride, const float *a, int64_t n, const int R)
+stream_avx2(float *restrict y, int64_t ys, const float *restrict x, int64_t xs, const int n, const void *w,
+            const int bf16, int64_t off, int64_t stride, int64_t in, int64_t lim, int64_t m, int64_t pf, float *fin)
 {
-    XW_AXPY_BODY(__m256, 8, _mm256_set1_ps, _mm256_mul_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_loadu_ps,
-                 _mm256_storeu_ps, load8);
-}
-
-/* the pass for R = 4 or 8 (constants inside, so the loop is unrolled) */
-TAVX2 static void pass_avx2(float *y, const void *w, int bf16, int64_t off, int64_t stride, const float *a, int64_t n,
-                            int R)
-{
-    if (R == 8) axpy_avx2(y, w, bf16, off, stride, a, n, 8);
-    else axpy_avx2(y, w, bf16, off, stride, a, n, 4);
+    XW_STREAM_BODY(__m256, 8, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_loadu_ps, _mm256_storeu_ps, load8);
 }
 
 /* 16 weights from element i as f32 */
@@ -115,51 +173,112 @@ T512 static inline __m512 load16(const void *w, int bf16, int64_t i)
 }
 
 T512 static inline __attribute__((always_inline)) void
-axpy_avx512(float *y, const void *w, int bf16, int64_t off, int64_t stride, const float *a, int64_t n, const int R)
+stream_avx512(float *restrict y, int64_t ys, const float *restrict x, int64_t xs, const int n, const void *w,
+              const int bf16, int64_t off, int64_t stride, int64_t in, int64_t lim, int64_t m, int64_t pf, float *fin)
 {
-    XW_AXPY_BODY(__m512, 16, _mm512_set1_ps, _mm512_mul_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_loadu_ps,
-                 _mm512_storeu_ps, load16);
+    XW_STREAM_BODY(__m512, 16, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_loadu_ps, _mm512_storeu_ps,
+                   load16);
 }
 
-T512 static void pass_avx512(float *y, const void *w, int bf16, int64_t off, int64_t stride, const float *a,
-                             int64_t n, int R)
+/* the stream with n (1-4) and the dtype as constants, so that the loops over
+ * them unroll and av stays in registers */
+#define XW_DISPATCH(FN)                                                                                       \
+    do {                                                                                                      \
+        switch (n * 2 + bf16) {                                                                               \
+        case 2: FN(y, ys, x, xs, 1, w, 0, off, stride, in, lim, m, pf, fin); break;                           \
+        case 3: FN(y, ys, x, xs, 1, w, 1, off, stride, in, lim, m, pf, fin); break;                           \
+        case 4: FN(y, ys, x, xs, 2, w, 0, off, stride, in, lim, m, pf, fin); break;                           \
+        case 5: FN(y, ys, x, xs, 2, w, 1, off, stride, in, lim, m, pf, fin); break;                           \
+        case 6: FN(y, ys, x, xs, 3, w, 0, off, stride, in, lim, m, pf, fin); break;                           \
+        case 7: FN(y, ys, x, xs, 3, w, 1, off, stride, in, lim, m, pf, fin); break;                           \
+        case 8: FN(y, ys, x, xs, 4, w, 0, off, stride, in, lim, m, pf, fin); break;                           \
+        default: FN(y, ys, x, xs, 4, w, 1, off, stride, in, lim, m, pf, fin); break;                          \
+        }                                                                                                     \
+    } while (0)
+
+TAVX2 static void run_avx2(float *y, int64_t ys, const float *x, int64_t xs, int64_t n, const void *w, int bf16,
+                           int64_t off, int64_t stride, int64_t in, int64_t lim, int64_t m, int64_t pf, float *fin)
 {
-    if (R == 8) axpy_avx512(y, w, bf16, off, stride, a, n, 8);
-    else axpy_avx512(y, w, bf16, off, stride, a, n, 4);
+    XW_DISPATCH(stream_avx2);
+}
+
+T512 static void run_avx512(float *y, int64_t ys, const float *x, int64_t xs, int64_t n, const void *w, int bf16,
+                            int64_t off, int64_t stride, int64_t in, int64_t lim, int64_t m, int64_t pf, float *fin)
+{
+    XW_DISPATCH(stream_avx512);
 }
 #endif
 
-/* One pass: rows base..base+pass of W times a[0..pass) into y's columns
- * c0..c0+n. */
-static void pass_rows(const xw_job *j, float *y, int64_t base, int64_t c0, const float *a, int64_t n)
-{
-    int64_t off = base * j->out + c0;
-#if TP_KERNELS_X86
-    if (j->path >= TP_KERNEL_AVX512) { pass_avx512(y, j->w, j->bf16, off, j->out, a, n, j->pass); return; }
-    if (j->path >= TP_KERNEL_AVX2) { pass_avx2(y, j->w, j->bf16, off, j->out, a, n, j->pass); return; }
-#endif
-    axpy4(y, j->w, j->bf16, off, j->out, a, n);
-}
-
-static void xw_worker(void *p, int ti, int nt)
+/* The scalar path: each thread over its own columns, 4 rows of W a pass. */
+static void scalar_worker(void *p, int ti, int nt)
 {
     const xw_job *j = p;
-    int64_t c0, c1, R = j->pass;
-    tp_split_range((j->out + 15) / 16, ti, nt, &c0, &c1);   /* blocks of 16 columns */
-    c0 *= 16, c1 = c1 * 16 < j->out ? c1 * 16 : j->out;
+    int64_t c0, c1;
+    tp_split_range((j->out + XW_COLS - 1) / XW_COLS, ti, nt, &c0, &c1);
+    c0 *= XW_COLS, c1 = c1 * XW_COLS < j->out ? c1 * XW_COLS : j->out;
     if (c1 <= c0) return;
     for (int64_t r = 0; r < j->n; r++) memset(j->y + r * j->out + c0, 0, (size_t)(c1 - c0) * sizeof(float));
-    for (int64_t i = 0; i < j->in; i += R) {
-        /* a last pass of fewer than R rows takes the R last rows of W
-         * (in >= R), the ones already added with weight 0 */
-        int64_t base = j->in - i < R ? j->in - R : i;
-        for (int64_t r = 0; r < j->n; r++) {   /* the pass's rows of W, still in cache, for every row of x */
-            float a[8];
-            for (int q = 0; q < R; q++) a[q] = base + q >= i ? j->x[r * j->in + base + q] : 0.0f;
-            pass_rows(j, j->y + r * j->out + c0, base, c0, a, c1 - c0);
+    for (int64_t i = 0; i < j->in; i += 4) {
+        /* a last pass of fewer than 4 rows takes the 4 last rows of W
+         * (in >= 4), the ones already added with weight 0 */
+        int64_t base = j->in - i < 4 ? j->in - 4 : i;
+        for (int64_t r = 0; r < j->n; r++) {
+            float a[4];
+            for (int q = 0; q < 4; q++) a[q] = base + q >= i ? j->x[r * j->in + base + q] : 0.0f;
+            axpy4(j->y + r * j->out + c0, j->w, j->bf16, base * j->out + c0, j->out, a, c1 - c0);
         }
     }
 }
+
+#if TP_KERNELS_X86
+/* The SIMD paths: W's rows in fixed chunks (of chunk_rows), each thread a
+ * run of whole chunks, so that its part of W is one stream.  Chunk k's sum
+ * p_k = Σ x[i]·W[i, :] over its rows starts from zero, and y = ((p_0 + p_1)
+ * + p_2) + ... in chunk order, whatever the thread count: thread 0 sums
+ * chunk 0 into y and each further chunk of its run into part[0], added to
+ * y with its last row; the other threads leave chunk k in part[k], added
+ * by the caller after the region, in order. */
+static void chunk_worker(void *p, int ti, int nt)
+{
+    const xw_job *j = p;
+    int64_t k0, k1, pf = XW_PF_BYTES / (j->bf16 ? 2 : 4);
+    tp_split_range(j->chunks, ti, nt, &k0, &k1);
+    int64_t ch = j->chunk_rows, lim = k1 * ch < j->in ? k1 * ch : j->in;   /* the run's end: prefetches stop there */
+    for (int64_t k = k0; k < k1; k++) {
+        int64_t i0 = k * ch, rows = i0 + ch < j->in ? ch : j->in - i0;
+        float *dst = ti == 0 && k == 0 ? j->y : j->part + (ti == 0 ? 0 : k) * j->part_stride;
+        float *fin = ti == 0 && k > 0 ? j->y : NULL;   /* thread 0 adds its chunk to y as it ends */
+        if (j->path >= TP_KERNEL_AVX512)
+            run_avx512(dst, j->out, j->x + i0, j->in, j->n, j->w, j->bf16, i0 * j->out, j->out, rows, lim - i0,
+                       j->out, pf, fin);
+        else
+            run_avx2(dst, j->out, j->x + i0, j->in, j->n, j->w, j->bf16, i0 * j->out, j->out, rows, lim - i0,
+                     j->out, pf, fin);
+    }
+}
+
+static tp_status run_chunks(xw_job *j, tp_threadpool *pool)
+{
+    int64_t in = j->in, sz = j->n * j->out, k0, first_end;
+    j->chunk_rows = (in + XW_CHUNKS - 1) / XW_CHUNKS;
+    if (j->chunk_rows < XW_CHUNK_MIN) j->chunk_rows = XW_CHUNK_MIN;
+    j->chunks = (in + j->chunk_rows - 1) / j->chunk_rows;
+    tp_split_range(j->chunks, 0, tp_threadpool_size(pool), &k0, &first_end);   /* thread 0's run */
+    /* part[0]: thread 0's chunk in progress; part[k], k >= first_end: the
+     * other threads' chunks, a whole number of lines apart */
+    j->part_stride = (sz + 15) / 16 * 16;
+    size_t bytes = (size_t)((first_end < j->chunks ? j->chunks : 1) * j->part_stride) * sizeof(float);
+    float *own = NULL;
+    j->part = tp_threadpool_scratch(pool, bytes);
+    if (!j->part) j->part = own = tp_alloc(bytes);
+    if (!j->part) return tp_fail(TP_ERR_NOMEM, "tp_expert_xw: out of memory for the chunk sums");
+    tp_parallel_run(pool, chunk_worker, j);
+    for (int64_t k = first_end; k < j->chunks; k++)
+        for (int64_t e = 0; e < sz; e++) j->y[e] += j->part[k * j->part_stride + e];
+    tp_free(own);
+    return TP_OK;
+}
+#endif
 
 tp_status tp_expert_xw(float *y, const float *x, int64_t n, const tp_tensor *w, tp_threadpool *pool,
                        const tp_matmul_opts *opts)
@@ -167,9 +286,11 @@ tp_status tp_expert_xw(float *y, const float *x, int64_t n, const tp_tensor *w, 
     int64_t in = w->shape[0], out = w->shape[1];
     if (n <= XW_MAX_ROWS && in >= 4 && (w->dtype == TP_F32 || w->dtype == TP_BF16)) {
         tp_kernel_path path = tp_kernel_resolve(opts ? opts->path : TP_KERNEL_AUTO);
-        int pass = TP_KERNELS_X86 && path >= TP_KERNEL_AVX2 && in >= 8 ? 8 : 4;
-        xw_job j = {y, x, n, in, out, w->data, w->dtype == TP_BF16, pass, path};
-        tp_parallel_run(pool, xw_worker, &j);
+        xw_job j = {y, x, n, in, out, w->data, w->dtype == TP_BF16, path, NULL, 0, 0, 0};
+#if TP_KERNELS_X86
+        if (path >= TP_KERNEL_AVX2) return run_chunks(&j, pool);
+#endif
+        tp_parallel_run(pool, scalar_worker, &j);
         return TP_OK;
     }
     memset(y, 0, (size_t)(n * out) * sizeof(float));

@@ -8,6 +8,7 @@
  *
  * GEMV (decode, T <= 4): as gemm_avx512.c's (read that first). */
 #include "kernels/kern_internal.h"
+#include "kernels/kern_q4.h"
 
 #include <immintrin.h>
 #include <stdlib.h>
@@ -143,15 +144,16 @@ static inline __attribute__((always_inline)) TAVX2 void transpose8(__m256 v[8])
 }
 
 /* 8 values of a block from element e (a multiple of 8) times its scale d,
- * exact in f32: q8_0's d·q; q4_0's d·(nibble - 8), elements 0..15 the low
- * nibbles of bytes 0..15, 16..31 the high ones. */
-static inline __attribute__((always_inline)) TAVX2 __m256 dequant8(const char *blk, tp_dtype dt, int e, __m256 d)
+ * exact in f32: q8_0's d·q (q: the block's quants); q4_0's d·(nibble - 8)
+ * (q: its 16 bytes), elements 0..15 the low nibbles of bytes 0..15, 16..31
+ * the high ones. */
+static inline __attribute__((always_inline)) TAVX2 __m256 dequant8(const char *q, tp_dtype dt, int e, __m256 d)
 {
     __m256i v;
     if (dt == TP_Q8_0) {
-        v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(((const tp_q8_block *)blk)->q + e)));
+        v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)q + e)));
     } else {
-        v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(((const tp_q4_block *)blk)->qs + e % 16)));
+        v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + e % 16)));
         v = e < 16 ? _mm256_and_si256(v, _mm256_set1_epi32(0x0f)) : _mm256_srli_epi32(v, 4);
         v = _mm256_sub_epi32(v, _mm256_set1_epi32(8));
     }
@@ -159,33 +161,50 @@ static inline __attribute__((always_inline)) TAVX2 __m256 dequant8(const char *b
 }
 
 /* q8_0 or q4_0 rows (b->cs = k, whole blocks of 32; p0 and kc multiples of
- * 32): per 8 rows, one block of each at a time — its scale (the f16 both
- * formats start with) read once — as 4 transposes of 8 × 8 dequantized
- * values.  The values are the generic packing's (gemm_packed.c load_q8,
- * load_q4). */
+ * 32): per 8 rows, one block of each at a time — its scale read once — as
+ * 4 transposes of 8 × 8 dequantized values.  A q8_0 row is its blocks in
+ * order; a q4_0 block is found in the repacked layout (kern_q4.h).  The
+ * values are the generic packing's (gemm_packed.c load_q8, load_q4). */
 static inline __attribute__((always_inline)) TAVX2 void
 pack_bt_blocks(float *dst, const tp_gemm_operand *b, int64_t p0, int64_t kc, int64_t j0, tp_dtype dt)
 {
     _Static_assert(TP_Q8_BLOCK == 32 && TP_Q4_BLOCK == 32, "blocks of 32");
     const size_t bsz = dt == TP_Q8_0 ? sizeof(tp_q8_block) : sizeof(tp_q4_block);
     const int64_t nb = b->cs / 32;
+    const char *w = b->p;
     for (int h = 0; h < NR; h += 8) {
-        const char *row = (const char *)b->p + (size_t)((j0 + h) * nb + p0 / 32) * bsz;
         for (int64_t p = 0; p < kc; p += 32) {
-            const char *blk = row + (size_t)(p / 32) * bsz;
+            int64_t blk = (p0 + p) / 32, gds = 0, gqs = 0;
+            const char *q[8];
             __m256 d[8];
             for (int r = 0; r < 8; r++) {
-                uint16_t h16;
+                int64_t row = j0 + h + r, ds, qs;
+                if (dt == TP_Q8_0) {
+                    ds = (row * nb + blk) * (int64_t)bsz;
+                    qs = ds + 2;
+                } else {
+                    /* j0 + h is a multiple of 4 and the panel's groups are
+                     * whole (j0 + NR <= rows): a group is located once a
+                     * block, its rows 2 (scale) and 16 bytes apart */
+                    if (r % TP_Q4_ROWS == 0) gds = tp_q4_locate(b->rows, nb, row, blk, &gqs);
+                    ds = gds + 2 * (r % TP_Q4_ROWS);
+                    qs = gqs + 16 * (r % TP_Q4_ROWS);
+                }
+                /* the next panel's rows lie NR·nb blocks on in either layout (a
+                 * q4_0 group past the last row: an address for a prefetch only) */
+                int64_t nqs = qs + NR * nb * (int64_t)bsz;
                 /* the same block of the next panel's rows, as pack_bt does */
-                _mm_prefetch((const char *)((uintptr_t)blk + (uintptr_t)((NR + r) * nb) * bsz), _MM_HINT_T0);
-                memcpy(&h16, blk + (size_t)(r * nb) * bsz, sizeof h16);
+                _mm_prefetch((const char *)((uintptr_t)w + (uintptr_t)nqs), _MM_HINT_T0);
+                uint16_t h16;
+                memcpy(&h16, w + ds, sizeof h16);
                 d[r] = _mm256_set1_ps(tp_q8_scale(h16));
+                q[r] = w + qs;
             }
             for (int e = 0; e < 32; e += 8) {
                 __m256 v[8];
-                for (int r = 0; r < 8; r++) v[r] = dequant8(blk + (size_t)(r * nb) * bsz, dt, e, d[r]);
+                for (int r = 0; r < 8; r++) v[r] = dequant8(q[r], dt, e, d[r]);
                 transpose8(v);
-                for (int q = 0; q < 8; q++) _mm256_storeu_ps(dst + (p + e + q) * NR + h, v[q]);
+                for (int q8 = 0; q8 < 8; q8++) _mm256_storeu_ps(dst + (p + e + q8) * NR + h, v[q8]);
             }
         }
     }
@@ -280,7 +299,7 @@ const tp_gemm_ukernel tp_gemm_ukernel_avx2 = {MR, NR, 168, 256, 2048, ukernel, p
 tp_status tp_gemm_avx2(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
                        int64_t n, int64_t k, tp_threadpool *pool)
 {
-    tp_gemm_operand a = {x, TP_F32, k, 1}, b = {W, wt, 1, k};
+    tp_gemm_operand a = {x, TP_F32, k, 1, 0}, b = {W, wt, 1, k, n};
     return tp_gemm_packed(&tp_gemm_ukernel_avx2, y, n, 0, T, n, k, &a, &b, pool);
 }
 
@@ -380,14 +399,16 @@ gemv_block(const gemv_job *j, int64_t r0, const int R, const int T, int64_t lim)
         for (; r0 < r1; r0++) gemv_block(j, r0, 1, (T), last - r0 * row_bytes);           \
     } while (0)
 
-TAVX2 static void gemv_worker(void *p, int ti, int nt)
+/* Rows [r0, r1) (a chunk of tp_parallel_for): each row's sum is the same
+ * whoever computes it and whatever rows share its block, so the dynamic
+ * split keeps the bits of any thread count.  Prefetches may run into the
+ * rest of W (usually this thread's next chunk), never past its end. */
+TAVX2 static void gemv_chunk(void *p, int64_t r0, int64_t r1, int ti)
 {
+    (void)ti;
     const gemv_job *j = p;
     int64_t row_bytes = j->k * (j->wt == TP_F32 ? 4 : 2);
-    int64_t r0, r1;
-    tp_gemv_thread_rows(j->n, row_bytes, j->T == 1 ? GEMV_ROWS_T1 : GEMV_ROWS, ti, nt, &r0, &r1);
-    if (r0 >= r1) return;
-    int64_t last = r1 * row_bytes - 1;   /* this thread's last byte of W */
+    int64_t last = j->n * row_bytes - 1;
     switch (j->T) {
     case 1: GEMV_RUN(GEMV_ROWS_T1, 1); break;
     case 2: GEMV_RUN(GEMV_ROWS, 2); break;
@@ -425,7 +446,8 @@ tp_status tp_gemv_avx2(float *y, const float *x, int64_t T, const void *W, tp_dt
         permute_x(tmp, x, T, k, j.kp);
         j.x = tmp;
     }
-    tp_parallel_run(pool, gemv_worker, &j);
+    int64_t rows = tp_gemv_chunk_rows(k * (wt == TP_F32 ? 4 : 2), T == 1 ? GEMV_ROWS_T1 : GEMV_ROWS);
+    tp_parallel_for(pool, n, rows, gemv_chunk, &j);
     tp_free(tmp);
     return TP_OK;
 }

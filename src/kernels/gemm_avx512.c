@@ -36,6 +36,7 @@
  * even ones are (lane << 16), the odd ones (lane & 0xffff0000); x is
  * permuted once per call to match (as tp_gemv_permute_x). */
 #include "kernels/kern_internal.h"
+#include "kernels/kern_q4.h"
 #include "kernels/vmath.h"
 
 #include <immintrin.h>
@@ -105,8 +106,7 @@ T512BF static void pack_a_dot_panel(uint32_t *dst, const float *x, int64_t rows,
  * q8_0 (rows of whole blocks, off a multiple of 16: the 16 lie in one
  * block): d·q, exact in f32 and the value tp_q8_dequantize_row gives, so
  * the product is the f32 one of the dequantized weights.  q4_0 likewise:
- * d·(nibble - 8), the 16 being the low nibbles of the block's 16 bytes
- * (off % 32 = 0) or their high ones (16), as tp_q4_dequantize_row.  A full
+ * d·(nibble - 8) (pack_b_q4 below, as the layout is its own).  A full
  * block of f32/bf16 is read without a mask: packing an MoE expert's cold
  * bf16 weights with masked loads ran the grouped prefill at ~0.7x (Zen 5,
  * bench kernels --moe), as it did expert_xw.c's decode loop. */
@@ -120,17 +120,56 @@ static inline __attribute__((always_inline)) T512 __m512 load_w16(const void *w,
         __m512i q = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, b->q + off % TP_Q8_BLOCK));
         return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(tp_q8_scale(b->d)));
     }
-    if (wt == TP_Q4_0) {
-        const tp_q4_block *b = (const tp_q4_block *)w + off / TP_Q4_BLOCK;
-        __m512i q = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, b->qs));
-        q = off % TP_Q4_BLOCK ? _mm512_srli_epi32(q, 4) : _mm512_and_si512(q, _mm512_set1_epi32(0x0f));
-        q = _mm512_sub_epi32(q, _mm512_set1_epi32(8));
-        return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(tp_q8_scale(b->d)));
-    }
     const uint16_t *p = (const uint16_t *)w + off;
     __m256i h = m == 0xffff ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(m, p);
     __m512i v = _mm512_cvtepu16_epi32(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+
+/* pack_b_f32 for q4_0 W (repacked, kern_q4.h): each 16 values of a row are
+ * the low nibbles (elements 0..15 of a block) or the high ones (16..31) of
+ * its 16 bytes, d·(nibble - 8), as tp_q4_dequantize_row.  Each group of 4
+ * rows (c0 is a multiple of 4) is located once per chunk; within it a row
+ * is 2 (scale) and 16 (nibbles) bytes after the one before, a block 2·g
+ * and 16·g after the one before (g rows in the group). */
+T512 static void pack_b_q4(float *dst, const char *w, int64_t n, int64_t ldw, int64_t n0, int64_t k0, int64_t kc)
+{
+    const int64_t nb = ldw / TP_Q4_BLOCK;
+    for (int h = 0; h < 2; h++) {
+        int64_t c0 = n0 + 16 * h, rows = n - c0 < 16 ? n - c0 : 16;
+        float *dd = dst + 16 * h;
+        int64_t ds[4] = {0}, qs[4] = {0}, g[4] = {0};
+        for (int64_t k = 0; k < kc; k += 16) {
+            __mmask16 m = col_mask(kc - k);
+            int64_t blk = (k0 + k) / TP_Q4_BLOCK;
+            int hi = (k0 + k) % TP_Q4_BLOCK != 0;
+            for (int gi = 0; gi < 4 && 4 * gi < rows && !hi; gi++) {
+                if (k == 0 || blk % TP_Q4_CHUNK == 0) {
+                    ds[gi] = tp_q4_locate(n, nb, c0 + 4 * gi, blk, &qs[gi]);
+                    g[gi] = n - (c0 + 4 * gi) < TP_Q4_ROWS ? n - (c0 + 4 * gi) : TP_Q4_ROWS;
+                } else {
+                    ds[gi] += 2 * g[gi];
+                    qs[gi] += 16 * g[gi];
+                }
+            }
+            __m512 r[16];
+            for (int i = 0; i < 16; i++) {
+                if (i >= rows) {
+                    r[i] = _mm512_setzero_ps();
+                    continue;
+                }
+                uint16_t d;
+                memcpy(&d, w + ds[i / 4] + 2 * (i % 4), sizeof d);
+                __m512i q = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, w + qs[i / 4] + 16 * (i % 4)));
+                q = hi ? _mm512_srli_epi32(q, 4) : _mm512_and_si512(q, _mm512_set1_epi32(0x0f));
+                q = _mm512_sub_epi32(q, _mm512_set1_epi32(8));
+                r[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(tp_q8_scale(d)));
+            }
+            tp_transpose16x16(r);
+            int nk = kc - k < 16 ? (int)(kc - k) : 16;
+            for (int j = 0; j < nk; j++) _mm512_store_ps(dd + (k + j) * NR, r[j]);
+        }
+    }
 }
 
 /* W[n0:n0+32, k0:k0+kc] → dst[kc][NR] f32; columns past n are zero.  Each
@@ -323,6 +362,16 @@ static int64_t w_bytes(tp_dtype wt, int64_t elems)
     return elems * (wt == TP_F32 ? 4 : 2);
 }
 
+/* Where row r's stretch of W from column c begins, for the prefetch; q4_0
+ * (repacked, kern_q4.h): r is a group's first row, whose stretch is the
+ * group's 4 stretches together (c a multiple of KC: whole chunks). */
+static int64_t w_stretch(const gemm_job *j, int64_t r, int64_t c)
+{
+    if (j->wt != TP_Q4_0) return w_bytes(j->wt, r * j->k + c);
+    int64_t qs;
+    return tp_q4_locate(j->n, j->k / TP_Q4_BLOCK, r, c / TP_Q4_BLOCK, &qs);
+}
+
 static void gemm_worker(void *p, int ti, int nt)
 {
     const gemm_job *j = p;
@@ -337,11 +386,14 @@ static void gemm_worker(void *p, int ti, int nt)
             int64_t n0 = nb * NR;
             int nr = (int)min64(NR, j->n - n0);
             if (j->dot) pack_b_dot(bp, j->w, j->n, j->k, n0, k0, kc);
+            else if (j->wt == TP_Q4_0) pack_b_q4(bp, j->w, j->n, j->k, n0, k0, kc);
             else pack_b_f32(bp, j->w, j->wt, j->n, j->k, n0, k0, kc);
             /* The next slice of this K block, or the first of the next:
              * tile i prefetches row i of its W block for the packing. */
             int64_t pn = nb + 1 < b1 ? n0 + NR : b0 * NR, pk = nb + 1 < b1 ? k0 : k0 + j->kb;
-            int64_t wlines = (w_bytes(j->wt, min64(j->kb, j->k - pk)) + 63) / 64;
+            /* q4_0: tile i prefetches group i (4 rows, together in memory) */
+            int64_t rpt = j->wt == TP_Q4_0 ? TP_Q4_ROWS : 1;
+            int64_t wlines = (w_bytes(j->wt, rpt * min64(j->kb, j->k - pk)) + 63) / 64;
             for (int64_t t0 = 0; t0 < j->T; t0 += MR) {
                 int mr = (int)min64(MR, j->T - t0);
                 float *c = j->y + t0 * j->n + n0;
@@ -350,9 +402,9 @@ static void gemm_worker(void *p, int ti, int nt)
                 int last = t0 + MR >= j->T;
                 const float *pc = last ? j->y + n0 + NR : c + MR * j->n;
                 int pc_rows = (int)(last ? (n0 + NR < j->n ? min64(MR, j->T) : 0) : min64(MR, j->T - t0 - MR));
-                int64_t pr = pn + t0 / MR;
-                int nw = wlines > 0 && t0 / MR < NR && pr < j->n ? (int)wlines : 0;
-                const char *pw = nw ? (const char *)j->w + w_bytes(j->wt, pr * j->k + pk) : NULL;
+                int64_t pr = pn + rpt * (t0 / MR);
+                int nw = wlines > 0 && rpt * (t0 / MR) < NR && pr < j->n ? (int)wlines : 0;
+                const char *pw = nw ? (const char *)j->w + w_stretch(j, pr, pk) : NULL;
                 if (j->dot)
                     kernel_dot(kl, (const uint32_t *)ap + t0 * kl, bp, c, j->n, mr, nr, k0 > 0, pc, pc_rows, pw, nw);
                 else
@@ -596,14 +648,13 @@ static inline __attribute__((always_inline)) T512BF void gemv_row(const gemv_job
         for (; r0 < r1; r0++) gemv_block(j, r0, 1, (T), last - r0 * row_bytes);           \
     } while (0)
 
-T512BF static void gemv_worker(void *p, int ti, int nt)
+/* Rows [r0, r1) of one weight.  Prefetches may run past the rows into the
+ * rest of the weight (usually the same thread's next chunk), never past
+ * its last byte. */
+static inline __attribute__((always_inline)) T512BF void gemv_rows(const gemv_job *j, int64_t r0, int64_t r1)
 {
-    const gemv_job *j = p;
     int64_t row_bytes = j->k * (j->wt == TP_F32 ? 4 : 2);
-    int64_t r0, r1;
-    tp_gemv_thread_rows(j->n, row_bytes, j->T == 1 ? 1 : GEMV_ROWS, ti, nt, &r0, &r1);
-    if (r0 >= r1) return;
-    int64_t last = r1 * row_bytes - 1;   /* this thread's last byte of W */
+    int64_t last = j->n * row_bytes - 1;
     switch (j->T) {
     case 1:
         for (; r0 < r1; r0++) gemv_row(j, r0, last - r0 * row_bytes);
@@ -611,6 +662,32 @@ T512BF static void gemv_worker(void *p, int ti, int nt)
     case 2: GEMV_RUN(GEMV_ROWS, 2); break;
     case 3: GEMV_RUN(GEMV_ROWS, 3); break;
     default: GEMV_RUN(GEMV_ROWS, 4); break;
+    }
+}
+
+/* The weights of one call (a group shares x) cut into chunks of `rows`
+ * rows, numbered across the weights: weight i's chunks start at first[i]. */
+#define GEMV_GROUP_MAX 8
+typedef struct {
+    gemv_job part[GEMV_GROUP_MAX];
+    int64_t first[GEMV_GROUP_MAX + 1];
+    int64_t rows;
+    int count;
+} gemv_group;
+
+/* Chunks [c0, c1) (tp_parallel_for).  Each row's sum is the same whoever
+ * computes it and whatever rows share its chunk, so the dynamic split
+ * keeps the bits of any thread count. */
+T512BF static void gemv_chunks(void *p, int64_t c0, int64_t c1, int ti)
+{
+    (void)ti;
+    const gemv_group *g = p;
+    for (int64_t c = c0; c < c1; c++) {
+        int i = 0;
+        while (c >= g->first[i + 1]) i++;
+        const gemv_job *j = &g->part[i];
+        int64_t r0 = (c - g->first[i]) * g->rows, r1 = r0 + g->rows < j->n ? r0 + g->rows : j->n;
+        gemv_rows(j, r0, r1);
     }
 }
 
@@ -642,10 +719,12 @@ T512 void tp_permute_x_avx512(float *dst, const float *x, int64_t T, int64_t k, 
         }
 }
 
-tp_status tp_gemv_avx512(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
-                         int64_t n, int64_t k, int bf16_dot, tp_threadpool *pool)
+tp_status tp_gemv_avx512_group(const tp_gemm_part *parts, int count, const float *x, int64_t T, tp_dtype wt,
+                               int64_t k, int bf16_dot, tp_threadpool *pool)
 {
-    gemv_job j = {y, x, W, wt, T, n, k, k, bf16_dot && wt == TP_BF16};
+    if (count < 1 || count > GEMV_GROUP_MAX)
+        return tp_fail(TP_ERR_INTERNAL, "tp_gemv_avx512_group: %d weights (1..%d)", count, GEMV_GROUP_MAX);
+    gemv_job j = {NULL, x, NULL, wt, T, 0, k, k, bf16_dot && wt == TP_BF16};
     void *tmp = NULL;
     if (wt == TP_BF16) {
         j.kp = (k + 31) / 32 * 32;
@@ -655,7 +734,23 @@ tp_status tp_gemv_avx512(float *y, const float *x, int64_t T, const void *W, tp_
         else tp_permute_x_avx512(tmp, x, T, k, j.kp);
         j.x = tmp;
     }
-    tp_parallel_run(pool, gemv_worker, &j);
+    gemv_group g = {.count = count, .rows = tp_gemv_chunk_rows(k * (wt == TP_F32 ? 4 : 2), T == 1 ? 1 : GEMV_ROWS)};
+    g.first[0] = 0;
+    for (int i = 0; i < count; i++) {
+        g.part[i] = j;
+        g.part[i].y = parts[i].y;
+        g.part[i].w = parts[i].w;
+        g.part[i].n = parts[i].n;
+        g.first[i + 1] = g.first[i] + (parts[i].n + g.rows - 1) / g.rows;
+    }
+    tp_parallel_for(pool, g.first[count], 1, gemv_chunks, &g);
     tp_free(tmp);
     return TP_OK;
+}
+
+tp_status tp_gemv_avx512(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
+                         int64_t n, int64_t k, int bf16_dot, tp_threadpool *pool)
+{
+    tp_gemm_part part = {y, W, n};
+    return tp_gemv_avx512_group(&part, 1, x, T, wt, k, bf16_dot, pool);
 }

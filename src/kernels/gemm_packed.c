@@ -27,6 +27,7 @@
  * 8-bit integer), the value tp_q8_dequantize_row gives; or q4_0 blocks, the
  * same way: d·(nibble - 8), as tp_q4_dequantize_row. */
 #include "kernels/kern_internal.h"
+#include "kernels/kern_q4.h"
 
 #include <string.h>
 #if TP_KERNELS_X86
@@ -58,19 +59,21 @@ static float load_q8(const void *p, int64_t off)
 }
 
 /* Element j of a q4_0 block is the low nibble of byte j (j < 16), else the
- * high nibble of byte j - 16. */
-static float load_q4(const void *p, int64_t off)
+ * high nibble of byte j - 16; the block is found in the repacked layout
+ * (kern_q4.h) of W's b->rows rows of b->cs values. */
+static float load_q4(const tp_gemm_operand *b, int64_t off)
 {
-    const tp_q4_block *blk = (const tp_q4_block *)p + off / TP_Q4_BLOCK;
-    int j = (int)(off % TP_Q4_BLOCK), half = TP_Q4_BLOCK / 2;
-    int q = j < half ? blk->qs[j] & 0x0f : blk->qs[j - half] >> 4;
-    return tp_q8_scale(blk->d) * (float)(q - 8);
+    int64_t r = off / b->cs, e = off % b->cs;
+    tp_q4_block blk = tp_q4_get(b->p, b->rows, b->cs / TP_Q4_BLOCK, r, e / TP_Q4_BLOCK);
+    int j = (int)(e % TP_Q4_BLOCK), half = TP_Q4_BLOCK / 2;
+    int q = j < half ? blk.qs[j] & 0x0f : blk.qs[j - half] >> 4;
+    return tp_q8_scale(blk.d) * (float)(q - 8);
 }
 
 static float load_b(const tp_gemm_operand *b, int64_t off)
 {
     if (b->dt == TP_Q8_0) return load_q8(b->p, off);
-    if (b->dt == TP_Q4_0) return load_q4(b->p, off);
+    if (b->dt == TP_Q4_0) return load_q4(b, off);
     return b->dt == TP_F32 ? ((const float *)b->p)[off] : widen(((const uint16_t *)b->p)[off]);
 }
 

@@ -12,17 +12,20 @@
  * has VNNI, else the AVX2 ones. */
 #include "kernels/kern_q4.h"
 
+#include "kernels/qgemm_tiles.h"
+
 #include <math.h>
 
 /* One (row, token) pair: the block dot products in 8 lanes of 4. */
-static float dot_row(const tp_q4_block *w, const int8_t *xq, const float *xd, int64_t nb)
+static float dot_row(const tp_q4_job *j, int64_t r, const int8_t *xq, const float *xd)
 {
     float acc[8] = {0};
     int8_t q[TP_Q4_BLOCK];
-    for (int64_t b = 0; b < nb; b++) {
-        float s = tp_q8_scale(w[b].d) * xd[b];
+    for (int64_t b = 0; b < j->nb; b++) {
+        tp_q4_block w = tp_q4_get(j->w, j->n, j->nb, r, b);
+        float s = tp_q8_scale(w.d) * xd[b];
         const int8_t *x = xq + b * TP_Q4_BLOCK;
-        tp_q4_unpack(q, &w[b]);
+        tp_q4_unpack(q, &w);
         for (int l = 0; l < 8; l++) {
             int32_t lane = 0;
             for (int i = 4 * l; i < 4 * l + 4; i++) lane += (int32_t)q[i] * (int32_t)x[i];
@@ -32,20 +35,71 @@ static float dot_row(const tp_q4_block *w, const int8_t *xq, const float *xd, in
     return tp_q8_hsum8(acc);
 }
 
+void tp_q4_rows_scalar(const tp_q4_job *j, int64_t r0, int64_t r1)
+{
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t t = 0; t < j->T; t++)
+            j->y[t * j->n + r] = dot_row(j, r, j->xq + t * j->nb * TP_Q4_BLOCK, j->xd + t * j->nb);
+}
+
 static void scalar_worker(void *p, int ti, int nt)
 {
     const tp_q4_job *j = p;
     int64_t r0, r1;
     tp_split_range(j->n, ti, nt, &r0, &r1);
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t t = 0; t < j->T; t++)
-            j->y[t * j->n + r] = dot_row(j->w + r * j->nb, j->xq + t * j->nb * TP_Q4_BLOCK, j->xd + t * j->nb, j->nb);
+    tp_q4_rows_scalar(j, r0, r1);
 }
 
 void tp_q4_matmul_scalar(const tp_q4_job *j, tp_threadpool *pool)
 {
     tp_parallel_run(pool, scalar_worker, (void *)j);
 }
+
+#if TP_KERNELS_X86
+typedef struct {
+    const tp_q4_job *j;
+    const tp_q4_tile_fn (*tiles)[TP_GEMV_MAX_T];
+} tile_run;
+
+/* Thread ti's whole groups of 4 rows (tp_gemv_thread_rows splits at
+ * multiples of 4), and the last group of fewer rows the scalar way.  A GEMV
+ * (T <= 4) runs each group, two at a time where it can (T <= 2: four
+ * independent FMA chains per token, not two), for all its tokens; a GEMM
+ * runs the groups of TP_QTILE_GEMM_TOKENS tokens at a time (x stays in
+ * cache) in tiles of 4 tokens. */
+static void tile_worker(void *p, int ti, int nt)
+{
+    const tile_run *run = p;
+    const tp_q4_job *j = run->j;
+    int64_t r0, r1;
+    tp_gemv_thread_rows(j->n, j->nb * (int64_t)sizeof(tp_q4_block), TP_Q4_ROWS, ti, nt, &r0, &r1);
+    if (r0 >= r1) return;
+    int64_t full = r1 - (r1 - r0) % TP_Q4_ROWS;
+    if (j->T <= TP_GEMV_MAX_T) {
+        int tt = (int)j->T;
+        int64_t g = r0;
+        if (tt <= 2)
+            for (; g + 2 * TP_Q4_ROWS <= full; g += 2 * TP_Q4_ROWS) run->tiles[1][tt - 1](j, g, 0);
+        for (; g < full; g += TP_Q4_ROWS) run->tiles[0][tt - 1](j, g, 0);
+    } else {
+        for (int64_t c0 = 0; c0 < j->T; c0 += TP_QTILE_GEMM_TOKENS) {
+            int64_t c1 = c0 + TP_QTILE_GEMM_TOKENS < j->T ? c0 + TP_QTILE_GEMM_TOKENS : j->T;
+            for (int64_t g = r0; g < full; g += TP_Q4_ROWS)
+                for (int64_t t = c0; t < c1; t += TP_GEMV_MAX_T) {
+                    int tt = c1 - t < TP_GEMV_MAX_T ? (int)(c1 - t) : TP_GEMV_MAX_T;
+                    run->tiles[0][tt - 1](j, g, t);
+                }
+        }
+    }
+    if (full < r1) tp_q4_rows_scalar(j, full, r1);
+}
+
+void tp_q4_run_tiles(const tp_q4_job *j, const tp_q4_tile_fn tiles[2][TP_GEMV_MAX_T], tp_threadpool *pool)
+{
+    tile_run run = {j, tiles};
+    tp_parallel_run(pool, tile_worker, &run);
+}
+#endif
 
 tp_status tp_q4_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, tp_kernel_path path,
                        tp_threadpool *pool)
@@ -61,12 +115,12 @@ tp_status tp_q4_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, 
     if (!mem) mem = own = tp_alloc(bytes);
     if (!mem) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for the quantized input (%zu bytes)", bytes);
     int8_t *xq = (int8_t *)mem;
-    int32_t *xs = (int32_t *)(mem + qbytes);
+    int32_t *nxs = (int32_t *)(mem + qbytes);
     float *xd = (float *)(mem + qbytes + sbytes);
     tp_q8_quantize_act(xq, xd, x, T, k);
     for (int64_t l = 0; l < T * nb * 8; l++)
-        xs[l] = 8 * ((int32_t)xq[4 * l] + xq[4 * l + 1] + xq[4 * l + 2] + xq[4 * l + 3]);
-    tp_q4_job j = {y, xq, xs, xd, W->data, T, n, nb};
+        nxs[l] = -8 * ((int32_t)xq[4 * l] + xq[4 * l + 1] + xq[4 * l + 2] + xq[4 * l + 3]);
+    tp_q4_job j = {y, xq, nxs, xd, W->data, T, n, nb};
 #if TP_KERNELS_X86
     if (path == TP_KERNEL_AVX512 && tp_kernel_has_vnni()) tp_q4_matmul_avx512(&j, pool);
     else if (path != TP_KERNEL_SCALAR) tp_q4_matmul_avx2(&j, pool);

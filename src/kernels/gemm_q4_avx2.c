@@ -1,17 +1,21 @@
-/* AVX2 kernels for Q4_0 weights: y = x·Wᵀ, x quantized per row (gemm_q4.c).
+/* AVX2 kernels for Q4_0 weights: y = x·Wᵀ, x quantized per row (gemm_q4.c),
+ * on the repacked layout (kern_q4.h).
  *
- * The structure of gemm_q8_avx2.c with 4-bit weights.  A block's 16 bytes
- * are unpacked into its 32 nibbles q (unsigned, 0..15), which vpmaddubsw
- * takes as they are: q times x's quants in pairs (at most 2·15·127, no
- * saturation), vpmaddwd with ones into 8 int32 lanes of 4 products; each
- * lane less 8 times its 4 x quants (xs, summed once per block of x) is
- * the lane of (q - 8)·x, exactly.  The lanes are converted (exactly) and
- * accumulated with one FMA by d_w·d_x.  The scalar path (gemm_q4.c) gives
- * the same bits lane by lane.
+ * A block's 64 bytes for a group of 4 rows are two pairs of rows, 32 bytes
+ * each: [row a's 16 | row c's 16].  AND 0x0f gives the pair's elements
+ * 0..15 by 128-bit half (lanes 0-3 of a, then of c after vpmaddubsw +
+ * vpmaddwd), a shift and AND their elements 16..31 (lanes 4-7).
+ * vpmaddubsw takes the unsigned nibbles times x's quants in pairs (at most
+ * 2·15·127, no saturation), vpmaddwd with ones sums them into 8 int32 lanes
+ * of 4 products; adding -8 times the lane's 4 x quants (nxs) makes each the
+ * lane of (nibble - 8)·x, exactly.  The lanes are converted (exactly) and
+ * accumulated with one FMA by d_w·d_x, each vector lane its own chain in
+ * block order, and the 8 lanes of a row added at the end in tp_q8_hsum8's
+ * order: the scalar path's bits (gemm_q4.c).
  *
- * One tile is R rows of W by TT tokens: the GEMV (T <= 4) runs tiles of
- * all its tokens; the GEMM (prefill) runs 4 × 3 tiles over chunks of
- * tokens.  The threads split the rows of W. */
+ * Tiles (gemm_q4.c's tp_q4_run_tiles): G = 1 or 2 groups by TT tokens, run
+ * as passes over the blocks of as many pairs as keep the accumulators (2
+ * per pair and token) within 8 registers. */
 #include "kernels/kern_q4.h"
 #include "kernels/qgemm_tiles.h"
 #include "kernels/vmath.h"
@@ -20,83 +24,92 @@
 
 #define TAVX2 __attribute__((target("avx2,fma")))
 
-/* The f32 scales of 8 consecutive blocks of W: tp_q8_scale in 8 lanes
- * (the same bits). */
-TAVX2 static inline __m256 w_scales8(const tp_q4_block *w)
+/* Row a's and row c's sums from a pair's two accumulators: s_i = lane i +
+ * lane i + 4 per half, then (s0 + s2) + (s1 + s3). */
+static inline __attribute__((always_inline)) TAVX2 void hsum_pair(__m256 lo, __m256 hi, float *ya, float *yc)
 {
-    __m256i h = _mm256_setr_epi32(w[0].d, w[1].d, w[2].d, w[3].d, w[4].d, w[5].d, w[6].d, w[7].d);
-    return tp_f16x8_to_ps(h);
+    __m256 s = _mm256_add_ps(lo, hi);
+    __m256 t = _mm256_add_ps(s, _mm256_permute_ps(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    __m256 u = _mm256_add_ps(t, _mm256_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));
+    *ya = _mm256_cvtss_f32(u);
+    *yc = _mm_cvtss_f32(_mm256_extractf128_ps(u, 1));
 }
 
-/* The block's 32 nibbles (unsigned, 0..15), in element order: the 16
- * bytes in both halves, the upper half shifted right by 4 (one variable
- * shift), then the low 4 bits of each byte. */
-TAVX2 static inline __m256i unpack(const tp_q4_block *b)
-{
-    __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)b->qs));
-    __m256i v = _mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
-}
-
-/* y[t0.., r0..] for R rows and TT tokens over all nb blocks, 8 blocks at a
- * time: first the 8 scales d_w·d_x of every (row, token) in vectors, then
- * the blocks.  pf: prefetch W ahead (the GEMV streams it from memory). */
+/* NP pairs from pair p0 of the tile (pair p: rows 2p, 2p + 1 from g0, in
+ * group p / 2) for TT tokens, over all blocks. */
 static inline __attribute__((always_inline)) TAVX2 void
-tile(const tp_q4_job *j, int64_t r0, const int R, int64_t t0, const int TT, const int pf)
+pass(const tp_q4_job *j, int64_t g0, int p0, const int NP, int64_t t0, const int TT)
 {
+    enum { PMAX = 4 };
     const int64_t nb = j->nb;
-    const tp_q4_block *w = j->w + r0 * nb;
+    const int64_t gbytes = TP_Q4_ROWS * nb * (int64_t)sizeof(tp_q4_block);
+    const char *wg = (const char *)j->w + g0 * nb * (int64_t)sizeof(tp_q4_block);
     const int8_t *xq = j->xq + t0 * nb * TP_Q4_BLOCK;
-    const int32_t *xs = j->xs + t0 * nb * 8;
+    const int32_t *nxs = j->nxs + t0 * nb * 8;
     const float *xd = j->xd + t0 * nb;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[4][TP_GEMV_MAX_T];
-    float s[4][TP_GEMV_MAX_T][8] __attribute__((aligned(32)));
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < TT; t++) acc[r][t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b += 8) {
-        int nbk = nb - b < 8 ? (int)(nb - b) : 8;
-        for (int r = 0; r < R; r++) {
-            if (pf) {
-                /* the 144 bytes of these 8 blocks, TP_QTILE_PF_BYTES on */
-                const char *p = (const char *)(w + r * nb + b) + TP_QTILE_PF_BYTES;
-                _mm_prefetch(p, _MM_HINT_T0);
-                _mm_prefetch(p + 64, _MM_HINT_T0);
-                _mm_prefetch(p + 128, _MM_HINT_T0);
-            }
-            if (nbk == 8) {
-                __m256 dw = w_scales8(w + r * nb + b);
-                for (int t = 0; t < TT; t++)
-                    _mm256_store_ps(s[r][t], _mm256_mul_ps(dw, _mm256_loadu_ps(xd + t * nb + b)));
-            } else {
-                for (int t = 0; t < TT; t++)
-                    for (int i = 0; i < nbk; i++) s[r][t][i] = tp_q8_scale(w[r * nb + b + i].d) * xd[t * nb + b + i];
-            }
+    const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256 lo[PMAX][TP_GEMV_MAX_T], hi[PMAX][TP_GEMV_MAX_T];
+    for (int p = 0; p < NP; p++)
+        for (int t = 0; t < TT; t++) lo[p][t] = hi[p][t] = _mm256_setzero_ps();
+    for (int64_t c0 = 0; c0 < nb; c0 += TP_Q4_CHUNK) {
+        const int m = nb - c0 < TP_Q4_CHUNK ? (int)(nb - c0) : TP_Q4_CHUNK;
+        const char *ch[PMAX];
+        for (int p = 0; p < NP; p++) {
+            int g = (p0 + p) / 2;
+            ch[p] = wg + g * gbytes + TP_Q4_ROWS * c0 * (int64_t)sizeof(tp_q4_block);
+            if ((p0 + p) % 2 == 0 || p == 0)   /* the 9 lines of this chunk, TP_QTILE_PF_BYTES on */
+                for (int l = 0; l < 9; l++) _mm_prefetch(ch[p] + TP_QTILE_PF_BYTES + 64 * l, _MM_HINT_T0);
         }
-        for (int i = 0; i < nbk; i++) {
-            __m256i xv[TP_GEMV_MAX_T], x8[TP_GEMV_MAX_T];
+        for (int i = 0; i < m; i++) {
+            __m256i xl[TP_GEMV_MAX_T], xh[TP_GEMV_MAX_T];
 #pragma GCC unroll 4
             for (int t = 0; t < TT; t++) {
-                xv[t] = _mm256_loadu_si256((const __m256i *)(xq + (t * nb + b + i) * TP_Q4_BLOCK));
-                x8[t] = _mm256_loadu_si256((const __m256i *)(xs + (t * nb + b + i) * 8));
+                const int8_t *xb = xq + (t * nb + c0 + i) * TP_Q4_BLOCK;
+                xl[t] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)xb));
+                xh[t] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xb + 16)));
             }
 #pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                const tp_q4_block *wb = w + r * nb + b + i;
-                __m256i wv = unpack(wb);
+            for (int p = 0; p < NP; p++) {
+                int rp = 2 * ((p0 + p) % 2);   /* the pair's first row in its group */
+                /* blocks i & ~1 and i | 1, rows 0..3 each: 8 scales */
+                __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(ch[p] + 8 * (i & ~1))));
+                __m256 dw = _mm256_permutevar8x32_ps(
+                    tp_f16x8_to_ps(h), _mm256_add_epi32(_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_set1_epi32(4 * (i % 2) + rp)));
+                __m256i v = _mm256_loadu_si256((const __m256i *)(ch[p] + 2 * TP_Q4_ROWS * m + 64 * i + 16 * rp));
+                __m256i vl = _mm256_and_si256(v, low4), vh = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
 #pragma GCC unroll 4
                 for (int t = 0; t < TT; t++) {
-                    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv[t]), ones);
-                    p = _mm256_sub_epi32(p, x8[t]);
-                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(s[r][t][i]), acc[r][t]);
+                    const int32_t *n8 = nxs + (t * nb + c0 + i) * 8;
+                    __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(xd[t * nb + c0 + i]));
+                    __m256i pl = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(vl, xl[t]), ones),
+                                                  _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)n8)));
+                    __m256i ph = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(vh, xh[t]), ones),
+                                                  _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(n8 + 4))));
+                    lo[p][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pl), s, lo[p][t]);
+                    hi[p][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ph), s, hi[p][t]);
                 }
             }
         }
     }
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < TT; t++) j->y[(t0 + t) * j->n + r0 + r] = tp_hsum256(acc[r][t]);
+    for (int p = 0; p < NP; p++)
+        for (int t = 0; t < TT; t++) {
+            float *y = j->y + (t0 + t) * j->n + g0 + 2 * (p0 + p);
+            hsum_pair(lo[p][t], hi[p][t], &y[0], &y[1]);
+        }
 }
 
-TP_QTILE_TABLE(tp_q4_job, TAVX2)
+/* G groups (2G pairs) by TT tokens: all pairs in one pass where 2 accumulators
+ * per pair and token fit in 8 registers, else several passes. */
+static inline __attribute__((always_inline)) TAVX2 void tile(const tp_q4_job *j, int64_t g0, const int G,
+                                                             int64_t t0, const int TT)
+{
+    const int np = 4 / TT < 2 * G ? (4 / TT > 0 ? 4 / TT : 1) : 2 * G;
+    for (int p = 0; p < 2 * G; p += np) pass(j, g0, p, np, t0, TT);
+}
 
-TP_QTILE_MATMUL(tp_q4_matmul_avx2, tp_q4_job, tp_q4_block)
+TP_Q4_TILES(TAVX2)
+
+void tp_q4_matmul_avx2(const tp_q4_job *j, tp_threadpool *pool)
+{
+    tp_q4_run_tiles(j, tiles, pool);
+}

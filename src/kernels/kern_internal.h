@@ -73,6 +73,11 @@ typedef struct {
 } tp_gemm_part;
 tp_status tp_gemm_avx512_group(const tp_gemm_part *parts, int count, const float *x, int64_t T, tp_dtype wt,
                                int64_t k, int bf16_dot, tp_threadpool *pool);
+/* The GEMV (T <= TP_GEMV_MAX_T) of a group: x prepared once, every weight's
+ * rows in one parallel region of dynamic chunks (tp_parallel_for); the
+ * bits of one tp_gemv_avx512 call per weight. */
+tp_status tp_gemv_avx512_group(const tp_gemm_part *parts, int count, const float *x, int64_t T, tp_dtype wt,
+                               int64_t k, int bf16_dot, tp_threadpool *pool);
 tp_status tp_gemm_amx_group(const tp_gemm_part *parts, int count, const float *x, int64_t T, int64_t k,
                             int passes, tp_threadpool *pool);
 /* bf16 W only; the caller has checked tp_kernel_has_amx().  x is split into
@@ -102,11 +107,14 @@ void tp_attention_path(tp_kernel_path p, float *out, const float *q, const float
 
 /* ---- the packed GEMM (gemm_packed.c) ----------------------------------
  * A strided matrix view: element (i, j) at p[i·rs + j·cs].  dt is TP_F32,
- * or TP_BF16 / TP_Q8_0 for B (widened / dequantized while packing). */
+ * or TP_BF16 / TP_Q8_0 / TP_Q4_0 for B (widened / dequantized while
+ * packing).  A q4_0 B is Wᵀ (cs = k) and rows is W's row count, which its
+ * repacked layout depends on (kern_q4.h); 0 for every other operand. */
 typedef struct {
     const void *p;
     tp_dtype dt;
     int64_t rs, cs;
+    int64_t rows;
 } tp_gemm_operand;
 
 /* The micro-kernel: c[0:mr, 0:nr] (ldc apart) gets the sum over kc of the
@@ -150,9 +158,13 @@ extern const tp_gemm_ukernel tp_gemm_ukernel_avx512;
 /* x[0:T, k0:k0+kc] -> panels [T/mr][kc][mr], rows past T zero (gemm_shared.c). */
 void tp_gemm_pack_a(float *dst, const float *x, int64_t T, int64_t ldx, int64_t k0, int64_t kc, int mr);
 
-/* Thread ti's rows [*r0, *r1) of an n-row GEMV with blocks of R rows
- * (gemm_shared.c). */
+/* Thread ti's rows [*r0, *r1) of n rows with blocks of R rows, a static
+ * split (the quantized GEMM's; the GEMVs take tp_gemv_chunk_rows chunks
+ * dynamically) (gemm_shared.c). */
 void tp_gemv_thread_rows(int64_t n, int64_t row_bytes, int R, int ti, int nt, int64_t *r0, int64_t *r1);
+/* Rows per chunk of a GEMV split dynamically (tp_parallel_for): whole
+ * blocks of R rows, about TP_GEMV_CHUNK_BYTES of W (gemm_shared.c). */
+int64_t tp_gemv_chunk_rows(int64_t row_bytes, int R);
 
 /* The largest T the GEMV handles. */
 #define TP_GEMV_MAX_T 4

@@ -30,7 +30,7 @@ void tp_row_to_f32(float *dst, const tp_tensor *m, int64_t row)
     } else if (m->dtype == TP_Q8_0) {
         tp_q8_dequantize_row(dst, (const tp_q8_block *)m->data + row * (n / TP_Q8_BLOCK), n);
     } else if (m->dtype == TP_Q4_0) {
-        tp_q4_dequantize_row(dst, (const tp_q4_block *)m->data + row * (n / TP_Q4_BLOCK), n);
+        tp_q4_dequantize_row(dst, m->data, m->shape[0], n, row);
     } else {
         const uint16_t *src = (const uint16_t *)m->data + row * n;
         for (int64_t i = 0; i < n; i++) dst[i] = tp_f32_from_bf16(src[i]);
@@ -78,11 +78,11 @@ static void scalar_worker(void *p, int ti, int nt)
                 for (int64_t i = 0; i < j->k; i++)
                     acc += x[i] * (tp_q8_scale(w[i / TP_Q8_BLOCK].d) * (float)w[i / TP_Q8_BLOCK].q[i % TP_Q8_BLOCK]);
             } else if (j->wt == TP_Q4_0) {   /* d·(nibble - 8) is exact too */
-                const tp_q4_block *w = (const tp_q4_block *)j->w + r * (j->k / TP_Q4_BLOCK);
                 int8_t q[TP_Q4_BLOCK];
                 for (int64_t b = 0; b < j->k / TP_Q4_BLOCK; b++) {
-                    float d = tp_q8_scale(w[b].d);
-                    tp_q4_unpack(q, &w[b]);
+                    tp_q4_block w = tp_q4_get(j->w, j->n, j->k / TP_Q4_BLOCK, r, b);
+                    float d = tp_q8_scale(w.d);
+                    tp_q4_unpack(q, &w);
                     for (int i = 0; i < TP_Q4_BLOCK; i++) acc += x[b * TP_Q4_BLOCK + i] * (d * (float)q[i]);
                 }
             } else {
@@ -227,14 +227,19 @@ static tp_status matmul_simd(float *y, const float *x, int64_t T, const tp_tenso
 
 #define GROUP_MAX 8
 
-/* The weights can go through one GEMM call: same input width, same dtype,
- * the same GEMM kind, and nothing empty. */
+/* The AVX-512 GEMV of a group (decode's q/k/v, gate/up): one parallel
+ * region for all the weights instead of one each. */
+#define GROUP_GEMV 3
+
+/* The weights can go through one GEMM (or GEMV) call: same input width,
+ * same dtype, the same GEMM kind, and nothing empty. */
 static int groupable(const tp_matmul_out *outs, int count, int64_t T, tp_kernel_path path, int bf16_dot,
                      const tp_matmul_opts *opts)
 {
     if (count < 2 || count > GROUP_MAX) return 0;
     const tp_tensor *w0 = outs[0].w;
     int kind = gemm_kind(path, T, w0->dtype, bf16_dot, opts);
+    if (path == TP_KERNEL_AVX512 && T <= TP_GEMV_MAX_T) kind = GROUP_GEMV;
     if (!kind || w0->shape[1] == 0 || w0->dtype == TP_Q8_0 ||
         w0->dtype == TP_Q4_0)
         return 0;
@@ -258,6 +263,7 @@ static tp_status group_simd(const tp_matmul_out *outs, int count, const float *x
     tp_gemm_part parts[GROUP_MAX];
     for (int i = 0; i < count; i++) parts[i] = (tp_gemm_part){outs[i].y, outs[i].w->data, outs[i].w->shape[0]};
     int64_t k = w0->shape[1];
+    if (kind == GROUP_GEMV) return tp_gemv_avx512_group(parts, count, x, T, w0->dtype, k, bf16_dot, pool);
     if (kind == 2) return tp_gemm_amx_group(parts, count, x, T, k, amx_passes(bf16_dot, opts), pool);
     return tp_gemm_avx512_group(parts, count, x, T, w0->dtype, k, bf16_dot, pool);
 }
@@ -553,11 +559,11 @@ static tp_status backward_packed(float *dx, float *dw, const float *dy, const fl
     const tp_gemm_ukernel *uk = path == TP_KERNEL_AVX512 ? &tp_gemm_ukernel_avx512 : &tp_gemm_ukernel_avx2;
     tp_status st = TP_OK;
     if (dw) {
-        tp_gemm_operand a = {dy, TP_F32, 1, n}, b = {x, TP_F32, k, 1};
+        tp_gemm_operand a = {dy, TP_F32, 1, n, 0}, b = {x, TP_F32, k, 1, 0};
         st = tp_gemm_packed(uk, dw, k, 1, n, k, T, &a, &b, pool);
     }
     if (!st && dx) {
-        tp_gemm_operand a = {dy, TP_F32, n, 1}, b = {W->data, W->dtype, k, 1};
+        tp_gemm_operand a = {dy, TP_F32, n, 1, 0}, b = {W->data, W->dtype, k, 1, 0};
         st = tp_gemm_packed(uk, dx, k, 1, T, k, n, &a, &b, pool);
     }
     return st;

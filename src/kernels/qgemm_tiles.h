@@ -21,6 +21,9 @@
 #define TP_QTILE_GEMM_ROWS 4
 #define TP_QTILE_GEMM_TT 3
 
+/* Rows per GEMV tile (T <= TP_GEMV_MAX_T tokens at once). */
+#define TP_QTILE_GEMV_R(T) ((T) > 1 ? 2 : 4)
+
 /* One tile: rows [r0, r0 + R) for tokens [t0, t0 + TT) of the dtype's job. */
 typedef void (*tp_qtile_fn)(const void *job, int64_t r0, int64_t t0);
 
@@ -52,15 +55,28 @@ typedef void (*tp_qtile_fn)(const void *job, int64_t r0, int64_t t0);
         {tile_4_1, tile_4_2, tile_4_3, NULL},                                     \
     };
 
-/* The kernel's entry point NAME(job, pool): the threads run
- * tp_qtile_worker over `tiles` (TP_QTILE_TABLE above), rows of nb BLOCKs. */
+/* The kernel's entry point NAME(job, pool), rows of nb BLOCKs: a GEMV's
+ * rows in dynamic chunks (tp_parallel_for; a tile's bits do not depend on
+ * which thread runs it or which tiles share its chunk), a GEMM's through
+ * tp_qtile_worker over `tiles` (TP_QTILE_TABLE above). */
 #define TP_QTILE_MATMUL(NAME, JOB, BLOCK)                                         \
     static void qtile_run(void *p, int ti, int nt)                                \
     {                                                                             \
         const JOB *j = p;                                                         \
         tp_qtile_worker(tiles, j, j->T, j->n, j->nb * (int64_t)sizeof(BLOCK), ti, nt); \
     }                                                                             \
-    void NAME(const JOB *j, tp_threadpool *pool) { tp_parallel_run(pool, qtile_run, (void *)j); }
+    static void qtile_gemv_rows(void *p, int64_t r0, int64_t r1, int ti)          \
+    {                                                                             \
+        (void)ti;                                                                 \
+        const JOB *j = p;                                                         \
+        tp_qtile_rows(tiles, j, r0, r1, TP_QTILE_GEMV_R(j->T), 0, (int)j->T);     \
+    }                                                                             \
+    void NAME(const JOB *j, tp_threadpool *pool)                                  \
+    {                                                                             \
+        if (j->T > TP_GEMV_MAX_T) { tp_parallel_run(pool, qtile_run, (void *)j); return; } \
+        int64_t rows = tp_gemv_chunk_rows(j->nb * (int64_t)sizeof(BLOCK), TP_QTILE_GEMV_R(j->T)); \
+        tp_parallel_for(pool, j->n, rows, qtile_gemv_rows, (void *)j);            \
+    }
 
 /* Rows [r0, r1) for tokens [t0, t0 + tt): blocks of R rows, then single
  * rows (R·tt <= 12). */
@@ -72,18 +88,14 @@ static inline void tp_qtile_rows(const tp_qtile_fn tiles[4][4], const void *j, i
     for (; r0 < r1; r0++) f1(j, r0, t0);
 }
 
-/* Thread ti of nt on a product of T tokens by n rows of row_bytes: its
- * rows, as GEMV tiles (all T tokens at once) or, for a GEMM, in chunks of
- * tokens and rows that stay in cache. */
+/* Thread ti of nt on a GEMM of T tokens by n rows of row_bytes: its rows,
+ * in chunks of tokens and rows that stay in cache. */
 static inline void tp_qtile_worker(const tp_qtile_fn tiles[4][4], const void *j, int64_t T, int64_t n,
                                    int64_t row_bytes, int ti, int nt)
 {
     int64_t r0, r1;
-    int gemv = T <= TP_GEMV_MAX_T;
-    int R = !gemv ? TP_QTILE_GEMM_ROWS : T > 1 ? 2 : 4;
-    tp_gemv_thread_rows(n, row_bytes, R, ti, nt, &r0, &r1);
+    tp_gemv_thread_rows(n, row_bytes, TP_QTILE_GEMM_ROWS, ti, nt, &r0, &r1);
     if (r0 >= r1) return;
-    if (gemv) { tp_qtile_rows(tiles, j, r0, r1, R, 0, (int)T); return; }
     for (int64_t c0 = 0; c0 < T; c0 += TP_QTILE_GEMM_TOKENS) {
         int64_t c1 = c0 + TP_QTILE_GEMM_TOKENS < T ? c0 + TP_QTILE_GEMM_TOKENS : T;
         for (int64_t rb = r0; rb < r1; rb += TP_QTILE_GEMM_ROWS) {

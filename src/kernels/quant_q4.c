@@ -41,7 +41,8 @@ static void quantize_block(tp_q4_block *o, const float *x)
         o->qs[j] = (uint8_t)(nibble(x[j], id) | nibble(x[j + TP_Q4_BLOCK / 2], id) << 4);
 }
 
-tp_status tp_q4_quantize_rows(tp_q4_block *dst, const void *src, tp_dtype st, int64_t rows, int64_t k)
+/* Each block goes straight to its place in the repacked layout (kern_q4.h). */
+tp_status tp_q4_quantize_rows(void *dst, const void *src, tp_dtype st, int64_t rows, int64_t k)
 {
     if (st != TP_F32 && st != TP_BF16 && st != TP_F16)
         return tp_fail(TP_ERR_UNSUPPORTED, "q4_0: cannot quantize %s values", tp_dtype_name(st));
@@ -55,17 +56,27 @@ tp_status tp_q4_quantize_rows(tp_q4_block *dst, const void *src, tp_dtype st, in
             tp_qblock_load(x, src, st, r * k + b * TP_Q4_BLOCK);
             if (!tp_qblock_finite(x))
                 return tp_fail(TP_ERR_INVALID, "q4_0: row %lld holds a value that is not finite", (long long)r);
-            quantize_block(&dst[r * nb + b], x);
+            tp_q4_block o;
+            quantize_block(&o, x);
+            int64_t qs, d = tp_q4_locate(rows, nb, r, b, &qs);
+            memcpy((char *)dst + d, &o.d, sizeof o.d);
+            memcpy((char *)dst + qs, o.qs, sizeof o.qs);
         }
     return TP_OK;
 }
 
-void tp_q4_dequantize_row(float *dst, const tp_q4_block *src, int64_t k)
+tp_q4_block tp_q4_block_at(const void *w, int64_t rows, int64_t k, int64_t r, int64_t b)
+{
+    return tp_q4_get(w, rows, k / TP_Q4_BLOCK, r, b);
+}
+
+void tp_q4_dequantize_row(float *dst, const void *w, int64_t rows, int64_t k, int64_t r)
 {
     int8_t q[TP_Q4_BLOCK];
     for (int64_t b = 0; b < k / TP_Q4_BLOCK; b++) {
-        float d = tp_q8_scale(src[b].d);
-        tp_q4_unpack(q, &src[b]);
+        tp_q4_block blk = tp_q4_get(w, rows, k / TP_Q4_BLOCK, r, b);
+        float d = tp_q8_scale(blk.d);
+        tp_q4_unpack(q, &blk);
         for (int i = 0; i < TP_Q4_BLOCK; i++) dst[b * TP_Q4_BLOCK + i] = d * (float)q[i];
     }
 }

@@ -205,9 +205,6 @@ class BenchTest(unittest.TestCase):
         self.assertEqual(p.returncode, 2)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
 
 class MoeKernelBenchTest(unittest.TestCase):
     def test_kernels_moe(self):
@@ -302,3 +299,6 @@ class MoeAccountingTest(unittest.TestCase):
         p = run("bench", "forward", "--model", self.model, "--seq", T, "--reps", "1", "--threads", "1", "--json")
         self.assertEqual(json.loads(p.stdout)["flops"], flops)
 
+
+if __name__ == "__main__":
+    unittest.main()

@@ -17,7 +17,18 @@ that loading runs, in one process); every case it accepts, and a third of the
 refused cases of the first model at P = 2 (every style and every kind among
 them), then run as `tensorpar logits --tp P`, which must refuse the same way.
 
-    TENSORPAR_BIN=build/tensorpar /usr/bin/python3 tests/e2e/test_every_style.py
+The cases are dealt round-robin into shards (`--shard K/N`, case i to shard
+i mod N, the combined-rule patterns to shard 1) that CTest runs as separate
+tests, in parallel.  The plain build's suite runs every case at both sizes,
+so every assertion here runs there.  The sanitized build's suite
+(TENSORPAR_SANITIZED=1), where each process costs three times as much, runs
+each (model type, module kind, style) at one of the two sizes, alternating
+(P = 2 where the kind's and the style's indices sum to an even number, P = 3
+where odd), so that every style and every kind meets both sizes there, and
+every combined-rule pattern (the former SIGSEGV and double free among them)
+at its size: the same code paths under the sanitizer, half the processes.
+
+    TENSORPAR_BIN=build/tensorpar /usr/bin/python3 tests/e2e/test_every_style.py [--shard K/N]
 """
 
 import ast
@@ -249,9 +260,21 @@ def patterns(work):
     return fails
 
 
+def shard_arg(argv):
+    """(K, N) from `--shard K/N` (1 <= K <= N); (1, 1) without it."""
+    if not argv:
+        return 1, 1
+    m = re.fullmatch(r"(\d+)/(\d+)", argv[1]) if len(argv) == 2 and argv[0] == "--shard" else None
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        raise SystemExit("usage: test_every_style.py [--shard K/N]")
+    return int(m.group(1)), int(m.group(2))
+
+
 def main():
     if not os.path.exists(tpe2e.BIN):
         raise SystemExit(f"tensorpar CLI not found: {tpe2e.BIN}")
+    shard, shards = shard_arg(sys.argv[1:])
+    sanitized = os.environ.get("TENSORPAR_SANITIZED") == "1"
     work = tempfile.mkdtemp(prefix="tp-e2e-styles-")
     failures, counts = [], {}
     try:
@@ -273,13 +296,18 @@ def main():
                         # refusals also through `logits`: a third of the
                         # first model's at P = 2, every style and kind met
                         again = i == 0 and P == 2 and (ki + si) % 3 == 0
-                        cases.append((Case(arch, model, P, key, style, plan, ref), again))
+                        # the sanitized suite: each at one of the two sizes (see above)
+                        if not sanitized or (ki + si + P) % 2 == 0:
+                            cases.append((Case(arch, model, P, key, style, plan, ref), again))
+        cases = cases[shard - 1::shards]
         with concurrent.futures.ThreadPoolExecutor(max_workers=3) as ex:
             for fails, kind in ex.map(lambda cr: run_case(cr[0], work, cr[1]), cases):
                 failures += fails
                 counts[kind] = counts.get(kind, 0) + 1
-        print(f"{len(cases)} cases: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
-        failures += patterns(work)
+        print(f"shard {shard}/{shards}: {len(cases)} cases: " +
+              ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+        if shard == 1:
+            failures += patterns(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     for f in failures:

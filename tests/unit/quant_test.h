@@ -40,7 +40,7 @@ static inline void quant_print_vnni(const char *dtype)
 static inline void quant_check_threads(tp_threadpool *pool, quant_make_weight_fn make, quant_fill_fn fill,
                                        const int64_t *ts, size_t nts)
 {
-    int64_t T = 101, n = 203, k = 512;
+    int64_t T = 101, n = 1203, k = 512;   /* n: several GEMV chunks a thread */
     float *x = malloc((size_t)(T * k) * sizeof(float)), *y1 = malloc((size_t)(T * n) * sizeof(float));
     float *y3 = malloc((size_t)(T * n) * sizeof(float));
     tp_tensor W = {0};

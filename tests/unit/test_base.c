@@ -3,6 +3,8 @@
 #include "tensorpar/base.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 
@@ -85,6 +87,55 @@ static void mark(void *p, int ti, int nt)
     for (int64_t i = b; i < e; i++) j->hits[i]++;
 }
 
+/* tp_parallel_for: every item exactly once, whatever the chunk (1, odd,
+ * larger than n) and thread count; ti within the pool. */
+typedef struct { int64_t *hits; int nt; int bad_ti; } for_job;
+
+static void count_range(void *p, int64_t b, int64_t e, int ti)
+{
+    for_job *j = p;
+    if (ti < 0 || ti >= j->nt) j->bad_ti = 1;
+    for (int64_t i = b; i < e; i++) __atomic_fetch_add(&j->hits[i], 1, __ATOMIC_RELAXED);
+}
+
+/* tp_parallel_run_each: index ti on the pool's thread ti, so as many
+ * distinct threads as indices. */
+typedef struct { pthread_t who[8]; } each_job;
+
+static void record_thread(void *p, int ti, int nt)
+{
+    (void)nt;
+    ((each_job *)p)->who[ti] = pthread_self();
+}
+
+static void test_parallel_for(void)
+{
+    static const int64_t ns[] = {1, 7, 1000, 4099};
+    static const int64_t chunks[] = {1, 3, 64, 5000};
+    for (int threads = 1; threads <= 4; threads++) {
+        tp_threadpool *pool;
+        CHECK(tp_threadpool_create(&pool, threads) == TP_OK);
+        for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+            for (size_t c = 0; c < sizeof chunks / sizeof *chunks; c++) {
+                int64_t *hits = calloc((size_t)ns[a], sizeof *hits);
+                for_job j = {hits, threads, 0};
+                for (int rep = 0; rep < 20; rep++) tp_parallel_for(pool, ns[a], chunks[c], count_range, &j);
+                int ok = !j.bad_ti;
+                for (int64_t i = 0; i < ns[a]; i++) ok &= hits[i] == 20;
+                CHECK_MSG(ok, "tp_parallel_for threads=%d n=%lld chunk=%lld", threads, (long long)ns[a],
+                          (long long)chunks[c]);
+                free(hits);
+            }
+        each_job e;
+        tp_parallel_run_each(pool, record_thread, &e);
+        int distinct = 1;
+        for (int a = 0; a < threads; a++)
+            for (int b = 0; b < a; b++) distinct &= !pthread_equal(e.who[a], e.who[b]);
+        CHECK_MSG(distinct && pthread_equal(e.who[0], pthread_self()), "tp_parallel_run_each threads=%d", threads);
+        tp_threadpool_destroy(pool);
+    }
+}
+
 static void test_threadpool(void)
 {
     for (int threads = 1; threads <= 4; threads++) {
@@ -93,8 +144,12 @@ static void test_threadpool(void)
         int64_t hits[1000] = {0};
         pool_job j = {1000, hits};
         for (int rep = 0; rep < 50; rep++) tp_parallel_run(pool, mark, &j);
+        /* Idle workers asleep: the caller may then run their indices
+         * itself, each still exactly once. */
+        tp_threadpool_set_spin(pool, 0);
+        for (int rep = 0; rep < 50; rep++) tp_parallel_run(pool, mark, &j);
         int ok = 1;
-        for (int i = 0; i < 1000; i++) ok &= hits[i] == 50;
+        for (int i = 0; i < 1000; i++) ok &= hits[i] == 100;
         CHECK_MSG(ok, "threads=%d", threads);
         tp_threadpool_destroy(pool);
     }
@@ -140,6 +195,7 @@ int main(void)
     test_convert();
     test_errors();
     test_threadpool();
+    test_parallel_for();
     test_rng();
     test_rng_hash();
     return check_summary();

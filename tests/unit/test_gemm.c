@@ -151,7 +151,7 @@ static void test_small_blocks(tp_threadpool *pools[3])
     if (!a || !b || !c[0] || !c[1] || !c[2] || !c[3]) { CHECK(!"out of memory"); goto done; }
     fill(a, m * k);
     fill(b, k * n);
-    tp_gemm_operand oa = {a, TP_F32, k, 1}, ob = {b, TP_F32, n, 1};
+    tp_gemm_operand oa = {a, TP_F32, k, 1, 0}, ob = {b, TP_F32, n, 1, 0};
     CHECK(tp_gemm_packed(&tp_gemm_ukernel_avx2, c[3], n, 0, m, n, k, &oa, &ob, NULL) == TP_OK);
     for (int th = 0; th < 3; th++) {
         CHECK(tp_gemm_packed(&small, c[th], n, 0, m, n, k, &oa, &ob, pools[th]) == TP_OK);

@@ -182,6 +182,51 @@ static void test_matmul_threads_bitwise(tp_threadpool *pool)
     free(x); free(y1); free(y3);
 }
 
+/* The GEMV's threads take chunks of rows as they come (tp_parallel_for), so
+ * which thread sums a row changes from call to call, never how: the bits
+ * of 1 and of several threads, repeated, on rows enough for many chunks
+ * (decode's k; a remainder of rows after the last whole chunk). */
+static void test_gemv_threads_bitwise(tp_threadpool *pool)
+{
+    int64_t n = 1100, k = 2048;
+    float *x = malloc((size_t)(TP_GEMV_MAX_T * k) * sizeof(float));
+    float *y1 = malloc((size_t)(TP_GEMV_MAX_T * n) * sizeof(float));
+    float *yn = malloc((size_t)(TP_GEMV_MAX_T * n) * sizeof(float));
+    tp_tensor W = {0}, Wb = {0};
+    int64_t ws[2] = {n, k};
+    tp_rng saved = rng;
+    tp_rng_seed(&rng, 99);
+    if (!x || !y1 || !yn || tp_tensor_init(&W, TP_F32, 2, ws) || tp_tensor_init(&Wb, TP_BF16, 2, ws)) {
+        CHECK(!"out of memory");
+    } else {
+        fill(x, TP_GEMV_MAX_T * k, 1.0);
+        fill(W.data, n * k, 0.5);
+        for (int64_t i = 0; i < n * k; i++) ((uint16_t *)Wb.data)[i] = tp_bf16_from_f32(((float *)W.data)[i]);
+        for (int pi = 0; pi < 4; pi++)
+            for (int bf = 0; bf < 2; bf++)
+                for (int64_t T = 1; T <= TP_GEMV_MAX_T; T += 2) {
+                    tp_kernel_path path = PATHS[pi < 3 ? pi : 2];
+                    int dot = pi == 3;
+                    if (!tp_kernel_path_supported(path) || (dot && (!bf || !tp_kernel_has_bf16_dot()))) continue;
+                    tp_matmul_opts o = {path, dot, 0, 0};
+                    const tp_tensor *w = bf ? &Wb : &W;
+                    CHECK(tp_matmul_ex(y1, x, T, w, NULL, NULL, &o) == TP_OK);
+                    int same = 1;
+                    for (int rep = 0; rep < 5; rep++) {
+                        memset(yn, 0xff, (size_t)(T * n) * sizeof(float));
+                        CHECK(tp_matmul_ex(yn, x, T, w, NULL, pool, &o) == TP_OK);
+                        same &= !memcmp(y1, yn, (size_t)(T * n) * sizeof(float));
+                    }
+                    CHECK_MSG(same, "%s%s %s GEMV T=%lld: 1 and %d threads differ", tp_kernel_path_name(path),
+                              dot ? " bf16-dot" : "", bf ? "bf16" : "f32", (long long)T, tp_threadpool_size(pool));
+                }
+    }
+    rng = saved;
+    tp_tensor_release(&W);
+    tp_tensor_release(&Wb);
+    free(x); free(y1); free(yn);
+}
+
 /* tp_matmul_group packs x once for several weights; each output must be
  * bitwise what tp_matmul_ex gives for its weight alone, on every path and
  * dtype (AMX for bf16 where the CPU has it), for prompts of one row pass
@@ -235,7 +280,7 @@ static void test_matmul_group(tp_threadpool *pool)
 {
     tp_rng saved = rng;
     tp_rng_seed(&rng, 77);
-    const int64_t Ts[] = {3, 7, 53, 1100};
+    const int64_t Ts[] = {1, 3, 7, 53, 1100};
     for (int pi = 0; pi < 3; pi++) {
         if (!tp_kernel_path_supported(PATHS[pi])) continue;
         for (int amx = 0; amx < 2; amx++)
@@ -243,7 +288,7 @@ static void test_matmul_group(tp_threadpool *pool)
                 for (size_t t = 0; t < sizeof Ts / sizeof Ts[0]; t++) {
                     tp_matmul_opts o = {PATHS[pi], d == 2, 0, amx};
                     check_group(pool, &o, d ? TP_BF16 : TP_F32, Ts[t], 129, 129);
-                    if (t == 2) check_group(pool, &o, d ? TP_BF16 : TP_F32, Ts[t], 129, 64);
+                    if (t == 3) check_group(pool, &o, d ? TP_BF16 : TP_F32, Ts[t], 129, 64);
                 }
             }
     }
@@ -510,6 +555,7 @@ int main(void)
     test_matmul(NULL);
     test_matmul(pool3);
     test_matmul_threads_bitwise(pool3);
+    test_gemv_threads_bitwise(pool3);
     test_matmul_group(NULL);
     test_matmul_group(pool3);
     test_gemv_split(NULL);

@@ -218,10 +218,11 @@ static void check_product(const char *name, product_fn prod, int w_out_in, int64
 }
 
 /* tp_expert_xw (Llama 4's and gpt_oss's x @ W [in, out]) at widths that
- * reach the SIMD loops' bodies, prefetches and tails (out 1003: 62 blocks
- * of 16 and 11 columns, 125 of 8 and 3; in 37: a last pass of fewer rows
- * than the path's 4 or 8), 1-4 rows streamed and 5 through the packed
- * GEMM. */
+ * reach the SIMD loops' bodies, prefetches and tails (out 1003: 31 steps
+ * of 32 columns, then 11: none of 16 and 11 columns, one of 8 and 3; in
+ * 37: a last pass of one row where two rows of W make a pass, the scalar
+ * path's last pass of fewer than 4), 1-4 rows streamed and 5 through the
+ * packed GEMM. */
 static void check_xw(int64_t n, int64_t in, int64_t out, tp_dtype dt)
 {
     check_product("xw", tp_expert_xw, 0, n, in, out, dt);
@@ -229,12 +230,21 @@ static void check_xw(int64_t n, int64_t in, int64_t out, tp_dtype dt)
 
 static void test_expert_xw(void)
 {
-    for (int64_t n = 1; n <= 5; n += 2) {
+    for (int64_t n = 1; n <= 5; n++) {   /* 3 and 4: rows of W two a pass on the SIMD paths */
         check_xw(n, 37, 1003, TP_BF16);
         check_xw(n, 37, 1003, TP_F32);
     }
-    check_xw(2, 6, 40, TP_BF16);   /* in < 8: passes of 4 rows on every path */
-    check_xw(1, 4, 3, TP_F32);     /* fewer columns than one SIMD step */
+    check_xw(2, 6, 40, TP_BF16);    /* in < 8: passes of 4 rows on the scalar path */
+    check_xw(1, 4, 3, TP_F32);      /* fewer columns than one SIMD step */
+    /* rows longer than the prefetch distance (8 KiB: 4096 bf16, 2048 f32)
+     * on one thread: prefetches within the row, then into the next one */
+    check_xw(1, 9, 4133, TP_BF16);
+    check_xw(4, 9, 4133, TP_F32);
+    /* 5 chunks of 64 rows, the last of 44 (SIMD paths): summed apart and
+     * added in order, 1, 2 and 3 threads owning 5, 3 + 2, 2 + 2 + 1 */
+    check_xw(1, 300, 200, TP_BF16);
+    check_xw(3, 300, 200, TP_F32);
+    check_xw(2, 2100, 40, TP_BF16);   /* 32 chunks of 66 rows, the last of 54 */
 }
 
 /* tp_matmul_rows (an expert's rows; on the AVX-512 path W read in place,

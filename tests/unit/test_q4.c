@@ -38,7 +38,7 @@ static void test_known_block(void)
         int lo = (j + 1) / 2, hi = (j + 16 + 1) / 2 > 15 ? 15 : (j + 16 + 1) / 2;
         CHECK_MSG(b.qs[j] == (lo | hi << 4), "byte %d: 0x%02x, expected 0x%02x", j, b.qs[j], lo | hi << 4);
     }
-    tp_q4_dequantize_row(back, &b, TP_Q4_BLOCK);
+    tp_q4_dequantize_row(back, &b, 1, TP_Q4_BLOCK, 0);
     CHECK(back[0] == -16.0f && back[16] == 0.0f && back[31] == 14.0f && back[1] == -14.0f);
     /* a positive extreme gives a negative d; ties keep the first */
     for (int i = 0; i < TP_Q4_BLOCK; i++) x[i] = 0.0f;
@@ -71,6 +71,42 @@ static void reference_block(tp_q4_block *o, const float *x)
     for (int j = 0; j < 16; j++) o->qs[j] = (uint8_t)(q[j] | q[j + 16] << 4);
 }
 
+/* The repacked layout, built here from the reference's blocks as
+ * kern_q4.h describes it (groups of 4 rows, the last of n % 4; chunks of 8
+ * blocks, the last of nb % 8; per chunk the scales block-major, then the
+ * nibble arrays in the same order), equals what tp_q4_quantize_rows
+ * writes, for shapes with and without the short group and chunk. */
+static void test_layout(void)
+{
+    static const int64_t shapes[][2] = {{8, 256}, {5, 288}, {7, 96}, {1, 64}, {3, 32}, {12, 544}};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        int64_t n = shapes[si][0], k = shapes[si][1], nb = k / TP_Q4_BLOCK;
+        size_t bytes = (size_t)(n * nb) * sizeof(tp_q4_block);
+        float *x = malloc((size_t)(n * k) * sizeof(float));
+        unsigned char *got = malloc(bytes), *want = malloc(bytes);
+        if (!x || !got || !want) { CHECK(!"out of memory"); free(x); free(got); free(want); return; }
+        fill(x, n * k, 0.3);
+        CHECK(tp_q4_quantize_rows(got, x, TP_F32, n, k) == TP_OK);
+        size_t o = 0;
+        for (int64_t g0 = 0; g0 < n; g0 += 4) {
+            int64_t g = n - g0 < 4 ? n - g0 : 4;
+            for (int64_t c0 = 0; c0 < nb; c0 += 8) {
+                int64_t m = nb - c0 < 8 ? nb - c0 : 8;
+                tp_q4_block ref[8][4];
+                for (int64_t i = 0; i < m; i++)
+                    for (int64_t r = 0; r < g; r++) reference_block(&ref[i][r], x + (g0 + r) * k + (c0 + i) * 32);
+                for (int64_t i = 0; i < m; i++)
+                    for (int64_t r = 0; r < g; r++, o += 2) memcpy(want + o, &ref[i][r].d, 2);
+                for (int64_t i = 0; i < m; i++)
+                    for (int64_t r = 0; r < g; r++, o += 16) memcpy(want + o, ref[i][r].qs, 16);
+            }
+        }
+        CHECK_MSG(o == bytes && !memcmp(got, want, bytes), "layout of [%lld, %lld] differs", (long long)n,
+                  (long long)k);
+        free(x); free(got); free(want);
+    }
+}
+
 /* Random rows: the blocks equal the reference's; |x - (q - 8)·d| is at
  * most |d|/2 (|d| where the nibble was clamped at 15), plus 8 times the f16
  * rounding of d. */
@@ -85,9 +121,9 @@ static void test_quantize(void)
     CHECK(tp_q4_quantize_rows(q, x, TP_F32, R, K) == TP_OK);
     double worst = 0;
     for (int r = 0; r < R; r++) {
-        tp_q4_dequantize_row(back, q + r * (K / TP_Q4_BLOCK), K);
+        tp_q4_dequantize_row(back, q, R, K, r);
         for (int b = 0; b < K / TP_Q4_BLOCK; b++) {
-            const tp_q4_block *blk = &q[r * (K / TP_Q4_BLOCK) + b];
+            const tp_q4_block at = tp_q4_block_at(q, R, K, r, b), *blk = &at;
             const float *xb = x + r * K + b * TP_Q4_BLOCK;
             tp_q4_block ref;
             reference_block(&ref, xb);
@@ -144,7 +180,7 @@ static int make_weight(tp_tensor *W, float *wd, int64_t n, int64_t k)
     if (!w || tp_tensor_init(W, TP_Q4_0, 2, (int64_t[2]){n, k})) { free(w); return -1; }
     fill(w, n * k, 0.05);
     int st = tp_q4_quantize_rows(W->data, w, TP_F32, n, k) != TP_OK;
-    for (int64_t r = 0; r < n && wd; r++) tp_q4_dequantize_row(wd + r * k, (tp_q4_block *)W->data + r * (k / 32), k);
+    for (int64_t r = 0; r < n && wd; r++) tp_q4_dequantize_row(wd + r * k, W->data, n, k, r);
     free(w);
     return st;
 }
@@ -182,7 +218,7 @@ static void check_product(tp_threadpool *pool, int64_t T, int64_t n, int64_t k)
             double exact = 0, mag = 0, f32 = 0, f32mag = 0, xbound = 0;
             for (int64_t b = 0; b < nb; b++) {
                 /* the dequantized weight is (q - 8)·d exactly in f32 */
-                double dw = tp_f32_from_f16(((const tp_q4_block *)W.data)[r * nb + b].d);
+                double dw = tp_f32_from_f16(tp_q4_block_at(W.data, n, k, r, b).d);
                 double s = dw * xd[t * nb + b];
                 for (int l = 0; l < 8; l++) {
                     long lane = 0;
@@ -229,10 +265,11 @@ int main(void)
     print_skipped_paths("test_q4");
     quant_print_vnni("q4_0");
     test_known_block();
+    test_layout();
     test_quantize();
     test_products(NULL);
     test_products(pool3);
-    static const int64_t ts[] = {1, 20, 101};   /* GEMV, integer GEMM, f32 GEMM */
+    static const int64_t ts[] = {1, 3, 20, 101};   /* GEMV (4- and 2-row tiles), integer GEMM, f32 GEMM */
     quant_check_threads(pool3, make_weight, fill, ts, sizeof ts / sizeof *ts);
     quant_check_refusals(make_weight, fill, "q4_0");
     tp_threadpool_destroy(pool3);

@@ -187,7 +187,7 @@ int main(void)
     test_quantize();
     test_products(NULL);
     test_products(pool3);
-    static const int64_t ts[] = {1, 20, 101};   /* GEMV, integer GEMM, f32 GEMM */
+    static const int64_t ts[] = {1, 3, 20, 101};   /* GEMV (4- and 2-row tiles), integer GEMM, f32 GEMM */
     quant_check_threads(pool3, make_weight, fill, ts, sizeof ts / sizeof *ts);
     quant_check_refusals(make_weight, fill, "q8_0");
     tp_threadpool_destroy(pool3);
