@@ -1,9 +1,11 @@
-/* The tile schedule that the kernels of the block-quantized weights
- * (gemm_q8_avx2.c, gemm_q4_avx2.c) share: which R rows × TT tokens tile
- * runs where, and how the rows and tokens split among threads.  Only the
- * tile itself (the block dot products) is each dtype's own; the schedule
- * decides no arithmetic, so sharing it leaves every result's bits as they
- * were. */
+/* What the kernels of the block-quantized weights share.  The constants
+ * (prefetch distance, tokens per GEMM chunk) serve every q8_0/q4_0 kernel;
+ * the tile schedule below them (which R rows x TT tokens tile runs where,
+ * how rows and tokens split among threads) drives the q8_0 kernels,
+ * gemm_q8_avx2.c and gemm_q8_avx512.c; the q4_0 kernels read the repacked
+ * layout of kern_q4.h in group tiles of their own.  Only the tile itself, the
+ * block dot products, is each dtype's own; the schedule decides no
+ * arithmetic, so sharing it leaves every result's bits as they were. */
 #ifndef TP_KERNELS_QGEMM_TILES_H
 #define TP_KERNELS_QGEMM_TILES_H
 

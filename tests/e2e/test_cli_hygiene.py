@@ -8,6 +8,7 @@
     --tp N, and once (by rank 0, without a rank) inside a launched job, while
     an error of one rank carries "[rank r]";
   - make-model --set refuses unknown keys and checks only the final config;
+  - an option given twice takes its last value, a repeatable one collects all;
   - --dtype f16 is refused; an f16 checkpoint loads (converted to f32, exactly);
   - generate stops at max_position_embeddings with one warning;
   - exit statuses are documented in every --help.
@@ -192,6 +193,19 @@ class MakeModel(unittest.TestCase):
         rc, err, _ = self.make("bad-final", "num_attention_heads=5")
         self.assertEqual(rc, 2)
         self.assertIn("hidden_size 64 is not divisible by num_attention_heads 5", err)
+
+
+class RepeatedOption(unittest.TestCase):
+    def test_last_value_wins(self):
+        """An option given twice takes its last value (README); a repeatable
+        one (--set) collects them all."""
+        out = os.path.join(WORK, "twice")
+        rc, _, err, _ = tp("make-model", "--arch", "llama", "--preset", "tiny", "--dtype", "f32", "--dtype", "bf16",
+                           "--set", "num_hidden_layers=3", "--set", "rms_norm_eps=0.001", "--out", out)
+        self.assertEqual(rc, 0, err)
+        with open(os.path.join(out, "config.json")) as f:
+            cfg = json.load(f)
+        self.assertEqual((cfg["torch_dtype"], cfg["num_hidden_layers"], cfg["rms_norm_eps"]), ("bfloat16", 3, 0.001))
 
 
 class Dtype(unittest.TestCase):
