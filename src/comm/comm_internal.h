@@ -101,6 +101,19 @@ double tp_comm_timeout_of(const tp_comm_options *o);
  * responding; 0: no check. */
 double tp_comm_hang_of(const tp_comm_options *o);
 
+/* The silence rule (shm_heartbeat.c), for both backends' heartbeats: how
+ * long a watcher has seen a counter stand still. */
+typedef struct {
+    int who;                        /* whose counter                       */
+    uint64_t seen;                  /* its value since `since`             */
+    double since, last;             /* first and latest look at that value */
+} shm_silence;
+
+void tp_shm_silence_init(shm_silence *s, double now);
+/* Seconds that `who`'s counter has shown `value`, as seen by this watcher
+ * while it was running itself (a long gap between two looks restarts it). */
+double tp_shm_silence(shm_silence *s, int who, uint64_t value, double now);
+
 /* Liveness (shm_heartbeat.c).  A rank's heartbeat thread: */
 typedef struct tp_shm_beat tp_shm_beat;
 /* The launcher's view of the ranks' slots in the segment `fd`: */

@@ -7,21 +7,40 @@
  * with tp_comm_reduce_ordered: small all-reduces gather every input and
  * reduce on each rank (one-shot); large ones send share q of every input to
  * rank q (all-to-all), which reduces it, and gather the shares (two-shot).
- * The results are then bitwise equal to the shm backend's (§1.4, §5.4). */
+ * The results are then bitwise equal to the shm backend's (§1.4, §5.4).
+ *
+ * Every operation is started in its non-blocking form and waited for in
+ * wait_for, which polls it and can therefore give up: when a member of the
+ * group stops beating (mpi_heartbeat.c) for TENSORPAR_HANG_TIMEOUT, or the
+ * operation takes longer than TENSORPAR_COMM_TIMEOUT.  The rank then fails
+ * with TP_ERR_COMM and leaves without MPI_Finalize (which would wait for
+ * the frozen rank), so mpirun sees it exit and ends the job. */
 #include "comm_internal.h"
+#include "mpi_heartbeat.h"
 
 #include <limits.h>
 #include <mpi.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #define ONESHOT_MAX_BYTES (64u << 10)
 #define CHUNK_BYTES ((size_t)256 << 20)   /* all-reduce works in chunks */
 
-/* Shared by all groups of the process: who finalizes MPI. */
+#define SLEEP_MIN_NS 20000L
+#define SLEEP_MAX_NS 500000L
+#define CHECK_EVERY_S 0.05
+
+/* Shared by all groups of the process: who finalizes MPI, how to wait. */
 typedef struct {
     int refs;
     int we_initialized;
+    int failed;             /* a wait gave up: operations are left pending  */
+    double spin_s, yield_s; /* as the shm backend's (shm_segment.c)         */
+    double hang_s;          /* TENSORPAR_HANG_TIMEOUT; 0: off               */
+    tp_mpi_beat *beat;      /* NULL: no heartbeat (off, or no THREAD_MULTIPLE) */
 } mpi_job;
 
 typedef struct {
@@ -37,6 +56,83 @@ static tp_status mpi_err(int rc, const char *what)
     int len = 0;
     MPI_Error_string(rc, msg, &len);
     return tp_fail(TP_ERR_COMM, "MPI %s failed: %.*s", what, len, msg);
+}
+
+/* ---- waiting ----------------------------------------------------------- */
+
+/* The first member of g whose heartbeat has been silent for hang_s, or -1;
+ * sil holds one watcher per member. */
+static int silent_member(tp_group *g, const mpi_job *job, shm_silence *sil, double now, double *silent)
+{
+    for (int i = 0; i < g->size; i++) {
+        if (i == g->rank) continue;
+        uint64_t heard = tp_mpi_beat_heard(job->beat, g->global[i]);
+        if (heard == UINT64_MAX) continue;          /* it left on purpose */
+        *silent = tp_shm_silence(&sil[i], i, heard, now);
+        if (*silent > job->hang_s) return i;
+    }
+    return -1;
+}
+
+/* Waits until the n requests are done: spins on MPI_Test briefly, then
+ * yields, then sleeps with a growing interval (a waiting rank does not
+ * keep a core for long), and every 50 ms checks the members' heartbeats
+ * and the group's timeout.  `op` and `bytes` name what is awaited. */
+static tp_status wait_for(tp_group *g, int n, MPI_Request *reqs, MPI_Status *sts, const char *op, size_t bytes)
+{
+    int done = 0;
+    int rc = MPI_Testall(n, reqs, &done, sts ? sts : MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) return mpi_err(rc, op);
+    if (done) return TP_OK;
+    mpi_job *job = ((mpi_group *)g->impl)->job;
+    double start = tp_now(), next_check = start + CHECK_EVERY_S;
+    long iter = 0, sleep_ns = SLEEP_MIN_NS;
+    shm_silence *sil = NULL;
+    tp_status st = TP_OK;
+    while (!done) {
+        if ((++iter & 63) == 0) {
+            double now = tp_now(), waited = now - start;
+            if (waited >= job->yield_s) {
+                struct timespec ts = {0, sleep_ns};
+                nanosleep(&ts, NULL);
+                if (sleep_ns < SLEEP_MAX_NS) sleep_ns *= 2;
+            } else if (waited >= job->spin_s) {
+                sched_yield();
+            }
+            if (now >= next_check) {
+                next_check = now + CHECK_EVERY_S;
+                int who = -1;
+                double silent = 0;
+                if (job->beat && job->hang_s > 0) {
+                    if (!sil && (sil = malloc((size_t)g->size * sizeof *sil)) != NULL)
+                        for (int i = 0; i < g->size; i++) tp_shm_silence_init(&sil[i], now);
+                    if (sil) who = silent_member(g, job, sil, now, &silent);
+                }
+                if (who >= 0) {
+                    st = tp_fail(TP_ERR_COMM, "rank %d stopped responding (no heartbeat for %.1f s) while rank %d "
+                                 "waited for %s of %zu bytes: some rank of the group stopped responding "
+                                 "(TENSORPAR_HANG_TIMEOUT=%g s sets the limit)", g->global[who], silent,
+                                 g->global[g->rank], op, bytes, job->hang_s);
+                    break;
+                }
+                if (waited > g->timeout_s) {
+                    st = tp_fail(TP_ERR_TIMEOUT, "rank %d waited %.1f s for %s of %zu bytes without completion: "
+                                 "some rank of the group stopped responding (TENSORPAR_COMM_TIMEOUT=%g s sets the "
+                                 "limit)", g->global[g->rank], waited, op, bytes, g->timeout_s);
+                    break;
+                }
+            }
+        }
+        rc = MPI_Testall(n, reqs, &done, sts ? sts : MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) {
+            st = mpi_err(rc, op);
+            break;
+        }
+    }
+    free(sil);
+    /* The requests stay pending: nothing may wait for them again. */
+    if (st && !done) job->failed = 1;
+    return st;
 }
 
 /* Byte counts must fit MPI's int. */
@@ -78,7 +174,13 @@ static tp_status scratch_init(mpi_scratch *s, int n, size_t tmp_bytes)
     return TP_OK;
 }
 
-static void scratch_free(mpi_scratch *s) { free(s->sc); free(s->src); free(s->tmp); }
+/* After a wait gave up, the pending operation may still write into the
+ * scratch: it is left allocated (the process is about to leave). */
+static void scratch_free(tp_group *g, mpi_scratch *s)
+{
+    if (((mpi_group *)g->impl)->job->failed) return;
+    free(s->sc); free(s->src); free(s->tmp);
+}
 
 /* ---- all-reduce ------------------------------------------------------- */
 
@@ -86,8 +188,11 @@ static tp_status oneshot(tp_group *g, const char *send, char *recv, size_t m, tp
                          tp_reduce_op op, mpi_scratch *s)
 {
     size_t bytes = m * tp_dtype_size(dt);
-    int rc = MPI_Allgather(send, (int)bytes, MPI_BYTE, s->tmp, (int)bytes, MPI_BYTE, comm_of(g));
-    if (rc != MPI_SUCCESS) return mpi_err(rc, "all_gather");
+    MPI_Request r;
+    int rc = MPI_Iallgather(send, (int)bytes, MPI_BYTE, s->tmp, (int)bytes, MPI_BYTE, comm_of(g), &r);
+    if (rc != MPI_SUCCESS) return mpi_err(rc, "all_reduce");
+    tp_status st = wait_for(g, 1, &r, NULL, "all_reduce", bytes);
+    if (st) return st;
     for (int p = 0; p < g->size; p++) s->src[p] = s->tmp + (size_t)p * bytes;
     tp_comm_reduce_ordered(recv, s->src, g->size, m, dt, op);
     return TP_OK;
@@ -108,12 +213,15 @@ static tp_status twoshot(tp_group *g, const char *send, char *recv, size_t m, tp
         s->rc[p] = (int)mine;
         s->rd[p] = (int)((size_t)p * mine);
     }
-    int rc = MPI_Alltoallv(send, s->sc, s->sd, MPI_BYTE, s->tmp, s->rc, s->rd, MPI_BYTE, comm_of(g));
-    if (rc != MPI_SUCCESS) return mpi_err(rc, "all_to_all");
+    MPI_Request r;
+    int rc = MPI_Ialltoallv(send, s->sc, s->sd, MPI_BYTE, s->tmp, s->rc, s->rd, MPI_BYTE, comm_of(g), &r);
+    if (rc != MPI_SUCCESS) return mpi_err(rc, "all_reduce");
+    tp_status st = wait_for(g, 1, &r, NULL, "all_reduce", m * es);
+    if (st) return st;
     for (int p = 0; p < n; p++) s->src[p] = s->tmp + (size_t)p * mine;
     tp_comm_reduce_ordered(recv + lo * es, s->src, n, hi - lo, dt, op);
-    rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, recv, s->sc, s->sd, MPI_BYTE, comm_of(g));
-    return rc == MPI_SUCCESS ? TP_OK : mpi_err(rc, "all_gather");
+    rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, recv, s->sc, s->sd, MPI_BYTE, comm_of(g), &r);
+    return rc == MPI_SUCCESS ? wait_for(g, 1, &r, NULL, "all_reduce", m * es) : mpi_err(rc, "all_reduce");
 }
 
 static tp_status mpi_all_reduce(tp_group *g, const void *send, void *recv, size_t count,
@@ -134,7 +242,7 @@ static tp_status mpi_all_reduce(tp_group *g, const void *send, void *recv, size_
         char *out = (char *)recv + off * es;
         st = small ? oneshot(g, in, out, m, dt, op, &s) : twoshot(g, in, out, m, dt, op, &s);
     }
-    scratch_free(&s);
+    scratch_free(g, &s);
     return st;
 }
 
@@ -163,10 +271,11 @@ static tp_status mpi_all_gatherv(tp_group *g, const void *send, void *recv, cons
     tp_status st = scratch_init(&s, g->size, 0);
     if (st == TP_OK) st = byte_layout(counts, tp_dtype_size(dt), g->size, s.rc, s.rd, &total, "all_gather");
     if (st == TP_OK) {
-        int rc = MPI_Allgatherv(send, s.rc[g->rank], MPI_BYTE, recv, s.rc, s.rd, MPI_BYTE, comm_of(g));
-        if (rc != MPI_SUCCESS) st = mpi_err(rc, "all_gather");
+        MPI_Request r;
+        int rc = MPI_Iallgatherv(send, s.rc[g->rank], MPI_BYTE, recv, s.rc, s.rd, MPI_BYTE, comm_of(g), &r);
+        st = rc == MPI_SUCCESS ? wait_for(g, 1, &r, NULL, "all_gather", total) : mpi_err(rc, "all_gather");
     }
-    scratch_free(&s);
+    scratch_free(g, &s);
     return st;
 }
 
@@ -182,14 +291,16 @@ static tp_status mpi_reduce_scatterv(tp_group *g, const void *send, void *recv, 
     st = byte_layout(counts, es, n, s.sc, s.sd, &total, "reduce_scatter");
     if (st == TP_OK) {
         for (int p = 0; p < n; p++) { s.rc[p] = (int)mine; s.rd[p] = (int)((size_t)p * mine); }
-        int rc = MPI_Alltoallv(send, s.sc, s.sd, MPI_BYTE, s.tmp, s.rc, s.rd, MPI_BYTE, comm_of(g));
-        if (rc != MPI_SUCCESS) st = mpi_err(rc, "all_to_all");
+        MPI_Request r;
+        int rc = MPI_Ialltoallv(send, s.sc, s.sd, MPI_BYTE, s.tmp, s.rc, s.rd, MPI_BYTE, comm_of(g), &r);
+        st = rc == MPI_SUCCESS ? wait_for(g, 1, &r, NULL, "reduce_scatter", total)
+                               : mpi_err(rc, "reduce_scatter");
     }
     if (st == TP_OK) {
         for (int p = 0; p < n; p++) s.src[p] = s.tmp + (size_t)p * mine;
         tp_comm_reduce_ordered(recv, s.src, n, counts[me], dt, op);
     }
-    scratch_free(&s);
+    scratch_free(g, &s);
     return st;
 }
 
@@ -197,16 +308,19 @@ static tp_status mpi_broadcast(tp_group *g, void *buf, size_t bytes, int root)
 {
     for (size_t off = 0; off < bytes; off += CHUNK_BYTES) {
         size_t b = bytes - off < CHUNK_BYTES ? bytes - off : CHUNK_BYTES;
-        int rc = MPI_Bcast((char *)buf + off, (int)b, MPI_BYTE, root, comm_of(g));
-        if (rc != MPI_SUCCESS) return mpi_err(rc, "broadcast");
+        MPI_Request r;
+        int rc = MPI_Ibcast((char *)buf + off, (int)b, MPI_BYTE, root, comm_of(g), &r);
+        tp_status st = rc == MPI_SUCCESS ? wait_for(g, 1, &r, NULL, "broadcast", b) : mpi_err(rc, "broadcast");
+        if (st) return st;
     }
     return TP_OK;
 }
 
 static tp_status mpi_barrier(tp_group *g)
 {
-    int rc = MPI_Barrier(comm_of(g));
-    return rc == MPI_SUCCESS ? TP_OK : mpi_err(rc, "barrier");
+    MPI_Request r;
+    int rc = MPI_Ibarrier(comm_of(g), &r);
+    return rc == MPI_SUCCESS ? wait_for(g, 1, &r, NULL, "barrier", 0) : mpi_err(rc, "barrier");
 }
 
 /* Every rank checks that what others send it is what it expects, and all
@@ -217,16 +331,24 @@ static tp_status check_counts(tp_group *g, const size_t *sc, const size_t *rc_ex
     unsigned long long *out = malloc(2 * (size_t)n * sizeof *out), *in = out ? out + n : NULL;
     if (!out) return tp_fail(TP_ERR_NOMEM, "out of memory");
     for (int q = 0; q < n; q++) out[q] = sc[q];
-    int rc = MPI_Alltoall(out, 1, MPI_UNSIGNED_LONG_LONG, in, 1, MPI_UNSIGNED_LONG_LONG, comm_of(g));
+    MPI_Request r;
+    int rc = MPI_Ialltoall(out, 1, MPI_UNSIGNED_LONG_LONG, in, 1, MPI_UNSIGNED_LONG_LONG, comm_of(g), &r);
+    tp_status st = rc == MPI_SUCCESS ? wait_for(g, 1, &r, NULL, "all_to_all (counts)", (size_t)n * sizeof *out)
+                                     : mpi_err(rc, "all_to_all");
+    if (st) {
+        /* A wait that gave up leaves the operation pending on the buffer. */
+        if (!((mpi_group *)g->impl)->job->failed) free(out);
+        return st;
+    }
     int bad = -1, any;
-    for (int p = 0; rc == MPI_SUCCESS && p < n && bad < 0; p++)
+    for (int p = 0; p < n && bad < 0; p++)
         if (in[p] != rc_expected[p]) bad = p;
     unsigned long long got = bad >= 0 ? in[bad] : 0;
     free(out);
-    if (rc != MPI_SUCCESS) return mpi_err(rc, "all_to_all");
     int flag = bad >= 0;
-    rc = MPI_Allreduce(&flag, &any, 1, MPI_INT, MPI_MAX, comm_of(g));
-    if (rc != MPI_SUCCESS) return mpi_err(rc, "all_reduce");
+    rc = MPI_Iallreduce(&flag, &any, 1, MPI_INT, MPI_MAX, comm_of(g), &r);
+    st = rc == MPI_SUCCESS ? wait_for(g, 1, &r, NULL, "all_reduce (verdict)", sizeof flag) : mpi_err(rc, "all_reduce");
+    if (st) return st;
     if (bad >= 0)
         return tp_fail(TP_ERR_INVALID, "rank %d sends %llu elements to rank %d, which expects %zu", bad, got,
                        g->rank, rc_expected[bad]);
@@ -244,10 +366,11 @@ static tp_status mpi_all_to_allv(tp_group *g, const void *send, const size_t *se
     if (st) return st;
     if ((st = byte_layout(send_counts, es, g->size, s.sc, s.sd, &t1, "all_to_all")) == TP_OK &&
         (st = byte_layout(recv_counts, es, g->size, s.rc, s.rd, &t2, "all_to_all")) == TP_OK) {
-        int rc = MPI_Alltoallv(send, s.sc, s.sd, MPI_BYTE, recv, s.rc, s.rd, MPI_BYTE, comm_of(g));
-        if (rc != MPI_SUCCESS) st = mpi_err(rc, "all_to_all");
+        MPI_Request r;
+        int rc = MPI_Ialltoallv(send, s.sc, s.sd, MPI_BYTE, recv, s.rc, s.rd, MPI_BYTE, comm_of(g), &r);
+        st = rc == MPI_SUCCESS ? wait_for(g, 1, &r, NULL, "all_to_all", t1 > t2 ? t1 : t2) : mpi_err(rc, "all_to_all");
     }
-    scratch_free(&s);
+    scratch_free(g, &s);
     return st;
 }
 
@@ -256,19 +379,22 @@ static tp_status mpi_sendrecv(tp_group *g, const void *send, size_t send_bytes, 
 {
     tp_status st;
     if ((st = fits(send_bytes, "send")) || (st = fits(recv_bytes, "recv"))) return st;
-    MPI_Status status;
-    int rc;
-    if (dst >= 0 && src >= 0)
-        rc = MPI_Sendrecv(send, (int)send_bytes, MPI_BYTE, dst, 0, recv, (int)recv_bytes, MPI_BYTE, src, 0,
-                          comm_of(g), &status);
-    else if (dst >= 0)
-        rc = MPI_Send(send, (int)send_bytes, MPI_BYTE, dst, 0, comm_of(g));
-    else
-        rc = MPI_Recv(recv, (int)recv_bytes, MPI_BYTE, src, 0, comm_of(g), &status);
-    if (rc != MPI_SUCCESS) return mpi_err(rc, "send/recv");
+    /* reqs[0] receives, reqs[1] sends; a null request counts as done. */
+    MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    MPI_Status status[2];
+    int rc = MPI_SUCCESS;
+    if (src >= 0) rc = MPI_Irecv(recv, (int)recv_bytes, MPI_BYTE, src, 0, comm_of(g), &reqs[0]);
+    if (rc == MPI_SUCCESS && dst >= 0) rc = MPI_Isend(send, (int)send_bytes, MPI_BYTE, dst, 0, comm_of(g), &reqs[1]);
+    if (rc != MPI_SUCCESS) {
+        /* A receive already posted would write into recv later. */
+        if (reqs[0] != MPI_REQUEST_NULL) ((mpi_group *)g->impl)->job->failed = 1;
+        return mpi_err(rc, "send/recv");
+    }
+    st = wait_for(g, 2, reqs, status, "send/recv", send_bytes > recv_bytes ? send_bytes : recv_bytes);
+    if (st) return st;
     if (src >= 0) {
         int got = 0;
-        MPI_Get_count(&status, MPI_BYTE, &got);
+        MPI_Get_count(&status[0], MPI_BYTE, &got);
         if ((size_t)got != recv_bytes)
             return tp_fail(TP_ERR_COMM, "rank %d sent %d bytes but rank %d expects %zu", src, got, g->rank, recv_bytes);
     }
@@ -329,12 +455,18 @@ static void mpi_free(tp_group *g)
 {
     mpi_group *m = g->impl;
     if (!m) return;
-    MPI_Comm_free(&m->comm);
-    if (--m->job->refs == 0) {
+    mpi_job *job = m->job;
+    /* After a wait gave up, an operation is pending on the communicators and
+     * some rank may never take part again: MPI_Comm_free and MPI_Finalize
+     * could wait for it forever.  Leaving without them makes mpirun end the
+     * job (a rank exited without finalizing). */
+    if (!job->failed) MPI_Comm_free(&m->comm);
+    if (--job->refs == 0) {
+        tp_mpi_beat_stop(job->beat, !job->failed);
         int finalized = 0;
         MPI_Finalized(&finalized);
-        if (m->job->we_initialized && !finalized) MPI_Finalize();
-        free(m->job);
+        if (job->we_initialized && !finalized && !job->failed) MPI_Finalize();
+        free(job);
     }
     free(m);
     g->impl = NULL;
@@ -355,12 +487,24 @@ tp_status tp_comm_mpi_init(tp_group *g, const tp_comm_env *e)
     MPI_Initialized(&inited);
     if (!inited) {
         int provided;
-        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+        /* MULTIPLE for the heartbeat thread (mpi_heartbeat.c). */
+        if (MPI_Init_thread(NULL, NULL, e->hang_s > 0 ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED, &provided) !=
+            MPI_SUCCESS)
             return tp_fail(TP_ERR_COMM, "MPI_Init failed");
     }
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
     mpi_job *job = calloc(1, sizeof *job);
     if (!job) return tp_fail(TP_ERR_NOMEM, "out of memory");
     job->we_initialized = !inited;
+    /* As the shm backend's waits (shm_segment.c): spinning pays when every
+     * local rank has a core; otherwise the awaited peer may need ours. */
+    int own_core = sysconf(_SC_NPROCESSORS_ONLN) >= e->local_size;
+    job->spin_s = own_core ? 100e-6 : 5e-6;
+    job->yield_s = own_core ? 50e-3 : 2e-3;
+    /* Without MULTIPLE (MPI started by the program with less) there is no
+     * heartbeat: only TENSORPAR_COMM_TIMEOUT ends a wait for a frozen rank. */
+    job->hang_s = level == MPI_THREAD_MULTIPLE ? e->hang_s : 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     tp_status st = TP_OK;
@@ -372,9 +516,11 @@ tp_status tp_comm_mpi_init(tp_group *g, const tp_comm_env *e)
         st = tp_fail(TP_ERR_COMM, "MPI_Comm_dup failed");
     if (st == TP_OK) {
         local_layout(g, world);
-        st = wrap(g, world, job);
+        if (job->hang_s > 0 && (st = tp_mpi_beat_start(world, &job->beat)) != TP_OK) MPI_Comm_free(&world);
     }
+    if (st == TP_OK) st = wrap(g, world, job);
     if (st) {
+        tp_mpi_beat_stop(job->beat, 1);
         if (job->we_initialized) MPI_Finalize();
         free(job);
     }

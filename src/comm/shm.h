@@ -125,13 +125,6 @@ typedef struct {
     shm_area_entry table[SHM_AREAS];
 } shm_header;
 
-/* How long a watcher has seen a counter stand still (shm_heartbeat.c). */
-typedef struct {
-    int who;                        /* whose counter                       */
-    uint64_t seen;                  /* its value since `since`             */
-    double since, last;             /* first and latest look at that value */
-} shm_silence;
-
 /* Per-process view of the segment, shared by all of its groups. */
 typedef struct {
     shm_header *h;
@@ -201,9 +194,5 @@ uint64_t tp_shm_proc_start(int pid, char *state);
 /* Starts a thread that bumps *counter every 50 ms until stopped. */
 tp_status tp_shm_beat_start(_Atomic uint64_t *counter, tp_shm_beat **out);
 void tp_shm_beat_stop(tp_shm_beat *b);
-void tp_shm_silence_init(shm_silence *s, double now);
-/* Seconds that `who`'s counter has shown `value`, as seen by this watcher
- * while it was running itself (a long gap between two looks restarts it). */
-double tp_shm_silence(shm_silence *s, int who, uint64_t value, double now);
 
 #endif
