@@ -29,6 +29,11 @@ Checks, on each layout:
   - a rank SIGKILLed in the middle of training ends the job within 10 s,
     non-zero, with mpirun's message naming the rank and the signal, and
     leaves no rank process behind;
+  - a rank SIGSTOPped in the middle of a generate (frozen, not dead: mpirun
+    alone would never notice) ends the job within TENSORPAR_HANG_TIMEOUT
+    (1 s here) and a few seconds, non-zero, with the waiting rank's message
+    naming the frozen rank, the operation and the variable, and leaves no
+    rank process behind;
   - (2hosts) TENSORPAR_BACKEND=shm is refused, naming the layout.
 
     TENSORPAR_BIN=build/tensorpar /usr/bin/python3 tests/e2e/test_mpi_tcp.py
@@ -299,6 +304,59 @@ class MpiOverTcp(unittest.TestCase):
         for pid in left:
             os.kill(pid, signal.SIGKILL)
         self.assertEqual(left, [], f"{layout}: rank processes left after the job")
+
+    def freeze_during_generate(self, layout, victim):
+        mark = f"{os.getpid()}-{layout}-stop{victim}"
+        e = job_env(mpi=True)
+        e.update(TP_TEST_MARK=mark, TENSORPAR_HANG_TIMEOUT="1")
+        gen = [BIN, "generate", "--model", self.gen_model, "--tokens", "1,2,3", "--max-new-tokens", "100000",
+               "--greedy"]
+        cmd = self.layouts[layout](forwarded(e, "TP_TEST_MARK") + gen)
+        p = subprocess.Popen(cmd, env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        took, err = None, ""
+        try:
+            pids, t0 = [], time.time()
+            while not pids and time.time() - t0 < 30 and p.poll() is None:
+                time.sleep(0.05)
+                pids = job_pids(mark, victim)
+            self.assertTrue(pids, f"{layout}: rank {victim} never started")
+            time.sleep(1.0)                # into the decode steps
+            self.assertIsNone(p.poll(), f"{layout}: the job ended before the signal")
+            os.kill(pids[0], signal.SIGSTOP)
+            stopped = time.time()
+            try:
+                _, err = p.communicate(timeout=30)
+                took = time.time() - stopped
+            except subprocess.TimeoutExpired:
+                pass
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            left = job_pids(mark, None)
+            t0 = time.time()
+            while left and time.time() - t0 < 10:
+                time.sleep(0.2)
+                left = job_pids(mark, None)
+            for pid in left:
+                os.kill(pid, signal.SIGKILL)
+        self.assertIsNotNone(took, f"{layout}: the job still ran 30 s after rank {victim} froze")
+        print(f"{layout}: rank {victim} stopped; mpirun exited {p.returncode} after {took:.2f} s")
+        self.assertNotEqual(p.returncode, 0)
+        self.assertLess(took, 1 + 5, err[-3000:])
+        self.assertRegex(err, rf"rank {victim} stopped responding \(no heartbeat for 1\.\d s\) while rank "
+                              rf"{1 - victim} waited for \S+ of \d+ bytes: some rank of the group stopped responding "
+                              r"\(TENSORPAR_HANG_TIMEOUT=1 s sets the limit\)", err[-3000:])
+        self.assertEqual(left, [], f"{layout}: rank processes left after the job")
+
+    def test_frozen_rank_ends_the_job(self):
+        # 4096 positions: a generate that lasts seconds, as long as the test lets it
+        self.gen_model = os.path.join(self.work, "gen-llama")
+        run("make-model", "--arch", "llama", "--preset", "small", "--seed", "5", "--out", self.gen_model)
+        for layout in self.layouts:
+            for victim in ((1,) if layout == "lo" else (1, 0)):
+                with self.subTest(layout=layout, victim=victim):
+                    self.freeze_during_generate(layout, victim)
 
     def test_killed_rank_ends_the_job(self):
         for layout in self.layouts:
