@@ -90,7 +90,7 @@ typedef struct {
                                 shared memory apart; NULL: MASTER_ADDR and
                                 MASTER_PORT when set, else none              */
     double timeout_s;        /* a collective's wait for its peers; <= 0: 30 s */
-    double hang_timeout_s;   /* shm: a peer's heartbeat may be silent this
+    double hang_timeout_s;   /* shm, mpi: a peer's heartbeat may be silent this
                                 long before it counts as hung; 0: 2 s;
                                 < 0: no check                                */
     int shm_fd;              /* the segment inherited from the launcher;

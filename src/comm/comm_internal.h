@@ -60,7 +60,7 @@ typedef struct {
     tp_backend backend;
     int rank, world_size, local_rank, local_size;
     double timeout_s;
-    double hang_s;          /* TENSORPAR_HANG_TIMEOUT (shm); 0: off          */
+    double hang_s;          /* TENSORPAR_HANG_TIMEOUT (shm, mpi); 0: off     */
     char rendezvous[200];   /* "" when none is known                        */
     int shm_fd;             /* segment inherited from the launcher, or -1    */
     tp_shm_settings shm;    /* for a segment this process creates            */
