@@ -101,6 +101,13 @@ double tp_comm_timeout_of(const tp_comm_options *o);
  * responding; 0: no check. */
 double tp_comm_hang_of(const tp_comm_options *o);
 
+/* A thread that calls fn(arg) at once and then every period_s until
+ * stopped (periodic.c); `what` names it in an error. */
+typedef struct tp_periodic tp_periodic;
+tp_status tp_periodic_start(double period_s, void (*fn)(void *), void *arg, const char *what, tp_periodic **out);
+/* Stops it (waking it at once) and waits for it. */
+void tp_periodic_stop(tp_periodic *p);
+
 /* The silence rule (shm_heartbeat.c), for both backends' heartbeats: how
  * long a watcher has seen a counter stand still. */
 typedef struct {

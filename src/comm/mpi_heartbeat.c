@@ -16,13 +16,10 @@
  * leave while a peer still waits for a collective it has done its part of,
  * and its silence then is no hang. */
 #include "mpi_heartbeat.h"
+#include "comm_internal.h"
 
-#include <errno.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
 #define BEAT_PERIOD_S 0.1
@@ -37,19 +34,8 @@ struct tp_mpi_beat {
     _Atomic uint64_t *heard;        /* beats received from each rank       */
     MPI_Request *sent;              /* the latest beat to each rank        */
     int token;                      /* what a beat carries (nothing)       */
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int stop;
+    tp_periodic *thread;
 };
-
-static void deadline_after(struct timespec *ts, double s)
-{
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    long ns = ts->tv_nsec + (long)(s * 1e9);
-    ts->tv_sec += ns / 1000000000L;
-    ts->tv_nsec = ns % 1000000000L;
-}
 
 /* Errors are ignored: a peer that cannot be reached stops being heard,
  * which is the evidence a waiting rank needs. */
@@ -81,21 +67,10 @@ static void receive_beats(tp_mpi_beat *b)
     }
 }
 
-static void *beat_main(void *arg)
+static void beat(void *arg)
 {
-    tp_mpi_beat *b = arg;
-    pthread_mutex_lock(&b->mu);
-    while (!b->stop) {
-        pthread_mutex_unlock(&b->mu);
-        send_beats(b);
-        receive_beats(b);
-        pthread_mutex_lock(&b->mu);
-        struct timespec ts;
-        deadline_after(&ts, BEAT_PERIOD_S);
-        while (!b->stop && pthread_cond_timedwait(&b->cv, &b->mu, &ts) != ETIMEDOUT) {}
-    }
-    pthread_mutex_unlock(&b->mu);
-    return NULL;
+    send_beats(arg);
+    receive_beats(arg);
 }
 
 static void beat_free(tp_mpi_beat *b)
@@ -124,24 +99,11 @@ tp_status tp_mpi_beat_start(MPI_Comm world, tp_mpi_beat **out)
         return tp_fail(TP_ERR_COMM, "MPI_Comm_dup for the heartbeat failed");
     }
     MPI_Comm_set_errhandler(b->comm, MPI_ERRORS_RETURN);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&b->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    pthread_mutex_init(&b->mu, NULL);
-    /* The thread takes no signals: they stay the main thread's business. */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int rc = pthread_create(&b->thread, NULL, beat_main, b);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc != 0) {
-        pthread_cond_destroy(&b->cv);
-        pthread_mutex_destroy(&b->mu);
+    tp_status st = tp_periodic_start(BEAT_PERIOD_S, beat, b, "heartbeat", &b->thread);
+    if (st) {
         MPI_Comm_free(&b->comm);
         beat_free(b);
-        return tp_fail(TP_ERR_INTERNAL, "cannot start the heartbeat thread: %s", strerror(rc));
+        return st;
     }
     *out = b;
     return TP_OK;
@@ -174,13 +136,7 @@ static void farewell(tp_mpi_beat *b)
 void tp_mpi_beat_stop(tp_mpi_beat *b, int say_farewell)
 {
     if (!b) return;
-    pthread_mutex_lock(&b->mu);
-    b->stop = 1;
-    pthread_cond_signal(&b->cv);
-    pthread_mutex_unlock(&b->mu);
-    pthread_join(b->thread, NULL);
-    pthread_cond_destroy(&b->cv);
-    pthread_mutex_destroy(&b->mu);
+    tp_periodic_stop(b->thread);
     if (say_farewell) farewell(b);
     beat_free(b);
 }

@@ -18,7 +18,6 @@
 #include "shm.h"
 
 #include <errno.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,32 +33,13 @@
 
 struct tp_shm_beat {
     _Atomic uint64_t *counter;
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int stop;
+    tp_periodic *thread;
 };
 
-static void deadline_after(struct timespec *ts, double s)
-{
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    long ns = ts->tv_nsec + (long)(s * 1e9);
-    ts->tv_sec += ns / 1000000000L;
-    ts->tv_nsec = ns % 1000000000L;
-}
-
-static void *beat_main(void *arg)
+static void beat(void *arg)
 {
     tp_shm_beat *b = arg;
-    pthread_mutex_lock(&b->mu);
-    while (!b->stop) {
-        atomic_fetch_add_explicit(b->counter, 1, memory_order_release);
-        struct timespec ts;
-        deadline_after(&ts, BEAT_PERIOD_S);
-        while (!b->stop && pthread_cond_timedwait(&b->cv, &b->mu, &ts) != ETIMEDOUT) {}
-    }
-    pthread_mutex_unlock(&b->mu);
-    return NULL;
+    atomic_fetch_add_explicit(b->counter, 1, memory_order_release);
 }
 
 tp_status tp_shm_beat_start(_Atomic uint64_t *counter, tp_shm_beat **out)
@@ -68,23 +48,10 @@ tp_status tp_shm_beat_start(_Atomic uint64_t *counter, tp_shm_beat **out)
     tp_shm_beat *b = calloc(1, sizeof *b);
     if (!b) return tp_fail(TP_ERR_NOMEM, "out of memory");
     b->counter = counter;
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&b->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    pthread_mutex_init(&b->mu, NULL);
-    /* The thread takes no signals: they stay the main thread's business. */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int rc = pthread_create(&b->thread, NULL, beat_main, b);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc != 0) {
-        pthread_cond_destroy(&b->cv);
-        pthread_mutex_destroy(&b->mu);
+    tp_status st = tp_periodic_start(BEAT_PERIOD_S, beat, b, "heartbeat", &b->thread);
+    if (st) {
         free(b);
-        return tp_fail(TP_ERR_INTERNAL, "cannot start the heartbeat thread: %s", strerror(rc));
+        return st;
     }
     *out = b;
     return TP_OK;
@@ -93,13 +60,7 @@ tp_status tp_shm_beat_start(_Atomic uint64_t *counter, tp_shm_beat **out)
 void tp_shm_beat_stop(tp_shm_beat *b)
 {
     if (!b) return;
-    pthread_mutex_lock(&b->mu);
-    b->stop = 1;
-    pthread_cond_signal(&b->cv);
-    pthread_mutex_unlock(&b->mu);
-    pthread_join(b->thread, NULL);
-    pthread_cond_destroy(&b->cv);
-    pthread_mutex_destroy(&b->mu);
+    tp_periodic_stop(b->thread);
     free(b);
 }
 

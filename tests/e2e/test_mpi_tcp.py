@@ -262,6 +262,18 @@ class MpiOverTcp(unittest.TestCase):
                 self.assertEqual(x[k], y[k], f"step {y['step']} {k}")
         self.assertEqual(slurp(os.path.join(out, "model.safetensors")), slurp(os.path.join(shm, "model.safetensors")))
 
+    def victim_of(self, p, layout, mark, victim, settle):
+        """The pid of rank `victim` of the job `p` marked `mark`, once it has
+        run for `settle` seconds (into the steps); fails if the job ends first."""
+        pids, t0 = [], time.time()
+        while not pids and time.time() - t0 < 30 and p.poll() is None:
+            time.sleep(0.05)
+            pids = job_pids(mark, victim)
+        self.assertTrue(pids, f"{layout}: rank {victim} never started")
+        time.sleep(settle)
+        self.assertIsNone(p.poll(), f"{layout}: the job ended before the signal")
+        return pids[0]
+
     def kill_during_training(self, layout, victim):
         mark = f"{os.getpid()}-{layout}-{victim}"
         e = job_env(mpi=True)
@@ -272,14 +284,7 @@ class MpiOverTcp(unittest.TestCase):
         cmd = self.layouts[layout](forwarded(e, "TP_TEST_MARK") + train)
         p = subprocess.Popen(cmd, env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
-            pids, t0 = [], time.time()
-            while not pids and time.time() - t0 < 30 and p.poll() is None:
-                time.sleep(0.05)
-                pids = job_pids(mark, victim)
-            self.assertTrue(pids, f"{layout}: rank {victim} never started")
-            time.sleep(0.5)                # into the training steps
-            self.assertIsNone(p.poll(), f"{layout}: the job ended before the signal")
-            os.kill(pids[0], signal.SIGKILL)
+            os.kill(self.victim_of(p, layout, mark, victim, 0.5), signal.SIGKILL)
             killed = time.time()
             _, err = p.communicate(timeout=30)
             took = time.time() - killed
@@ -315,14 +320,7 @@ class MpiOverTcp(unittest.TestCase):
         p = subprocess.Popen(cmd, env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         took, err = None, ""
         try:
-            pids, t0 = [], time.time()
-            while not pids and time.time() - t0 < 30 and p.poll() is None:
-                time.sleep(0.05)
-                pids = job_pids(mark, victim)
-            self.assertTrue(pids, f"{layout}: rank {victim} never started")
-            time.sleep(1.0)                # into the decode steps
-            self.assertIsNone(p.poll(), f"{layout}: the job ended before the signal")
-            os.kill(pids[0], signal.SIGSTOP)
+            os.kill(self.victim_of(p, layout, mark, victim, 1.0), signal.SIGSTOP)
             stopped = time.time()
             try:
                 _, err = p.communicate(timeout=30)
