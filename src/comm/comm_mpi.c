@@ -547,7 +547,10 @@ tp_status tp_comm_mpi_init(tp_group *g, const tp_comm_env *e)
         st = tp_fail(TP_ERR_COMM, "MPI_Comm_dup failed");
     if (st == TP_OK) {
         local_layout(g, world);
-        if (job->hang_s > 0 && (st = tp_mpi_beat_start(world, &job->beat)) != TP_OK) MPI_Comm_free(&world);
+        /* Starting the heartbeat is collective: only if every rank can. */
+        int can = job->hang_s > 0, all = 0;
+        if (MPI_Allreduce(&can, &all, 1, MPI_INT, MPI_MIN, world) != MPI_SUCCESS) all = 0;
+        if (all && (st = tp_mpi_beat_start(world, &job->beat)) != TP_OK) MPI_Comm_free(&world);
     }
     if (st == TP_OK) st = wrap(g, world, job);
     if (st) {
