@@ -417,9 +417,9 @@ TAVX2 static void gemv_chunk(void *p, int64_t r0, int64_t r1, int ti)
     }
 }
 
-/* tp_gemv_permute_x for blocks of 16 without its per-element divisions:
- * shufps picks the evens (odds) of each 128-bit half, vpermpd puts the
- * halves in order. */
+/* x permuted as tp_permute_x_avx512 (kern_internal.h) does, in blocks of
+ * 16 for the 32-byte loads of 16 bf16 weights: shufps picks the evens
+ * (odds) of each 128-bit half, vpermpd puts the halves in order. */
 TAVX2 static void permute_x(float *dst, const float *x, int64_t T, int64_t k, int64_t kp)
 {
     for (int64_t t = 0; t < T; t++)

@@ -25,16 +25,19 @@
  * per slice by the same 16×16 register transposes (a 32-bit lane holding a
  * bf16 pair is moved as one float), the same prefetches.
  *
- * GEMV (decode, T <= 4) streams W once: each thread takes a contiguous range
- * of rows.  For T = 1 (decode) it reads them one row after the other, so the
- * thread's W is one sequential stream, with several accumulators along the
- * row and a software prefetch GEMV_ROW_PF_BYTES ahead; for T > 1 4 rows at a
- * time side by side (the x registers are shared by the rows of a block),
- * with a prefetch GEMV_PF_BYTES ahead of every row stream.  Dot products
- * along k with horizontal sums at the end.
+ * GEMV (decode, T <= 4) streams W once, in chunks of consecutive rows
+ * (about 64 KiB of W, tp_gemv_chunk_rows) that the threads take
+ * dynamically (tp_parallel_for: each its own share first).  For T = 1
+ * (decode) a chunk is read one row after the other, so a thread's W is one
+ * sequential stream, with several accumulators along the row and a
+ * software prefetch GEMV_ROW_PF_BYTES ahead; for T > 1 4 rows at a time
+ * side by side (the x registers are shared by the rows of a block), with a
+ * prefetch GEMV_PF_BYTES ahead of every row stream.  Dot products along k
+ * with horizontal sums at the end.  A group of weights on one x (q/k/v,
+ * gate/up: tp_gemv_avx512_group) is one region over all their chunks.
  * bf16 rows are widened in registers: one 64-byte load is 32 weights, the
  * even ones are (lane << 16), the odd ones (lane & 0xffff0000); x is
- * permuted once per call to match (as tp_gemv_permute_x). */
+ * permuted once per call to match (tp_permute_x_avx512). */
 #include "kernels/kern_internal.h"
 #include "kernels/kern_q4.h"
 #include "kernels/vmath.h"
@@ -702,9 +705,9 @@ T512BF static void x_to_bf16(uint16_t *dst, const float *x, int64_t T, int64_t k
         }
 }
 
-/* tp_gemv_permute_x for blocks of 32 with two vpermt2ps per block: the
- * generic loop divides per element and cost ~4 µs per call at k = 1024,
- * serial before the threads start.  Also gemm_rows_avx512.c's. */
+/* Two vpermt2ps per block of 32 (kern_internal.h): a generic loop divided
+ * per element and cost ~4 µs per call at k = 1024, serial before the
+ * threads start. */
 T512 void tp_permute_x_avx512(float *dst, const float *x, int64_t T, int64_t k, int64_t kp)
 {
     const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);

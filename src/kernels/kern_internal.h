@@ -56,8 +56,11 @@ tp_status tp_gemm_avx512(float *y, const float *x, int64_t T, const void *W, tp_
 tp_status tp_gemv_avx512(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
                     int64_t n, int64_t k, int bf16_dot, tp_threadpool *pool);
 /* x [T, k] -> dst [T, kp] (kp a multiple of 32, zero past k), each block of
- * 32 as its 16 even then its 16 odd elements: the order in which the
- * AVX-512 kernels widen a 64-byte load of 32 bf16 weights (gemm_avx512.c). */
+ * 32 as its 16 even then its 16 odd elements: a 32-bit lane of a bf16
+ * weight load holds an (even, odd) pair, widened as (lane << 16) and
+ * (lane & 0xffff0000), so a 64-byte load of 32 weights meets x in this
+ * order (the AVX-512 GEMV, gemm_avx512.c, and gemm_rows_avx512.c; the AVX2
+ * GEMV permutes in blocks of 16 the same way, gemm_avx2.c permute_x). */
 void tp_permute_x_avx512(float *dst, const float *x, int64_t T, int64_t k, int64_t kp);
 /* A few rows (an MoE expert's in a prefill) with W f32 or bf16 read in
  * place, nothing packed: gemm_rows_avx512.c, through tp_matmul_rows. */
@@ -168,12 +171,6 @@ int64_t tp_gemv_chunk_rows(int64_t row_bytes, int R);
 
 /* The largest T the GEMV handles. */
 #define TP_GEMV_MAX_T 4
-
-/* x[T, k] re-ordered for a GEMV whose bf16 weights are widened in blocks of
- * `blk` (32 for AVX-512, 16 for AVX2): within each block the even elements
- * come first, then the odd ones, because one 32-bit lane of a weight load
- * holds an (even, odd) pair.  Zero-padded to kp = k rounded up to blk. */
-void tp_gemv_permute_x(float *dst, const float *x, int64_t T, int64_t k, int64_t kp, int blk);
 
 /* ---- 8-bit weights (quant_q8.c, gemm_q8.c, gemm_q8_avx2.c, gemm_q8_avx512.c)
  * y = x·Wᵀ with W in TP_Q8_0 blocks.

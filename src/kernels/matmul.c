@@ -37,20 +37,6 @@ void tp_row_to_f32(float *dst, const tp_tensor *m, int64_t row)
     }
 }
 
-void tp_gemv_permute_x(float *dst, const float *x, int64_t T, int64_t k, int64_t kp, int blk)
-{
-    int half = blk / 2;
-    for (int64_t t = 0; t < T; t++) {
-        const float *s = x + t * k;
-        float *d = dst + t * kp;
-        for (int64_t i = 0; i < kp; i++) {
-            int64_t b = i - i % blk, j = i % blk;
-            int64_t src = j < half ? b + 2 * j : b + 2 * (j - half) + 1;
-            d[i] = src < k ? s[src] : 0.0f;
-        }
-    }
-}
-
 /* ---- scalar reference ------------------------------------------------- */
 
 typedef struct {
