@@ -42,11 +42,12 @@ void tp_matmul_scalar(float *y, const float *x, int64_t T, const void *W, tp_dty
                       int64_t n, int64_t k, tp_threadpool *pool);
 /* y = x·Wᵀ (no bias) for an MoE expert's rows: tp_matmul_ex, except on
  * the AVX-512 GEMM path with f32/bf16 W, the exact product (not bf16_dot)
- * and TP_GEMV_MAX_T < T <= TP_ROWS_MAX_T, where W is read in place (gemm_rows_avx512.c; other bits
- * than the packed GEMM's, the same on any thread count). */
-/* One thread, cold bf16 [1536, 2048] weights (Zen 5): 1.6-1.9x the packed
- * GEMM at 32 rows, 1.2x at 96, 1.1x at 128, even from 192 on (x no longer
- * in L2 for every W tile). */
+ * and TP_GEMV_MAX_T < T <= TP_ROWS_MAX_T, where W is read in place
+ * (gemm_rows_avx512.c; other bits than the packed GEMM's, the same on any
+ * thread count).  The bound: one thread, cold bf16 [1536, 2048] weights
+ * (Zen 5), the rows kernel ran 1.6-1.9x the packed GEMM at 32 rows, 1.2x
+ * at 96, 1.1x at 128, even from 192 on (x no longer in L2 for every W
+ * tile). */
 #define TP_ROWS_MAX_T 128
 tp_status tp_matmul_rows(float *y, const float *x, int64_t T, const tp_tensor *W, tp_threadpool *pool,
                          const tp_matmul_opts *opts);
