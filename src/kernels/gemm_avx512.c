@@ -670,10 +670,9 @@ static inline __attribute__((always_inline)) T512BF void gemv_rows(const gemv_jo
 
 /* The weights of one call (a group shares x) cut into chunks of `rows`
  * rows, numbered across the weights: weight i's chunks start at first[i]. */
-#define GEMV_GROUP_MAX 8
 typedef struct {
-    gemv_job part[GEMV_GROUP_MAX];
-    int64_t first[GEMV_GROUP_MAX + 1];
+    gemv_job part[TP_GEMM_GROUP_MAX];
+    int64_t first[TP_GEMM_GROUP_MAX + 1];
     int64_t rows;
     int count;
 } gemv_group;
@@ -725,8 +724,8 @@ T512 void tp_permute_x_avx512(float *dst, const float *x, int64_t T, int64_t k, 
 tp_status tp_gemv_avx512_group(const tp_gemm_part *parts, int count, const float *x, int64_t T, tp_dtype wt,
                                int64_t k, int bf16_dot, tp_threadpool *pool)
 {
-    if (count < 1 || count > GEMV_GROUP_MAX)
-        return tp_fail(TP_ERR_INTERNAL, "tp_gemv_avx512_group: %d weights (1..%d)", count, GEMV_GROUP_MAX);
+    if (count < 1 || count > TP_GEMM_GROUP_MAX)
+        return tp_fail(TP_ERR_INTERNAL, "tp_gemv_avx512_group: %d weights (1..%d)", count, TP_GEMM_GROUP_MAX);
     gemv_job j = {NULL, x, NULL, wt, T, 0, k, k, bf16_dot && wt == TP_BF16};
     void *tmp = NULL;
     if (wt == TP_BF16) {

@@ -1,6 +1,6 @@
 /* What the AVX2 and AVX-512 GEMM/GEMV files share: plain C with no target
  * attributes (the activation panel packing, the static row split of the
- * quantized GEMM, the GEMV's chunk size). */
+ * quantized kernels, the dynamic GEMVs' chunk size). */
 #include "kern_internal.h"
 
 void tp_gemm_pack_a(float *dst, const float *x, int64_t T, int64_t ldx, int64_t k0, int64_t kc, int mr)

@@ -69,12 +69,14 @@ tp_status tp_gemm_rows_avx512(float *y, const float *x, int64_t T, const void *W
                               tp_threadpool *pool);
 /* One weight of a GEMM group: y[T, n] = x · W[n, k]ᵀ, the same x and k for
  * every part.  A group packs (or splits) x once for all its parts and
- * gives the same bits as one call per part. */
+ * gives the same bits as one call per part.  At most TP_GEMM_GROUP_MAX
+ * parts (tp_matmul_group groups no more). */
 typedef struct {
     float *y;
     const void *w;
     int64_t n;
 } tp_gemm_part;
+#define TP_GEMM_GROUP_MAX 8
 tp_status tp_gemm_avx512_group(const tp_gemm_part *parts, int count, const float *x, int64_t T, tp_dtype wt,
                                int64_t k, int bf16_dot, tp_threadpool *pool);
 /* The GEMV (T <= TP_GEMV_MAX_T) of a group: x prepared once, every weight's
@@ -163,8 +165,10 @@ extern const tp_gemm_ukernel tp_gemm_ukernel_avx512;
 void tp_gemm_pack_a(float *dst, const float *x, int64_t T, int64_t ldx, int64_t k0, int64_t kc, int mr);
 
 /* Thread ti's rows [*r0, *r1) of n rows with blocks of R rows, a static
- * split (the quantized GEMM's; the GEMVs take tp_gemv_chunk_rows chunks
- * dynamically) (gemm_shared.c). */
+ * split: the quantized GEMMs', q4_0's GEMV and q8_0's AVX-512 decode GEMV
+ * (their prefetch runs along the thread's rows); the f32/bf16 GEMVs and
+ * the other q8_0 GEMVs take tp_gemv_chunk_rows chunks dynamically
+ * (gemm_shared.c). */
 void tp_gemv_thread_rows(int64_t n, int64_t row_bytes, int R, int ti, int nt, int64_t *r0, int64_t *r1);
 /* Rows per chunk of a GEMV split dynamically (tp_parallel_for): whole
  * blocks of R rows, about TP_GEMV_CHUNK_BYTES of W (gemm_shared.c). */

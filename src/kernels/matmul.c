@@ -217,15 +217,13 @@ static tp_status matmul_simd(float *y, const float *x, int64_t T, const tp_tenso
     return tp_gemm_avx2(y, x, T, W->data, W->dtype, n, k, pool);
 }
 
-#define GROUP_MAX 8
-
 /* The weights can go through one AVX-512 GEMM, AMX GEMM or GEMV call (the
  * GEMV: decode's q/k/v or gate/up in one parallel region instead of one
  * each): same input width, same dtype, and nothing empty.  KIND_OTHER: no. */
 static simd_kind groupable(const tp_matmul_out *outs, int count, int64_t T, tp_kernel_path path, int bf16_dot,
                            const tp_matmul_opts *opts)
 {
-    if (count < 2 || count > GROUP_MAX) return KIND_OTHER;
+    if (count < 2 || count > TP_GEMM_GROUP_MAX) return KIND_OTHER;
     const tp_tensor *w0 = outs[0].w;
     simd_kind kind = gemm_kind(path, T, w0->dtype, bf16_dot, opts);
     if (kind == KIND_OTHER || w0->shape[1] == 0 || w0->dtype == TP_Q8_0 || w0->dtype == TP_Q4_0) return KIND_OTHER;
@@ -246,7 +244,7 @@ static tp_status group_simd(const tp_matmul_out *outs, int count, const float *x
     simd_kind kind = groupable(outs, count, T, path, bf16_dot, opts);
     *done = kind != KIND_OTHER;
     if (kind == KIND_OTHER) return TP_OK;
-    tp_gemm_part parts[GROUP_MAX];
+    tp_gemm_part parts[TP_GEMM_GROUP_MAX];
     for (int i = 0; i < count; i++) parts[i] = (tp_gemm_part){outs[i].y, outs[i].w->data, outs[i].w->shape[0]};
     int64_t k = w0->shape[1];
     if (kind == KIND_GEMV) return tp_gemv_avx512_group(parts, count, x, T, w0->dtype, k, bf16_dot, pool);
