@@ -335,7 +335,8 @@ TAVX2 static float hsum(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* lim: the byte offset of the thread's last byte of W, from row r0. */
+/* lim: the byte offset of W's last byte, from row r0 (prefetches stop
+ * there). */
 static inline __attribute__((always_inline)) TAVX2 void
 gemv_block(const gemv_job *j, int64_t r0, const int R, const int T, int64_t lim)
 {

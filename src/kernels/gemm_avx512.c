@@ -489,8 +489,9 @@ typedef struct {
  * side by side, so that is pf_row = GEMV_PF_BYTES / R bytes further along the
  * rows, counted across blocks: pf_near when it stays in the same row, pf_far
  * when it passes the row's end into a later block (see gemv_block).  Offsets
- * are from the block's first byte and clamped to the thread's last byte
- * (lim), so nothing outside its rows is touched. */
+ * are from the block's first byte and clamped to W's last byte (lim): they
+ * may reach into rows after the chunk's (usually the thread's next chunk),
+ * never past W. */
 #define GEMV_PREFETCH(r, pos)                                                        \
     do {                                                                             \
         int64_t o_ = (r) * kb + (pos) + ((pos) + pf_rem < kb ? pf_near : pf_far);    \
@@ -574,8 +575,7 @@ gemv_block(const gemv_job *j, int64_t r0, const int R, const int T, int64_t lim)
  * and even 2 side by side lost as much: the core's prefetchers follow one
  * stream, not several.  The sum's order is fixed per row (the same on any
  * thread count), but not the T > 1 blocks' order.  lim: the byte offset of
- * the thread's last byte of W from row r's first byte; prefetches stop
- * there. */
+ * W's last byte from row r's first byte; prefetches stop there. */
 #define GEMV_ROW_PF_BYTES 4096
 #define GEMV_ROW_PF(off)                                                                    \
     do {                                                                                    \

@@ -9,9 +9,9 @@
 #include "tensorpar/kernels.h"
 
 /* Which paths this build has.  The SIMD paths (AVX2, AVX-512, AMX) are
- * x86-64 code: CMake compiles gemm_avx2.c, gemm_avx512.c and gemm_amx.c
- * there only, and the element-wise kernels keep their SIMD versions under
- * this flag.  Every other architecture (arm64, tested under qemu-aarch64)
+ * x86-64 code: CMake compiles the gemm_*avx2/avx512/amx files (CMakeLists.txt
+ * names them) there only, and the other kernels keep their SIMD versions
+ * under this flag.  Every other architecture (arm64, tested under qemu-aarch64)
  * runs the portable C path, which cpu.c then reports as the only one. */
 #if defined(__x86_64__)
 #define TP_KERNELS_X86 1
