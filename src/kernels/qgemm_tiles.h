@@ -1,10 +1,11 @@
 /* What the kernels of the block-quantized weights share.  The constants
- * (prefetch distance, tokens per GEMM chunk) serve every q8_0/q4_0 kernel;
- * the tile schedule below them (which R rows x TT tokens tile runs where,
- * how rows and tokens split among threads) drives the q8_0 kernels,
- * gemm_q8_avx2.c and gemm_q8_avx512.c; the q4_0 kernels read the repacked
- * layout of kern_q4.h in group tiles of their own.  Only the tile itself, the
- * block dot products, is each dtype's own; the schedule decides no
+ * (prefetch distance, tokens per GEMM chunk) serve every q8_0/q4_0 kernel.
+ * The tile schedule below them (which R rows × TT tokens tile runs where,
+ * how rows and tokens split among threads) drives both q8_0 kernels,
+ * gemm_q8_avx2.c and gemm_q8_avx512.c (whose decode GEMV at T = 1 runs
+ * 8-row tiles of its own); the q4_0 kernels read the repacked layout of
+ * kern_q4.h in group tiles of their own (gemm_q4.c).  Only the tile itself,
+ * the block dot products, is each ISA's own; the schedule decides no
  * arithmetic, so sharing it leaves every result's bits as they were. */
 #ifndef TP_KERNELS_QGEMM_TILES_H
 #define TP_KERNELS_QGEMM_TILES_H
