@@ -115,7 +115,8 @@ void tp_attention_path(tp_kernel_path p, float *out, const float *q, const float
  * A strided matrix view: element (i, j) at p[i·rs + j·cs].  dt is TP_F32,
  * or TP_BF16 / TP_Q8_0 / TP_Q4_0 for B (widened / dequantized while
  * packing).  A q4_0 B is Wᵀ (cs = k) and rows is W's row count, which its
- * repacked layout depends on (kern_q4.h); 0 for every other operand. */
+ * repacked layout depends on (kern_q4.h); no other dtype reads rows (the
+ * forward GEMM sets it for any W, the backward's operands leave it 0). */
 typedef struct {
     const void *p;
     tp_dtype dt;
