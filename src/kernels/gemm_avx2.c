@@ -9,6 +9,7 @@
  * GEMV (decode, T <= 4): as gemm_avx512.c's (read that first). */
 #include "kernels/kern_internal.h"
 #include "kernels/kern_q4.h"
+#include "kernels/vmath.h"
 
 #include <immintrin.h>
 #include <stdlib.h>
@@ -327,14 +328,6 @@ typedef struct {
         _mm_prefetch(wb + (o_ < lim ? o_ : lim), _MM_HINT_T0);                       \
     } while (0)
 
-TAVX2 static float hsum(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* lim: the byte offset of W's last byte, from row r0 (prefetches stop
  * there). */
 static inline __attribute__((always_inline)) TAVX2 void
@@ -390,7 +383,7 @@ gemv_block(const gemv_job *j, int64_t r0, const int R, const int T, int64_t lim)
         }
     }
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) j->y[t * j->n + r0 + r] = hsum(acc[r][t]);
+        for (int t = 0; t < T; t++) j->y[t * j->n + r0 + r] = tp_hsum256(acc[r][t]);
 }
 
 /* All blocks of R rows in [r0, r1), then single rows. */

@@ -60,14 +60,6 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ---- packing ---------------------------------------------------------- */
 
-
-/* The lanes of a 16-column half-slice that exist (n0 + j < n). */
-static __mmask16 col_mask(int64_t valid)
-{
-    return valid >= 16 ? 0xffff : valid <= 0 ? 0 : (__mmask16)((1u << valid) - 1);
-}
-
-
 /* x[0:rows, 0:kc] (rows <= MR, row stride ldx) → one panel dst[kc][MR];
  * rows past `rows` are zero.  16 k at a time: the rows are transposed in
  * registers and each k's MR values stored with a mask — the scalar
@@ -75,7 +67,7 @@ static __mmask16 col_mask(int64_t valid)
 T512 static void pack_a_panel(float *dst, const float *x, int64_t rows, int64_t ldx, int64_t kc)
 {
     for (int64_t k = 0; k < kc; k += 16) {
-        __mmask16 m = col_mask(kc - k);
+        __mmask16 m = tp_mask16(kc - k);
         __m512 r[16];
         for (int i = 0; i < 16; i++)
             r[i] = i < rows ? _mm512_maskz_loadu_ps(m, x + i * ldx + k) : _mm512_setzero_ps();
@@ -93,7 +85,7 @@ T512 static void pack_a_panel(float *dst, const float *x, int64_t rows, int64_t 
 T512BF static void pack_a_dot_panel(uint32_t *dst, const float *x, int64_t rows, int64_t ldx, int64_t kc)
 {
     for (int64_t k = 0; k < kc; k += 32) {
-        __mmask16 m0 = col_mask(kc - k), m1 = col_mask(kc - k - 16);
+        __mmask16 m0 = tp_mask16(kc - k), m1 = tp_mask16(kc - k - 16);
         __m512 r[16];
         for (int i = 0; i < 16; i++)
             r[i] = i < rows ? (__m512)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, x + i * ldx + k + 16),
@@ -143,7 +135,7 @@ T512 static void pack_b_q4(float *dst, const char *w, int64_t n, int64_t ldw, in
         float *dd = dst + 16 * h;
         int64_t ds[4] = {0}, qs[4] = {0}, g[4] = {0};
         for (int64_t k = 0; k < kc; k += 16) {
-            __mmask16 m = col_mask(kc - k);
+            __mmask16 m = tp_mask16(kc - k);
             int64_t blk = (k0 + k) / TP_Q4_BLOCK;
             int hi = (k0 + k) % TP_Q4_BLOCK != 0;
             for (int gi = 0; gi < 4 && 4 * gi < rows && !hi; gi++) {
@@ -185,7 +177,7 @@ T512 static void pack_b_f32(float *dst, const void *w, tp_dtype wt, int64_t n, i
         int64_t c0 = n0 + 16 * h, rows = n - c0 < 16 ? n - c0 : 16;
         float *d = dst + 16 * h;
         for (int64_t k = 0; k < kc; k += 16) {
-            __mmask16 m = col_mask(kc - k);
+            __mmask16 m = tp_mask16(kc - k);
             __m512 r[16];
             for (int i = 0; i < 16; i++)
                 r[i] = i < rows ? load_w16(w, wt, (c0 + i) * ldw + k0 + k, m) : _mm512_setzero_ps();
@@ -226,7 +218,7 @@ T512 static void pack_b_dot(uint32_t *dst, const uint16_t *w, int64_t n, int64_t
  * columns < nr only. */
 #define STORE_TILE(acc)                                                                  \
     do {                                                                                 \
-        __mmask16 m0 = col_mask(nr), m1 = col_mask(nr - 16);                             \
+        __mmask16 m0 = tp_mask16(nr), m1 = tp_mask16(nr - 16);                             \
         _Pragma("GCC unroll 12") for (int i = 0; i < MR && i < mr; i++) {                \
             float *ci = c + i * ldc;                                                     \
             if (accumulate) {                                                            \
@@ -599,7 +591,7 @@ static inline __attribute__((always_inline)) T512BF void gemv_row(const gemv_job
                 a[u] = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16 * u), _mm512_loadu_ps(j->x + i + 16 * u), a[u]);
             }
         for (; i < k; i += 16) {
-            __mmask16 m = col_mask(k - i);
+            __mmask16 m = tp_mask16(k - i);
             a[0] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w + i), _mm512_maskz_loadu_ps(m, j->x + i), a[0]);
         }
     } else if (!j->dot) {
@@ -713,7 +705,7 @@ T512 void tp_permute_x_avx512(float *dst, const float *x, int64_t T, int64_t k, 
     const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
     for (int64_t t = 0; t < T; t++)
         for (int64_t i = 0; i < kp; i += 32) {
-            __mmask16 m0 = col_mask(k - i), m1 = col_mask(k - i - 16);
+            __mmask16 m0 = tp_mask16(k - i), m1 = tp_mask16(k - i - 16);
             __m512 a = _mm512_maskz_loadu_ps(m0, x + t * k + i);
             __m512 b = _mm512_maskz_loadu_ps(m1, x + t * k + i + 16);
             _mm512_store_ps(dst + t * kp + i, _mm512_permutex2var_ps(a, ev, b));
