@@ -15,7 +15,8 @@
  * row ranges ran at 0.9-1.0): the rows in fixed chunks, each chunk summed
  * apart and the sums added in chunk order, so the bits do not depend on
  * the thread count (chunk_worker). */
-#include "kern_internal.h"
+#include "kernels/kern_internal.h"
+#include "kernels/vmath.h"
 
 #include <string.h>
 
@@ -72,8 +73,7 @@ static void axpy4(float *restrict y, const void *w, int bf16, int64_t off, int64
 TAVX2 static inline __m256 load8(const void *w, int bf16, int64_t i)
 {
     if (!bf16) return _mm256_loadu_ps((const float *)w + i);
-    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    return tp_bf16x8_to_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
 }
 
 /* One pass of the thread's stream: rows i..i+R of W (R = 1 or 2; W from
@@ -167,8 +167,7 @@ stream_avx2(float *restrict y, const float *restrict x, int64_t xs, const int n,
 T512 static inline __m512 load16(const void *w, int bf16, int64_t i)
 {
     if (!bf16) return _mm512_loadu_ps((const float *)w + i);
-    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return tp_bf16x16_to_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i)));
 }
 
 T512 static inline __attribute__((always_inline)) void

@@ -108,7 +108,7 @@ typedef struct {
 
 TAMX static __m512 widen(__m256bh b)
 {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)b), 16));
+    return tp_bf16x16_to_ps((__m256i)b);
 }
 
 /* Rows of x → passes bf16 parts, each rounded to nearest even from the

@@ -123,8 +123,7 @@ TAVX2 static void ukernel(int64_t kc, const float *a, const float *b, float *c, 
 TAVX2 static __m256 load8_w(const tp_gemm_operand *b, int64_t off)
 {
     if (b->dt == TP_F32) return _mm256_loadu_ps((const float *)b->p + off);
-    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)b->p + off));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return tp_bf16x8_to_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)b->p + off)));
 }
 
 /* v[q] = (v0[q], ..., v7[q]) for q < 8: an 8 × 8 transpose in registers. */

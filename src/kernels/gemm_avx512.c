@@ -117,8 +117,7 @@ static inline __attribute__((always_inline)) T512 __m512 load_w16(const void *w,
     }
     const uint16_t *p = (const uint16_t *)w + off;
     __m256i h = m == 0xffff ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(m, p);
-    __m512i v = _mm512_cvtepu16_epi32(h);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    return tp_bf16x16_to_ps(h);
 }
 
 /* pack_b_f32 for q4_0 W (repacked, kern_q4.h): each 16 values of a row are
