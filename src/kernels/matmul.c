@@ -183,7 +183,7 @@ static void matmul_blas(float *y, const float *x, int64_t T, const void *W, tp_d
  * OpenBLAS. */
 typedef enum { KIND_OTHER, KIND_GEMV, KIND_GEMM, KIND_AMX } simd_kind;
 
-static simd_kind gemm_kind(tp_kernel_path path, int64_t T, tp_dtype wt, int bf16_dot, const tp_matmul_opts *opts)
+static simd_kind avx512_kind(tp_kernel_path path, int64_t T, tp_dtype wt, int bf16_dot, const tp_matmul_opts *opts)
 {
     if (path != TP_KERNEL_AVX512) return KIND_OTHER;
     if (T <= TP_GEMV_MAX_T) return KIND_GEMV;
@@ -203,7 +203,7 @@ static tp_status matmul_simd(float *y, const float *x, int64_t T, const tp_tenso
 {
     int64_t n = W->shape[0], k = W->shape[1];
     int bf16_dot = opts->bf16_dot && W->dtype == TP_BF16 && tp_kernel_has_bf16_dot();
-    switch (gemm_kind(path, T, W->dtype, bf16_dot, opts)) {
+    switch (avx512_kind(path, T, W->dtype, bf16_dot, opts)) {
     case KIND_GEMV: return tp_gemv_avx512(y, x, T, W->data, W->dtype, n, k, bf16_dot, pool);
     case KIND_GEMM: return tp_gemm_avx512(y, x, T, W->data, W->dtype, n, k, bf16_dot, pool);
     case KIND_AMX: return tp_gemm_amx(y, x, T, W->data, n, k, amx_passes(bf16_dot, opts), pool);
@@ -225,7 +225,7 @@ static simd_kind groupable(const tp_matmul_out *outs, int count, int64_t T, tp_k
 {
     if (count < 2 || count > TP_GEMM_GROUP_MAX) return KIND_OTHER;
     const tp_tensor *w0 = outs[0].w;
-    simd_kind kind = gemm_kind(path, T, w0->dtype, bf16_dot, opts);
+    simd_kind kind = avx512_kind(path, T, w0->dtype, bf16_dot, opts);
     if (kind == KIND_OTHER || w0->shape[1] == 0 || w0->dtype == TP_Q8_0 || w0->dtype == TP_Q4_0) return KIND_OTHER;
     for (int i = 0; i < count; i++)
         if (outs[i].w->dtype != w0->dtype || outs[i].w->shape[1] != w0->shape[1] || outs[i].w->shape[0] == 0)
@@ -349,7 +349,7 @@ tp_status tp_matmul_rows(float *y, const float *x, int64_t T, const tp_tensor *W
      * tp_matmul_ex's: the rows kernel is the exact product only. */
     int bf16_dot = opts->bf16_dot && W->dtype == TP_BF16;
     if (T <= TP_ROWS_MAX_T && n > 0 && k > 0 && !bf16_dot && (W->dtype == TP_F32 || W->dtype == TP_BF16) &&
-        gemm_kind(tp_kernel_resolve(opts->path), T, W->dtype, 0, opts) == KIND_GEMM)
+        avx512_kind(tp_kernel_resolve(opts->path), T, W->dtype, 0, opts) == KIND_GEMM)
         return tp_gemm_rows_avx512(y, x, T, W->data, W->dtype, n, k, pool);
 #endif
     return tp_matmul_ex(y, x, T, W, NULL, pool, opts);
