@@ -264,9 +264,8 @@ static tp_status run_chunks(xw_job *j, tp_threadpool *pool)
      * other threads' chunks, a whole number of lines apart */
     j->part_stride = (sz + 15) / 16 * 16;
     size_t bytes = (size_t)((first_end < j->chunks ? j->chunks : 1) * j->part_stride) * sizeof(float);
-    float *own = NULL;
-    j->part = tp_threadpool_scratch(pool, bytes);
-    if (!j->part) j->part = own = tp_alloc(bytes);
+    void *own;
+    j->part = tp_kernel_scratch(pool, bytes, &own);
     if (!j->part) return tp_fail(TP_ERR_NOMEM, "tp_expert_xw: out of memory for the chunk sums");
     tp_parallel_run(pool, chunk_worker, j);
     for (int64_t k = first_end; k < j->chunks; k++)

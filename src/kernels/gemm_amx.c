@@ -437,8 +437,8 @@ tp_status tp_gemm_amx_group(const tp_gemm_part *parts, int count, const float *x
         if (need > stride) stride = need;
     }
     size_t bytes = xs_bytes + stride * (size_t)nt;
-    char *mem = tp_threadpool_scratch(pool, bytes), *own = NULL;
-    if (!mem) mem = own = tp_alloc(bytes);
+    void *own;
+    char *mem = tp_kernel_scratch(pool, bytes, &own);
     if (!mem) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for the AMX GEMM");
     uint16_t *xs = (uint16_t *)mem;
     split_job s = {xs, x, T, j.Tp, k, j.kp, passes};

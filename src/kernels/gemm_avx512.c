@@ -424,8 +424,8 @@ tp_status tp_gemm_avx512_group(const tp_gemm_part *parts, int count, const float
     j.buf_stride = (size_t)KC * NR * sizeof(float);
     size_t shared = (size_t)(nkb * tpad * packed_lanes(&j, j.kb)) * sizeof(float);
     size_t bytes = shared + j.buf_stride * (size_t)nt;
-    char *mem = tp_threadpool_scratch(pool, bytes), *own = NULL;
-    if (!mem) mem = own = tp_alloc(bytes);
+    void *own;
+    char *mem = tp_kernel_scratch(pool, bytes, &own);
     if (!mem) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for GEMM packing");
     j.ap = (float *)mem;
     j.buf = mem + shared;

@@ -151,12 +151,10 @@ tp_status tp_gemm_rows_avx512(float *y, const float *x, int64_t T, const void *W
                               tp_threadpool *pool)
 {
     rows_job j = {y, x, W, wt, T, n, k, k};
-    float *own = NULL;
+    void *own = NULL;
     if (wt == TP_BF16) {
         j.kp = (k + 31) / 32 * 32;
-        size_t bytes = (size_t)(T * j.kp) * sizeof(float);
-        float *xp = tp_threadpool_scratch(pool, bytes);
-        if (!xp) xp = own = tp_alloc(bytes);
+        float *xp = tp_kernel_scratch(pool, (size_t)(T * j.kp) * sizeof(float), &own);
         if (!xp) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for the rows' x");
         tp_permute_x_avx512(xp, x, T, k, j.kp);
         j.x = xp;

@@ -162,6 +162,12 @@ extern const tp_gemm_ukernel tp_gemm_ukernel_avx2;
 extern const tp_gemm_ukernel tp_gemm_ukernel_avx512;
 #endif
 
+/* A kernel's working space for one call: the pool's kept scratch
+ * (tp_threadpool_scratch), else (no pool, or it could not grow) a fresh
+ * buffer, also left in *own for the caller to tp_free; NULL when out of
+ * memory (gemm_shared.c). */
+void *tp_kernel_scratch(tp_threadpool *pool, size_t bytes, void **own);
+
 /* x[0:T, k0:k0+kc] -> panels [T/mr][kc][mr], rows past T zero (gemm_shared.c). */
 void tp_gemm_pack_a(float *dst, const float *x, int64_t T, int64_t ldx, int64_t k0, int64_t kc, int mr);
 
