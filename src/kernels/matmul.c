@@ -6,6 +6,8 @@
  *   T > 4 (prefill): a tiled, packed GEMM (gemm_avx512.c, gemm_avx2.c), or
  *                    OpenBLAS when opts->blas asks for it; bf16 weights on
  *                    CPUs with AMX: the tile GEMM (gemm_amx.c, opts->amx).
+ *   an MoE expert's rows (tp_matmul_rows, 5..TP_ROWS_MAX_T on the AVX-512
+ *                    GEMM's path): W read in place (gemm_rows_avx512.c).
  *   SCALAR:          the plain loops below — the reference the tests use.
  *   q8_0 weights:    gemm_q8.c, on every path (forward only).
  *   q4_0 weights:    gemm_q4.c, likewise.
