@@ -15,7 +15,8 @@
  * row ranges ran at 0.9-1.0): the rows in fixed chunks, each chunk summed
  * apart and the sums added in chunk order, so the bits do not depend on
  * the thread count (chunk_worker). */
-#include "kern_internal.h"
+#include "kernels/kern_internal.h"
+#include "kernels/vmath.h"
 
 #include <string.h>
 
@@ -72,74 +73,72 @@ static void axpy4(float *restrict y, const void *w, int bf16, int64_t off, int64
 TAVX2 static inline __m256 load8(const void *w, int bf16, int64_t i)
 {
     if (!bf16) return _mm256_loadu_ps((const float *)w + i);
-    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    return tp_bf16x8_to_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
 }
 
-/* One pass of the thread's stream: rows i..i+R of W (R = 1 or 2), over
- * columns [0, m) (element off of row 0; all of W's columns on the chunked
- * path), y[r][c] += x[r][i] · W[i, c] for the n rows of x (y rows ys
- * apart), row after row, V-wide
- * vectors (__m256 on AVX2, __m512 on AVX-512: SET1, FMA, LOADU, STOREU and
- * LOADW, the weights widened to f32), a step of 32 columns, the last < 32
- * one vector or one column at a time.  Each line of W is prefetched pf
- * elements ahead along the stream: pa + c in row i + q + dr, or pb + c in
- * the row after it once c passes m - dc (the last row at the end).  A
- * step's y rows are all loaded before any is stored: rows of y 4 KiB
- * apart alias, and a load after a store to the same 4 KiB offset waits
- * for it.  The stream's first pass (i = 0) starts y from zero instead of
- * loading it, and where fin is given its last pass adds the finished sums
- * to fin instead of storing them: no separate passes to clear a chunk's
- * sums and add them to the output, which would idle the stream. */
+/* One pass of the thread's stream: rows i..i+R of W (R = 1 or 2; W from
+ * element off, rows `out` apart), y[r][c] += x[r][i] · W[i, c] for the n
+ * rows of x (xs apart) and all out columns of y, row after row, V-wide
+ * vectors (__m256 on AVX2, __m512 on AVX-512: SET1, FMA, ADD, LOADU,
+ * STOREU and LOADW, the weights widened to f32), a step of 32 columns, the
+ * last < 32 one vector or one column at a time.  Each line of W is
+ * prefetched pf elements ahead along the stream: pa + c in row i + q + dr,
+ * or pb + c in the row after it once c passes out - dc (the last row at the
+ * end).  A step's y rows are all loaded before any is stored: rows of y
+ * 4 KiB apart alias, and a load after a store to the same 4 KiB offset
+ * waits for it.  The stream's first pass (i = 0) starts y from zero instead
+ * of loading it, and where fin is given its last pass adds the finished
+ * sums to fin instead of storing them: no separate passes to clear a
+ * chunk's sums and add them to the output, which would idle the stream. */
 #define XW_PASS(VT, V, SET1, FMA, ADD, LOADU, STOREU, LOADW, R)                                            \
     do {                                                                                              \
         const char *pa[R], *pb[R];                                                                     \
         VT av[R][XW_MAX_ROWS];                                                                         \
         for (int q = 0; q < R; q++) {                                                                  \
             int64_t ra = i + q + dr < lim ? i + q + dr : lim - 1, rb = ra + 1 < lim ? ra + 1 : lim - 1; \
-            pa[q] = wb + (off + ra * stride + dc) * esz;                                               \
-            pb[q] = wb + (off + rb * stride + dc - m) * esz;                                           \
+            pa[q] = wb + (off + ra * out + dc) * esz;                                                  \
+            pb[q] = wb + (off + rb * out + dc - out) * esz;                                            \
             for (int r = 0; r < n; r++) av[q][r] = SET1(x[r * xs + i + q]);                            \
         }                                                                                              \
-        const int64_t o = off + i * stride;                                                            \
+        const int64_t o = off + i * out;                                                               \
         const int first = i == 0;                                                                      \
         float *to = i + R == in ? fin : NULL;                                                          \
         int64_t c = 0;                                                                                 \
-        for (; c + 32 <= m; c += 32) {                                                                 \
+        for (; c + 32 <= out; c += 32) {                                                               \
             VT wv[R][32 / V], yv[XW_MAX_ROWS][32 / V];                                                 \
             for (int q = 0; q < R; q++) {                                                              \
                 for (int64_t l = 0; l < 32; l += line)                                                 \
-                    _mm_prefetch((c + l < m - dc ? pa[q] : pb[q]) + (c + l) * esz, _MM_HINT_T0);       \
-                for (int u = 0; u < 32 / V; u++) wv[q][u] = LOADW(w, bf16, o + q * stride + c + u * V); \
+                    _mm_prefetch((c + l < out - dc ? pa[q] : pb[q]) + (c + l) * esz, _MM_HINT_T0);     \
+                for (int u = 0; u < 32 / V; u++) wv[q][u] = LOADW(w, bf16, o + q * out + c + u * V);   \
             }                                                                                          \
             for (int r = 0; r < n; r++)                                                                \
-                for (int u = 0; u < 32 / V; u++) yv[r][u] = first ? SET1(0.0f) : LOADU(y + r * ys + c + u * V); \
+                for (int u = 0; u < 32 / V; u++) yv[r][u] = first ? SET1(0.0f) : LOADU(y + r * out + c + u * V); \
             for (int q = 0; q < R; q++)                                                                \
                 for (int r = 0; r < n; r++)                                                            \
                     for (int u = 0; u < 32 / V; u++) yv[r][u] = FMA(av[q][r], wv[q][u], yv[r][u]);     \
             if (to)                                                                                    \
                 for (int r = 0; r < n; r++)                                                            \
                     for (int u = 0; u < 32 / V; u++) {                                                 \
-                        float *tp = to + r * ys + c + u * V;                                           \
+                        float *tp = to + r * out + c + u * V;                                          \
                         STOREU(tp, ADD(LOADU(tp), yv[r][u]));                                          \
                     }                                                                                  \
             else                                                                                       \
                 for (int r = 0; r < n; r++)                                                            \
-                    for (int u = 0; u < 32 / V; u++) STOREU(y + r * ys + c + u * V, yv[r][u]);         \
+                    for (int u = 0; u < 32 / V; u++) STOREU(y + r * out + c + u * V, yv[r][u]);        \
         }                                                                                              \
         for (int q = 0; q < R; q++) {   /* the tail: y itself, cleared at the start, added to fin at the end */ \
             int64_t t = c;                                                                             \
             if (first && q == 0)                                                                       \
-                for (int r = 0; r < n; r++) memset(y + r * ys + t, 0, (size_t)(m - t) * sizeof(float));   \
-            for (; t + V <= m; t += V) {                                                               \
-                VT wv = LOADW(w, bf16, o + q * stride + t);                                            \
-                for (int r = 0; r < n; r++) STOREU(y + r * ys + t, FMA(av[q][r], wv, LOADU(y + r * ys + t))); \
+                for (int r = 0; r < n; r++) memset(y + r * out + t, 0, (size_t)(out - t) * sizeof(float)); \
+            for (; t + V <= out; t += V) {                                                             \
+                VT wv = LOADW(w, bf16, o + q * out + t);                                               \
+                for (int r = 0; r < n; r++) STOREU(y + r * out + t, FMA(av[q][r], wv, LOADU(y + r * out + t))); \
             }                                                                                          \
-            for (; t < m; t++)                                                                         \
-                for (int r = 0; r < n; r++) y[r * ys + t] += x[r * xs + i + q] * w_at(w, bf16, o + q * stride + t); \
+            for (; t < out; t++)                                                                       \
+                for (int r = 0; r < n; r++) y[r * out + t] += x[r * xs + i + q] * w_at(w, bf16, o + q * out + t); \
             if (to && q == R - 1)                                                                      \
                 for (int r = 0; r < n; r++)                                                            \
-                    for (t = c; t < m; t++) to[r * ys + t] += y[r * ys + t];                           \
+                    for (t = c; t < out; t++) to[r * out + t] += y[r * out + t];                       \
         }                                                                                              \
     } while (0)
 
@@ -149,7 +148,7 @@ TAVX2 static inline __m256 load8(const void *w, int bf16, int64_t i)
 #define XW_STREAM_BODY(VT, V, SET1, FMA, ADD, LOADU, STOREU, LOADW)                                           \
     do {                                                                                              \
         const int esz = bf16 ? 2 : 4;                                                                  \
-        const int64_t line = 64 / esz, dr = pf / m, dc = pf % m;                                       \
+        const int64_t line = 64 / esz, dr = pf / out, dc = pf % out;                                   \
         const char *wb = (const char *)w;                                                              \
         int64_t i = 0;                                                                                 \
         if (n >= 3)                                                                                    \
@@ -158,8 +157,8 @@ TAVX2 static inline __m256 load8(const void *w, int bf16, int64_t i)
     } while (0)
 
 TAVX2 static inline __attribute__((always_inline)) void
-stream_avx2(float *restrict y, int64_t ys, const float *restrict x, int64_t xs, const int n, const void *w,
-            const int bf16, int64_t off, int64_t stride, int64_t in, int64_t lim, int64_t m, int64_t pf, float *fin)
+stream_avx2(float *restrict y, const float *restrict x, int64_t xs, const int n, const void *w, const int bf16,
+            int64_t off, int64_t out, int64_t in, int64_t lim, int64_t pf, float *fin)
 {
     XW_STREAM_BODY(__m256, 8, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_loadu_ps, _mm256_storeu_ps, load8);
 }
@@ -168,13 +167,12 @@ stream_avx2(float *restrict y, int64_t ys, const float *restrict x, int64_t xs, 
 T512 static inline __m512 load16(const void *w, int bf16, int64_t i)
 {
     if (!bf16) return _mm512_loadu_ps((const float *)w + i);
-    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return tp_bf16x16_to_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i)));
 }
 
 T512 static inline __attribute__((always_inline)) void
-stream_avx512(float *restrict y, int64_t ys, const float *restrict x, int64_t xs, const int n, const void *w,
-              const int bf16, int64_t off, int64_t stride, int64_t in, int64_t lim, int64_t m, int64_t pf, float *fin)
+stream_avx512(float *restrict y, const float *restrict x, int64_t xs, const int n, const void *w, const int bf16,
+              int64_t off, int64_t out, int64_t in, int64_t lim, int64_t pf, float *fin)
 {
     XW_STREAM_BODY(__m512, 16, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_loadu_ps, _mm512_storeu_ps,
                    load16);
@@ -185,25 +183,25 @@ stream_avx512(float *restrict y, int64_t ys, const float *restrict x, int64_t xs
 #define XW_DISPATCH(FN)                                                                                       \
     do {                                                                                                      \
         switch (n * 2 + bf16) {                                                                               \
-        case 2: FN(y, ys, x, xs, 1, w, 0, off, stride, in, lim, m, pf, fin); break;                           \
-        case 3: FN(y, ys, x, xs, 1, w, 1, off, stride, in, lim, m, pf, fin); break;                           \
-        case 4: FN(y, ys, x, xs, 2, w, 0, off, stride, in, lim, m, pf, fin); break;                           \
-        case 5: FN(y, ys, x, xs, 2, w, 1, off, stride, in, lim, m, pf, fin); break;                           \
-        case 6: FN(y, ys, x, xs, 3, w, 0, off, stride, in, lim, m, pf, fin); break;                           \
-        case 7: FN(y, ys, x, xs, 3, w, 1, off, stride, in, lim, m, pf, fin); break;                           \
-        case 8: FN(y, ys, x, xs, 4, w, 0, off, stride, in, lim, m, pf, fin); break;                           \
-        default: FN(y, ys, x, xs, 4, w, 1, off, stride, in, lim, m, pf, fin); break;                          \
+        case 2: FN(y, x, xs, 1, w, 0, off, out, in, lim, pf, fin); break;                                     \
+        case 3: FN(y, x, xs, 1, w, 1, off, out, in, lim, pf, fin); break;                                     \
+        case 4: FN(y, x, xs, 2, w, 0, off, out, in, lim, pf, fin); break;                                     \
+        case 5: FN(y, x, xs, 2, w, 1, off, out, in, lim, pf, fin); break;                                     \
+        case 6: FN(y, x, xs, 3, w, 0, off, out, in, lim, pf, fin); break;                                     \
+        case 7: FN(y, x, xs, 3, w, 1, off, out, in, lim, pf, fin); break;                                     \
+        case 8: FN(y, x, xs, 4, w, 0, off, out, in, lim, pf, fin); break;                                     \
+        default: FN(y, x, xs, 4, w, 1, off, out, in, lim, pf, fin); break;                                    \
         }                                                                                                     \
     } while (0)
 
-TAVX2 static void run_avx2(float *y, int64_t ys, const float *x, int64_t xs, int64_t n, const void *w, int bf16,
-                           int64_t off, int64_t stride, int64_t in, int64_t lim, int64_t m, int64_t pf, float *fin)
+TAVX2 static void run_avx2(float *y, const float *x, int64_t xs, int64_t n, const void *w, int bf16, int64_t off,
+                           int64_t out, int64_t in, int64_t lim, int64_t pf, float *fin)
 {
     XW_DISPATCH(stream_avx2);
 }
 
-T512 static void run_avx512(float *y, int64_t ys, const float *x, int64_t xs, int64_t n, const void *w, int bf16,
-                            int64_t off, int64_t stride, int64_t in, int64_t lim, int64_t m, int64_t pf, float *fin)
+T512 static void run_avx512(float *y, const float *x, int64_t xs, int64_t n, const void *w, int bf16, int64_t off,
+                            int64_t out, int64_t in, int64_t lim, int64_t pf, float *fin)
 {
     XW_DISPATCH(stream_avx512);
 }
@@ -249,11 +247,9 @@ static void chunk_worker(void *p, int ti, int nt)
         float *dst = ti == 0 && k == 0 ? j->y : j->part + (ti == 0 ? 0 : k) * j->part_stride;
         float *fin = ti == 0 && k > 0 ? j->y : NULL;   /* thread 0 adds its chunk to y as it ends */
         if (j->path >= TP_KERNEL_AVX512)
-            run_avx512(dst, j->out, j->x + i0, j->in, j->n, j->w, j->bf16, i0 * j->out, j->out, rows, lim - i0,
-                       j->out, pf, fin);
+            run_avx512(dst, j->x + i0, j->in, j->n, j->w, j->bf16, i0 * j->out, j->out, rows, lim - i0, pf, fin);
         else
-            run_avx2(dst, j->out, j->x + i0, j->in, j->n, j->w, j->bf16, i0 * j->out, j->out, rows, lim - i0,
-                     j->out, pf, fin);
+            run_avx2(dst, j->x + i0, j->in, j->n, j->w, j->bf16, i0 * j->out, j->out, rows, lim - i0, pf, fin);
     }
 }
 
@@ -268,9 +264,8 @@ static tp_status run_chunks(xw_job *j, tp_threadpool *pool)
      * other threads' chunks, a whole number of lines apart */
     j->part_stride = (sz + 15) / 16 * 16;
     size_t bytes = (size_t)((first_end < j->chunks ? j->chunks : 1) * j->part_stride) * sizeof(float);
-    float *own = NULL;
-    j->part = tp_threadpool_scratch(pool, bytes);
-    if (!j->part) j->part = own = tp_alloc(bytes);
+    void *own;
+    j->part = tp_kernel_scratch(pool, bytes, &own);
     if (!j->part) return tp_fail(TP_ERR_NOMEM, "tp_expert_xw: out of memory for the chunk sums");
     tp_parallel_run(pool, chunk_worker, j);
     for (int64_t k = first_end; k < j->chunks; k++)

@@ -108,7 +108,7 @@ typedef struct {
 
 TAMX static __m512 widen(__m256bh b)
 {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)b), 16));
+    return tp_bf16x16_to_ps((__m256i)b);
 }
 
 /* Rows of x → passes bf16 parts, each rounded to nearest even from the
@@ -437,8 +437,8 @@ tp_status tp_gemm_amx_group(const tp_gemm_part *parts, int count, const float *x
         if (need > stride) stride = need;
     }
     size_t bytes = xs_bytes + stride * (size_t)nt;
-    char *mem = tp_threadpool_scratch(pool, bytes), *own = NULL;
-    if (!mem) mem = own = tp_alloc(bytes);
+    void *own;
+    char *mem = tp_kernel_scratch(pool, bytes, &own);
     if (!mem) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for the AMX GEMM");
     uint16_t *xs = (uint16_t *)mem;
     split_job s = {xs, x, T, j.Tp, k, j.kp, passes};

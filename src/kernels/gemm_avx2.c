@@ -9,6 +9,7 @@
  * GEMV (decode, T <= 4): as gemm_avx512.c's (read that first). */
 #include "kernels/kern_internal.h"
 #include "kernels/kern_q4.h"
+#include "kernels/vmath.h"
 
 #include <immintrin.h>
 #include <stdlib.h>
@@ -122,8 +123,7 @@ TAVX2 static void ukernel(int64_t kc, const float *a, const float *b, float *c, 
 TAVX2 static __m256 load8_w(const tp_gemm_operand *b, int64_t off)
 {
     if (b->dt == TP_F32) return _mm256_loadu_ps((const float *)b->p + off);
-    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)b->p + off));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return tp_bf16x8_to_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)b->p + off)));
 }
 
 /* v[q] = (v0[q], ..., v7[q]) for q < 8: an 8 × 8 transpose in registers. */
@@ -327,15 +327,8 @@ typedef struct {
         _mm_prefetch(wb + (o_ < lim ? o_ : lim), _MM_HINT_T0);                       \
     } while (0)
 
-TAVX2 static float hsum(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* lim: the byte offset of the thread's last byte of W, from row r0. */
+/* lim: the byte offset of W's last byte, from row r0 (prefetches stop
+ * there). */
 static inline __attribute__((always_inline)) TAVX2 void
 gemv_block(const gemv_job *j, int64_t r0, const int R, const int T, int64_t lim)
 {
@@ -389,7 +382,7 @@ gemv_block(const gemv_job *j, int64_t r0, const int R, const int T, int64_t lim)
         }
     }
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) j->y[t * j->n + r0 + r] = hsum(acc[r][t]);
+        for (int t = 0; t < T; t++) j->y[t * j->n + r0 + r] = tp_hsum256(acc[r][t]);
 }
 
 /* All blocks of R rows in [r0, r1), then single rows. */
@@ -417,9 +410,9 @@ TAVX2 static void gemv_chunk(void *p, int64_t r0, int64_t r1, int ti)
     }
 }
 
-/* tp_gemv_permute_x for blocks of 16 without its per-element divisions:
- * shufps picks the evens (odds) of each 128-bit half, vpermpd puts the
- * halves in order. */
+/* x permuted as tp_permute_x_avx512 (kern_internal.h) does, in blocks of
+ * 16 for the 32-byte loads of 16 bf16 weights: shufps picks the evens
+ * (odds) of each 128-bit half, vpermpd puts the halves in order. */
 TAVX2 static void permute_x(float *dst, const float *x, int64_t T, int64_t k, int64_t kp)
 {
     for (int64_t t = 0; t < T; t++)

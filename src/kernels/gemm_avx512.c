@@ -25,16 +25,19 @@
  * per slice by the same 16×16 register transposes (a 32-bit lane holding a
  * bf16 pair is moved as one float), the same prefetches.
  *
- * GEMV (decode, T <= 4) streams W once: each thread takes a contiguous range
- * of rows.  For T = 1 (decode) it reads them one row after the other, so the
- * thread's W is one sequential stream, with several accumulators along the
- * row and a software prefetch GEMV_ROW_PF_BYTES ahead; for T > 1 4 rows at a
- * time side by side (the x registers are shared by the rows of a block),
- * with a prefetch GEMV_PF_BYTES ahead of every row stream.  Dot products
- * along k with horizontal sums at the end.
+ * GEMV (decode, T <= 4) streams W once, in chunks of consecutive rows
+ * (about 64 KiB of W, tp_gemv_chunk_rows) that the threads take
+ * dynamically (tp_parallel_for: each its own share first).  For T = 1
+ * (decode) a chunk is read one row after the other, so a thread's W is one
+ * sequential stream, with several accumulators along the row and a
+ * software prefetch GEMV_ROW_PF_BYTES ahead; for T > 1 4 rows at a time
+ * side by side (the x registers are shared by the rows of a block), with a
+ * prefetch GEMV_PF_BYTES ahead of every row stream.  Dot products along k
+ * with horizontal sums at the end.  A group of weights on one x (q/k/v,
+ * gate/up: tp_gemv_avx512_group) is one region over all their chunks.
  * bf16 rows are widened in registers: one 64-byte load is 32 weights, the
  * even ones are (lane << 16), the odd ones (lane & 0xffff0000); x is
- * permuted once per call to match (as tp_gemv_permute_x). */
+ * permuted once per call to match (tp_permute_x_avx512). */
 #include "kernels/kern_internal.h"
 #include "kernels/kern_q4.h"
 #include "kernels/vmath.h"
@@ -57,14 +60,6 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ---- packing ---------------------------------------------------------- */
 
-
-/* The lanes of a 16-column half-slice that exist (n0 + j < n). */
-static __mmask16 col_mask(int64_t valid)
-{
-    return valid >= 16 ? 0xffff : valid <= 0 ? 0 : (__mmask16)((1u << valid) - 1);
-}
-
-
 /* x[0:rows, 0:kc] (rows <= MR, row stride ldx) → one panel dst[kc][MR];
  * rows past `rows` are zero.  16 k at a time: the rows are transposed in
  * registers and each k's MR values stored with a mask — the scalar
@@ -72,7 +67,7 @@ static __mmask16 col_mask(int64_t valid)
 T512 static void pack_a_panel(float *dst, const float *x, int64_t rows, int64_t ldx, int64_t kc)
 {
     for (int64_t k = 0; k < kc; k += 16) {
-        __mmask16 m = col_mask(kc - k);
+        __mmask16 m = tp_mask16(kc - k);
         __m512 r[16];
         for (int i = 0; i < 16; i++)
             r[i] = i < rows ? _mm512_maskz_loadu_ps(m, x + i * ldx + k) : _mm512_setzero_ps();
@@ -90,7 +85,7 @@ T512 static void pack_a_panel(float *dst, const float *x, int64_t rows, int64_t 
 T512BF static void pack_a_dot_panel(uint32_t *dst, const float *x, int64_t rows, int64_t ldx, int64_t kc)
 {
     for (int64_t k = 0; k < kc; k += 32) {
-        __mmask16 m0 = col_mask(kc - k), m1 = col_mask(kc - k - 16);
+        __mmask16 m0 = tp_mask16(kc - k), m1 = tp_mask16(kc - k - 16);
         __m512 r[16];
         for (int i = 0; i < 16; i++)
             r[i] = i < rows ? (__m512)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, x + i * ldx + k + 16),
@@ -122,8 +117,7 @@ static inline __attribute__((always_inline)) T512 __m512 load_w16(const void *w,
     }
     const uint16_t *p = (const uint16_t *)w + off;
     __m256i h = m == 0xffff ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16(m, p);
-    __m512i v = _mm512_cvtepu16_epi32(h);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    return tp_bf16x16_to_ps(h);
 }
 
 /* pack_b_f32 for q4_0 W (repacked, kern_q4.h): each 16 values of a row are
@@ -140,7 +134,7 @@ T512 static void pack_b_q4(float *dst, const char *w, int64_t n, int64_t ldw, in
         float *dd = dst + 16 * h;
         int64_t ds[4] = {0}, qs[4] = {0}, g[4] = {0};
         for (int64_t k = 0; k < kc; k += 16) {
-            __mmask16 m = col_mask(kc - k);
+            __mmask16 m = tp_mask16(kc - k);
             int64_t blk = (k0 + k) / TP_Q4_BLOCK;
             int hi = (k0 + k) % TP_Q4_BLOCK != 0;
             for (int gi = 0; gi < 4 && 4 * gi < rows && !hi; gi++) {
@@ -182,7 +176,7 @@ T512 static void pack_b_f32(float *dst, const void *w, tp_dtype wt, int64_t n, i
         int64_t c0 = n0 + 16 * h, rows = n - c0 < 16 ? n - c0 : 16;
         float *d = dst + 16 * h;
         for (int64_t k = 0; k < kc; k += 16) {
-            __mmask16 m = col_mask(kc - k);
+            __mmask16 m = tp_mask16(kc - k);
             __m512 r[16];
             for (int i = 0; i < 16; i++)
                 r[i] = i < rows ? load_w16(w, wt, (c0 + i) * ldw + k0 + k, m) : _mm512_setzero_ps();
@@ -223,7 +217,7 @@ T512 static void pack_b_dot(uint32_t *dst, const uint16_t *w, int64_t n, int64_t
  * columns < nr only. */
 #define STORE_TILE(acc)                                                                  \
     do {                                                                                 \
-        __mmask16 m0 = col_mask(nr), m1 = col_mask(nr - 16);                             \
+        __mmask16 m0 = tp_mask16(nr), m1 = tp_mask16(nr - 16);                             \
         _Pragma("GCC unroll 12") for (int i = 0; i < MR && i < mr; i++) {                \
             float *ci = c + i * ldc;                                                     \
             if (accumulate) {                                                            \
@@ -430,8 +424,8 @@ tp_status tp_gemm_avx512_group(const tp_gemm_part *parts, int count, const float
     j.buf_stride = (size_t)KC * NR * sizeof(float);
     size_t shared = (size_t)(nkb * tpad * packed_lanes(&j, j.kb)) * sizeof(float);
     size_t bytes = shared + j.buf_stride * (size_t)nt;
-    char *mem = tp_threadpool_scratch(pool, bytes), *own = NULL;
-    if (!mem) mem = own = tp_alloc(bytes);
+    void *own;
+    char *mem = tp_kernel_scratch(pool, bytes, &own);
     if (!mem) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for GEMM packing");
     j.ap = (float *)mem;
     j.buf = mem + shared;
@@ -486,8 +480,9 @@ typedef struct {
  * side by side, so that is pf_row = GEMV_PF_BYTES / R bytes further along the
  * rows, counted across blocks: pf_near when it stays in the same row, pf_far
  * when it passes the row's end into a later block (see gemv_block).  Offsets
- * are from the block's first byte and clamped to the thread's last byte
- * (lim), so nothing outside its rows is touched. */
+ * are from the block's first byte and clamped to W's last byte (lim): they
+ * may reach into rows after the chunk's (usually the thread's next chunk),
+ * never past W. */
 #define GEMV_PREFETCH(r, pos)                                                        \
     do {                                                                             \
         int64_t o_ = (r) * kb + (pos) + ((pos) + pf_rem < kb ? pf_near : pf_far);    \
@@ -571,8 +566,7 @@ gemv_block(const gemv_job *j, int64_t r0, const int R, const int T, int64_t lim)
  * and even 2 side by side lost as much: the core's prefetchers follow one
  * stream, not several.  The sum's order is fixed per row (the same on any
  * thread count), but not the T > 1 blocks' order.  lim: the byte offset of
- * the thread's last byte of W from row r's first byte; prefetches stop
- * there. */
+ * W's last byte from row r's first byte; prefetches stop there. */
 #define GEMV_ROW_PF_BYTES 4096
 #define GEMV_ROW_PF(off)                                                                    \
     do {                                                                                    \
@@ -596,7 +590,7 @@ static inline __attribute__((always_inline)) T512BF void gemv_row(const gemv_job
                 a[u] = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16 * u), _mm512_loadu_ps(j->x + i + 16 * u), a[u]);
             }
         for (; i < k; i += 16) {
-            __mmask16 m = col_mask(k - i);
+            __mmask16 m = tp_mask16(k - i);
             a[0] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w + i), _mm512_maskz_loadu_ps(m, j->x + i), a[0]);
         }
     } else if (!j->dot) {
@@ -667,10 +661,9 @@ static inline __attribute__((always_inline)) T512BF void gemv_rows(const gemv_jo
 
 /* The weights of one call (a group shares x) cut into chunks of `rows`
  * rows, numbered across the weights: weight i's chunks start at first[i]. */
-#define GEMV_GROUP_MAX 8
 typedef struct {
-    gemv_job part[GEMV_GROUP_MAX];
-    int64_t first[GEMV_GROUP_MAX + 1];
+    gemv_job part[TP_GEMM_GROUP_MAX];
+    int64_t first[TP_GEMM_GROUP_MAX + 1];
     int64_t rows;
     int count;
 } gemv_group;
@@ -702,16 +695,16 @@ T512BF static void x_to_bf16(uint16_t *dst, const float *x, int64_t T, int64_t k
         }
 }
 
-/* tp_gemv_permute_x for blocks of 32 with two vpermt2ps per block: the
- * generic loop divides per element and cost ~4 µs per call at k = 1024,
- * serial before the threads start.  Also gemm_rows_avx512.c's. */
+/* Two vpermt2ps per block of 32 (kern_internal.h): a generic loop divided
+ * per element and cost ~4 µs per call at k = 1024, serial before the
+ * threads start. */
 T512 void tp_permute_x_avx512(float *dst, const float *x, int64_t T, int64_t k, int64_t kp)
 {
     const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
     for (int64_t t = 0; t < T; t++)
         for (int64_t i = 0; i < kp; i += 32) {
-            __mmask16 m0 = col_mask(k - i), m1 = col_mask(k - i - 16);
+            __mmask16 m0 = tp_mask16(k - i), m1 = tp_mask16(k - i - 16);
             __m512 a = _mm512_maskz_loadu_ps(m0, x + t * k + i);
             __m512 b = _mm512_maskz_loadu_ps(m1, x + t * k + i + 16);
             _mm512_store_ps(dst + t * kp + i, _mm512_permutex2var_ps(a, ev, b));
@@ -722,8 +715,8 @@ T512 void tp_permute_x_avx512(float *dst, const float *x, int64_t T, int64_t k, 
 tp_status tp_gemv_avx512_group(const tp_gemm_part *parts, int count, const float *x, int64_t T, tp_dtype wt,
                                int64_t k, int bf16_dot, tp_threadpool *pool)
 {
-    if (count < 1 || count > GEMV_GROUP_MAX)
-        return tp_fail(TP_ERR_INTERNAL, "tp_gemv_avx512_group: %d weights (1..%d)", count, GEMV_GROUP_MAX);
+    if (count < 1 || count > TP_GEMM_GROUP_MAX)
+        return tp_fail(TP_ERR_INTERNAL, "tp_gemv_avx512_group: %d weights (1..%d)", count, TP_GEMM_GROUP_MAX);
     gemv_job j = {NULL, x, NULL, wt, T, 0, k, k, bf16_dot && wt == TP_BF16};
     void *tmp = NULL;
     if (wt == TP_BF16) {

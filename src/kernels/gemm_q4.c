@@ -111,8 +111,8 @@ tp_status tp_q4_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, 
     }
     size_t qbytes = (size_t)(T * k + 63) / 64 * 64, sbytes = (size_t)(T * nb) * 8 * sizeof(int32_t);
     size_t bytes = qbytes + sbytes + (size_t)(T * nb) * sizeof(float);
-    char *mem = tp_threadpool_scratch(pool, bytes), *own = NULL;
-    if (!mem) mem = own = tp_alloc(bytes);
+    void *own;
+    char *mem = tp_kernel_scratch(pool, bytes, &own);
     if (!mem) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for the quantized input (%zu bytes)", bytes);
     int8_t *xq = (int8_t *)mem;
     int32_t *nxs = (int32_t *)(mem + qbytes);

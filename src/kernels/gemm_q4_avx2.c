@@ -57,8 +57,8 @@ pass(const tp_q4_job *j, int64_t g0, int p0, const int NP, int64_t t0, const int
         for (int p = 0; p < NP; p++) {
             int g = (p0 + p) / 2;
             ch[p] = wg + g * gbytes + TP_Q4_ROWS * c0 * (int64_t)sizeof(tp_q4_block);
-            if ((p0 + p) % 2 == 0 || p == 0)   /* the 9 lines of this chunk, TP_QTILE_PF_BYTES on */
-                for (int l = 0; l < 9; l++) _mm_prefetch(ch[p] + TP_QTILE_PF_BYTES + 64 * l, _MM_HINT_T0);
+            if ((p0 + p) % 2 == 0 || p == 0)   /* the group's chunk, TP_QTILE_PF_BYTES on */
+                for (int l = 0; l < TP_Q4_CHUNK_LINES; l++) _mm_prefetch(ch[p] + TP_QTILE_PF_BYTES + 64 * l, _MM_HINT_T0);
         }
         for (int i = 0; i < m; i++) {
             __m256i xl[TP_GEMV_MAX_T], xh[TP_GEMV_MAX_T];
@@ -103,7 +103,7 @@ pass(const tp_q4_job *j, int64_t g0, int p0, const int NP, int64_t t0, const int
 static inline __attribute__((always_inline)) TAVX2 void tile(const tp_q4_job *j, int64_t g0, const int G,
                                                              int64_t t0, const int TT)
 {
-    const int np = 4 / TT < 2 * G ? (4 / TT > 0 ? 4 / TT : 1) : 2 * G;
+    const int np = 4 / TT < 2 * G ? 4 / TT : 2 * G;   /* TT <= 4: at least 1 */
     for (int p = 0; p < 2 * G; p += np) pass(j, g0, p, np, t0, TT);
 }
 

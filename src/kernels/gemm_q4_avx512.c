@@ -62,8 +62,8 @@ tile(const tp_q4_job *j, int64_t g0, const int G, int64_t t0, const int TT)
         const char *ch[GMAX];
         for (int g = 0; g < G; g++) {
             ch[g] = wg + g * gbytes + TP_Q4_ROWS * c0 * (int64_t)sizeof(tp_q4_block);
-            /* the 9 lines of this chunk, TP_QTILE_PF_BYTES on (the stream of the group) */
-            for (int l = 0; l < 9; l++) _mm_prefetch(ch[g] + TP_QTILE_PF_BYTES + 64 * l, _MM_HINT_T0);
+            /* the lines of this chunk, TP_QTILE_PF_BYTES on (the stream of the group) */
+            for (int l = 0; l < TP_Q4_CHUNK_LINES; l++) _mm_prefetch(ch[g] + TP_QTILE_PF_BYTES + 64 * l, _MM_HINT_T0);
             __m512i h = _mm512_maskz_loadu_epi16(sm, ch[g]);
             d[g][0] = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
             d[g][1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));

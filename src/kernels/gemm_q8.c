@@ -58,8 +58,8 @@ tp_status tp_q8_matmul(float *y, const float *x, int64_t T, const tp_tensor *W, 
         return tp_matmul_dequant(y, x, T, W, path, pool);   /* prefill */
     }
     size_t qbytes = (size_t)(T * k + 63) / 64 * 64, bytes = qbytes + (size_t)(T * nb) * sizeof(float);
-    char *mem = tp_threadpool_scratch(pool, bytes), *own = NULL;
-    if (!mem) mem = own = tp_alloc(bytes);
+    void *own;
+    char *mem = tp_kernel_scratch(pool, bytes, &own);
     if (!mem) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for the quantized input (%zu bytes)", bytes);
     int8_t *xq = (int8_t *)mem;
     float *xd = (float *)(mem + qbytes);

@@ -88,4 +88,6 @@ tile(const tp_q8_job *j, int64_t r0, const int R, int64_t t0, const int TT, cons
 
 TP_QTILE_TABLE(tp_q8_job, TAVX2)
 
-TP_QTILE_MATMUL(tp_q8_matmul_avx2, tp_q8_job, tp_q8_block)
+TP_QTILE_MATMUL(schedule, tp_q8_job, tp_q8_block)
+
+void tp_q8_matmul_avx2(const tp_q8_job *j, tp_threadpool *pool) { schedule(j, pool); }

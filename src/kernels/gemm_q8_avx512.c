@@ -178,13 +178,12 @@ static void gemv_worker(void *p, int ti, int nt)
     if (r0 < r1) tp_qtile_rows(tiles, j, r0, r1, 4, 0, 1);
 }
 
-static void tiles_worker(void *p, int ti, int nt)
-{
-    const tp_q8_job *j = p;
-    tp_qtile_worker(tiles, j, j->T, j->n, j->nb * (int64_t)sizeof(tp_q8_block), ti, nt);
-}
+TP_QTILE_MATMUL(schedule, tp_q8_job, tp_q8_block)
 
+/* T = 1: the 8-row tiles above; T = 2..4 and the GEMM: the schedule's
+ * tiles, as on AVX2. */
 void tp_q8_matmul_avx512(const tp_q8_job *j, tp_threadpool *pool)
 {
-    tp_parallel_run(pool, j->T == 1 ? gemv_worker : tiles_worker, (void *)j);
+    if (j->T == 1) tp_parallel_run(pool, gemv_worker, (void *)j);
+    else schedule(j, pool);
 }

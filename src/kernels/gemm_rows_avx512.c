@@ -1,6 +1,7 @@
 /* AVX-512 product of a few rows with W read in place: y[T, n] = x[T, k] ·
- * W[n, k]ᵀ, W f32 or bf16, for the ~16–64 rows of one MoE expert in a
- * prefill (grouped_gemm.c, through tp_matmul_rows in matmul.c).
+ * W[n, k]ᵀ, W f32 or bf16, for the rows of one MoE expert in a prefill
+ * (grouped_gemm.c, through tp_matmul_rows in matmul.c: 5 to TP_ROWS_MAX_T
+ * rows, typically ~16–64).
  *
  * Why not the GEMM of gemm_avx512.c: it transposes each 32-column slice of
  * W into a packed buffer (and widens bf16 to f32) before its 12×32
@@ -44,9 +45,10 @@ typedef struct {
 } rows_job;
 
 /* One tile: rows t0..t0+R of y, columns c (CB rows of W, wr[c], clamped at
- * the end of W; nc of them stored).  pf: the next tile column's rows of W,
- * prefetched into L2 by the row tiles rb = q, q + nrb, ...: each row tile
- * prefetches the rows q ≡ rb (mod nrb), a line per k step. */
+ * the end of W; nc of them stored).  pf: the CB rows of W of the thread's
+ * next tile column (NULL past its end), prefetched into L2 while this
+ * column's nrb row tiles run: row tile rb takes pf[q] for q = rb, rb + nrb,
+ * ..., one line per k step, so the row tiles share the work. */
 static inline __attribute__((always_inline)) T512 void tile(const rows_job *j, int64_t t0, const int R,
                                                             const char *const wr[CB], int nc,
                                                             const char *const pf[CB], int rb, int nrb)
@@ -149,12 +151,10 @@ tp_status tp_gemm_rows_avx512(float *y, const float *x, int64_t T, const void *W
                               tp_threadpool *pool)
 {
     rows_job j = {y, x, W, wt, T, n, k, k};
-    float *own = NULL;
+    void *own = NULL;
     if (wt == TP_BF16) {
         j.kp = (k + 31) / 32 * 32;
-        size_t bytes = (size_t)(T * j.kp) * sizeof(float);
-        float *xp = tp_threadpool_scratch(pool, bytes);
-        if (!xp) xp = own = tp_alloc(bytes);
+        float *xp = tp_kernel_scratch(pool, (size_t)(T * j.kp) * sizeof(float), &own);
         if (!xp) return tp_fail(TP_ERR_NOMEM, "tp_matmul: out of memory for the rows' x");
         tp_permute_x_avx512(xp, x, T, k, j.kp);
         j.x = xp;

@@ -1,7 +1,16 @@
 /* What the AVX2 and AVX-512 GEMM/GEMV files share: plain C with no target
- * attributes (the activation panel packing, the static row split of the
- * quantized GEMM, the GEMV's chunk size). */
+ * attributes (the kernels' working space, the activation panel packing,
+ * the static row split of the quantized kernels, the dynamic GEMVs' chunk
+ * size). */
 #include "kern_internal.h"
+
+void *tp_kernel_scratch(tp_threadpool *pool, size_t bytes, void **own)
+{
+    void *p = tp_threadpool_scratch(pool, bytes);
+    *own = NULL;
+    if (!p) p = *own = tp_alloc(bytes);
+    return p;
+}
 
 void tp_gemm_pack_a(float *dst, const float *x, int64_t T, int64_t ldx, int64_t k0, int64_t kc, int mr)
 {

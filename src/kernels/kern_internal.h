@@ -9,9 +9,9 @@
 #include "tensorpar/kernels.h"
 
 /* Which paths this build has.  The SIMD paths (AVX2, AVX-512, AMX) are
- * x86-64 code: CMake compiles gemm_avx2.c, gemm_avx512.c and gemm_amx.c
- * there only, and the element-wise kernels keep their SIMD versions under
- * this flag.  Every other architecture (arm64, tested under qemu-aarch64)
+ * x86-64 code: CMake compiles the gemm_*avx2/avx512/amx files (CMakeLists.txt
+ * names them) there only, and the other kernels keep their SIMD versions
+ * under this flag.  Every other architecture (arm64, tested under qemu-aarch64)
  * runs the portable C path, which cpu.c then reports as the only one. */
 #if defined(__x86_64__)
 #define TP_KERNELS_X86 1
@@ -42,11 +42,12 @@ void tp_matmul_scalar(float *y, const float *x, int64_t T, const void *W, tp_dty
                       int64_t n, int64_t k, tp_threadpool *pool);
 /* y = x·Wᵀ (no bias) for an MoE expert's rows: tp_matmul_ex, except on
  * the AVX-512 GEMM path with f32/bf16 W, the exact product (not bf16_dot)
- * and TP_GEMV_MAX_T < T <= TP_ROWS_MAX_T, where W is read in place (gemm_rows_avx512.c; other bits
- * than the packed GEMM's, the same on any thread count). */
-/* One thread, cold bf16 [1536, 2048] weights (Zen 5): 1.6-1.9x the packed
- * GEMM at 32 rows, 1.2x at 96, 1.1x at 128, even from 192 on (x no longer
- * in L2 for every W tile). */
+ * and TP_GEMV_MAX_T < T <= TP_ROWS_MAX_T, where W is read in place
+ * (gemm_rows_avx512.c; other bits than the packed GEMM's, the same on any
+ * thread count).  The bound: one thread, cold bf16 [1536, 2048] weights
+ * (Zen 5), the rows kernel ran 1.6-1.9x the packed GEMM at 32 rows, 1.2x
+ * at 96, 1.1x at 128, even from 192 on (x no longer in L2 for every W
+ * tile). */
 #define TP_ROWS_MAX_T 128
 tp_status tp_matmul_rows(float *y, const float *x, int64_t T, const tp_tensor *W, tp_threadpool *pool,
                          const tp_matmul_opts *opts);
@@ -56,8 +57,11 @@ tp_status tp_gemm_avx512(float *y, const float *x, int64_t T, const void *W, tp_
 tp_status tp_gemv_avx512(float *y, const float *x, int64_t T, const void *W, tp_dtype wt,
                     int64_t n, int64_t k, int bf16_dot, tp_threadpool *pool);
 /* x [T, k] -> dst [T, kp] (kp a multiple of 32, zero past k), each block of
- * 32 as its 16 even then its 16 odd elements: the order in which the
- * AVX-512 kernels widen a 64-byte load of 32 bf16 weights (gemm_avx512.c). */
+ * 32 as its 16 even then its 16 odd elements: a 32-bit lane of a bf16
+ * weight load holds an (even, odd) pair, widened as (lane << 16) and
+ * (lane & 0xffff0000), so a 64-byte load of 32 weights meets x in this
+ * order (the AVX-512 GEMV, gemm_avx512.c, and gemm_rows_avx512.c; the AVX2
+ * GEMV permutes in blocks of 16 the same way, gemm_avx2.c permute_x). */
 void tp_permute_x_avx512(float *dst, const float *x, int64_t T, int64_t k, int64_t kp);
 /* A few rows (an MoE expert's in a prefill) with W f32 or bf16 read in
  * place, nothing packed: gemm_rows_avx512.c, through tp_matmul_rows. */
@@ -65,12 +69,14 @@ tp_status tp_gemm_rows_avx512(float *y, const float *x, int64_t T, const void *W
                               tp_threadpool *pool);
 /* One weight of a GEMM group: y[T, n] = x · W[n, k]ᵀ, the same x and k for
  * every part.  A group packs (or splits) x once for all its parts and
- * gives the same bits as one call per part. */
+ * gives the same bits as one call per part.  At most TP_GEMM_GROUP_MAX
+ * parts (tp_matmul_group groups no more). */
 typedef struct {
     float *y;
     const void *w;
     int64_t n;
 } tp_gemm_part;
+#define TP_GEMM_GROUP_MAX 8
 tp_status tp_gemm_avx512_group(const tp_gemm_part *parts, int count, const float *x, int64_t T, tp_dtype wt,
                                int64_t k, int bf16_dot, tp_threadpool *pool);
 /* The GEMV (T <= TP_GEMV_MAX_T) of a group: x prepared once, every weight's
@@ -109,7 +115,8 @@ void tp_attention_path(tp_kernel_path p, float *out, const float *q, const float
  * A strided matrix view: element (i, j) at p[i·rs + j·cs].  dt is TP_F32,
  * or TP_BF16 / TP_Q8_0 / TP_Q4_0 for B (widened / dequantized while
  * packing).  A q4_0 B is Wᵀ (cs = k) and rows is W's row count, which its
- * repacked layout depends on (kern_q4.h); 0 for every other operand. */
+ * repacked layout depends on (kern_q4.h); no other dtype reads rows (the
+ * forward GEMM sets it for any W, the backward's operands leave it 0). */
 typedef struct {
     const void *p;
     tp_dtype dt;
@@ -155,12 +162,20 @@ extern const tp_gemm_ukernel tp_gemm_ukernel_avx2;
 extern const tp_gemm_ukernel tp_gemm_ukernel_avx512;
 #endif
 
+/* A kernel's working space for one call: the pool's kept scratch
+ * (tp_threadpool_scratch), else (no pool, or it could not grow) a fresh
+ * buffer, also left in *own for the caller to tp_free; NULL when out of
+ * memory (gemm_shared.c). */
+void *tp_kernel_scratch(tp_threadpool *pool, size_t bytes, void **own);
+
 /* x[0:T, k0:k0+kc] -> panels [T/mr][kc][mr], rows past T zero (gemm_shared.c). */
 void tp_gemm_pack_a(float *dst, const float *x, int64_t T, int64_t ldx, int64_t k0, int64_t kc, int mr);
 
 /* Thread ti's rows [*r0, *r1) of n rows with blocks of R rows, a static
- * split (the quantized GEMM's; the GEMVs take tp_gemv_chunk_rows chunks
- * dynamically) (gemm_shared.c). */
+ * split: the quantized GEMMs', q4_0's GEMV and q8_0's AVX-512 decode GEMV
+ * (their prefetch runs along the thread's rows); the f32/bf16 GEMVs and
+ * the other q8_0 GEMVs take tp_gemv_chunk_rows chunks dynamically
+ * (gemm_shared.c). */
 void tp_gemv_thread_rows(int64_t n, int64_t row_bytes, int R, int ti, int nt, int64_t *r0, int64_t *r1);
 /* Rows per chunk of a GEMV split dynamically (tp_parallel_for): whole
  * blocks of R rows, about TP_GEMV_CHUNK_BYTES of W (gemm_shared.c). */
@@ -168,12 +183,6 @@ int64_t tp_gemv_chunk_rows(int64_t row_bytes, int R);
 
 /* The largest T the GEMV handles. */
 #define TP_GEMV_MAX_T 4
-
-/* x[T, k] re-ordered for a GEMV whose bf16 weights are widened in blocks of
- * `blk` (32 for AVX-512, 16 for AVX2): within each block the even elements
- * come first, then the odd ones, because one 32-bit lane of a weight load
- * holds an (even, odd) pair.  Zero-padded to kp = k rounded up to blk. */
-void tp_gemv_permute_x(float *dst, const float *x, int64_t T, int64_t k, int64_t kp, int blk);
 
 /* ---- 8-bit weights (quant_q8.c, gemm_q8.c, gemm_q8_avx2.c, gemm_q8_avx512.c)
  * y = x·Wᵀ with W in TP_Q8_0 blocks.

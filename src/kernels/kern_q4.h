@@ -39,6 +39,9 @@
 
 #define TP_Q4_ROWS 4
 #define TP_Q4_CHUNK 8
+/* The 64-byte lines of a whole chunk of a group (4 × 8 blocks of 18 bytes:
+ * 9), which the SIMD kernels prefetch per chunk. */
+#define TP_Q4_CHUNK_LINES ((int)((TP_Q4_ROWS * TP_Q4_CHUNK * sizeof(tp_q4_block) + 63) / 64))
 
 /* Byte offsets, in a repacked tensor of n rows of nb blocks, of block b of
  * row r: the return value its f16 scale's, *qs its 16 bytes of nibbles. */

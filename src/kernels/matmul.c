@@ -6,6 +6,8 @@
  *   T > 4 (prefill): a tiled, packed GEMM (gemm_avx512.c, gemm_avx2.c), or
  *                    OpenBLAS when opts->blas asks for it; bf16 weights on
  *                    CPUs with AMX: the tile GEMM (gemm_amx.c, opts->amx).
+ *   an MoE expert's rows (tp_matmul_rows, 5..TP_ROWS_MAX_T on the AVX-512
+ *                    GEMM's path): W read in place (gemm_rows_avx512.c).
  *   SCALAR:          the plain loops below — the reference the tests use.
  *   q8_0 weights:    gemm_q8.c, on every path (forward only).
  *   q4_0 weights:    gemm_q4.c, likewise.
@@ -34,20 +36,6 @@ void tp_row_to_f32(float *dst, const tp_tensor *m, int64_t row)
     } else {
         const uint16_t *src = (const uint16_t *)m->data + row * n;
         for (int64_t i = 0; i < n; i++) dst[i] = tp_f32_from_bf16(src[i]);
-    }
-}
-
-void tp_gemv_permute_x(float *dst, const float *x, int64_t T, int64_t k, int64_t kp, int blk)
-{
-    int half = blk / 2;
-    for (int64_t t = 0; t < T; t++) {
-        const float *s = x + t * k;
-        float *d = dst + t * kp;
-        for (int64_t i = 0; i < kp; i++) {
-            int64_t b = i - i % blk, j = i % blk;
-            int64_t src = j < half ? b + 2 * j : b + 2 * (j - half) + 1;
-            d[i] = src < k ? s[src] : 0.0f;
-        }
     }
 }
 
@@ -191,12 +179,18 @@ static void matmul_blas(float *y, const float *x, int64_t T, const void *W, tp_d
     }
 }
 
-/* The GEMM that a prefill of these weights runs: 1 the AVX-512 GEMM, 2 the
- * AMX GEMM, 0 any other path (GEMV, scalar, AVX2, OpenBLAS). */
-static int gemm_kind(tp_kernel_path path, int64_t T, tp_dtype wt, int bf16_dot, const tp_matmul_opts *opts)
+/* The AVX-512 path's kernel for a product of T rows with these f32/bf16
+ * weights: decode's GEMV (T <= TP_GEMV_MAX_T, whatever opts->blas says),
+ * else the AMX GEMM or the AVX-512 GEMM; KIND_OTHER off that path and for
+ * OpenBLAS. */
+typedef enum { KIND_OTHER, KIND_GEMV, KIND_GEMM, KIND_AMX } simd_kind;
+
+static simd_kind avx512_kind(tp_kernel_path path, int64_t T, tp_dtype wt, int bf16_dot, const tp_matmul_opts *opts)
 {
-    if (path != TP_KERNEL_AVX512 || T <= TP_GEMV_MAX_T || (opts->blas && !bf16_dot)) return 0;
-    return opts->amx && wt == TP_BF16 && tp_kernel_has_amx() ? 2 : 1;
+    if (path != TP_KERNEL_AVX512) return KIND_OTHER;
+    if (T <= TP_GEMV_MAX_T) return KIND_GEMV;
+    if (opts->blas && !bf16_dot) return KIND_OTHER;
+    return opts->amx && wt == TP_BF16 && tp_kernel_has_amx() ? KIND_AMX : KIND_GEMM;
 }
 
 /* x split into 3 bf16 parts keeps products exact; bf16_dot: 1 part. */
@@ -211,41 +205,33 @@ static tp_status matmul_simd(float *y, const float *x, int64_t T, const tp_tenso
 {
     int64_t n = W->shape[0], k = W->shape[1];
     int bf16_dot = opts->bf16_dot && W->dtype == TP_BF16 && tp_kernel_has_bf16_dot();
-    int gemm = gemm_kind(path, T, W->dtype, bf16_dot, opts);
-    if (T <= TP_GEMV_MAX_T) {
-        if (path == TP_KERNEL_AVX512) return tp_gemv_avx512(y, x, T, W->data, W->dtype, n, k, bf16_dot, pool);
-        return tp_gemv_avx2(y, x, T, W->data, W->dtype, n, k, pool);
+    switch (avx512_kind(path, T, W->dtype, bf16_dot, opts)) {
+    case KIND_GEMV: return tp_gemv_avx512(y, x, T, W->data, W->dtype, n, k, bf16_dot, pool);
+    case KIND_GEMM: return tp_gemm_avx512(y, x, T, W->data, W->dtype, n, k, bf16_dot, pool);
+    case KIND_AMX: return tp_gemm_amx(y, x, T, W->data, n, k, amx_passes(bf16_dot, opts), pool);
+    case KIND_OTHER: break;
     }
+    if (T <= TP_GEMV_MAX_T) return tp_gemv_avx2(y, x, T, W->data, W->dtype, n, k, pool);
     if (opts->blas && !bf16_dot) {
         matmul_blas(y, x, T, W->data, W->dtype, n, k, pool);
         return TP_OK;
     }
-    if (gemm == 2) return tp_gemm_amx(y, x, T, W->data, n, k, amx_passes(bf16_dot, opts), pool);
-    if (gemm == 1) return tp_gemm_avx512(y, x, T, W->data, W->dtype, n, k, bf16_dot, pool);
     return tp_gemm_avx2(y, x, T, W->data, W->dtype, n, k, pool);
 }
 
-#define GROUP_MAX 8
-
-/* The AVX-512 GEMV of a group (decode's q/k/v, gate/up): one parallel
- * region for all the weights instead of one each. */
-#define GROUP_GEMV 3
-
-/* The weights can go through one GEMM (or GEMV) call: same input width,
- * same dtype, the same GEMM kind, and nothing empty. */
-static int groupable(const tp_matmul_out *outs, int count, int64_t T, tp_kernel_path path, int bf16_dot,
-                     const tp_matmul_opts *opts)
+/* The weights can go through one AVX-512 GEMM, AMX GEMM or GEMV call (the
+ * GEMV: decode's q/k/v or gate/up in one parallel region instead of one
+ * each): same input width, same dtype, and nothing empty.  KIND_OTHER: no. */
+static simd_kind groupable(const tp_matmul_out *outs, int count, int64_t T, tp_kernel_path path, int bf16_dot,
+                           const tp_matmul_opts *opts)
 {
-    if (count < 2 || count > GROUP_MAX) return 0;
+    if (count < 2 || count > TP_GEMM_GROUP_MAX) return KIND_OTHER;
     const tp_tensor *w0 = outs[0].w;
-    int kind = gemm_kind(path, T, w0->dtype, bf16_dot, opts);
-    if (path == TP_KERNEL_AVX512 && T <= TP_GEMV_MAX_T) kind = GROUP_GEMV;
-    if (!kind || w0->shape[1] == 0 || w0->dtype == TP_Q8_0 ||
-        w0->dtype == TP_Q4_0)
-        return 0;
+    simd_kind kind = avx512_kind(path, T, w0->dtype, bf16_dot, opts);
+    if (kind == KIND_OTHER || w0->shape[1] == 0 || w0->dtype == TP_Q8_0 || w0->dtype == TP_Q4_0) return KIND_OTHER;
     for (int i = 0; i < count; i++)
         if (outs[i].w->dtype != w0->dtype || outs[i].w->shape[1] != w0->shape[1] || outs[i].w->shape[0] == 0)
-            return 0;
+            return KIND_OTHER;
     return kind;
 }
 
@@ -257,14 +243,14 @@ static tp_status group_simd(const tp_matmul_out *outs, int count, const float *x
     tp_kernel_path path = tp_kernel_resolve(opts->path);
     const tp_tensor *w0 = outs[0].w;
     int bf16_dot = opts->bf16_dot && w0->dtype == TP_BF16 && tp_kernel_has_bf16_dot();
-    int kind = groupable(outs, count, T, path, bf16_dot, opts);
-    *done = kind != 0;
-    if (!kind) return TP_OK;
-    tp_gemm_part parts[GROUP_MAX];
+    simd_kind kind = groupable(outs, count, T, path, bf16_dot, opts);
+    *done = kind != KIND_OTHER;
+    if (kind == KIND_OTHER) return TP_OK;
+    tp_gemm_part parts[TP_GEMM_GROUP_MAX];
     for (int i = 0; i < count; i++) parts[i] = (tp_gemm_part){outs[i].y, outs[i].w->data, outs[i].w->shape[0]};
     int64_t k = w0->shape[1];
-    if (kind == GROUP_GEMV) return tp_gemv_avx512_group(parts, count, x, T, w0->dtype, k, bf16_dot, pool);
-    if (kind == 2) return tp_gemm_amx_group(parts, count, x, T, k, amx_passes(bf16_dot, opts), pool);
+    if (kind == KIND_GEMV) return tp_gemv_avx512_group(parts, count, x, T, w0->dtype, k, bf16_dot, pool);
+    if (kind == KIND_AMX) return tp_gemm_amx_group(parts, count, x, T, k, amx_passes(bf16_dot, opts), pool);
     return tp_gemm_avx512_group(parts, count, x, T, w0->dtype, k, bf16_dot, pool);
 }
 #else
@@ -335,14 +321,9 @@ tp_status tp_matmul_ex(float *y, const float *x, int64_t T, const tp_tensor *W,
     int64_t n = W->shape[0], k = W->shape[1];
     if (T == 0 || n == 0) return TP_OK;
     tp_kernel_path path = tp_kernel_resolve(opts->path);
-    if (k > 0 && bf16_emulated(opts, W->dtype, path)) {
-        float *xr = round_to_bf16(x, T, k);
-        if (!xr) return TP_ERR_NOMEM;
-        tp_matmul_opts exact = *opts;
-        exact.bf16_dot = 0;
-        st = tp_matmul_ex(y, xr, T, W, bias, pool, &exact);
-        free(xr);
-        return st;
+    if (k > 0 && bf16_emulated(opts, W->dtype, path)) {   /* a group of one rounds x (tp_matmul_group) */
+        tp_matmul_out one = {y, W, bias};
+        return tp_matmul_group(&one, 1, x, T, pool, opts);
     }
     if (k == 0) memset(y, 0, (size_t)(T * n) * sizeof(float));
     else if (W->dtype == TP_Q8_0) st = tp_q8_matmul(y, x, T, W, path, pool);
@@ -370,7 +351,7 @@ tp_status tp_matmul_rows(float *y, const float *x, int64_t T, const tp_tensor *W
      * tp_matmul_ex's: the rows kernel is the exact product only. */
     int bf16_dot = opts->bf16_dot && W->dtype == TP_BF16;
     if (T <= TP_ROWS_MAX_T && n > 0 && k > 0 && !bf16_dot && (W->dtype == TP_F32 || W->dtype == TP_BF16) &&
-        gemm_kind(tp_kernel_resolve(opts->path), T, W->dtype, 0, opts) == 1)
+        avx512_kind(tp_kernel_resolve(opts->path), T, W->dtype, 0, opts) == KIND_GEMM)
         return tp_gemm_rows_avx512(y, x, T, W->data, W->dtype, n, k, pool);
 #endif
     return tp_matmul_ex(y, x, T, W, NULL, pool, opts);

@@ -1,10 +1,11 @@
 /* What the kernels of the block-quantized weights share.  The constants
- * (prefetch distance, tokens per GEMM chunk) serve every q8_0/q4_0 kernel;
- * the tile schedule below them (which R rows x TT tokens tile runs where,
- * how rows and tokens split among threads) drives the q8_0 kernels,
- * gemm_q8_avx2.c and gemm_q8_avx512.c; the q4_0 kernels read the repacked
- * layout of kern_q4.h in group tiles of their own.  Only the tile itself, the
- * block dot products, is each dtype's own; the schedule decides no
+ * (prefetch distance, tokens per GEMM chunk) serve every q8_0/q4_0 kernel.
+ * The tile schedule below them (which R rows × TT tokens tile runs where,
+ * how rows and tokens split among threads) drives both q8_0 kernels,
+ * gemm_q8_avx2.c and gemm_q8_avx512.c (whose decode GEMV at T = 1 runs
+ * 8-row tiles of its own); the q4_0 kernels read the repacked layout of
+ * kern_q4.h in group tiles of their own (gemm_q4.c).  Only the tile itself,
+ * the block dot products, is each ISA's own; the schedule decides no
  * arithmetic, so sharing it leaves every result's bits as they were. */
 #ifndef TP_KERNELS_QGEMM_TILES_H
 #define TP_KERNELS_QGEMM_TILES_H
@@ -57,10 +58,12 @@ typedef void (*tp_qtile_fn)(const void *job, int64_t r0, int64_t t0);
         {tile_4_1, tile_4_2, tile_4_3, NULL},                                     \
     };
 
-/* The kernel's entry point NAME(job, pool), rows of nb BLOCKs: a GEMV's
- * rows in dynamic chunks (tp_parallel_for; a tile's bits do not depend on
- * which thread runs it or which tiles share its chunk), a GEMM's through
- * tp_qtile_worker over `tiles` (TP_QTILE_TABLE above). */
+/* The schedule NAME(job, pool), a static function, rows of nb BLOCKs: a
+ * GEMV's (T <= TP_GEMV_MAX_T) rows in dynamic chunks of TP_QTILE_GEMV_R(T)
+ * row tiles (tp_parallel_for; a tile's bits do not depend on which thread
+ * runs it or which tiles share its chunk), a GEMM's through
+ * tp_qtile_worker, over `tiles` (TP_QTILE_TABLE above).  The file's entry
+ * point calls it. */
 #define TP_QTILE_MATMUL(NAME, JOB, BLOCK)                                         \
     static void qtile_run(void *p, int ti, int nt)                                \
     {                                                                             \
@@ -73,7 +76,7 @@ typedef void (*tp_qtile_fn)(const void *job, int64_t r0, int64_t t0);
         const JOB *j = p;                                                         \
         tp_qtile_rows(tiles, j, r0, r1, TP_QTILE_GEMV_R(j->T), 0, (int)j->T);     \
     }                                                                             \
-    void NAME(const JOB *j, tp_threadpool *pool)                                  \
+    static void NAME(const JOB *j, tp_threadpool *pool)                           \
     {                                                                             \
         if (j->T > TP_GEMV_MAX_T) { tp_parallel_run(pool, qtile_run, (void *)j); return; } \
         int64_t rows = tp_gemv_chunk_rows(j->nb * (int64_t)sizeof(BLOCK), TP_QTILE_GEMV_R(j->T)); \

@@ -1,6 +1,7 @@
-/* kernels/vmath.h — vector helpers shared by the element-wise kernels and
- * attention: exp, horizontal sums.  Static inline with target attributes,
- * so only functions compiled for the same target can call them. */
+/* kernels/vmath.h — vector helpers shared by the kernel files: exp,
+ * horizontal sums, lane masks, f16/bf16 widening, the 16×16 transpose.
+ * Static inline with target attributes, so only functions compiled for the
+ * same target (or a wider one) can call them. */
 #ifndef TP_VMATH_H
 #define TP_VMATH_H
 
@@ -161,6 +162,17 @@ static inline TP_TAVX2 __m256 tp_f16x8_to_ps(__m256i h)
     __m256i sign = _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0x8000)), 16);
     __m256i mag = _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0x7fff)), 13);
     return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(sign, mag)), _mm256_set1_ps(0x1p112f));
+}
+
+/* bf16 bit patterns to f32, exactly: a bf16 is the top half of its f32. */
+static inline __attribute__((always_inline)) TP_TAVX2 __m256 tp_bf16x8_to_ps(__m128i h)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static inline __attribute__((always_inline)) TP_T512F __m512 tp_bf16x16_to_ps(__m256i h)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
 static inline TP_TAVX2 double tp_hsum256d(__m256d v)

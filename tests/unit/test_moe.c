@@ -247,11 +247,6 @@ static void test_expert_xw(void)
     check_xw(2, 2100, 40, TP_BF16);   /* 32 chunks of 66 rows, the last of 54 */
 }
 
-/* tp_matmul_rows (an expert's rows; on the AVX-512 path W read in place,
- * gemm_rows_avx512.c): T = 5..128 (the most it takes) reaches every row
- * tile (4 rows and the 1-3 left over), n every column edge of the
- * 5-column tiles and a split of a few tiles over 3 threads, k the 16- and
- * 32-lane tails (f32, bf16) below and above one step. */
 /* opts.bf16_dot is tp_matmul_ex's product (vdpbf16ps, or x rounded to
  * bf16 first where that is emulated), not the rows kernel's exact one:
  * tp_matmul_rows gives its bits, and they differ from the exact ones. */
@@ -282,6 +277,11 @@ static void check_rows_bf16_dot(void)
     free(x); free(wf); free(y); free(want); free(exact);
 }
 
+/* tp_matmul_rows (an expert's rows; on the AVX-512 path W read in place,
+ * gemm_rows_avx512.c): T = 5..128 (the most it takes) reaches every row
+ * tile (4 rows and the 1-3 left over), n every column edge of the
+ * 5-column tiles and a split of a few tiles over 3 threads, k the 16- and
+ * 32-lane tails (f32, bf16) below and above one step. */
 static void test_matmul_rows(void)
 {
     check_rows_bf16_dot();
