@@ -61,13 +61,31 @@ typedef struct {
     const tp_q4_tile_fn (*tiles)[TP_GEMV_MAX_T];
 } tile_run;
 
-/* Thread ti's whole groups of 4 rows (tp_gemv_thread_rows splits at
- * multiples of 4), and the last group of fewer rows the scalar way.  A GEMV
- * (T <= 4) runs each group, two at a time where it can (T <= 2: four
- * independent FMA chains per token, not two), for all its tokens; a GEMM
- * runs the groups of TP_QTILE_GEMM_TOKENS tokens at a time (x stays in
- * cache) in tiles of 4 tokens. */
-static void tile_worker(void *p, int ti, int nt)
+/* Groups [r0, r1) of a GEMV (T <= 4), r0 a multiple of 4: each group for
+ * all its tokens, two at a time where it can (T <= 2: four independent FMA
+ * chains per token, not two); a last group of fewer than 4 rows the scalar
+ * way.  A row's bits do not depend on which chunk or thread runs it. */
+static void gemv_groups(const tile_run *run, int64_t r0, int64_t r1)
+{
+    const tp_q4_job *j = run->j;
+    int tt = (int)j->T;
+    int64_t full = r1 - (r1 - r0) % TP_Q4_ROWS, g = r0;
+    if (tt <= 2)
+        for (; g + 2 * TP_Q4_ROWS <= full; g += 2 * TP_Q4_ROWS) run->tiles[1][tt - 1](j, g, 0);
+    for (; g < full; g += TP_Q4_ROWS) run->tiles[0][tt - 1](j, g, 0);
+    if (full < r1) tp_q4_rows_scalar(j, full, r1);
+}
+
+static void gemv_chunk(void *p, int64_t r0, int64_t r1, int ti)
+{
+    (void)ti;
+    gemv_groups(p, r0, r1);
+}
+
+/* A GEMM: thread ti's whole groups of 4 rows (tp_gemv_thread_rows splits at
+ * multiples of 4), TP_QTILE_GEMM_TOKENS tokens at a time (x stays in cache)
+ * in tiles of 4 tokens, and the last group of fewer rows the scalar way. */
+static void gemm_worker(void *p, int ti, int nt)
 {
     const tile_run *run = p;
     const tp_q4_job *j = run->j;
@@ -75,21 +93,13 @@ static void tile_worker(void *p, int ti, int nt)
     tp_gemv_thread_rows(j->n, j->nb * (int64_t)sizeof(tp_q4_block), TP_Q4_ROWS, ti, nt, &r0, &r1);
     if (r0 >= r1) return;
     int64_t full = r1 - (r1 - r0) % TP_Q4_ROWS;
-    if (j->T <= TP_GEMV_MAX_T) {
-        int tt = (int)j->T;
-        int64_t g = r0;
-        if (tt <= 2)
-            for (; g + 2 * TP_Q4_ROWS <= full; g += 2 * TP_Q4_ROWS) run->tiles[1][tt - 1](j, g, 0);
-        for (; g < full; g += TP_Q4_ROWS) run->tiles[0][tt - 1](j, g, 0);
-    } else {
-        for (int64_t c0 = 0; c0 < j->T; c0 += TP_QTILE_GEMM_TOKENS) {
-            int64_t c1 = c0 + TP_QTILE_GEMM_TOKENS < j->T ? c0 + TP_QTILE_GEMM_TOKENS : j->T;
-            for (int64_t g = r0; g < full; g += TP_Q4_ROWS)
-                for (int64_t t = c0; t < c1; t += TP_GEMV_MAX_T) {
-                    int tt = c1 - t < TP_GEMV_MAX_T ? (int)(c1 - t) : TP_GEMV_MAX_T;
-                    run->tiles[0][tt - 1](j, g, t);
-                }
-        }
+    for (int64_t c0 = 0; c0 < j->T; c0 += TP_QTILE_GEMM_TOKENS) {
+        int64_t c1 = c0 + TP_QTILE_GEMM_TOKENS < j->T ? c0 + TP_QTILE_GEMM_TOKENS : j->T;
+        for (int64_t g = r0; g < full; g += TP_Q4_ROWS)
+            for (int64_t t = c0; t < c1; t += TP_GEMV_MAX_T) {
+                int tt = c1 - t < TP_GEMV_MAX_T ? (int)(c1 - t) : TP_GEMV_MAX_T;
+                run->tiles[0][tt - 1](j, g, t);
+            }
     }
     if (full < r1) tp_q4_rows_scalar(j, full, r1);
 }
@@ -97,7 +107,11 @@ static void tile_worker(void *p, int ti, int nt)
 void tp_q4_run_tiles(const tp_q4_job *j, const tp_q4_tile_fn tiles[2][TP_GEMV_MAX_T], tp_threadpool *pool)
 {
     tile_run run = {j, tiles};
-    tp_parallel_run(pool, tile_worker, &run);
+    if (j->T > TP_GEMV_MAX_T) { tp_parallel_run(pool, gemm_worker, &run); return; }
+    /* The GEMV in dynamic chunks of ~64 KiB of W, whole pairs of groups, so
+     * that a thread the OS or the host stops hands its rows over. */
+    int64_t rows = tp_gemv_chunk_rows(j->nb * (int64_t)sizeof(tp_q4_block), 2 * TP_Q4_ROWS);
+    tp_parallel_for(pool, j->n, rows, gemv_chunk, &run);
 }
 #endif
 

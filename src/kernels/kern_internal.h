@@ -172,9 +172,9 @@ void *tp_kernel_scratch(tp_threadpool *pool, size_t bytes, void **own);
 void tp_gemm_pack_a(float *dst, const float *x, int64_t T, int64_t ldx, int64_t k0, int64_t kc, int mr);
 
 /* Thread ti's rows [*r0, *r1) of n rows with blocks of R rows, a static
- * split: the quantized GEMMs', q4_0's GEMV and q8_0's AVX-512 decode GEMV
- * (their prefetch runs along the thread's rows); the f32/bf16 GEMVs and
- * the other q8_0 GEMVs take tp_gemv_chunk_rows chunks dynamically
+ * split: the quantized GEMMs' and q8_0's AVX-512 decode GEMV (its prefetch
+ * runs along the thread's tiles); the f32/bf16 GEMVs, q4_0's and the
+ * other q8_0 GEMVs take tp_gemv_chunk_rows chunks dynamically
  * (gemm_shared.c). */
 void tp_gemv_thread_rows(int64_t n, int64_t row_bytes, int R, int ti, int nt, int64_t *r0, int64_t *r1);
 /* Rows per chunk of a GEMV split dynamically (tp_parallel_for): whole
