@@ -108,18 +108,36 @@ tp_status tp_periodic_start(double period_s, void (*fn)(void *), void *arg, cons
 /* Stops it (waking it at once) and waits for it. */
 void tp_periodic_stop(tp_periodic *p);
 
-/* The silence rule (shm_heartbeat.c), for both backends' heartbeats: how
- * long a watcher has seen a counter stand still. */
+/* Waiting for peers, both backends (wait.c).  A waiting rank pauses with
+ * a tp_backoff: spin until spin_s, then yield until yield_s, then sleep a
+ * growing interval; tp_wait_limits gives those two for ranks_here ranks on
+ * this host. */
+#define TP_WAIT_CHECK_S 0.05    /* how often a waiting rank looks at its peers */
+typedef struct {
+    double start, next_check, spin_s, yield_s;
+    long iter, sleep_ns;
+} tp_backoff;
+
+void tp_wait_limits(int ranks_here, double *spin_s, double *yield_s);
+void tp_backoff_init(tp_backoff *b, double spin_s, double yield_s);
+/* Pauses once.  Every 64th call it reads the clock: returns 1 with *now
+ * set; else 0 (a cheap pause, *now untouched). */
+int tp_backoff_pause(tp_backoff *b, double *now);
+/* 1 once every TP_WAIT_CHECK_S: time to look at the peers. */
+int tp_backoff_check_due(tp_backoff *b, double now);
+
+/* The silence rule, for both backends' heartbeats: how long a watcher has
+ * seen a counter stand still. */
 typedef struct {
     int who;                        /* whose counter                       */
     uint64_t seen;                  /* its value since `since`             */
     double since, last;             /* first and latest look at that value */
-} shm_silence;
+} tp_silence;
 
-void tp_shm_silence_init(shm_silence *s, double now);
+void tp_silence_init(tp_silence *s, double now);
 /* Seconds that `who`'s counter has shown `value`, as seen by this watcher
  * while it was running itself (a long gap between two looks restarts it). */
-double tp_shm_silence(shm_silence *s, int who, uint64_t value, double now);
+double tp_silence_seconds(tp_silence *s, int who, uint64_t value, double now);
 
 /* Liveness (shm_heartbeat.c).  A rank's heartbeat thread: */
 typedef struct tp_shm_beat tp_shm_beat;

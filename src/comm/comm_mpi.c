@@ -20,18 +20,12 @@
 
 #include <limits.h>
 #include <mpi.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #define ONESHOT_MAX_BYTES (64u << 10)
 #define CHUNK_BYTES ((size_t)256 << 20)   /* all-reduce works in chunks */
 
-#define SLEEP_MIN_NS 20000L
-#define SLEEP_MAX_NS 500000L
-#define CHECK_EVERY_S 0.05
 /* Point-to-point tags: tp_comm_send/recv/sendrecv's, exchange's. */
 enum { TAG_P2P = 0, TAG_EXCHANGE = 1 };
 
@@ -40,7 +34,7 @@ typedef struct {
     int refs;
     int we_initialized;
     int failed;             /* a wait gave up: operations are left pending  */
-    double spin_s, yield_s; /* as the shm backend's (shm_segment.c)         */
+    double spin_s, yield_s; /* tp_wait_limits' for the ranks on this host  */
     double hang_s;          /* TENSORPAR_HANG_TIMEOUT; 0: off               */
     tp_mpi_beat *beat;      /* NULL: no heartbeat (off, or no THREAD_MULTIPLE) */
 } mpi_job;
@@ -64,22 +58,23 @@ static tp_status mpi_err(int rc, const char *what)
 
 /* The first member of g whose heartbeat has been silent for hang_s, or -1;
  * sil holds one watcher per member. */
-static int silent_member(tp_group *g, const mpi_job *job, shm_silence *sil, double now, double *silent)
+static int silent_member(tp_group *g, const mpi_job *job, tp_silence *sil, double now, double *silent)
 {
     for (int i = 0; i < g->size; i++) {
         if (i == g->rank) continue;
         uint64_t heard = tp_mpi_beat_heard(job->beat, g->global[i]);
         if (heard == UINT64_MAX) continue;          /* it left on purpose */
-        *silent = tp_shm_silence(&sil[i], i, heard, now);
+        *silent = tp_silence_seconds(&sil[i], i, heard, now);
         if (*silent > job->hang_s) return i;
     }
     return -1;
 }
 
-/* Waits until the n requests are done: spins on MPI_Test briefly, then
- * yields, then sleeps with a growing interval (a waiting rank does not
- * keep a core for long), and every 50 ms checks the members' heartbeats
- * and the group's timeout.  `op` and `bytes` name what is awaited. */
+/* Waits until the n requests are done, pausing between tests as the shm
+ * backend does (wait.c: spin, yield, then sleep, so a waiting rank does not
+ * keep a core for long), and every TP_WAIT_CHECK_S checks the members'
+ * heartbeats and the group's timeout.  `op` and `bytes` name what is
+ * awaited. */
 static tp_status wait_for(tp_group *g, int n, MPI_Request *reqs, MPI_Status *sts, const char *op, size_t bytes)
 {
     int done = 0;
@@ -87,42 +82,32 @@ static tp_status wait_for(tp_group *g, int n, MPI_Request *reqs, MPI_Status *sts
     if (rc != MPI_SUCCESS) return mpi_err(rc, op);
     if (done) return TP_OK;
     mpi_job *job = ((mpi_group *)g->impl)->job;
-    double start = tp_now(), next_check = start + CHECK_EVERY_S;
-    long iter = 0, sleep_ns = SLEEP_MIN_NS;
-    shm_silence *sil = NULL;
+    tp_backoff pause;
+    tp_backoff_init(&pause, job->spin_s, job->yield_s);
+    tp_silence *sil = NULL;
     tp_status st = TP_OK;
     while (!done) {
-        if ((++iter & 63) == 0) {
-            double now = tp_now(), waited = now - start;
-            if (waited >= job->yield_s) {
-                struct timespec ts = {0, sleep_ns};
-                nanosleep(&ts, NULL);
-                if (sleep_ns < SLEEP_MAX_NS) sleep_ns *= 2;
-            } else if (waited >= job->spin_s) {
-                sched_yield();
+        double now;
+        if (tp_backoff_pause(&pause, &now) && tp_backoff_check_due(&pause, now)) {
+            int who = -1;
+            double silent = 0, waited = now - pause.start;
+            if (job->beat && job->hang_s > 0) {
+                if (!sil && (sil = malloc((size_t)g->size * sizeof *sil)) != NULL)
+                    for (int i = 0; i < g->size; i++) tp_silence_init(&sil[i], now);
+                if (sil) who = silent_member(g, job, sil, now, &silent);
             }
-            if (now >= next_check) {
-                next_check = now + CHECK_EVERY_S;
-                int who = -1;
-                double silent = 0;
-                if (job->beat && job->hang_s > 0) {
-                    if (!sil && (sil = malloc((size_t)g->size * sizeof *sil)) != NULL)
-                        for (int i = 0; i < g->size; i++) tp_shm_silence_init(&sil[i], now);
-                    if (sil) who = silent_member(g, job, sil, now, &silent);
-                }
-                if (who >= 0) {
-                    st = tp_fail(TP_ERR_COMM, "rank %d stopped responding (no heartbeat for %.1f s) while rank %d "
-                                 "waited for %s of %zu bytes: some rank of the group stopped responding "
-                                 "(TENSORPAR_HANG_TIMEOUT=%g s sets the limit)", g->global[who], silent,
-                                 g->global[g->rank], op, bytes, job->hang_s);
-                    break;
-                }
-                if (waited > g->timeout_s) {
-                    st = tp_fail(TP_ERR_TIMEOUT, "rank %d waited %.1f s for %s of %zu bytes without completion: "
-                                 "some rank of the group stopped responding (TENSORPAR_COMM_TIMEOUT=%g s sets the "
-                                 "limit)", g->global[g->rank], waited, op, bytes, g->timeout_s);
-                    break;
-                }
+            if (who >= 0) {
+                st = tp_fail(TP_ERR_COMM, "rank %d stopped responding (no heartbeat for %.1f s) while rank %d "
+                             "waited for %s of %zu bytes: some rank of the group stopped responding "
+                             "(TENSORPAR_HANG_TIMEOUT=%g s sets the limit)", g->global[who], silent,
+                             g->global[g->rank], op, bytes, job->hang_s);
+                break;
+            }
+            if (waited > g->timeout_s) {
+                st = tp_fail(TP_ERR_TIMEOUT, "rank %d waited %.1f s for %s of %zu bytes without completion: "
+                             "some rank of the group stopped responding (TENSORPAR_COMM_TIMEOUT=%g s sets the "
+                             "limit)", g->global[g->rank], waited, op, bytes, g->timeout_s);
+                break;
             }
         }
         rc = MPI_Testall(n, reqs, &done, sts ? sts : MPI_STATUSES_IGNORE);
@@ -528,11 +513,7 @@ tp_status tp_comm_mpi_init(tp_group *g, const tp_comm_env *e)
     mpi_job *job = calloc(1, sizeof *job);
     if (!job) return tp_fail(TP_ERR_NOMEM, "out of memory");
     job->we_initialized = !inited;
-    /* As the shm backend's waits (shm_segment.c): spinning pays when every
-     * local rank has a core; otherwise the awaited peer may need ours. */
-    int own_core = sysconf(_SC_NPROCESSORS_ONLN) >= e->local_size;
-    job->spin_s = own_core ? 100e-6 : 5e-6;
-    job->yield_s = own_core ? 50e-3 : 2e-3;
+    tp_wait_limits(e->local_size, &job->spin_s, &job->yield_s);
     /* Without MULTIPLE (MPI started by the program with less) there is no
      * heartbeat: only TENSORPAR_COMM_TIMEOUT ends a wait for a frozen rank. */
     job->hang_s = level == MPI_THREAD_MULTIPLE ? e->hang_s : 0;

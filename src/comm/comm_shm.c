@@ -805,7 +805,7 @@ static tp_status shm_sendrecv(tp_group *g, const void *send, size_t send_bytes, 
         rx.active = rx.first = 1;
     }
     shm_backoff b;
-    tp_shm_backoff_init(&b);
+    tp_shm_backoff_init(&b, w);
     while (tx.active || rx.active) {
         int progress = 0;
         if (tx.active) progress |= try_send(&tx, cap);

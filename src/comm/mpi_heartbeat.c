@@ -10,7 +10,7 @@
  * and receives the beats sent to it, counting them per sender.  It runs
  * independently of compute, loading and page faults; only a process that
  * does not run at all (or cannot reach its peers) stops beating.  A waiting
- * rank applies the shm backend's silence rule to the counts it holds.
+ * rank applies the silence rule both backends share (wait.c) to the counts.
  *
  * A rank that finishes sends a farewell before it stops beating: it may
  * leave while a peer still waits for a collective it has done its part of,

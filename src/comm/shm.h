@@ -168,13 +168,11 @@ shm_p2p *tp_shm_p2p(shm_world *w, int from, int to, char **buf);
 
 /* ---- waiting (shm_wait.c) ---- */
 typedef struct {
-    double start, next_check;
-    long iter;
-    long sleep_ns;
-    shm_silence silence;            /* of the awaited peer                 */
+    tp_backoff pause;               /* wait.c's schedule                   */
+    tp_silence silence;             /* of the awaited peer                 */
 } shm_backoff;
 
-void tp_shm_backoff_init(shm_backoff *b);
+void tp_shm_backoff_init(shm_backoff *b, const shm_world *w);
 /* Pauses once (spin, then yield, then sleep).  Fails if `peer` (a global
  * rank) died or left, another rank reported a failure, or the group's
  * timeout passed; `what` names what was awaited. */

@@ -14,7 +14,8 @@
  * The watchers are the peers (while they wait for it, shm_wait.c) and the
  * launcher (always): the latter also catches a rank frozen where no peer
  * waits for it, e.g. after the others have finished.  Before a rank beats
- * and after it has left, a stopped process is what counts as silent. */
+ * and after it has left, a stopped process is what counts as silent.  The
+ * silence rule itself is wait.c's, shared with the mpi backend. */
 #include "shm.h"
 
 #include <errno.h>
@@ -26,10 +27,6 @@
 #include <time.h>
 
 #define BEAT_PERIOD_S 0.05
-/* Two looks at a counter further apart than this mean the watcher itself
- * did not run (it was stopped too, e.g. the whole job by Ctrl-Z, or starved):
- * its silence then proves nothing, and the count starts again. */
-#define WATCH_GAP_S 0.5
 
 struct tp_shm_beat {
     _Atomic uint64_t *counter;
@@ -64,27 +61,6 @@ void tp_shm_beat_stop(tp_shm_beat *b)
     free(b);
 }
 
-/* ---- the silence rule ------------------------------------------------- */
-
-void tp_shm_silence_init(shm_silence *s, double now)
-{
-    s->who = -1;
-    s->seen = 0;
-    s->since = now;
-    s->last = now;
-}
-
-double tp_shm_silence(shm_silence *s, int who, uint64_t value, double now)
-{
-    if (s->who != who || s->seen != value || now - s->last > WATCH_GAP_S) {
-        s->who = who;
-        s->seen = value;
-        s->since = now;
-    }
-    s->last = now;
-    return now - s->since;
-}
-
 /* ---- the launcher's view ---------------------------------------------- */
 
 struct tp_shm_watch {
@@ -92,14 +68,14 @@ struct tp_shm_watch {
     size_t bytes;
     shm_rank_info *ri;
     int n;
-    shm_silence *silence;
+    tp_silence *silence;
 };
 
 tp_status tp_shm_watch_open(int fd, int n, tp_shm_watch **out)
 {
     *out = NULL;
     tp_shm_watch *w = calloc(1, sizeof *w);
-    shm_silence *sil = calloc((size_t)n, sizeof *sil);
+    tp_silence *sil = calloc((size_t)n, sizeof *sil);
     if (!w || !sil) {
         free(w);
         free(sil);
@@ -121,7 +97,7 @@ tp_status tp_shm_watch_open(int fd, int n, tp_shm_watch **out)
     w->n = n;
     w->silence = sil;
     double now = tp_now();
-    for (int r = 0; r < n; r++) tp_shm_silence_init(&sil[r], now);
+    for (int r = 0; r < n; r++) tp_silence_init(&sil[r], now);
     *out = w;
     return TP_OK;
 }
@@ -156,10 +132,10 @@ double tp_shm_watch_silent(tp_shm_watch *w, int rank, int pid, double now)
         char state;
         tp_shm_proc_start(pid, &state);
         if (state != 'T' && state != 't') {
-            tp_shm_silence_init(&w->silence[rank], now);
+            tp_silence_init(&w->silence[rank], now);
             return 0;
         }
         beat = UINT64_MAX;
     }
-    return tp_shm_silence(&w->silence[rank], rank, beat, now);
+    return tp_silence_seconds(&w->silence[rank], rank, beat, now);
 }

@@ -217,7 +217,7 @@ static tp_status wait_all_attached(shm_world *w, double timeout_s)
 {
     tp_group fake = {.timeout_s = timeout_s};
     shm_backoff b;
-    tp_shm_backoff_init(&b);
+    tp_shm_backoff_init(&b, w);
     while (atomic_load_explicit(&w->h->attached, memory_order_acquire) < (uint64_t)w->world) {
         int missing = 0;
         shm_rank_info *ri = (shm_rank_info *)((char *)w->h + w->h->ranks_off);
@@ -249,7 +249,7 @@ static tp_status probe_cma(shm_world *w, double timeout_s)
     atomic_store_explicit(&ri[w->me].cma, ok ? 1 : -1, memory_order_release);
     tp_group fake = {.timeout_s = timeout_s};
     shm_backoff b;
-    tp_shm_backoff_init(&b);
+    tp_shm_backoff_init(&b, w);
     int all = 1;
     for (int r = 0; r < w->world; r++) {
         int v;
@@ -275,16 +275,7 @@ tp_status tp_shm_attach(shm_world **out, const tp_comm_env *e, double timeout_s)
     w->me = e->rank;
     w->refs = 1;
     w->probe = SHM_MAGIC ^ (uint64_t)e->rank;
-    /* Spinning pays when every rank has a core; otherwise the peer we wait
-     * for may need ours, and we yield early.  With a core each, a rank also
-     * keeps polling (yielding to anything else runnable) for up to 50 ms
-     * before it sleeps: ranks in lock step wait milliseconds for a peer that
-     * was preempted, and waking from a sleep of up to 0.5 ms after the peer
-     * is back cost both ranks that time again. */
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int own_core = cores >= e->world_size;
-    w->spin_s = own_core ? 100e-6 : 5e-6;
-    w->yield_s = own_core ? 50e-3 : 2e-3;
+    tp_wait_limits(e->world_size, &w->spin_s, &w->yield_s);
     char name[256];
     tp_shm_segment_name(name, sizeof name, e->rendezvous);
     tp_status st;
@@ -364,7 +355,7 @@ tp_status tp_shm_area_open(shm_world *w, tp_group *g, const int32_t *members, in
         if (st) return st;
     }
     shm_backoff b;
-    tp_shm_backoff_init(&b);
+    tp_shm_backoff_init(&b, w);
     for (;;) {
         for (int a = 1; a < SHM_AREAS; a++)
             if (area_matches(w, a, members, n, key)) { *area_out = a; return TP_OK; }

@@ -1,26 +1,17 @@
 /* Waiting for peers in the shm backend.
  *
- * A wait spins first (the peer is usually a few hundred nanoseconds
- * behind; 100 us when every rank has a core, 5 us otherwise, see
- * tp_shm_attach), then yields the core (ranks may outnumber cores, and the peer we
- * wait for may need ours) until 50 ms or 2 ms have passed (the same two
- * cases), then sleeps with a growing interval.  Every 50 ms
- * it checks that the awaited peer still exists, that its heartbeat runs
- * (shm_heartbeat.c) and that no other rank has reported a failure, so a
- * dead or frozen peer is noticed within a fraction of a second, or
- * TENSORPAR_HANG_TIMEOUT, instead of at the timeout. */
+ * A wait pauses as wait.c says (spin, yield, then sleep; 100 us and 50 ms
+ * when every rank has a core, 5 us and 2 ms otherwise, see tp_shm_attach).
+ * Every 50 ms it checks that the awaited peer still exists, that its
+ * heartbeat runs (shm_heartbeat.c) and that no other rank has reported a
+ * failure, so a dead or frozen peer is noticed within a fraction of a
+ * second, or TENSORPAR_HANG_TIMEOUT, instead of at the timeout. */
 #include "shm.h"
 
 #include <errno.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
-
-#define SLEEP_MIN_NS 20000L
-#define SLEEP_MAX_NS 500000L
-#define CHECK_EVERY_S 0.05
 
 uint64_t tp_shm_proc_start(int pid, char *state)
 {
@@ -63,13 +54,10 @@ int tp_shm_rank_alive(shm_world *w, int r)
     return state != 'Z' && state != 'X' && start == ri->start_time;
 }
 
-void tp_shm_backoff_init(shm_backoff *b)
+void tp_shm_backoff_init(shm_backoff *b, const shm_world *w)
 {
-    b->start = tp_now();
-    b->next_check = b->start + CHECK_EVERY_S;
-    b->iter = 0;
-    b->sleep_ns = SLEEP_MIN_NS;
-    tp_shm_silence_init(&b->silence, b->start);
+    tp_backoff_init(&b->pause, w->spin_s, w->yield_s);
+    tp_silence_init(&b->silence, b->pause.start);
 }
 
 /* Tells the other ranks, so that those waiting on someone else stop too. */
@@ -125,11 +113,11 @@ static tp_status check_silence(shm_backoff *b, shm_world *w, int peer, double no
         char state;
         tp_shm_proc_start(pid, &state);
         if (state != 'T' && state != 't') {
-            tp_shm_silence_init(&b->silence, now);
+            tp_silence_init(&b->silence, now);
             return TP_OK;
         }
     }
-    double silent = tp_shm_silence(&b->silence, peer, beat, now);
+    double silent = tp_silence_seconds(&b->silence, peer, beat, now);
     return silent > w->hang_s ? report_silent(w, peer, silent, what) : TP_OK;
 }
 
@@ -148,30 +136,14 @@ tp_status tp_shm_check_peer(shm_world *w, int peer, const char *what)
 
 tp_status tp_shm_backoff(shm_backoff *b, shm_world *w, const tp_group *g, int peer, const char *what)
 {
-    b->iter++;
-    if ((b->iter & 63) != 0) {
-        /* Cheap phase: most waits end here, without looking at the clock. */
-        tp_cpu_relax();
-        return TP_OK;
-    }
-    double now = tp_now();
-    double waited = now - b->start;
-    if (waited < w->spin_s) {   /* see tp_shm_attach */
-        tp_cpu_relax();
-    } else if (waited < w->yield_s) {
-        sched_yield();
-    } else {
-        struct timespec ts = {0, b->sleep_ns};
-        nanosleep(&ts, NULL);
-        if (b->sleep_ns < SLEEP_MAX_NS) b->sleep_ns *= 2;
-    }
-    if (now >= b->next_check) {
-        b->next_check = now + CHECK_EVERY_S;
+    double now;
+    if (!tp_backoff_pause(&b->pause, &now)) return TP_OK;
+    if (tp_backoff_check_due(&b->pause, now)) {
         tp_status st = tp_shm_check_peer(w, peer, what);
         if (st == TP_OK && peer >= 0 && peer != w->me) st = check_silence(b, w, peer, now, what);
         if (st) return st;
     }
-    if (waited > g->timeout_s)
+    if (now - b->pause.start > g->timeout_s)
         return tp_fail(TP_ERR_TIMEOUT,
                        "rank %d did not answer within %g s while rank %d waited for %s "
                        "(TENSORPAR_COMM_TIMEOUT sets the limit)",
@@ -184,7 +156,7 @@ tp_status tp_shm_wait_ge(shm_world *w, const tp_group *g, _Atomic uint64_t *c, u
 {
     if (atomic_load_explicit(c, memory_order_acquire) >= target) return TP_OK;
     shm_backoff b;
-    tp_shm_backoff_init(&b);
+    tp_shm_backoff_init(&b, w);
     while (atomic_load_explicit(c, memory_order_acquire) < target) {
         tp_status st = tp_shm_backoff(&b, w, g, peer, what);
         /* The peer may have published, finished and left between our last

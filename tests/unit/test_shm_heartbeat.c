@@ -14,19 +14,19 @@ static int near(double a, double b) { return fabs(a - b) < 1e-9; }
 
 static void test_silence_rule(void)
 {
-    shm_silence s;
-    tp_shm_silence_init(&s, 10.0);
-    CHECK(near(tp_shm_silence(&s, 1, 5, 10.1), 0.0));   /* first look at rank 1 */
+    tp_silence s;
+    tp_silence_init(&s, 10.0);
+    CHECK(near(tp_silence_seconds(&s, 1, 5, 10.1), 0.0));   /* first look at rank 1 */
     double t = 10.1, got = 0;
-    for (int i = 0; i < 20; i++) got = tp_shm_silence(&s, 1, 5, t += 0.1);
+    for (int i = 0; i < 20; i++) got = tp_silence_seconds(&s, 1, 5, t += 0.1);
     CHECK(near(got, 2.0));                               /* 2 s without a beat */
-    CHECK(near(tp_shm_silence(&s, 1, 6, t += 0.1), 0.0)); /* a beat */
-    CHECK(near(tp_shm_silence(&s, 1, 6, t += 0.4), 0.4));
+    CHECK(near(tp_silence_seconds(&s, 1, 6, t += 0.1), 0.0)); /* a beat */
+    CHECK(near(tp_silence_seconds(&s, 1, 6, t += 0.4), 0.4));
     /* The watcher was away 0.6 s (stopped with the job): count again. */
-    CHECK(near(tp_shm_silence(&s, 1, 6, t += 0.6), 0.0));
-    CHECK(near(tp_shm_silence(&s, 1, 6, t += 0.3), 0.3));
+    CHECK(near(tp_silence_seconds(&s, 1, 6, t += 0.6), 0.0));
+    CHECK(near(tp_silence_seconds(&s, 1, 6, t += 0.3), 0.3));
     /* Another rank's counter, even with the same value, starts afresh. */
-    CHECK(near(tp_shm_silence(&s, 2, 6, t += 0.1), 0.0));
+    CHECK(near(tp_silence_seconds(&s, 2, 6, t += 0.1), 0.0));
 }
 
 static void sleep_s(double s)
