@@ -61,12 +61,14 @@ typedef struct {
     const tp_q4_tile_fn (*tiles)[TP_GEMV_MAX_T];
 } tile_run;
 
-/* Groups [r0, r1) of a GEMV (T <= 4), r0 a multiple of 4: each group for
- * all its tokens, two at a time where it can (T <= 2: four independent FMA
- * chains per token, not two); a last group of fewer than 4 rows the scalar
- * way.  A row's bits do not depend on which chunk or thread runs it. */
-static void gemv_groups(const tile_run *run, int64_t r0, int64_t r1)
+/* Groups [r0, r1) of a GEMV (T <= 4), r0 a multiple of 4 (a chunk of
+ * tp_parallel_for): each group for all its tokens, two at a time where it
+ * can (T <= 2: four independent FMA chains per token, not two); a last
+ * group of fewer than 4 rows the scalar way.  A row's bits do not depend on which chunk or thread runs it. */
+static void gemv_groups(void *p, int64_t r0, int64_t r1, int ti)
 {
+    (void)ti;
+    const tile_run *run = p;
     const tp_q4_job *j = run->j;
     int tt = (int)j->T;
     int64_t full = r1 - (r1 - r0) % TP_Q4_ROWS, g = r0;
@@ -74,12 +76,6 @@ static void gemv_groups(const tile_run *run, int64_t r0, int64_t r1)
         for (; g + 2 * TP_Q4_ROWS <= full; g += 2 * TP_Q4_ROWS) run->tiles[1][tt - 1](j, g, 0);
     for (; g < full; g += TP_Q4_ROWS) run->tiles[0][tt - 1](j, g, 0);
     if (full < r1) tp_q4_rows_scalar(j, full, r1);
-}
-
-static void gemv_chunk(void *p, int64_t r0, int64_t r1, int ti)
-{
-    (void)ti;
-    gemv_groups(p, r0, r1);
 }
 
 /* A GEMM: thread ti's whole groups of 4 rows (tp_gemv_thread_rows splits at
@@ -111,7 +107,7 @@ void tp_q4_run_tiles(const tp_q4_job *j, const tp_q4_tile_fn tiles[2][TP_GEMV_MA
     /* The GEMV in dynamic chunks of ~64 KiB of W, whole pairs of groups, so
      * that a thread the OS or the host stops hands its rows over. */
     int64_t rows = tp_gemv_chunk_rows(j->nb * (int64_t)sizeof(tp_q4_block), 2 * TP_Q4_ROWS);
-    tp_parallel_for(pool, j->n, rows, gemv_chunk, &run);
+    tp_parallel_for(pool, j->n, rows, gemv_groups, &run);
 }
 #endif
 

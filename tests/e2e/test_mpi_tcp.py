@@ -147,6 +147,18 @@ def slurp(path):
         return f.read()
 
 
+def outliving_ranks(mark):
+    """The ranks of job `mark` still there 10 s after its end (none: []);
+    any such rank is SIGKILLed, so that none is left running."""
+    left, t0 = job_pids(mark, None), time.time()
+    while left and time.time() - t0 < 10:
+        time.sleep(0.2)
+        left = job_pids(mark, None)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return left
+
+
 def job_pids(mark, rank):
     """The tensorpar processes of rank `rank` of the job marked `mark`."""
     found = []
@@ -302,13 +314,7 @@ class MpiOverTcp(unittest.TestCase):
             print(f"{layout}: mpirun crashed in its own PMIx logging; checking the ranks only")
         else:
             self.assertRegex(err, rf"process rank {victim} with PID \d+ on node \S+ exited on signal 9", err[-3000:])
-        left, t0 = job_pids(mark, None), time.time()
-        while left and time.time() - t0 < 10:
-            time.sleep(0.2)
-            left = job_pids(mark, None)
-        for pid in left:
-            os.kill(pid, signal.SIGKILL)
-        self.assertEqual(left, [], f"{layout}: rank processes left after the job")
+        self.assertEqual(outliving_ranks(mark), [], f"{layout}: rank processes left after the job")
 
     def freeze_during_generate(self, layout, victim):
         mark = f"{os.getpid()}-{layout}-stop{victim}"
@@ -331,13 +337,7 @@ class MpiOverTcp(unittest.TestCase):
             if p.poll() is None:
                 p.kill()
                 p.wait()
-            left = job_pids(mark, None)
-            t0 = time.time()
-            while left and time.time() - t0 < 10:
-                time.sleep(0.2)
-                left = job_pids(mark, None)
-            for pid in left:
-                os.kill(pid, signal.SIGKILL)
+            left = outliving_ranks(mark)
         self.assertIsNotNone(took, f"{layout}: the job still ran 30 s after rank {victim} froze")
         print(f"{layout}: rank {victim} stopped; mpirun exited {p.returncode} after {took:.2f} s")
         self.assertNotEqual(p.returncode, 0)

@@ -59,17 +59,19 @@ def find_bin(arg):
     sys.exit("faults.py: tensorpar not found: build it or pass --bin")
 
 
-def proc_state(pid):
-    """The state letter of pid, or None once it is gone."""
+def proc_stat(pid):
+    """The fields of /proc/PID/stat after the command name (state first),
+    or None once pid is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
+            return f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
 
 
 def gone(pid):
-    return proc_state(pid) in (None, "Z", "X")
+    fields = proc_stat(pid)
+    return not fields or fields[0] in ("Z", "X")
 
 
 PF_EXITING = 0x4    # the task's flags (stat field 9) once it is in the kernel's exit
@@ -78,12 +80,8 @@ PF_EXITING = 0x4    # the task's flags (stat field 9) once it is in the kernel's
 def ending(pid):
     """Gone, or already in its exit (its status decided: a signal now
     changes nothing)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return True
-    return fields[0] in ("Z", "X") or int(fields[6]) & PF_EXITING != 0
+    fields = proc_stat(pid)
+    return not fields or fields[0] in ("Z", "X") or int(fields[6]) & PF_EXITING != 0
 
 
 def rank_pids(launcher):
